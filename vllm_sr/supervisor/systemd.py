@@ -1,0 +1,150 @@
+"""sd_notify for the service: readiness, status, reload/stop, start-timeout extension and the
+watchdog. Every method is a no-op when the process was not started by systemd with
+``NOTIFY_SOCKET`` (a developer's shell, tests, containers without systemd)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger("vllm_sr.supervisor.systemd")
+
+
+def _socket_address(raw: str) -> str | None:
+    """The sd_notify address: a filesystem path, or '@name' for the abstract namespace."""
+    if raw.startswith("@"):
+        return "\0" + raw[1:]
+    if raw.startswith("/"):
+        return raw
+    return None  # vsock and other forms are not used for a host service
+
+
+class SystemdNotifier:
+    """Talks to systemd's notification socket.
+
+    The datagram protocol is the one the ``sdnotify`` package speaks (``KEY=VALUE`` lines in
+    one datagram); it is done here directly so the environment can be injected and a send
+    failure is logged once instead of raised into the supervisor loop."""
+
+    def __init__(self, env: Mapping[str, str] = os.environ, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        self._env = env
+        self._address = _socket_address(env.get("NOTIFY_SOCKET", ""))
+        self._sock: socket.socket | None = None
+        self._last_status: str | None = None
+        self._send_failed = False
+        self.enabled = self._address is not None
+
+    def _send(self, *lines: str) -> None:
+        if self._address is None:
+            return
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._sock.sendto("\n".join(lines).encode(), self._address)
+            self._send_failed = False
+        except OSError as exc:
+            # systemd may be restarting; the next message retries. Log only the first failure
+            # of a run so a missing socket does not flood the journal.
+            if not self._send_failed:
+                log.warning("sd_notify to %s failed: %s", self._env.get("NOTIFY_SOCKET"), exc)
+            self._send_failed = True
+
+    def ready(self, status: str | None = None) -> None:
+        """READY=1 (and STATUS= when given): the first one ends `systemctl start`, a later
+        one ends a reload."""
+        if status is None:
+            self._send("READY=1")
+            return
+        self._last_status = status
+        self._send("READY=1", f"STATUS={status}")
+
+    def status(self, text: str) -> None:
+        """STATUS=text, sent only when it differs from the last status sent."""
+        if text == self._last_status:
+            return
+        self._last_status = text
+        self._send(f"STATUS={text}")
+
+    def reloading(self) -> None:
+        """RELOADING=1 with the CLOCK_MONOTONIC timestamp systemd >= 253 asks for."""
+        usec = int(self._clock.monotonic() * 1_000_000)
+        self._send("RELOADING=1", f"MONOTONIC_USEC={usec}")
+
+    def stopping(self) -> None:
+        self._send("STOPPING=1")
+
+    def extend_timeout(self, seconds: float) -> None:
+        """Ask for `seconds` more before TimeoutStartSec/TimeoutStopSec fire (model loads)."""
+        if seconds <= 0:
+            return
+        self._send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
+
+    def watchdog_interval(self) -> float | None:
+        """Seconds between pings: half of WATCHDOG_USEC, or None when the watchdog is off or
+        meant for another process (WATCHDOG_PID names a different pid)."""
+        if not self.enabled:
+            return None
+        pid = self._env.get("WATCHDOG_PID")
+        if pid is not None and pid.strip() != str(os.getpid()):
+            return None
+        try:
+            usec = int(self._env.get("WATCHDOG_USEC", ""))
+        except ValueError:
+            return None
+        if usec <= 0:
+            return None
+        return usec / 2_000_000
+
+    def watchdog_ping(self) -> None:
+        self._send("WATCHDOG=1")
+
+    async def run_watchdog(self) -> None:
+        """Ping from the event loop itself: a stalled loop stops the pings and systemd
+        restarts the service; a busy worker process does not (it has its own loop)."""
+        interval = self.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            self.watchdog_ping()
+            await asyncio.sleep(interval)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _deployment_line(dep: Mapping[str, Any]) -> str:
+    replicas = dep.get("replicas") or []
+    ready = dep.get("ready_replicas")
+    if ready is None:
+        ready = sum(1 for r in replicas if r.get("ready"))
+    desired = dep.get("desired_replicas")
+    if desired is None:
+        desired = len(replicas)
+    ejected = dep.get("ejected_replicas")
+    if ejected is None:
+        ejected = sum(1 for r in replicas if r.get("state") == "ejected")
+    restarts = sum(int(r.get("restarts") or 0) for r in replicas)
+    name = dep.get("name", "?")
+    return f"{name}: {ready}/{desired} ready, {ejected} ejected, {_plural(restarts, 'restart')}"
+
+
+def status_line(inventory: Mapping[str, Any]) -> str:
+    """One STATUS= line from the inventory document, e.g.
+    "primary: 2/2 ready, 0 ejected, 1 restart"; deployments joined by '; '."""
+    deployments = inventory.get("deployments") or []
+    if not deployments:
+        return "no deployments"
+    return "; ".join(_deployment_line(d) for d in deployments)
