@@ -1,0 +1,1 @@
+"""Shared test helpers: tiny models built with transformers and real worker processes."""
