@@ -1,0 +1,224 @@
+"""Per-forward thread counts for CPU workers, and the learner behind
+``VLLM_SRUN_CPU_ADAPTIVE_THREADS`` (docs/adaptive-threads.md is the long form).
+
+The engine asks a ``ThreadPolicy`` which count to serve each forward at, states that count on
+the per-process ``ThreadContext`` for the forward, and hands the policy the served answer
+afterwards so that the adaptive policy can time other counts on the same input.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import numpy
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.errors import ConfigError
+
+ENV_ADAPTIVE = "VLLM_SRUN_CPU_ADAPTIVE_THREADS"
+ACCEPTED_MODES = ("0", "1", "2")
+
+Emit = Callable[..., None]
+Rerun = Callable[[int], numpy.ndarray]
+
+
+def batch_tokens(rows: list[list[int]]) -> int:
+    """The input size a policy buckets on: the padded tokens of the batch
+    (rows x longest row), the work the intra-op threads split between them."""
+    if not rows:
+        return 0
+    return len(rows) * max(len(r) for r in rows)
+
+
+class ThreadPolicy(Protocol):
+    def threads_for(self, n_tokens: int) -> int:
+        """The count to SERVE a forward of ``n_tokens`` (``batch_tokens(rows)``) at."""
+        ...
+
+    def golden_passed(self) -> None:
+        """The worker's startup golden check passed; exploration may start."""
+        ...
+
+    def after_forward(
+        self,
+        rows: list[list[int]],
+        output: numpy.ndarray,
+        threads: int,
+        seconds: float,
+        rerun: Rerun,
+    ) -> None:
+        """Called on the forward thread after each served forward (after its answers went
+        out). ``rerun(n)`` runs the same forward at ``n`` threads and returns its output."""
+        ...
+
+    def report(self) -> dict[str, Any] | None:
+        """The ``adaptive_threads`` object for /v1/models, /health and the inventory."""
+        ...
+
+
+class FixedThreads:
+    """The configured count, always. What a worker runs without the variable."""
+
+    def __init__(self, configured: int) -> None:
+        if configured < 1:
+            raise ConfigError(f"threads: {configured} is not a positive integer")
+        self.configured = configured
+
+    def threads_for(self, n_tokens: int) -> int:
+        return self.configured
+
+    def golden_passed(self) -> None:
+        return None
+
+    def after_forward(
+        self,
+        rows: list[list[int]],
+        output: numpy.ndarray,
+        threads: int,
+        seconds: float,
+        rerun: Rerun,
+    ) -> None:
+        return None
+
+    def report(self) -> dict[str, Any] | None:
+        return None
+
+
+def _torch_get() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def _torch_set(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+class ThreadContext:
+    """Where each forward states its thread count.
+
+    There is no default count here: every forward says its own, so an engine never runs at a
+    count another engine in the process left behind. torch's OpenMP count is per OS thread,
+    so engines whose forwards run on different threads each keep theirs; the context sets it
+    only when it differs from what the calling thread has (setting it costs a pool resize).
+    """
+
+    def __init__(
+        self,
+        get_threads: Callable[[], int] = _torch_get,
+        set_threads: Callable[[int], None] = _torch_set,
+    ) -> None:
+        self._get = get_threads
+        self._set = set_threads
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._counts: Counter[int] = Counter()
+
+    @contextmanager
+    def forward(self, *, threads: int) -> Iterator[int]:
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads: {threads!r} is not a positive integer")
+        if self._get() != threads:
+            self._set(threads)
+        previous = getattr(self._local, "current", None)
+        self._local.current = threads
+        with self._lock:
+            self._counts[threads] += 1
+        try:
+            yield threads
+        finally:
+            self._local.current = previous
+
+    @property
+    def current(self) -> int | None:
+        """The count the forward running on the calling thread stated; None outside one."""
+        current: int | None = getattr(self._local, "current", None)
+        return current
+
+    def counts(self) -> dict[int, int]:
+        """Forwards stated per count since the context was made."""
+        with self._lock:
+            return dict(self._counts)
+
+
+_PROCESS_CONTEXT: ThreadContext | None = None
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_context() -> ThreadContext:
+    """The one context of this process, shared by every engine in it."""
+    global _PROCESS_CONTEXT
+    with _PROCESS_LOCK:
+        if _PROCESS_CONTEXT is None:
+            _PROCESS_CONTEXT = ThreadContext()
+        return _PROCESS_CONTEXT
+
+
+def parse_mode(env: Mapping[str, str]) -> int:
+    """0 (off), 1 (learn and report) or 2 (also serve learned counts). Unset or empty is 0."""
+    raw = env.get(ENV_ADAPTIVE)
+    if raw is None or raw == "":
+        return 0
+    if raw not in ACCEPTED_MODES:
+        raise ConfigError(
+            f"{ENV_ADAPTIVE}={raw!r} is not accepted: use 0 (off), 1 (learn and report) "
+            "or 2 (learn and serve learned counts)"
+        )
+    return int(raw)
+
+
+def policy_from_env(
+    configured: int,
+    budget: int,
+    env: Mapping[str, str],
+    emit: Emit | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> ThreadPolicy:
+    mode = parse_mode(env)
+    if mode == 0:
+        return FixedThreads(configured)
+    return AdaptiveThreads(mode, configured, budget, emit=emit, clock=clock)
+
+
+class AdaptiveThreads:
+    """First slice: serves the configured count and reports; learning lands next."""
+
+    def __init__(
+        self,
+        mode: int,
+        configured: int,
+        budget: int,
+        emit: Emit | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.mode = mode
+        self.configured = configured
+        self.budget = budget
+        self._emit = emit
+        self._clock = clock
+        self._golden = False
+
+    def threads_for(self, n_tokens: int) -> int:
+        return self.configured
+
+    def golden_passed(self) -> None:
+        self._golden = True
+
+    def after_forward(
+        self,
+        rows: list[list[int]],
+        output: numpy.ndarray,
+        threads: int,
+        seconds: float,
+        rerun: Rerun,
+    ) -> None:
+        return None
+
+    def report(self) -> dict[str, Any] | None:
+        return {"mode": self.mode, "state": "exploring", "configured": self.configured}
