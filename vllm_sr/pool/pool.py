@@ -1,0 +1,486 @@
+"""The replica pool of one deployment: admission, dispatch, failure backoff, outlier ejection
+and the deployment's inventory entry. Pure logic: no sockets, no tasks, an injected clock.
+
+Driving it (one asyncio loop; the pool is not thread-safe and never awaits)::
+
+    pool = ReplicaPool("primary", settings=PoolSettings.from_deployment(dep),
+                       clock=SYSTEM_CLOCK, emit=bus.publish, artifact="vllm-sr/d3-edge")
+    pool.add_replica("primary-0", "cpu")            # supervisor: spawned
+    pool.mark_ready("primary-0", pid, limits, threads)  # supervisor: /health said ready
+
+    lease = pool.acquire(len(body))        # raises Overloaded (429) / Unavailable (503)
+    try:
+        answer = await client.post(lease.replica_id, ..., timeout=settings.deadline_s(caller_ms))
+        outcome = "success"
+    except DeadlineExceeded: outcome = "timeout"
+    except WorkerFailed:     outcome = "failure"
+    except CancelledError:   outcome = "cancelled"   (the worker refused: "refused")
+    finally:
+        pool.release(lease, outcome)
+    for rid in pool.take_probe_requests(): schedule a /health probe -> pool.probe_result(rid, ok)
+    # every so often (or when tick() says so): pool.tick()
+
+Dispatch picks, among replicas that are ready, healthy, not ejected, not in failure backoff
+and below ``max_inflight_per_replica``, the one with the fewest outstanding request bytes,
+ties to the least recently assigned. There is no queue: all such replicas full raises
+``Overloaded``; none that could serve raises ``Unavailable``.
+
+Lifecycle states are set by the supervisor (``mark_*``); the supervisor emits their events.
+The pool emits only what it decides: ``replica_ejected``, ``replica_readmitted``,
+``replica_ejection_withheld`` and ``replica_incompatible``, each once per transition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_sr import events as ev
+from vllm_sr.clock import Clock
+from vllm_sr.errors import Conflict, NotFound, Overloaded, Unavailable
+from vllm_sr.pool import outlier
+from vllm_sr.pool.replica import OUTCOMES, Outcome, Replica, ReplicaState
+from vllm_sr.pool.settings import PoolSettings
+
+Emit = Callable[..., Any]
+
+__all__ = ["Emit", "Lease", "PoolSettings", "ReplicaPool"]
+
+
+@dataclass(eq=False)
+class Lease:
+    """One admitted exchange; give it back with ``ReplicaPool.release`` exactly once
+    (a second release is ignored)."""
+
+    replica_id: str
+    nbytes: int
+    started: float  # monotonic
+    released: bool = False
+
+
+class ReplicaPool:
+    """Admission, dispatch and outlier ejection for one deployment's replicas."""
+
+    def __init__(
+        self,
+        deployment: str,
+        *,
+        settings: PoolSettings | None = None,
+        clock: Clock,
+        emit: Emit | None = None,
+        artifact: str = "",
+        desired_replicas: int | None = None,
+    ) -> None:
+        self.deployment = deployment
+        self.artifact = artifact
+        self.settings = settings or PoolSettings()
+        self.policy = self.settings.policy()
+        self.desired_replicas = desired_replicas
+        self._clock = clock
+        self._emit: Emit = emit or (lambda name, **fields: None)
+        self._replicas: dict[str, Replica] = {}
+        self._seq = 0
+        self._probes: dict[str, None] = {}  # ordered set
+        self.withheld: dict[str, int] = dict.fromkeys(outlier.RULES, 0)
+        self.rejected: dict[str, int] = {"overloaded": 0, "unavailable": 0}
+
+    # ----------------------------------------------------------------- membership
+    def add_replica(self, replica_id: str, device: str, pid: int | None = None) -> Replica:
+        if replica_id in self._replicas:
+            raise Conflict(f"replica {replica_id!r} is already in deployment {self.deployment!r}")
+        replica = Replica(replica_id, self.deployment, device, self._clock, pid=pid)
+        self._replicas[replica_id] = replica
+        return replica
+
+    def remove_replica(self, replica_id: str) -> None:
+        self._replicas.pop(self._get(replica_id).id)
+        self._probes.pop(replica_id, None)
+        self._restore_if_none_serve()
+
+    def replica(self, replica_id: str) -> Replica:
+        return self._get(replica_id)
+
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def __contains__(self, replica_id: object) -> bool:
+        return replica_id in self._replicas
+
+    # ----------------------------------------------------------------- lifecycle (supervisor)
+    def mark_starting(self, replica_id: str, pid: int | None = None) -> None:
+        r = self._get(replica_id)
+        r.state, r.pid, r.healthy, r.restart_at = ReplicaState.STARTING, pid, True, None
+        self._restore_if_none_serve()
+
+    def mark_ready(
+        self,
+        replica_id: str,
+        pid: int | None,
+        limits: dict[str, Any] | None = None,
+        threads: int | None = None,
+    ) -> bool:
+        """The worker answered /health 200. Returns False (and marks it ``incompatible``)
+        when its reported limits differ from the configured ones."""
+        r = self._get(replica_id)
+        r.pid, r.limits, r.threads, r.healthy, r.restart_at = pid, limits, threads, True, None
+        reason = self._limits_mismatch(limits or {})
+        if reason is not None:
+            r.state, r.last_error = ReplicaState.INCOMPATIBLE, reason
+            self._emit(ev.REPLICA_INCOMPATIBLE, **self._who(r), reason=reason)
+            self._restore_if_none_serve()
+            return False
+        r.state = ReplicaState.READY
+        return True
+
+    def mark_exited(self, replica_id: str, reason: str) -> None:
+        r = self._get(replica_id)
+        r.state, r.pid, r.last_error = ReplicaState.STOPPED, None, reason
+        self._restore_if_none_serve()
+
+    def mark_backoff_restart(self, replica_id: str, until: float) -> None:
+        """The process exited and will be restarted at monotonic ``until``."""
+        r = self._get(replica_id)
+        r.state, r.pid, r.restart_at = ReplicaState.BACKOFF, None, until
+        self._restore_if_none_serve()
+
+    def mark_failed(self, replica_id: str, reason: str) -> None:
+        r = self._get(replica_id)
+        r.state, r.pid, r.last_error = ReplicaState.FAILED, None, reason
+        self._restore_if_none_serve()
+
+    def mark_draining(self, replica_id: str) -> None:
+        self._get(replica_id).state = ReplicaState.DRAINING
+        self._restore_if_none_serve()
+
+    def mark_stopped(self, replica_id: str) -> None:
+        r = self._get(replica_id)
+        r.state, r.pid = ReplicaState.STOPPED, None
+        self._restore_if_none_serve()
+
+    def set_restarts(self, replica_id: str, restarts: int) -> None:
+        self._get(replica_id).restarts = restarts
+
+    def increment_restarts(self, replica_id: str) -> int:
+        r = self._get(replica_id)
+        r.restarts += 1
+        return r.restarts
+
+    def set_adaptive_threads(self, replica_id: str, value: Any) -> None:
+        self._get(replica_id).adaptive_threads = value
+
+    def set_last_error(self, replica_id: str, message: str | None) -> None:
+        self._get(replica_id).last_error = message
+
+    def idle(self, replica_id: str) -> bool:
+        """Nothing in flight (a draining replica may be stopped)."""
+        return self._get(replica_id).inflight == 0
+
+    # ----------------------------------------------------------------- admission + dispatch
+    def acquire(self, nbytes: int) -> Lease:
+        """Admit one exchange of ``nbytes`` request bytes and pick its replica.
+
+        Raises ``Overloaded`` when every replica that could take it is full (or in its short
+        failure backoff while another is full), ``Unavailable`` when none could."""
+        now = self._clock.monotonic()
+        self._advance(now)
+        best = self._pick(now)
+        if best is None and self._restore_if_none_serve():
+            best = self._pick(now)
+        if best is None:
+            raise self._refusal(now)
+        self._seq += 1
+        best.last_assigned = self._seq
+        best.inflight += 1
+        best.outstanding_bytes += nbytes
+        best.admitted_requests += 1
+        best.admitted_bytes += nbytes
+        return Lease(best.id, nbytes, now)
+
+    def _pick(self, now: float) -> Replica | None:
+        best: Replica | None = None
+        limit = self.settings.max_inflight_per_replica
+        for r in self._replicas.values():
+            if not r.serving or r.ejected or r.inflight >= limit or r.in_backoff(now):
+                continue
+            if best is None or (r.outstanding_bytes, r.last_assigned) < (
+                best.outstanding_bytes,
+                best.last_assigned,
+            ):
+                best = r
+        return best
+
+    def _refusal(self, now: float) -> Overloaded | Unavailable:
+        members = [r for r in self._replicas.values() if r.serving and not r.ejected]
+        full = [r for r in members if r.inflight >= self.settings.max_inflight_per_replica]
+        if full:
+            self.rejected["overloaded"] += 1
+            return Overloaded(
+                f"all {len(members)} ready replicas of {self.deployment!r} are full "
+                f"({self.settings.max_inflight_per_replica} in flight each)",
+                retry_after_s=1.0,
+                deployment=self.deployment,
+            )
+        self.rejected["unavailable"] += 1
+        if members:  # every one is in its short failure backoff
+            wait = min((r.backoff_until or now) - now for r in members)
+            return Unavailable(
+                f"every ready replica of {self.deployment!r} is backing off after a failure",
+                deployment=self.deployment,
+                retry_after_s=round(max(wait, 0.0), 3),
+            )
+        states = {r.id: r.display_state() for r in self._replicas.values()}
+        return Unavailable(
+            f"no ready replica in deployment {self.deployment!r}",
+            deployment=self.deployment,
+            replicas=states,
+            retry_after_s=1.0,
+        )
+
+    def release(self, lease: Lease, outcome: Outcome, latency_s: float | None = None) -> None:
+        """Give back an exchange with how it ended: ``success``, ``timeout`` (ran out of its
+        deadline), ``failure`` (the worker failed or died), ``cancelled`` (the caller went
+        away) or ``refused`` (the worker refused it). ``latency_s`` defaults to now minus
+        the lease's start."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        if lease.released:
+            return
+        lease.released = True
+        r = self._replicas.get(lease.replica_id)
+        if r is None:  # removed while the exchange ran (a retired generation)
+            return
+        now = self._clock.monotonic()
+        r.inflight = max(0, r.inflight - 1)
+        r.outstanding_bytes = max(0, r.outstanding_bytes - lease.nbytes)
+        r.outcomes[outcome] += 1
+        r.rate.add()
+        if outcome == "success":
+            r.latency.add(latency_s if latency_s is not None else now - lease.started)
+            self._on_success(r, now)
+        elif outcome == "timeout":
+            self._on_failure(r, now)
+            self._on_timeout(r, lease)
+        elif outcome == "failure":
+            self._on_failure(r, now)
+        # cancelled / refused: neither counts nor resets the run of timeouts.
+
+    def _on_success(self, r: Replica, now: float) -> None:
+        r.last_success_at = now
+        r.backoff_s, r.backoff_until = 0.0, None
+        r.consecutive_timeouts, r.timeouts_began_at = 0, None
+        r.withheld_rule = None
+        r.ejection_level = 0  # "starts over": the next ejection is the base again
+        if r.ejected:
+            self._readmit(r, outlier.WHY_SUCCESS)
+
+    def _on_failure(self, r: Replica, now: float) -> None:
+        if r.backoff_s <= 0.0:
+            r.backoff_s = self.settings.failure_backoff_s
+        else:
+            r.backoff_s = min(r.backoff_s * 2, self.settings.failure_backoff_max_s)
+        r.backoff_until = now + r.backoff_s
+        self._probes[r.id] = None
+
+    def _on_timeout(self, r: Replica, lease: Lease) -> None:
+        if r.consecutive_timeouts == 0:
+            r.timeouts_began_at = lease.started
+        r.consecutive_timeouts += 1
+        if not self.policy.enabled or r.ejected or r.state is not ReplicaState.READY:
+            return
+        if r.consecutive_timeouts < self.policy.consecutive_timeouts:
+            return
+        decision = outlier.decide(self.policy, r, self._replicas.values())
+        if decision.eject:
+            r.ejection_level += 1
+            self._eject(r, decision.duration_ms, "consecutive_timeouts")
+        elif decision.rule != r.withheld_rule:
+            r.withheld_rule = decision.rule
+            assert decision.rule is not None
+            self.withheld[decision.rule] += 1
+            self._emit(
+                ev.REPLICA_EJECTION_WITHHELD,
+                deployment=self.deployment,
+                replica=r.id,
+                rule=decision.rule,
+                timeouts=r.consecutive_timeouts,
+            )
+
+    # ----------------------------------------------------------------- probes + time
+    def take_probe_requests(self) -> list[str]:
+        """Replica ids whose /health should be probed now (after a failed or timed-out
+        exchange, at ejection); each id once until taken again."""
+        ids = [rid for rid in self._probes if rid in self._replicas]
+        self._probes.clear()
+        return ids
+
+    def probe_result(self, replica_id: str, healthy: bool, reason: str | None = None) -> None:
+        """A /health probe's answer. An unhealthy replica leaves dispatch until a healthy
+        probe or ``mark_ready``; a healthy answer does not readmit an ejected one, since a
+        hung forward can still answer /health."""
+        r = self._replicas.get(replica_id)
+        if r is None:
+            return
+        r.healthy = healthy
+        if not healthy:
+            r.last_error = reason or "health probe failed"
+            self._restore_if_none_serve()
+
+    def tick(self) -> float | None:
+        """Apply time-based transitions (cool-downs ending). Returns seconds until the next
+        one, or None when nothing is pending, so a caller can sleep exactly that long."""
+        now = self._clock.monotonic()
+        self._advance(now)
+        pending = [
+            t - now
+            for r in self._replicas.values()
+            for t in (r.ejected_until, r.backoff_until)
+            if t is not None and t > now
+        ]
+        return min(pending) if pending else None
+
+    def _advance(self, now: float) -> None:
+        for r in self._replicas.values():
+            if r.ejected_until is not None and now >= r.ejected_until:
+                self._readmit(r, outlier.WHY_COOLDOWN)
+            if r.backoff_until is not None and now >= r.backoff_until:
+                r.backoff_until = None  # the doubling stays until a success
+
+    # ----------------------------------------------------------------- manual ops (control API)
+    def eject(
+        self, replica_id: str, duration_ms: int | None = None, reason: str = "manual"
+    ) -> None:
+        """Take a replica out of dispatch for ``duration_ms`` (default: base_ejection_ms).
+        Refused when no other replica could take its requests."""
+        r = self._get(replica_id)
+        if duration_ms is not None and duration_ms < 1:
+            raise ValueError(f"duration_ms must be >= 1, got {duration_ms}")
+        if not any(o.serving and not o.ejected for o in self._replicas.values() if o is not r):
+            raise Conflict(
+                f"replica {replica_id!r} cannot be ejected: no other replica of "
+                f"{self.deployment!r} can take requests (drain it instead)",
+                replica=replica_id,
+            )
+        self._eject(r, duration_ms or self.policy.base_ejection_ms, reason)
+
+    def readmit(self, replica_id: str) -> bool:
+        """Return an ejected replica to dispatch now; its record starts over. False when it
+        was not ejected."""
+        r = self._get(replica_id)
+        r.backoff_s, r.backoff_until = 0.0, None
+        r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
+        r.ejection_level = 0
+        if not r.ejected:
+            return False
+        self._readmit(r, outlier.WHY_MANUAL)
+        return True
+
+    def drain(self, replica_id: str) -> None:
+        self.mark_draining(replica_id)
+
+    # ----------------------------------------------------------------- transitions
+    def _eject(self, r: Replica, duration_ms: int, reason: str) -> None:
+        r.ejected_until = self._clock.monotonic() + duration_ms / 1000.0
+        r.ejections += 1
+        r.withheld_rule = None
+        self._probes[r.id] = None
+        self._emit(
+            ev.REPLICA_EJECTED,
+            **self._who(r),
+            timeouts=r.consecutive_timeouts,
+            duration_ms=duration_ms,
+            reason=reason,
+        )
+
+    def _readmit(self, r: Replica, why: str) -> None:
+        r.ejected_until = None
+        r.readmissions += 1
+        self._emit(ev.REPLICA_READMITTED, **self._who(r), why=why)
+
+    def _restore_if_none_serve(self) -> bool:
+        """If no replica outside ejection can take requests, the ejected ones serve again.
+        Returns whether any was readmitted."""
+        serving = [r for r in self._replicas.values() if r.serving]
+        if not serving or any(not r.ejected for r in serving):
+            return False
+        for r in serving:
+            self._readmit(r, outlier.WHY_NO_OTHER)
+        return True
+
+    def _limits_mismatch(self, limits: dict[str, Any]) -> str | None:
+        wanted = {
+            "max_num_seqs": self.settings.configured_max_num_seqs,
+            "max_num_batched_tokens": self.settings.configured_max_num_batched_tokens,
+        }
+        wrong = [
+            f"{name} is {limits.get(name)!r}, config sets {value}"
+            for name, value in wanted.items()
+            if value is not None and limits.get(name) != value
+        ]
+        return "reported limits differ from config: " + "; ".join(wrong) if wrong else None
+
+    def _who(self, r: Replica) -> dict[str, Any]:
+        return {"deployment": self.deployment, "replica": r.id, "device": r.device, "pid": r.pid}
+
+    def _get(self, replica_id: str) -> Replica:
+        try:
+            return self._replicas[replica_id]
+        except KeyError:
+            raise NotFound(
+                f"replica {replica_id!r} not found in deployment {self.deployment!r}; "
+                f"replicas: {', '.join(self._replicas) or 'none'}",
+                replica=replica_id,
+            ) from None
+
+    # ----------------------------------------------------------------- inventory + metrics
+    def inventory(self) -> dict[str, Any]:
+        """This deployment's entry in the inventory document (docs/internals.md)."""
+        self._advance(self._clock.monotonic())
+        replicas = list(self._replicas.values())
+        desired = self.desired_replicas if self.desired_replicas is not None else len(replicas)
+        ready = sum(1 for r in replicas if r.serving)
+        ejected = sum(1 for r in replicas if r.ejected and r.serving)
+        serving = ready - ejected
+        if serving == 0:
+            state = "unavailable"
+        elif serving >= desired and len(replicas) >= desired:
+            state = "ready"
+        else:
+            state = "degraded"
+        limit = self.settings.max_inflight_per_replica
+        return {
+            "name": self.deployment,
+            "artifact": self.artifact,
+            "state": state,
+            "desired_replicas": desired,
+            "ready_replicas": ready,
+            "ejected_replicas": ejected,
+            "replicas": [r.inventory(limit, self._clock) for r in replicas],
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters for /metrics: per replica, withheld ejections by rule, refusals."""
+        return {
+            "deployment": self.deployment,
+            "replicas": {
+                r.id: {
+                    "state": r.display_state(),
+                    "inflight": r.inflight,
+                    "outstanding_bytes": r.outstanding_bytes,
+                    "admitted_requests": r.admitted_requests,
+                    "admitted_bytes": r.admitted_bytes,
+                    "requests": dict(r.outcomes),
+                    "restarts": r.restarts,
+                    "ejections": r.ejections,
+                    "readmissions": r.readmissions,
+                    "consecutive_timeouts": r.consecutive_timeouts,
+                    "ejected": r.ejected,
+                }
+                for r in self._replicas.values()
+            },
+            "withheld": dict(self.withheld),
+            "rejected": dict(self.rejected),
+        }

@@ -1,0 +1,130 @@
+"""One replica as the pool sees it: its lifecycle state (set by the supervisor), its dispatch
+accounting (set by the pool on acquire/release) and its outlier record.
+
+Ejection and the short failure backoff are overlays on the lifecycle state, not states of
+their own inside the replica: a replica can be ``ready`` (its process is healthy) and ejected
+at once, and when its process exits while ejected the ejection's clock keeps running. The
+inventory shows ``ejected`` for a ready replica that is ejected (``display_state``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vllm_sr.clock import Clock
+from vllm_sr.pool.stats import LatencyWindow, RateWindow
+
+
+class ReplicaState(enum.StrEnum):
+    STARTING = "starting"  # spawned, waiting for /health 200
+    READY = "ready"  # healthy and a member of dispatch
+    BACKOFF = "backoff"  # process exited; waiting to be restarted
+    EJECTED = "ejected"  # shown for a READY replica the outlier detector took out
+    DRAINING = "draining"  # finishing what it has, admits nothing new
+    INCOMPATIBLE = "incompatible"  # reported limits differ from the configured ones
+    FAILED = "failed"  # will not be restarted (bad artifact, golden check ...)
+    STOPPED = "stopped"  # no process
+
+
+Outcome = Literal["success", "timeout", "failure", "cancelled", "refused"]
+OUTCOMES: tuple[Outcome, ...] = ("success", "timeout", "failure", "cancelled", "refused")
+
+
+@dataclass(eq=False)
+class Replica:
+    """Mutable record of one replica; the pool is the only writer."""
+
+    id: str
+    deployment: str
+    device: str
+    clock: Clock = field(repr=False)
+    pid: int | None = None
+    state: ReplicaState = ReplicaState.STARTING
+    healthy: bool = True  # last /health probe answered 200 (or no probe yet)
+    limits: dict[str, Any] | None = None
+    threads: int | None = None
+    adaptive_threads: Any = None
+    restarts: int = 0
+    last_error: str | None = None
+    restart_at: float | None = None  # monotonic; when the supervisor restarts it (BACKOFF)
+
+    # Dispatch accounting.
+    inflight: int = 0
+    outstanding_bytes: int = 0
+    admitted_requests: int = 0
+    admitted_bytes: int = 0
+    last_assigned: int = 0  # pool-wide sequence number of its last assignment; 0 = never
+
+    # Short failure backoff (0.1 s doubling to 3.2 s); 0.0 = not in a failure streak.
+    backoff_s: float = 0.0
+    backoff_until: float | None = None
+
+    # Outlier record.
+    consecutive_timeouts: int = 0
+    timeouts_began_at: float | None = None  # start of the first timed-out exchange in a row
+    last_success_at: float | None = None  # when its last successful answer arrived
+    ejected_until: float | None = None  # monotonic
+    ejection_level: int = 0  # ejections since the last success: the cool-down's doubling
+    ejections: int = 0
+    readmissions: int = 0
+    withheld_rule: str | None = None  # the rule holding an ejection back, once per transition
+
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    latency: LatencyWindow = field(default_factory=LatencyWindow, repr=False)
+    rate: RateWindow = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rate = RateWindow(self.clock)
+
+    @property
+    def ejected(self) -> bool:
+        return self.ejected_until is not None
+
+    @property
+    def serving(self) -> bool:
+        """Healthy and a member of dispatch, ejection and failure backoff aside."""
+        return self.state is ReplicaState.READY and self.healthy
+
+    def in_backoff(self, now: float) -> bool:
+        return self.backoff_until is not None and now < self.backoff_until
+
+    def display_state(self) -> str:
+        if self.ejected and self.state is ReplicaState.READY:
+            return ReplicaState.EJECTED.value
+        return self.state.value
+
+    def requests(self) -> int:
+        return sum(self.outcomes.values())
+
+    def inventory(self, max_inflight: int, clock: Clock) -> dict[str, Any]:
+        """This replica's entry in the inventory document (docs/internals.md)."""
+        p50 = self.latency.percentile(0.5)
+        p99 = self.latency.percentile(0.99)
+        ejected_until = None
+        if self.ejected_until is not None:
+            # Unix seconds for people; the pool itself runs on the monotonic clock.
+            ejected_until = clock.time() + (self.ejected_until - clock.monotonic())
+        return {
+            "id": self.id,
+            "deployment": self.deployment,
+            "device": self.device,
+            "pid": self.pid,
+            "state": self.display_state(),
+            "ready": self.serving,
+            "inflight": self.inflight,
+            "max_inflight": max_inflight,
+            "outstanding_bytes": self.outstanding_bytes,
+            "restarts": self.restarts,
+            "limits": dict(self.limits) if self.limits is not None else None,
+            "last_error": self.last_error,
+            "ejected_until": ejected_until,
+            "ejections": self.ejections,
+            "consecutive_timeouts": self.consecutive_timeouts,
+            "threads": self.threads,
+            "requests": self.requests(),
+            "requests_per_s": self.rate.rate(),
+            "latency_p50_ms": p50 * 1000.0 if p50 is not None else None,
+            "latency_p99_ms": p99 * 1000.0 if p99 is not None else None,
+            "adaptive_threads": self.adaptive_threads,
+        }
