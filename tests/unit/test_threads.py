@@ -1,0 +1,318 @@
+"""The thread policy: fixed, adaptive (learning on a fake model with scripted per-count speed,
+on a fake clock that the fake forward advances), the env switch and the per-thread context."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy
+import pytest
+
+from vllm_sr.clock import FakeClock
+from vllm_sr.errors import ConfigError
+from vllm_sr.events import THREADS_LEARNED, THREADS_RETIRED
+from vllm_sr.worker.threads import (
+    ENV_ADAPTIVE,
+    AdaptiveThreads,
+    FixedThreads,
+    ThreadContext,
+    allowed_counts,
+    batch_tokens,
+    bucket_label,
+    bucket_of,
+    format_report,
+    identical,
+    policy_from_env,
+)
+
+SHORT = [[7] * 10]  # 10 padded tokens: bucket 9-16
+LONG = [[3] * 100, [5] * 100]  # 200 padded tokens: bucket 129-256
+
+
+def scripted_seconds(threads: int, n_tokens: int) -> float:
+    """Per-count cost: a sync overhead that grows with the count, plus work split between
+    the threads. Short inputs are fastest at 1 thread, long ones at 4."""
+    return 0.001 * threads + n_tokens * 1e-4 / threads
+
+
+class FakeModel:
+    def __init__(self, clock: FakeClock, drift: Callable[[int, int], bool] | None = None) -> None:
+        self.clock = clock
+        self.drift = drift or (lambda threads, n: False)
+        self.calls: list[int] = []
+
+    def forward(self, rows: list[list[int]], threads: int) -> numpy.ndarray:
+        n = batch_tokens(rows)
+        self.calls.append(threads)
+        self.clock.advance(scripted_seconds(threads, n))
+        out = numpy.array([[sum(r) / 7.0, len(r)] for r in rows], dtype=numpy.float32)
+        if self.drift(threads, n):
+            out[0, 0] = numpy.nextafter(out[0, 0], numpy.float32(numpy.inf))
+        return out
+
+
+class FakeEngine:
+    """What the worker's engine does around each forward, minus batching."""
+
+    def __init__(self, policy: Any, model: FakeModel, gap_s: float = 0.05) -> None:
+        self.policy, self.model, self.gap_s = policy, model, gap_s
+        self.served: list[int] = []
+
+    def serve(self, rows: list[list[int]]) -> numpy.ndarray:
+        self.model.clock.advance(self.gap_s)
+        threads = self.policy.threads_for(batch_tokens(rows))
+        self.served.append(threads)
+        start = self.model.clock.monotonic()
+        out = self.model.forward(rows, threads)
+        took = self.model.clock.monotonic() - start
+        self.policy.after_forward(rows, out, threads, took, lambda n: self.model.forward(rows, n))
+        return out
+
+
+def make(
+    mode: int, drift: Callable[[int, int], bool] | None = None, **kw: Any
+) -> tuple[AdaptiveThreads, FakeEngine, list[tuple[str, dict[str, Any]]]]:
+    clock = FakeClock()
+    events: list[tuple[str, dict[str, Any]]] = []
+    policy = AdaptiveThreads(
+        mode, 2, 4, emit=lambda name, **f: events.append((name, f)), clock=clock, **kw
+    )
+    return policy, FakeEngine(policy, FakeModel(clock, drift)), events
+
+
+def run_until(engine: FakeEngine, pred: Callable[[], bool], limit: int = 5000) -> int:
+    for i in range(limit):
+        if pred():
+            return i
+        engine.serve(SHORT if i % 2 else LONG)
+    raise AssertionError(f"not reached in {limit} forwards: {engine.policy.report()}")
+
+
+def bucket(report: dict[str, Any], label: str) -> dict[str, Any]:
+    return next(b for b in report["buckets"] if b["bucket"] == label)
+
+
+def test_allowed_counts_and_buckets() -> None:
+    assert allowed_counts(2, 4) == [1, 2, 4]
+    assert allowed_counts(3, 8) == [1, 2, 3, 4, 8]
+    assert allowed_counts(1, 1) == [1]
+    assert [bucket_of(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [0, 0, 1, 2, 2, 3, 4, 5]
+    assert bucket_label(bucket_of(10)) == "9-16"
+    assert batch_tokens(LONG) == 200 and batch_tokens([[1], [1, 2, 3]]) == 6
+
+
+def test_identical_compares_raw_bits() -> None:
+    a = numpy.array([0.0, 1.0], dtype=numpy.float32)
+    assert identical(a, a.copy())
+    assert not identical(a, numpy.array([-0.0, 1.0], dtype=numpy.float32))  # == says equal
+    assert not identical(a, a.astype(numpy.float64))
+
+
+def test_mode1_learns_fastest_count_per_bucket_and_serves_configured() -> None:
+    policy, engine, events = make(1)
+    policy.golden_passed()
+    run_until(engine, lambda: policy.report()["state"] == "learned")  # type: ignore[index]
+    report = policy.report()
+    assert report is not None
+    assert bucket(report, "9-16")["best"] == 1
+    assert bucket(report, "129-256")["best"] == 4
+    learned = {f["bucket"]: f["threads"] for name, f in events if name == THREADS_LEARNED}
+    assert learned == {"9-16": 1, "129-256": 4}
+    assert set(engine.served) == {2}  # mode 1 never serves another count
+    # Long forwards dominate the time, so the one count to pin is 4.
+    assert report["recommended_threads"] == 4
+    assert report["recommendation"] == "pin --threads 4"
+    short = bucket(report, "9-16")["counts"]
+    assert [c["threads"] for c in short] == [1, 2, 4]
+    assert all(c["samples"] >= policy.min_samples for c in short)
+    assert short[0]["median_ms"] == pytest.approx(scripted_seconds(1, 10) * 1000, rel=1e-6)
+    assert "pin --threads 4" in format_report(report)
+
+
+def test_no_exploration_before_golden_check() -> None:
+    policy, engine, _ = make(1)
+    for _ in range(50):
+        engine.serve(LONG)
+    assert engine.model.calls == [2] * 50  # served passes only
+    policy.golden_passed()
+    engine.serve(LONG)
+    assert len(engine.model.calls) > 51
+
+
+def test_warm_pass_at_configured_before_each_timed_shadow() -> None:
+    policy, engine, _ = make(1)
+    policy.golden_passed()
+    for _ in range(200):
+        engine.serve(LONG)
+    calls = engine.model.calls
+    extra = [c for i, c in enumerate(calls)]
+    # Every forward is served at 2; an exploring forward is followed by warm 2, then shadow.
+    i, shadows = 0, []
+    while i < len(extra):
+        assert extra[i] == 2
+        if i + 2 < len(extra) and extra[i + 2] != 2:
+            assert extra[i + 1] == 2  # the warm pass
+            shadows.append(extra[i + 2])
+            i += 3
+        else:
+            i += 1
+    assert set(shadows) == {1, 4}
+
+
+def test_drift_retires_for_good_and_answers_stay_configured() -> None:
+    drift = lambda threads, n: threads == 4 and n > 100  # noqa: E731
+    policy, engine, events = make(2, drift=drift)
+    policy.golden_passed()
+    run_until(engine, lambda: policy.retired)
+    retired = [f for name, f in events if name == THREADS_RETIRED]
+    assert len(retired) == 1
+    assert retired[0]["threads"] == 4
+    assert retired[0]["bucket"] == "129-256" and retired[0]["tokens"] == 200
+    calls_then = len(engine.model.calls)
+    for i in range(300):
+        out = engine.serve(SHORT if i % 2 else LONG)
+        assert identical(out, engine.model.forward(SHORT if i % 2 else LONG, 2))
+    assert (
+        engine.model.calls.count(4) == 0
+        or max(i for i, c in enumerate(engine.model.calls) if c == 4) < calls_then
+    )  # no pass at any other count after retiring
+    assert set(engine.served) == {2}
+    report = policy.report()
+    assert report is not None and report["state"] == "retired"
+    assert "4 threads drifted" in report["retire_reason"]
+    assert "200 padded tokens" in report["retire_reason"]
+    assert report["recommended_threads"] is None
+
+
+def test_mode2_switches_a_bucket_only_after_its_window() -> None:
+    policy, engine, events = make(2, window=8)
+    policy.golden_passed()
+    run_until(engine, lambda: any(n == THREADS_LEARNED for n, _ in events))
+    # Learned but not yet verified: still served at the configured count.
+    while bucket(policy.report(), "129-256")["phase"] != "serving":  # type: ignore[arg-type]
+        b = bucket(policy.report(), "129-256")  # type: ignore[arg-type]
+        if b["best"] == 4:
+            assert policy.threads_for(200) == 2
+            assert b["matches"] < 8
+        engine.serve(LONG)
+    b = bucket(policy.report(), "129-256")  # type: ignore[arg-type]
+    assert b["matches"] == 8
+    assert policy.threads_for(200) == 4
+    engine.serve(LONG)
+    assert engine.served[-1] == 4
+
+
+def test_mode2_audit_catches_drift_of_a_served_count() -> None:
+    # Bit-identical while learning and verifying, drifts once serving 4: the audit retires it.
+    state = {"serving": False}
+    drift = lambda threads, n: state["serving"] and threads == 4  # noqa: E731
+    policy, engine, events = make(2, drift=drift, window=4, audit_share=0.2)
+    policy.golden_passed()
+    run_until(engine, lambda: policy.threads_for(200) == 4)
+    state["serving"] = True
+    run_until(engine, lambda: policy.retired)
+    assert policy.threads_for(200) == 2
+    assert [f["threads"] for n, f in events if n == THREADS_RETIRED] == [4]
+
+
+def test_exploration_stays_in_its_share_and_pass_cap() -> None:
+    policy, engine, _ = make(1, share=0.1, max_shadow_per_s=1000.0)
+    policy.golden_passed()
+    for _ in range(400):
+        engine.serve(LONG)
+    extra = len(engine.model.calls) - 400
+    assert 0 < extra <= 2 * (0.1 * 400 + 1)
+    # Burst with no time passing: the per-second cap bounds passes, whatever the share.
+    policy, engine, _ = make(1, share=1.0, max_shadow_per_s=6.0)
+    engine.gap_s = 0.0
+    engine.model.clock.advance(10.0)
+    policy.golden_passed()
+    for _ in range(40):
+        engine.serve(LONG)
+    report = policy.report()
+    assert report is not None
+    # Forwards take time too (~5 ms each), refilling a little; far under the share's 80.
+    assert report["shadow_passes"] <= 6 + 40 * 0.02 * 6 + 2
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "mode"),
+    [
+        (None, FixedThreads, None),
+        ("", FixedThreads, None),
+        ("0", FixedThreads, None),
+        ("1", AdaptiveThreads, 1),
+        ("2", AdaptiveThreads, 2),
+    ],
+)
+def test_policy_from_env(value: str | None, kind: type, mode: int | None) -> None:
+    env = {} if value is None else {ENV_ADAPTIVE: value}
+    policy = policy_from_env(2, 4, env)
+    assert isinstance(policy, kind)
+    if mode is not None:
+        assert isinstance(policy, AdaptiveThreads) and policy.mode == mode
+        assert policy.threads_for(10) == 2
+    else:
+        assert policy.report() is None and policy.threads_for(1000) == 2
+
+
+@pytest.mark.parametrize("value", ["3", "yes", " 1", "on", "-1", "1.0"])
+def test_policy_from_env_refuses_other_values(value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        policy_from_env(2, 4, {ENV_ADAPTIVE: value})
+    text = str(err.value)
+    assert ENV_ADAPTIVE in text and repr(value) in text
+    assert "0" in text and "1" in text and "2" in text
+
+
+def test_context_sets_only_on_change_and_counts() -> None:
+    state = {"n": 4, "sets": 0}
+
+    def setter(n: int) -> None:
+        state["n"], state["sets"] = n, state["sets"] + 1
+
+    ctx = ThreadContext(get_threads=lambda: state["n"], set_threads=setter)
+    assert ctx.current is None
+    with ctx.forward(threads=4):
+        assert ctx.current == 4
+    assert state["sets"] == 0
+    with ctx.forward(threads=1):
+        assert ctx.current == 1 and state["n"] == 1
+    with ctx.forward(threads=1):
+        pass
+    assert state["sets"] == 1
+    assert ctx.counts() == {4: 1, 1: 2}
+    assert ctx.current is None
+    with pytest.raises(ValueError, match="threads"), ctx.forward(threads=0):
+        pass
+
+
+def test_two_engines_interleaving_keep_their_own_count() -> None:
+    """Real torch: two forward threads on two contexts (and on one) state 1 and 2 in
+    lockstep; inside each forward the thread sees its own count, never the other's."""
+    torch = pytest.importorskip("torch")
+    shared = ThreadContext()
+    contexts = {1: ThreadContext(), 2: shared}
+    barrier = threading.Barrier(2, timeout=10)
+    seen: dict[int, list[tuple[int, int | None]]] = {1: [], 2: []}
+    x = torch.ones(64, 64)
+
+    def engine(n: int) -> None:
+        for ctx in (contexts[n], shared):
+            for _ in range(5):
+                with ctx.forward(threads=n):
+                    barrier.wait()  # both are inside a forward now
+                    torch.mm(x, x)
+                    seen[n].append((torch.get_num_threads(), ctx.current))
+                    barrier.wait()
+
+    workers = [threading.Thread(target=engine, args=(n,)) for n in (1, 2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=30)
+    assert seen[1] == [(1, 1)] * 10
+    assert seen[2] == [(2, 2)] * 10
+    assert shared.counts() == {1: 5, 2: 10}
