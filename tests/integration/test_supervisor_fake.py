@@ -1,0 +1,249 @@
+"""A stand-in worker process for supervisor and frontend tests that are about processes,
+sockets, signals and dispatch rather than the model: it speaks the worker HTTP API
+(docs/internals.md) over a Unix socket, starts in milliseconds, and has knobs in its
+environment. Run as ``python -m tests.integration.test_supervisor_fake ARTIFACT --uds PATH ...``.
+
+Knobs: ``FAKE_EXIT_CODE`` (exit at once with that code, after a line on stderr),
+``FAKE_READY_DELAY_S`` (503 ``loading`` that long), ``FAKE_LIMITS`` (JSON for /health limits),
+``VLLM_SR_FAULT_FORWARD_DELAY_MS`` and ``POST /debug/faults`` (delay every answer, with
+``VLLM_SR_ENABLE_FAULTS=1``), ``FAKE_IGNORE_SIGTERM=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_sr.frontend.app import Frontend
+from vllm_sr.supervisor.commands import Command
+from vllm_sr.supervisor.managed import ProcessOptions
+from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
+from vllm_sr.supervisor.supervisor import Supervisor
+
+FAKE_MODULE = "tests.integration.test_supervisor_fake"
+
+
+@dataclass
+class FakeSpec:
+    """The shape of placement's ReplicaSpec, for plans built in tests."""
+
+    id: str
+    deployment: str
+    index: int
+    artifact: str = "fake/artifact"
+    revision: str | None = None
+    device: str = "cpu"
+    threads: int = 1
+    cpus: list[int] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def identity(self) -> tuple[Any, ...]:
+        return (
+            self.artifact,
+            self.revision,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.device,
+            self.threads,
+        )
+
+
+def fake_worker_argv() -> list[str]:
+    return [sys.executable, "-m", FAKE_MODULE, "worker"]
+
+
+def test_fake_spec_identity_ignores_env_and_id() -> None:
+    a = FakeSpec("primary-0", "primary", 0, env={"A": "1"})
+    b = FakeSpec("primary-1", "primary", 1)
+    assert a.identity() == b.identity()
+    assert FakeSpec("primary-0", "primary", 0, threads=2).identity() != a.identity()
+
+
+# ---------------------------------------------------------------------- the fake worker
+
+
+def _main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("command")
+    p.add_argument("artifact")
+    p.add_argument("--uds", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--replica-id", default="")
+    args = p.parse_args(argv)
+    code = os.environ.get("FAKE_EXIT_CODE")
+    if code:
+        print(f"fake worker {args.replica_id}: refusing artifact {args.artifact}", file=sys.stderr)
+        return int(code)
+    if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    asyncio.run(_serve(args))
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    started = time.monotonic()
+    ready_delay = float(os.environ.get("FAKE_READY_DELAY_S", "0"))
+    limits = json.loads(os.environ.get("FAKE_LIMITS", "null")) or {
+        "max_num_seqs": args.max_num_seqs or 64,
+        "max_num_batched_tokens": args.max_num_batched_tokens or 8192,
+    }
+    faults = {"forward_delay_ms": float(os.environ.get("VLLM_SR_FAULT_FORWARD_DELAY_MS", "0"))}
+    enable_faults = os.environ.get("VLLM_SR_ENABLE_FAULTS") == "1"
+
+    async def health(request: web.Request) -> web.Response:
+        ready = time.monotonic() - started >= ready_delay
+        body = {
+            "status": "ready" if ready else "loading",
+            "reason": None,
+            "api_version": 1,
+            "model": args.artifact,
+            "limits": limits,
+            "threads": args.threads,
+            "replica": args.replica_id,
+            "pid": os.getpid(),
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def surface(request: web.Request) -> web.Response:
+        doc = await request.json()
+        if faults["forward_delay_ms"] > 0:
+            await asyncio.sleep(faults["forward_delay_ms"] / 1000.0)
+        inputs = doc.get("input", "")
+        rows = inputs if isinstance(inputs, list) else [inputs]
+        data = [{"index": i, "embedding": [float(len(str(t))), 1.0]} for i, t in enumerate(rows)]
+        return web.json_response(
+            {"object": "list", "data": data, "replica": args.replica_id, "pid": os.getpid()}
+        )
+
+    async def set_faults(request: web.Request) -> web.Response:
+        if not enable_faults:
+            return web.json_response({"error": {"code": "not_found"}}, status=404)
+        doc = await request.json()
+        faults["forward_delay_ms"] = float(doc.get("forward_delay_ms", 0))
+        return web.json_response({"ok": True, **faults})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/embeddings", surface)
+    app.router.add_post("/v1/classify", surface)
+    app.router.add_post("/v1/bundle", surface)
+    app.router.add_post("/debug/faults", set_faults)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.UnixSite(runner, args.uds).start()
+    parent = int(os.environ.get("VLLM_SR_PARENT_PID", "0") or 0)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if os.environ.get("FAKE_IGNORE_SIGTERM") != "1":
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    while not stop.is_set():
+        if parent and os.getppid() != parent:
+            break  # the supervisor is gone: no orphans
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.2)
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
+
+
+# ---------------------------------------------------------------------- a service in-process
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def fake_spec(deployment: str, index: int, **kw: Any) -> FakeSpec:
+    env = {"PYTHONPATH": REPO_ROOT, **kw.pop("env", {})}
+    return FakeSpec(f"{deployment}-{index}", deployment, index, env=env, **kw)
+
+
+def fake_plan(replicas: int, *, deployment: str = "primary", **kw: Any) -> ServicePlan:
+    timeout_ms = kw.pop("timeout_ms", 2000)
+    outlier = kw.pop("outlier", {})
+    specs = [fake_spec(deployment, i, **kw) for i in range(replicas)]
+    dep = DeploymentPlan(deployment, "fake/artifact", specs, timeout_ms=timeout_ms, outlier=outlier)
+    return ServicePlan({deployment: dep}, deployment, {"replicas": replicas})
+
+
+@dataclass
+class Service:
+    sup: Supervisor
+    frontend: Frontend
+    url: str
+    loop_task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        if not self.sup.stopping:
+            self.sup.queue.put_nowait(Command("stop", source="test"))
+        try:
+            await asyncio.wait_for(self.loop_task, 30)
+        finally:
+            self.sup.kill_all_now()
+            await self.frontend.stop()
+
+
+async def start_service(
+    planner: Callable[[], ServicePlan],
+    *,
+    worker_argv: list[str] | None = None,
+    wait_ready: bool = True,
+    **options: Any,
+) -> Service:
+    drain = options.pop("drain_timeout_s", 10.0)
+    opts = ProcessOptions(
+        worker_argv=worker_argv if worker_argv is not None else fake_worker_argv(),
+        ready_timeout_s=options.pop("ready_timeout_s", 60.0),
+        stop_grace_s=options.pop("stop_grace_s", 5.0),
+        **options,
+    )
+    sup = Supervisor(
+        planner,
+        runtime_dir=tempfile.mkdtemp(prefix="vsr-", dir="/tmp"),
+        options=opts,
+        drain_timeout_s=drain,
+    )
+    await sup.start()
+    frontend = Frontend(sup)
+    address = await frontend.start("127.0.0.1", 0)
+    service = Service(sup, frontend, f"http://{address}", asyncio.create_task(sup.run()))
+    if wait_ready:
+        await wait_for(lambda: sup.health()["ready"], 120, "service ready")
+    return service
+
+
+async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``cond`` until it is truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def replica_doc(sup: Supervisor, rid: str) -> dict[str, Any]:
+    for dep in sup.inventory()["deployments"]:
+        for rep in dep["replicas"]:
+            if rep["id"] == rid:
+                return dict(rep)
+    raise KeyError(rid)

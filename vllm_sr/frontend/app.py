@@ -1,0 +1,195 @@
+"""The public HTTP API (aiohttp; 127.0.0.1:8080 by default).
+
+``POST /v1/embeddings``, ``/v1/classify``, ``/v1/bundle`` go to the deployment ``model`` names
+(default: the decision model's deployment) as one unit each; the body's bytes go to the worker
+unchanged, and the worker's bytes come back unchanged. ``GET /v1/models``, ``/health``,
+``/api/v1/inventory/model-runtime`` and ``/metrics`` describe the service. Errors are
+``{"error": {"code", "message", "retryable"}}`` with the error's HTTP status (429 carries
+Retry-After).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from vllm_sr.errors import InvalidRequest, Overloaded, RequestTooLarge, Unavailable, VllmSrError
+from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
+from vllm_sr.frontend.dispatch import forward
+from vllm_sr.frontend.metrics import FrontendCollector
+
+if TYPE_CHECKING:
+    from vllm_sr.supervisor.supervisor import Supervisor
+
+log = logging.getLogger("vllm_sr.frontend")
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+SURFACES = ("embeddings", "classify", "bundle")
+JSON = "application/json"
+
+
+def error_response(exc: VllmSrError) -> web.Response:
+    headers = {}
+    if isinstance(exc, Overloaded | Unavailable):
+        retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
+        headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
+    return web.json_response(exc.to_json(), status=exc.http_status, headers=headers)
+
+
+def caller_timeout_ms(request: web.Request) -> float | None:
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or not math.isfinite(value):
+        raise InvalidRequest(
+            f"header {TIMEOUT_HEADER} must be a positive number of milliseconds, got {raw!r}"
+        )
+    return value
+
+
+def model_of(body: bytes) -> str | None:
+    """The ``model`` field, the only part of the body the frontend reads."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = doc.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest(f"field 'model' must be a string naming a deployment, got {model!r}")
+    return model
+
+
+class Frontend:
+    def __init__(self, sup: Supervisor, *, cache_entries: int = 4096) -> None:
+        self.sup = sup
+        self.caches: dict[str, ResultCache] = {}
+        self._cache_entries = cache_entries
+        self._cache_generation = -1
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = FrontendCollector(self)
+        self.registry.register(self.collector)
+        self.app = web.Application(client_max_size=MAX_BODY_BYTES)
+        self.app.router.add_post("/v1/embeddings", self._surface("embeddings"))
+        self.app.router.add_post("/v1/classify", self._surface("classify"))
+        self.app.router.add_post("/v1/bundle", self._surface("bundle"))
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/api/v1/inventory/model-runtime", self.inventory)
+        self.app.router.add_get("/metrics", self.metrics)
+        self._runner: web.AppRunner | None = None
+        self.address: str = ""
+
+    # ------------------------------------------------------------------ serving
+    async def start(self, host: str, port: int) -> str:
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        bound_port = sockets[0].getsockname()[1] if sockets else port
+        self.address = f"{host}:{bound_port}"
+        return self.address
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _cache_for(self, name: str, replicas: int) -> ResultCache | None:
+        """Single-worker deployments keep a result cache; multi-replica ones bypass it."""
+        if replicas != 1 or self._cache_entries <= 0:
+            return None
+        if self._cache_generation != self.sup.generation:
+            self.caches.clear()  # a new generation may answer differently
+            self._cache_generation = self.sup.generation
+        cache = self.caches.get(name)
+        if cache is None:
+            cache = self.caches[name] = ResultCache(self._cache_entries)
+        return cache
+
+    def _surface(self, surface: str) -> Any:
+        path = f"/v1/{surface}"
+
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                return await self._exchange(request, surface, path)
+            except VllmSrError as exc:
+                self.collector.count(surface, exc.http_status)
+                return error_response(exc)
+
+        return handler
+
+    async def _exchange(self, request: web.Request, surface: str, path: str) -> web.Response:
+        if not self.sup.admitting:
+            raise Unavailable("the service is stopping", retry_after_s=1.0)
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise RequestTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise RequestTooLarge(f"request body over {MAX_BODY_BYTES} bytes") from None
+        timeout_ms = caller_timeout_ms(request)
+        pool, dep = self.sup.resolve(model_of(body))
+        cache = self._cache_for(dep.name, len(dep.replicas))
+        key = cache_key(surface, dep.name, body) if cache is not None else b""
+        if cache is not None:
+            hit = cache.get(key)
+            if hit is not None:
+                self.collector.count(surface, hit.status)
+                return web.Response(
+                    body=hit.body,
+                    status=hit.status,
+                    headers={"Content-Type": hit.content_type, "X-Cache": "hit"},
+                )
+        resp, _ = await forward(self.sup, pool, path, body, timeout_ms)
+        if cache is not None and resp.status == 200:
+            cache.put(key, CachedAnswer(resp.status, resp.body, resp.content_type))
+        self.collector.count(surface, resp.status)
+        headers = {"Content-Type": resp.content_type, **resp.headers}
+        return web.Response(body=resp.body, status=resp.status, headers=headers)
+
+    # ------------------------------------------------------------------ descriptions
+    async def models(self, request: web.Request) -> web.Response:
+        plan = self.sup.plan
+        data = []
+        for name, pool in self.sup.pools.items():
+            if plan is None or name not in plan.deployments:
+                continue
+            inv = pool.inventory()
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "owned_by": "vllm-sr",
+                    "artifact": pool.artifact,
+                    "default": name == plan.default_deployment,
+                    "state": inv["state"],
+                    "desired_replicas": inv["desired_replicas"],
+                    "ready_replicas": inv["ready_replicas"],
+                }
+            )
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        doc = self.sup.health()
+        return web.json_response(doc, status=200 if doc["ready"] else 503)
+
+    async def inventory(self, request: web.Request) -> web.Response:
+        return web.json_response(self.sup.inventory())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = generate_latest(self.registry)
+        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,199 @@
+"""ManagedReplica: keeps one planned replica's worker process alive.
+
+One task per replica runs spawn -> wait for /health 200 (ready timeout) -> watch for exit ->
+restart with backoff, and reports each transition to its ``ReplicaHooks`` (the supervisor, which
+updates the pool and publishes events in one place). An exit with the "do not restart" code (78)
+ends the loop with the replica ``failed`` and the worker's own last words as the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.errors import EXIT_DO_NOT_RESTART, VllmSrError
+from vllm_sr.pool.client import WorkerClient
+from vllm_sr.supervisor.backoff import RestartBackoff
+from vllm_sr.supervisor.process import WorkerProcess, worker_command
+
+log = logging.getLogger("vllm_sr.supervisor")
+
+
+@dataclass
+class ProcessOptions:
+    ready_timeout_s: float = 600.0
+    stop_grace_s: float = 10.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    backoff_reset_s: float = 60.0
+    worker_argv: Sequence[str] | None = None  # tests run another command than `vllm-sr worker`
+
+
+class ReplicaHooks(Protocol):
+    def on_starting(self, rep: ManagedReplica, restarted: bool) -> None: ...
+    def on_ready(self, rep: ManagedReplica) -> None: ...
+    def on_exited(self, rep: ManagedReplica, returncode: int, reason: str) -> None: ...
+    def on_backoff(self, rep: ManagedReplica, delay_s: float) -> None: ...
+    def on_failed(self, rep: ManagedReplica, reason: str) -> None: ...
+
+
+class ManagedReplica:
+    def __init__(
+        self,
+        spec: Any,
+        socket_path: str,
+        hooks: ReplicaHooks,
+        options: ProcessOptions,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.spec = spec
+        self.id: str = spec.id
+        self.socket_path = socket_path
+        self.hooks = hooks
+        self.options = options
+        self.client = WorkerClient(uds=socket_path, replica_id=self.id)
+        self.process: WorkerProcess | None = None
+        self.restarts = 0
+        self.state = "starting"
+        self.last_error: str | None = None
+        self.health: dict[str, Any] = {}
+        self.ready = asyncio.Event()  # set while the current process is ready
+        self.active = 0  # exchanges in flight through the frontend (drain waits on it)
+        self.record: Any = None  # its pool Replica record while published
+        self.retired_from: Any = None  # the pool it drains out of after a reload
+        self._backoff = RestartBackoff(
+            options.backoff_initial_s, options.backoff_max_s, options.backoff_reset_s, clock
+        )
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process and self.process.running else None
+
+    @property
+    def limits(self) -> dict[str, Any] | None:
+        lim = self.health.get("limits")
+        return lim if isinstance(lim, dict) else None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"replica-{self.id}")
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop for good: no restart. SIGTERM, grace, SIGKILL."""
+        self._stopping = True
+        self._wake.set()
+        if self.process is not None:
+            await self.process.stop(self.options.stop_grace_s if grace_s is None else grace_s)
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.client.close()
+
+    def kill_now(self) -> None:
+        if self.process is not None:
+            self.process.kill_now()
+
+    async def restart(self) -> None:
+        """Replace the process now (control API): stop it, skip the backoff wait."""
+        self._backoff = RestartBackoff(
+            self.options.backoff_initial_s,
+            self.options.backoff_max_s,
+            self.options.backoff_reset_s,
+        )
+        if self.process is not None:
+            await self.process.stop(self.options.stop_grace_s)
+
+    async def _run(self) -> None:
+        restarted = False
+        while not self._stopping:
+            returncode = await self._one_life(restarted)
+            self.ready.clear()
+            if self._stopping:
+                break
+            self._backoff.mark_down()
+            reason = self._exit_reason(returncode)
+            self.last_error = reason
+            self.hooks.on_exited(self, returncode, reason)
+            if returncode == EXIT_DO_NOT_RESTART:
+                self.state = "failed"
+                self.hooks.on_failed(self, reason)
+                return
+            delay = self._backoff.next_delay()
+            self.state = "backoff"
+            self.hooks.on_backoff(self, delay)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            restarted = True
+            if not self._stopping:
+                self.restarts += 1
+
+    async def _one_life(self, restarted: bool) -> int:
+        """Spawn, wait until ready, wait for the exit. Returns the exit code."""
+        argv = worker_command(self.spec, self.socket_path, self.options.worker_argv)
+        env = dict(getattr(self.spec, "env", None) or {})
+        proc = WorkerProcess(
+            argv,
+            env=env,
+            cpus=getattr(self.spec, "cpus", None),
+            socket_path=self.socket_path,
+            name=self.id,
+        )
+        self.process = proc
+        self._stderr_tail.clear()
+        await proc.start(stderr_sink=self._stderr_tail)
+        self.state = "starting"
+        self.health = {}
+        self.hooks.on_starting(self, restarted)
+        if await self._wait_ready(proc):
+            self.state = "ready"
+            self.last_error = None
+            self._backoff.mark_ready()
+            self.ready.set()
+            self.hooks.on_ready(self)
+        elif proc.running:
+            self.last_error = f"not ready within {self.options.ready_timeout_s:.0f} s"
+            log.warning("%s: %s; stopping it", self.id, self.last_error)
+            await proc.stop(self.options.stop_grace_s)
+        return await proc.wait()
+
+    async def _wait_ready(self, proc: WorkerProcess) -> bool:
+        """Poll /health until 200, the process exits, or the ready timeout passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.ready_timeout_s
+        interval = 0.02
+        while proc.running and not self._stopping:
+            try:
+                status, doc = await self.client.health(timeout_s=2.0)
+                self.health = doc
+                if status == 200:
+                    return True
+            except VllmSrError:
+                pass  # not listening yet
+            if loop.time() >= deadline:
+                return False
+            waiter = asyncio.ensure_future(proc.wait())
+            await asyncio.wait({waiter}, timeout=interval)
+            waiter.cancel()
+            interval = min(interval * 1.5, 0.5)
+        return False
+
+    def _exit_reason(self, returncode: int) -> str:
+        if self.last_error and returncode < 0:
+            return self.last_error
+        tail = [line for line in self._stderr_tail if line.strip()]
+        last = tail[-1].strip() if tail else ""
+        if returncode < 0:
+            return f"killed by signal {-returncode}"
+        if returncode == EXIT_DO_NOT_RESTART:
+            return f"exit {returncode} (do not restart): {last}" if last else f"exit {returncode}"
+        return f"exit {returncode}: {last}" if last else f"exit {returncode}"

@@ -1,0 +1,64 @@
+"""What the supervisor runs, and how a new generation differs from the running one.
+
+``ServicePlan`` is the supervisor's view of a planned service: per deployment its settings and
+replica specs (placement ``ReplicaSpec`` objects, or anything with ``id``, ``deployment``,
+``device`` and ``identity()``). ``diff_plans`` decides, per replica, keep / start / retire: a
+worker whose id and identity (artifact, revision, engine args, device, threads) are unchanged
+keeps its process; changes to anything else (bindings, signals, timeouts, outlier settings)
+never restart a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DeploymentPlan:
+    name: str
+    artifact: str
+    replicas: list[Any]
+    timeout_ms: int = 2000
+    # Engine limits set in config (None = the worker calibrates and may differ per replica).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    outlier: dict[str, Any] = field(default_factory=dict)  # outlier_detection fields set
+
+
+@dataclass
+class ServicePlan:
+    deployments: dict[str, DeploymentPlan]
+    default_deployment: str
+    config: dict[str, Any] = field(default_factory=dict)  # the effective config, for /v1/config
+
+    def specs(self) -> list[Any]:
+        return [spec for d in self.deployments.values() for spec in d.replicas]
+
+
+@dataclass
+class PlanDiff:
+    keep: list[Any]  # new specs whose running worker stays (same id and identity)
+    start: list[Any]  # new specs that need a new worker
+    retire: list[str]  # ids of running workers not in the new plan (or replaced)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.start or self.retire)
+
+
+def diff_plans(running: Mapping[str, Any], new_specs: Iterable[Any]) -> PlanDiff:
+    """``running`` maps replica id -> the spec its worker runs."""
+    keep: list[Any] = []
+    start: list[Any] = []
+    matched: set[str] = set()
+    for spec in new_specs:
+        old = running.get(spec.id)
+        if old is not None and old.identity() == spec.identity():
+            keep.append(spec)
+            matched.add(spec.id)
+        else:
+            start.append(spec)
+    retire = [rid for rid in running if rid not in matched]
+    return PlanDiff(keep, start, retire)
