@@ -84,7 +84,7 @@ def decide(policy: OutlierPolicy, replica: Replica, replicas: Iterable[Replica])
         r.serving
         and not r.ejected
         and r.last_success_at is not None
-        and (began is None or r.last_success_at >= began)
+        and (began is None or r.last_success_at > began)
         for r in others
     )
     if not answered:

@@ -32,7 +32,7 @@ The pool emits only what it decides: ``replica_ejected``, ``replica_readmitted``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,18 +180,23 @@ class ReplicaPool:
         return self._get(replica_id).inflight == 0
 
     # ----------------------------------------------------------------- admission + dispatch
-    def acquire(self, nbytes: int) -> Lease:
+    def acquire(self, nbytes: int, replica_id: str | None = None) -> Lease:
         """Admit one exchange of ``nbytes`` request bytes and pick its replica.
 
-        Raises ``Overloaded`` when every replica that could take it is full (or in its short
-        failure backoff while another is full), ``Unavailable`` when none could."""
+        Raises ``Overloaded`` when every replica that could take it is full, ``Unavailable``
+        when none could (all out, ejected or backing off after a failure). ``replica_id``
+        pins the exchange to that replica under the same admission rules (debugging and
+        tests; the frontend lets the pool pick)."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         now = self._clock.monotonic()
         self._advance(now)
-        best = self._pick(now)
+        candidates = self._replicas.values() if replica_id is None else [self._get(replica_id)]
+        best = self._pick(now, candidates)
         if best is None and self._restore_if_none_serve():
-            best = self._pick(now)
+            best = self._pick(now, candidates)
         if best is None:
-            raise self._refusal(now)
+            raise self._refusal(now, candidates)
         self._seq += 1
         best.last_assigned = self._seq
         best.inflight += 1
@@ -200,10 +205,10 @@ class ReplicaPool:
         best.admitted_bytes += nbytes
         return Lease(best.id, nbytes, now)
 
-    def _pick(self, now: float) -> Replica | None:
+    def _pick(self, now: float, candidates: Iterable[Replica]) -> Replica | None:
         best: Replica | None = None
         limit = self.settings.max_inflight_per_replica
-        for r in self._replicas.values():
+        for r in candidates:
             if not r.serving or r.ejected or r.inflight >= limit or r.in_backoff(now):
                 continue
             if best is None or (r.outstanding_bytes, r.last_assigned) < (
@@ -213,8 +218,8 @@ class ReplicaPool:
                 best = r
         return best
 
-    def _refusal(self, now: float) -> Overloaded | Unavailable:
-        members = [r for r in self._replicas.values() if r.serving and not r.ejected]
+    def _refusal(self, now: float, candidates: Iterable[Replica]) -> Overloaded | Unavailable:
+        members = [r for r in candidates if r.serving and not r.ejected]
         full = [r for r in members if r.inflight >= self.settings.max_inflight_per_replica]
         if full:
             self.rejected["overloaded"] += 1
@@ -262,27 +267,30 @@ class ReplicaPool:
             r.latency.add(latency_s if latency_s is not None else now - lease.started)
             self._on_success(r, now)
         elif outcome == "timeout":
-            self._on_failure(r, now)
+            self._on_failure(r, lease, now)
             self._on_timeout(r, lease)
         elif outcome == "failure":
-            self._on_failure(r, now)
+            self._on_failure(r, lease, now)
         # cancelled / refused: neither counts nor resets the run of timeouts.
 
     def _on_success(self, r: Replica, now: float) -> None:
         r.last_success_at = now
-        r.backoff_s, r.backoff_until = 0.0, None
+        r.backoff_s, r.backoff_until, r.backoff_set_at = 0.0, None, None
         r.consecutive_timeouts, r.timeouts_began_at = 0, None
         r.withheld_rule = None
         r.ejection_level = 0  # "starts over": the next ejection is the base again
         if r.ejected:
             self._readmit(r, outlier.WHY_SUCCESS)
 
-    def _on_failure(self, r: Replica, now: float) -> None:
+    def _on_failure(self, r: Replica, lease: Lease, now: float) -> None:
         if r.backoff_s <= 0.0:
-            r.backoff_s = self.settings.failure_backoff_s
-        else:
+            r.backoff_s, r.backoff_set_at = self.settings.failure_backoff_s, now
+        elif r.backoff_set_at is None or lease.started >= r.backoff_set_at:
+            # Only an exchange sent after the last step began doubles the backoff: the 32
+            # exchanges in flight when a worker hung or died are one failure, not 32.
             r.backoff_s = min(r.backoff_s * 2, self.settings.failure_backoff_max_s)
-        r.backoff_until = now + r.backoff_s
+            r.backoff_set_at = now
+        r.backoff_until = max(r.backoff_until or now, now + r.backoff_s)
         self._probes[r.id] = None
 
     def _on_timeout(self, r: Replica, lease: Lease) -> None:
@@ -370,7 +378,7 @@ class ReplicaPool:
         """Return an ejected replica to dispatch now; its record starts over. False when it
         was not ejected."""
         r = self._get(replica_id)
-        r.backoff_s, r.backoff_until = 0.0, None
+        r.backoff_s, r.backoff_until, r.backoff_set_at = 0.0, None, None
         r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
         r.ejection_level = 0
         if not r.ejected:

@@ -59,6 +59,7 @@ class Replica:
     # Short failure backoff (0.1 s doubling to 3.2 s); 0.0 = not in a failure streak.
     backoff_s: float = 0.0
     backoff_until: float | None = None
+    backoff_set_at: float | None = None  # when the current backoff step began
 
     # Outlier record.
     consecutive_timeouts: int = 0
