@@ -1,15 +1,82 @@
-"""`vllm-sr worker` (placeholder until its owner lands it)."""
+"""`vllm-sr worker ARTIFACT (--uds PATH | --port N) ...`: one model worker process (the
+supervisor starts these; documented in docs/worker.md)."""
 
 from __future__ import annotations
 
 import argparse
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def _device(text: str) -> str:
+    kind, sep, index = text.partition(":")
+    if text == "cpu" or (kind in ("cuda", "rocm") and sep and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not accepted; use cpu, cuda:N or rocm:N")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("worker", help="(not built yet)")
+    p = sub.add_parser(
+        "worker",
+        help="run one model worker (internal: the supervisor starts these)",
+        description="Serve one artifact on one device over HTTP (Unix socket or TCP).",
+    )
+    p.add_argument("artifact", metavar="ARTIFACT", help="vllm-sr/d3-edge or a local HF model dir")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--uds", metavar="PATH", help="listen on this Unix socket")
+    where.add_argument("--port", type=_port, metavar="N", help="listen on this TCP port")
+    p.add_argument("--host", default="127.0.0.1", help="TCP address with --port")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda:N or rocm:N")
+    p.add_argument(
+        "--threads", type=_positive, help="intra-op CPU threads (default: half the CPUs)"
+    )
+    p.add_argument("--max-num-seqs", type=_positive, help="rows per forward (default: calibrated)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive,
+        help="padded tokens per forward (default: calibrated)",
+    )
+    p.add_argument("--replica-id", metavar="ID", help="replica id, used as the log prefix")
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name requests may use in 'model' (repeatable)",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    print("vllm-sr worker: not built yet")
-    return 1
+    from vllm_sr.logs import setup_logging
+    from vllm_sr.worker.main import WorkerOptions, run
+
+    setup_logging("worker", args.replica_id)
+    opts = WorkerOptions(
+        artifact=args.artifact,
+        uds=args.uds,
+        port=args.port,
+        host=args.host,
+        device=args.device,
+        threads=args.threads,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        replica_id=args.replica_id,
+        served_names=tuple(args.served_model_name),
+    )
+    return run(opts)

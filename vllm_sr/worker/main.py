@@ -1,0 +1,363 @@
+"""The worker process: bind HTTP first (so /health says 503 while it loads), load the artifact
+on a loader thread, calibrate, pass the golden check, serve; exit on SIGTERM or when the parent
+dies. Signal handlers only set an event; one coroutine does the shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from vllm_sr.errors import EXIT_OK, GoldenCheckFailed, VllmSrError
+from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
+from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
+from vllm_sr.worker.engine import Engine, Faults, Job
+from vllm_sr.worker.threads import policy_from_env, process_context
+
+log = logging.getLogger("vllm_sr.worker")
+
+DRAIN_GRACE_S = 3.0  # SIGTERM: in-flight forwards get this long to finish
+PARENT_POLL_S = 1.0
+ENV_FAULTS = "VLLM_SR_ENABLE_FAULTS"
+ENV_FAULT_DELAY = "VLLM_SR_FAULT_FORWARD_DELAY_MS"
+ENV_READ_TIMEOUT = "VLLM_SR_WORKER_READ_TIMEOUT_S"
+ENV_MAX_BODY = "VLLM_SR_WORKER_MAX_BODY_BYTES"
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class WorkerOptions:
+    artifact: str
+    uds: str | None = None
+    port: int | None = None
+    host: str = "127.0.0.1"
+    device: str = "cpu"
+    threads: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    replica_id: str | None = None
+    served_names: tuple[str, ...] = ()
+
+
+def cpu_budget() -> int:
+    """CPUs this process may run on (its affinity), at least 1."""
+    try:
+        import psutil
+
+        return max(1, len(psutil.Process().cpu_affinity() or []))
+    except (ImportError, AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads(budget: int) -> int:
+    """The page's default: half the CPU budget, rounded down, at least 1, at most 16."""
+    return min(16, max(1, budget // 2))
+
+
+def faults_from_env(env: Mapping[str, str]) -> Faults:
+    enabled = env.get(ENV_FAULTS) == "1"
+    delay_ms = 0.0
+    if enabled and env.get(ENV_FAULT_DELAY):
+        try:
+            delay_ms = float(env[ENV_FAULT_DELAY])
+        except ValueError:
+            raise VllmSrError(
+                f"{ENV_FAULT_DELAY}={env[ENV_FAULT_DELAY]!r} is not a number of milliseconds"
+            ) from None
+    return Faults(enabled, delay_ms / 1000.0)
+
+
+def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise VllmSrError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise VllmSrError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
+    """Everything decided before binding: a bad artifact or setting fails here (exit 78)."""
+    artifacts.resolve(opts.artifact)  # fail fast, before any socket exists
+    budget = cpu_budget()
+    threads = opts.threads if opts.threads is not None else default_threads(budget)
+    policy = policy_from_env(threads, budget, env, emit=_emit)
+    names = {opts.artifact, opts.artifact.rstrip("/").rsplit("/", 1)[-1], *opts.served_names}
+    return WorkerState(
+        artifact=opts.artifact,
+        device=opts.device,
+        threads=threads,
+        policy=policy,
+        faults=faults_from_env(env),
+        replica_id=opts.replica_id,
+        served_names=frozenset(names),
+        max_body=int(_env_number(env, ENV_MAX_BODY, 8 * 1024 * 1024)),
+        read_timeout_s=_env_number(env, ENV_READ_TIMEOUT, 30.0),
+    )
+
+
+def _emit(name: str, **fields: Any) -> None:
+    """Events from the thread policy go to the log (the supervisor reads worker logs)."""
+    detail = " ".join(f"{k}={v}" for k, v in fields.items())
+    log.info("%s %s", name, detail, extra={"vllm_sr_event": name, "vllm_sr_fields": fields})
+
+
+def run(opts: WorkerOptions, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    state = build_state(opts, env)
+    if opts.device == "cpu":
+        _limit_interop_threads()
+    return asyncio.run(serve(opts, state))
+
+
+def _limit_interop_threads() -> None:
+    import torch
+
+    with contextlib.suppress(RuntimeError):  # already set once in this process
+        torch.set_num_interop_threads(1)
+
+
+async def serve(opts: WorkerOptions, state: WorkerState) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(watch_parent(stop))
+    runner = web.AppRunner(build_app(state), handle_signals=False, access_log=None)
+    await runner.setup()
+    site = await bind(runner, opts)
+    log.info("listening on %s", opts.uds or f"{opts.host}:{opts.port}")
+    loaded: asyncio.Future[None] = loop.create_future()
+    threading.Thread(
+        target=_load_thread, args=(opts, state, loop, loaded), name="vllm-sr-loader", daemon=True
+    ).start()
+    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        waiters: set[asyncio.Future[Any]] = {loaded, stopper}
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if loaded.done() and loaded.exception() is not None:
+            exc = loaded.exception()
+            state.set_status("failed", str(exc))
+            log.error("startup failed: %s", exc)
+            assert exc is not None
+            raise exc
+        if not stop.is_set():
+            state.set_status("ready", None)
+            await stop.wait()
+        log.info("stopping")
+    finally:
+        watcher.cancel()
+        stopper.cancel()
+        await shutdown(state, site, runner, opts)
+    return EXIT_OK
+
+
+async def bind(runner: web.AppRunner, opts: WorkerOptions) -> web.BaseSite:
+    site: web.BaseSite
+    if opts.uds:
+        _remove_stale_socket(Path(opts.uds))
+        site = web.UnixSite(runner, opts.uds)
+    else:
+        site = web.TCPSite(runner, opts.host, opts.port, reuse_address=True)
+    await site.start()
+    return site
+
+
+def _remove_stale_socket(path: Path) -> None:
+    """A socket file left by a dead worker would make bind fail; one with a live listener
+    behind it is not ours to take."""
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return
+    except FileNotFoundError:
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)
+    finally:
+        probe.close()
+
+
+async def shutdown(
+    state: WorkerState, site: web.BaseSite, runner: web.AppRunner, opts: WorkerOptions
+) -> None:
+    await site.stop()  # no new connections
+    engine = state.engine
+    if engine is not None:
+        # An injected delay is artificial: cut it at once instead of waiting the grace out.
+        grace = 0.0 if state.faults.forward_delay_s > 0 else DRAIN_GRACE_S
+        await asyncio.get_running_loop().run_in_executor(None, engine.stop, grace)
+    await runner.cleanup()
+    if opts.uds:
+        with contextlib.suppress(OSError):
+            Path(opts.uds).unlink()
+
+
+async def watch_parent(stop: asyncio.Event) -> None:
+    """Exit when the parent dies: PR_SET_PDEATHSIG delivers SIGTERM on Linux; polling getppid
+    covers other kernels and the window before prctl took effect."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if parent == 1:
+        return  # started as an orphan (or under init): nothing to watch
+    while True:
+        if os.getppid() != parent:
+            log.warning("parent %d is gone; stopping", parent)
+            stop.set()
+            return
+        await asyncio.sleep(PARENT_POLL_S)
+
+
+def _load_thread(
+    opts: WorkerOptions,
+    state: WorkerState,
+    loop: asyncio.AbstractEventLoop,
+    done: asyncio.Future[None],
+) -> None:
+    def finish(exc: BaseException | None) -> None:
+        if done.done():
+            return
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(exc)
+
+    try:
+        load_and_check(opts, state, loop)
+        error: BaseException | None = None
+    except BaseException as exc:  # carried to the loop, which decides the exit code
+        if not isinstance(exc, VllmSrError):
+            log.exception("startup failed")
+        error = exc
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(finish, error)
+
+
+def load_and_check(
+    opts: WorkerOptions, state: WorkerState, loop: asyncio.AbstractEventLoop
+) -> None:
+    state.set_status("loading", f"loading {opts.artifact} on {opts.device}")
+    spec = artifacts.resolve(opts.artifact)
+    loaded = artifacts.load(spec, opts.device)
+    state.set_status("warming", "calibrating limits and running the golden check")
+    cal = calibrate_for(loaded, opts)
+    state.limits = cal.limits
+    state.limit_source = cal.source
+    engine = Engine(
+        loaded.runner,
+        cal.limits,
+        policy=state.policy,
+        context=process_context(),
+        metrics=state.metrics,
+        faults=state.faults,
+        deliver=deliver_to_loop(loop),
+    )
+    engine.start()
+    state.engine = engine
+    max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
+    state.view = surfaces.ModelView(
+        name=opts.artifact,
+        names=state.served_names,
+        dimensions=loaded.dimensions,
+        max_length=max_len,
+        head_labels=loaded.labels,
+        encode=loaded.tokenizer.encode,
+        truncate=loaded.tokenizer.truncate,
+    )
+    state.card = model_card(loaded, max_len)
+    golden_check(loaded, engine, opts.artifact)
+    state.policy.golden_passed()
+    log.info(
+        "ready: %s on %s, %d threads, limits %s (%s)",
+        opts.artifact,
+        opts.device,
+        state.threads,
+        cal.limits.to_json(),
+        cal.source,
+    )
+
+
+def model_card(loaded: artifacts.LoadedArtifact, max_length: int) -> dict[str, Any]:
+    surfaces_list = ["embeddings", "classify"]
+    return {
+        "artifact": loaded.spec.name,
+        "path": str(loaded.spec.path),
+        "builtin": loaded.spec.builtin,
+        "revision": loaded.revision,
+        "sha256": loaded.sha256,
+        "dtype": loaded.dtype,
+        "dimensions": loaded.dimensions,
+        "max_length": max_length,
+        "surfaces": surfaces_list,
+        "labels": loaded.labels,
+        "classify_by": "head" if loaded.labels else "label examples",
+    }
+
+
+def calibrate_for(loaded: artifacts.LoadedArtifact, opts: WorkerOptions) -> calibrate.Calibration:
+    kind = opts.device.partition(":")[0]
+    probe = None
+    free = None
+    if kind != "cpu" and opts.max_num_batched_tokens is None:
+        from vllm_sr.worker.gpu import free_bytes, make_probe
+
+        probe = make_probe(loaded)
+        free = free_bytes(loaded.torch_device)
+    return calibrate.calibrate(
+        device_kind=kind,
+        max_length=loaded.max_length,
+        max_num_seqs=opts.max_num_seqs,
+        max_num_batched_tokens=opts.max_num_batched_tokens,
+        probe=probe,
+        free_bytes=free,
+    )
+
+
+def blocking_forward(engine: Engine) -> goldens.Forward:
+    """Run rows through the engine from a non-loop thread and wait for them."""
+
+    def forward(rows: list[list[int]]) -> Any:
+        finished = threading.Event()
+        job = engine.submit(rows, lambda _job: finished.set())
+        if not finished.wait(timeout=600):
+            raise GoldenCheckFailed("golden check: the forward did not finish within 600 s")
+        return job.result()
+
+    return forward
+
+
+def golden_check(loaded: artifacts.LoadedArtifact, engine: Engine, artifact: str) -> None:
+    forward = blocking_forward(engine)
+    texts = goldens.GOLDEN_INPUTS
+    rows = [loaded.tokenizer.truncate(r, loaded.max_length) for r in loaded.tokenizer.encode(texts)]
+    reference = goldens.load_reference(artifact) if loaded.spec.builtin else None
+    if reference is not None:
+        goldens.check_reference(rows, forward, reference, loaded.dimensions)
+    else:
+        goldens.check_consistency(rows, forward)
+    log.info("golden check passed (%s)", "references" if reference else "batched == one-row")
+
+
+__all__ = ["Job", "WorkerOptions", "run"]
