@@ -215,6 +215,10 @@ class Engine:
         return job
 
     @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
     def queue_depth(self) -> int:
         return len(self._pending)
 
