@@ -107,6 +107,9 @@ class ControlServer:
             # aiohttp arms this timer at connection start and after each response, so it also
             # closes connections that never finish sending a request's headers.
             keepalive_timeout=self.idle_timeout_s,
+            # After an early answer (403, 413, 408) the rest of a body is read and dropped for
+            # at most this long, so a stalled body cannot hold the connection open either.
+            lingering_time=self.body_timeout_s,
             max_line_size=8190,
             max_field_size=8190,
         )
