@@ -1,0 +1,243 @@
+"""vllm-sr-top through Pilot, against the real control server with a fake backend behind it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rich.text import Text
+from textual.pilot import Pilot
+from vllm_sr_top.app import VllmSrTop, build_parser
+from vllm_sr_top.screens import ConfirmScreen, HelpScreen
+from vllm_sr_top.widgets import Banner, EventsPane, HeaderBar, MessageLine, ReplicaTable
+
+from tests.tui.harness import HOST, LiveControl, ReadOnlyPolicy, load, make_app, until
+from vllm_sr.clock import FakeClock
+
+SIZE = (160, 48)
+
+
+def _text(widget: Any) -> str:
+    rendered = widget.render()
+    return rendered.plain if isinstance(rendered, Text) else str(rendered)
+
+
+def _message(app: VllmSrTop) -> str:
+    return _text(app.query_one(MessageLine))
+
+
+def _rows(app: VllmSrTop) -> dict[str, list[str]]:
+    """Every visible replica row, by id, as plain cell texts."""
+    rows: dict[str, list[str]] = {}
+    for table in app.query(ReplicaTable):
+        for index in range(table.row_count):
+            cells = table.get_row_at(index)
+            rows[str(cells[0])] = [c.plain if isinstance(c, Text) else str(c) for c in cells]
+    return rows
+
+
+def _events(app: VllmSrTop) -> list[str]:
+    return [strip.text for strip in app.query_one(EventsPane).lines]
+
+
+async def _started(pilot: Pilot[Any]) -> VllmSrTop:
+    app = pilot.app
+    assert isinstance(app, VllmSrTop)
+    await until(
+        pilot, lambda: app.polls >= 1 and bool(app.query(ReplicaTable)), "the first inventory"
+    )
+    return app
+
+
+async def test_shows_the_inventory_served_on_the_control_socket(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    load(live.backend)
+    ejected = live.backend.replica("primary-1")
+    ejected.state, ejected.ejections, ejected.consecutive_timeouts = "ejected", 2, 3
+    ejected.ejected_until = clock.time() + 25
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        header = _text(app.query_one(HeaderBar))
+        assert f"host {HOST}" in header and "up 1h02m" in header and "v0.1.0" in header
+        assert "primary 2/3 degraded" in header and "classifier 1/1 ready" in header
+        rows = _rows(app)
+        assert set(rows) == {"primary-0", "primary-1", "primary-2", "classifier-0"}
+        assert rows["primary-1"][:5] == ["primary-1", "ejected", "██░░░░░░  7/32", "2 (25s)", "3"]
+        assert rows["primary-2"][2] == "████░░░░ 14/32"
+        assert rows["primary-2"][-2:] == ["cpu", str(live.backend.replica("primary-2").pid)]
+        # The time left of an ejection counts down on the clock between polls.
+        clock.advance(10)
+        await app._tick()
+        assert _rows(app)["primary-1"][3] == "2 (15s)"
+
+
+async def test_keys_move_the_selection_across_deployment_tables(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        assert app.selected == "primary-0"
+        await pilot.press("j", "down")
+        assert app.selected == "primary-2"
+        await pilot.press("j")  # past the last primary row: into the next deployment
+        assert app.selected == "classifier-0"
+        await pilot.press("k", "up")
+        assert app.selected == "primary-1"
+
+
+async def test_each_action_asks_first_then_shows_the_result(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        await pilot.press("e")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # declined: nothing is sent
+        assert not isinstance(app.screen, ConfirmScreen) and "cancelled" in _message(app)
+        await pilot.press("d", "escape")
+        assert live.backend.commands == []
+        sent: list[tuple[str, str]] = []
+
+        async def act(key: str, verb: str, rid: str, state: str) -> None:
+            await pilot.press("j")
+            assert app.selected == rid
+            await pilot.press(key)
+            assert isinstance(app.screen, ConfirmScreen) and rid in app.screen.question
+            assert len(live.backend.commands) == len(sent)  # nothing before the answer
+            await pilot.press("y")
+            sent.append((verb, rid))
+            await until(pilot, lambda: f"{verb} {rid}: done" in _message(app), verb)
+            assert [(c.kind, c.replica) for c in live.backend.commands] == sent
+            await until(pilot, lambda: _rows(app)[rid][1] == state, f"{rid} {state}")
+            await until(pilot, lambda: any(f"replica_{verb}" in e for e in _events(app)), verb)
+
+        await act("d", "drain", "primary-1", "draining")
+        await act("e", "eject", "primary-2", "ejected")
+        await act("R", "restart", "classifier-0", "ready")
+        assert _rows(app)["classifier-0"][9] == "1"  # its restart count
+
+
+async def test_a_refusal_from_the_service_is_shown(live: LiveControl, clock: FakeClock) -> None:
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        # The fake supervisor refuses to readmit a replica that is not ejected (409).
+        await pilot.press("r", "y")
+        await until(pilot, lambda: "refused" in _message(app), "the refusal")
+        assert "readmit primary-0 refused: replica primary-0 is not ejected" in _message(app)
+        assert app.query_one(MessageLine).has_class("-error")
+        assert app.read_only is None  # a refusal of one action is not a loss of rights
+
+
+async def test_a_read_only_user_sees_the_actions_disabled_and_why(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    await live.stop()
+    live.policy = ReadOnlyPolicy()
+    await live.start()
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        await pilot.press("d", "y")
+        await until(pilot, lambda: app.read_only is not None, "the 403")
+        assert "may read but not change the service" in _message(app)
+        banner = app.query_one(Banner)
+        assert banner.has_class("-readonly") and "read-only" in _text(banner)
+        assert app.check_action("act", ("eject",)) is None  # greyed out in the footer
+        await pilot.press("e")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert [c.kind for c in live.backend.commands] == []
+
+
+async def test_reconnects_by_itself_after_the_service_comes_back(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    app = make_app(live.path, clock, interval=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        await live.stop()
+        banner = app.query_one(Banner)
+        await until(pilot, lambda: banner.has_class("-disconnected"), "the banner")
+        assert "DISCONNECTED" in _text(banner) and "retrying in" in _text(banner)
+        assert "primary-0" in _rows(app)  # the last data stays on screen
+        await until(pilot, lambda: app.backoff.attempts >= 3, "several retries")
+        live.backend.replica("primary-0").restarts = 7
+        await live.start()
+        await until(pilot, lambda: app.connected, "the reconnection", timeout=5)
+        await until(pilot, lambda: _rows(app)["primary-0"][9] == "7", "fresh data")
+        assert not banner.has_class("-disconnected")
+        # The event stream resumes too.
+        live.backend.events.publish("replica_ejected", deployment="primary", replica="primary-2")
+        await until(pilot, lambda: any("primary-2" in e for e in _events(app)), "a new event")
+
+
+async def test_sort_filter_and_pause(live: LiveControl, clock: FakeClock) -> None:
+    load(live.backend)
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        await pilot.press("s")  # id -> state
+        await pilot.press("s")  # state -> in-flight (descending)
+        await until(pilot, lambda: app.sort.name == "in-flight", "the sort")
+        table = app.query(ReplicaTable).first()
+        await until(pilot, lambda: str(table.get_row_at(0)[0]) == "primary-2", "resorting")
+        await pilot.press("f")
+        await until(pilot, lambda: set(_rows(app)) == {"primary-0", "primary-1", "primary-2"}, "f")
+        await pilot.press("f")
+        await until(pilot, lambda: set(_rows(app)) == {"classifier-0"}, "the second filter")
+        await pilot.press("f")
+        await until(pilot, lambda: len(_rows(app)) == 4, "all deployments again")
+        await pilot.press("p")
+        assert app.query_one(Banner).has_class("-paused")
+        live.backend.replica("primary-0").restarts = 5
+        polls = app.polls
+        app.refresh_now()
+        await pilot.pause(0.1)
+        assert app.polls == polls and _rows(app)["primary-0"][9] == "0"
+        await pilot.press("p")
+        await until(pilot, lambda: _rows(app)["primary-0"][9] == "5", "resumed updates")
+
+
+async def test_help_opens_and_closes(live: LiveControl, clock: FakeClock) -> None:
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("x")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_64_replicas_update_in_place(live: LiveControl, clock: FakeClock) -> None:
+    live.backend.deployments.pop("classifier")
+    live.backend.deployments["primary"] = []
+    from vllm_sr.control.fake import FakeReplica
+
+    for i in range(64):
+        live.backend.deployments["primary"].append(
+            FakeReplica(f"primary-{i}", "primary", f"cuda:{i % 8}", 1000 + i)
+        )
+    load(live.backend)
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        assert len(_rows(app)) == 64
+        await pilot.press(*"jjjjj")
+        assert app.selected == "primary-5"
+        load(live.backend, seed=5)
+        await app.poll_once()
+        assert app.selected == "primary-5"  # updated in place: the cursor stays
+        assert _rows(app)["primary-5"][5] == "20.0" and _rows(app)["primary-63"][5] == "78.0"
+
+
+def test_command_line_checks_the_interval() -> None:
+    args = build_parser().parse_args(["--socket", "/tmp/x.sock", "--interval", "0.5"])
+    assert (args.socket, args.interval) == ("/tmp/x.sock", 0.5)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--interval", "0"])

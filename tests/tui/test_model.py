@@ -1,0 +1,152 @@
+"""The dashboard's pure view logic: formatting, colours, sorting, filtering, backoff."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from vllm_sr_top.model import (
+    SORT_KEYS,
+    Backoff,
+    ThroughputHistory,
+    deployment_title,
+    ejection_cell,
+    event_line,
+    fmt_bytes,
+    fmt_duration,
+    inflight_bar,
+    next_filter,
+    next_sort,
+    replica_cells,
+    sort_replicas,
+    state_text,
+)
+
+
+def test_bytes_and_durations_are_compact() -> None:
+    assert fmt_bytes(0) == "0 B"
+    assert fmt_bytes(1023) == "1023 B"
+    assert fmt_bytes(1536) == "1.5 KiB"
+    assert fmt_bytes(5 * 1024 * 1024) == "5.0 MiB"
+    assert fmt_duration(9.9) == "9s"
+    assert fmt_duration(245) == "4m05s"
+    assert fmt_duration(2 * 3600 + 180) == "2h03m"
+    assert fmt_duration(3 * 86400 + 4 * 3600) == "3d04h"
+    assert fmt_duration(None) == "-"
+
+
+def test_inflight_bar_fills_in_proportion_to_the_limit() -> None:
+    assert inflight_bar(0, 32).plain == "░░░░░░░░  0/32"
+    assert inflight_bar(16, 32).plain == "████░░░░ 16/32"
+    full = inflight_bar(32, 32)
+    assert full.plain == "████████ 32/32"
+    assert full.spans[0].style == "red" and full.spans[0].end == 8
+    # An unknown limit falls back to the pool's admission limit of 32.
+    assert inflight_bar(8, None).plain.endswith(" 8/32")
+
+
+def test_ejection_cell_counts_down_only_while_ejected() -> None:
+    assert ejection_cell(2, 1000.0 + 25, now=1000.0).plain == "2 (25s)"
+    assert ejection_cell(2, 990.0, now=1000.0).plain == "2"
+    assert ejection_cell(0, None, now=1000.0).plain == "0"
+
+
+def test_state_colours_differ_per_state() -> None:
+    styles = {s: str(state_text(s).style) for s in ("ready", "ejected", "backoff", "failed")}
+    assert len(set(styles.values())) == 4
+    assert "green" in styles["ready"] and "red" in styles["ejected"]
+
+
+def _replica(rid: str, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {"id": rid, "state": "ready", "inflight": 0, "requests_per_s": 0.0}
+    base.update(kw)
+    return base
+
+
+def test_sorts_cycle_and_order_replicas() -> None:
+    replicas = [
+        _replica("p-10", inflight=1),
+        _replica("p-2", inflight=9, state="ejected"),
+        _replica("p-1", inflight=9),
+    ]
+    by_id = sort_replicas(replicas, SORT_KEYS[0])
+    assert [r["id"] for r in by_id] == ["p-1", "p-2", "p-10"]  # natural, not lexical
+    inflight = next(k for k in SORT_KEYS if k.name == "in-flight")
+    assert [r["id"] for r in sort_replicas(replicas, inflight)] == ["p-1", "p-2", "p-10"]
+    state = next(k for k in SORT_KEYS if k.name == "state")
+    assert sort_replicas(replicas, state)[0]["id"] == "p-2"  # trouble first
+    key = SORT_KEYS[0]
+    seen = set()
+    for _ in SORT_KEYS:
+        seen.add(key.name)
+        key = next_sort(key)
+    assert key == SORT_KEYS[0] and len(seen) == len(SORT_KEYS)
+
+
+def test_filter_cycles_all_then_each_deployment() -> None:
+    names = ["a", "b"]
+    assert next_filter(None, names) == "a"
+    assert next_filter("a", names) == "b"
+    assert next_filter("b", names) is None
+    assert next_filter("gone", names) is None
+    assert next_filter(None, []) is None
+
+
+def test_backoff_doubles_to_the_cap_and_resets() -> None:
+    b = Backoff(base=0.5, cap=3.0)
+    assert [b.next_delay() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    b.reset()
+    assert b.next_delay() == 0.5
+
+
+def test_history_sums_replica_rates_per_deployment() -> None:
+    history = ThroughputHistory(maxlen=2)
+    for rate in (1.0, 2.0, 3.0):
+        history.record(
+            {"deployments": [{"name": "a", "replicas": [_replica("a-0", requests_per_s=rate)] * 2}]}
+        )
+    assert history.samples("a") == [4.0, 6.0]
+    assert history.samples("missing") == []
+
+
+def test_event_line_shows_time_name_subject_and_fields() -> None:
+    event = {
+        "seq": 3,
+        "time": 1_700_000_000.0,
+        "event": "replica_ejected",
+        "deployment": "primary",
+        "replica": "primary-1",
+        "timeouts": 3,
+        "duration_ms": 30000,
+        "reason": "manual",
+    }
+    line = event_line(event, dt.UTC)
+    assert line.plain == "22:13:20 replica_ejected primary-1 timeouts=3 for 30s reason=manual"
+
+
+def test_replica_row_and_title_render_inventory_fields() -> None:
+    replica = _replica(
+        "primary-0",
+        device="cpu",
+        pid=4242,
+        inflight=4,
+        max_inflight=32,
+        outstanding_bytes=2048,
+        requests_per_s=12.5,
+        latency_p50_ms=3.25,
+        latency_p99_ms=140.0,
+        consecutive_timeouts=2,
+        ejections=1,
+        ejected_until=None,
+        restarts=3,
+        threads=2,
+    )
+    cells = [c if isinstance(c, str) else c.plain for c in replica_cells(replica, now=0.0)]
+    assert cells == [
+        "primary-0", "ready", "█░░░░░░░  4/32", "1", "2", "12.5", "3.2", "140", "2.0 KiB",
+        "3", "2", "cpu", "4242",
+    ]  # fmt: skip
+    title = deployment_title(
+        {"name": "primary", "state": "degraded", "desired_replicas": 2, "ready_replicas": 1,
+         "ejected_replicas": 1}
+    )  # fmt: skip
+    assert title.plain == "primary  1/2 ready  degraded  1 ejected"

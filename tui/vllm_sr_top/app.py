@@ -1,0 +1,393 @@
+"""vllm-sr-top: a live Textual dashboard of a vllm-sr host's replicas, ejections and restarts.
+
+It speaks only the control API, through ``vllm_sr.control.client.AsyncControlClient``. All I/O
+runs in Textual workers on the app's event loop (aiohttp, never blocking), so a slow or absent
+service never freezes the screen."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.widgets import Footer
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr_top.model import SORT_KEYS, Backoff, ThroughputHistory, next_filter, next_sort
+from vllm_sr_top.screens import ConfirmScreen, HelpScreen
+from vllm_sr_top.source import (
+    DEFAULT_SOCKET,
+    ActionRefused,
+    ControlApi,
+    Disconnected,
+    connect,
+    permission_from_health,
+)
+from vllm_sr_top.widgets import (
+    Banner,
+    DeploymentPanel,
+    EventsPane,
+    HeaderBar,
+    MessageLine,
+    ReplicaTable,
+)
+
+ACTIONS: dict[str, str] = {
+    "drain": "Drain {rid}? It stops taking requests and finishes the ones it has.",
+    "eject": "Eject {rid} from dispatch for its deployment's base cool-down?",
+    "readmit": "Readmit {rid} into dispatch now?",
+    "restart": "Restart {rid}'s worker process? In-flight requests are drained first.",
+}
+EVENT_BACKLOG = 50
+PAST = {"drain": "draining", "eject": "ejected", "readmit": "readmitted", "restart": "restarting"}
+
+
+class VllmSrTop(App[None]):
+    TITLE = "vllm-sr-top"
+    # The palette's footer entry would push our own keys off an 80-column footer.
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    #deployments { height: 1fr; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+        Binding("j,down", "move(1)", "down", show=False),
+        Binding("k,up", "move(-1)", "up", show=False),
+        Binding("d", "act('drain')", "drain"),
+        Binding("e", "act('eject')", "eject"),
+        Binding("r", "act('readmit')", "readmit"),
+        Binding("R", "act('restart')", "restart"),
+        Binding("s", "sort", "sort"),
+        Binding("f", "filter", "filter"),
+        Binding("p", "pause", "pause"),
+    ]
+
+    def __init__(
+        self,
+        socket: str = DEFAULT_SOCKET,
+        interval: float = 1.0,
+        *,
+        api: ControlApi | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        tz: dt.tzinfo | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        super().__init__()
+        self.socket = socket
+        self.interval = interval
+        self.api = api or connect(socket)
+        self.clock = clock
+        self.tz = tz
+        self.backoff = backoff or Backoff()
+        self.inventory: dict[str, Any] | None = None
+        self.history = ThroughputHistory()
+        self.sort = SORT_KEYS[0]
+        self.filter: str | None = None
+        self.paused = False
+        self.connected = False
+        self.read_only: str | None = None  # why, when the caller may only read
+        self.polls = 0  # successful refreshes, for tests to wait on
+        self.last_error = ""
+        self.retry_at: float | None = None
+        self._wake = asyncio.Event()
+        self._online = asyncio.Event()
+
+    # ---- layout -------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar()
+        yield Banner()
+        yield VerticalScroll(id="deployments")
+        yield EventsPane(self.tz)
+        yield MessageLine()
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self._render_header()
+        self.run_worker(self._poll_loop(), group="poll", exit_on_error=False)
+        self.run_worker(self._event_loop(), group="events", exit_on_error=False)
+        # Redraws the countdowns (ejection time left, retry in) between polls.
+        self.set_interval(1.0, self._tick)
+
+    async def on_unmount(self) -> None:
+        await self.api.close()
+
+    # ---- data ---------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        while True:
+            if not self.paused:
+                delay = await self.poll_once()
+                if delay is not None:
+                    await self._wait(delay)
+                    continue
+            await self._wait(self.interval)
+
+    async def _wait(self, seconds: float) -> None:
+        """Sleeps ``seconds`` or until something asks for a refresh now."""
+        # Cleared after waking, so a request made while a poll was running is not lost.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        self._wake.clear()
+
+    def refresh_now(self) -> None:
+        self._wake.set()
+
+    async def poll_once(self) -> float | None:
+        """One refresh. Returns the retry delay when the service cannot be reached."""
+        try:
+            if not self.connected:
+                health = await self.api.health()
+                self.read_only = permission_from_health(health)
+            inventory = await self.api.inventory()
+        except Disconnected as exc:
+            return self._went_away(str(exc))
+        self.connected = True
+        self._online.set()
+        self.backoff.reset()
+        self.retry_at = None
+        self.inventory = inventory
+        self.history.record(inventory)
+        await self._render_all()
+        self.polls += 1
+        return None
+
+    def _went_away(self, reason: str) -> float:
+        self.connected = False
+        self._online.clear()
+        self.last_error = reason
+        delay = self.backoff.next_delay()
+        self.retry_at = self.clock.monotonic() + delay
+        self._render_banner()
+        self._render_header()
+        return delay
+
+    async def _event_loop(self) -> None:
+        """Follows the event stream; after a break, replays what it missed from the ring."""
+        pane = self.query_one(EventsPane)
+        while True:
+            await self._online.wait()
+            try:
+                await self._catch_up(pane)
+                # The stream replays what came after last_seq, so a reconnect loses nothing
+                # that is still in the service's ring.
+                async for event in self.api.stream_events(pane.last_seq):
+                    if isinstance(event.get("seq"), int):
+                        pane.add_event(event)
+            except Disconnected:
+                pass
+            # The poll loop notices the outage and owns the backoff; wait for it to clear.
+            self._online.clear()
+            self.refresh_now()
+
+    async def _catch_up(self, pane: EventsPane) -> None:
+        body = await self.api.events(pane.last_seq)
+        if int(body.get("last_seq") or 0) < pane.last_seq:
+            # Sequence numbers went back: a new service process. Start over from its ring.
+            pane.restarted()
+            body = await self.api.events(0)
+        # A fresh screen shows the recent past, not the whole ring.
+        for event in list(body.get("events", []))[-EVENT_BACKLOG:]:
+            pane.add_event(event)
+
+    # ---- rendering ----------------------------------------------------------------------
+
+    def _status_text(self) -> str:
+        if not self.connected:
+            return "connecting" if self.inventory is None else "disconnected"
+        parts = [f"sort {self.sort.name}"]
+        if self.filter:
+            parts.append(f"only {self.filter}")
+        if self.paused:
+            parts.append("paused")
+        return "  ".join(parts)
+
+    def _render_header(self) -> None:
+        self.query_one(HeaderBar).show(self.inventory, self.socket, self._status_text())
+
+    def _render_banner(self) -> None:
+        banner = self.query_one(Banner)
+        if not self.connected and self.retry_at is not None:
+            left = max(0.0, self.retry_at - self.clock.monotonic())
+            banner.show(
+                "disconnected",
+                f"DISCONNECTED from {self.socket}: {self.last_error} — retrying in "
+                f"{left:.0f}s (attempt {self.backoff.attempts}); the last data shown is stale",
+            )
+        elif self.paused:
+            banner.show("paused", "PAUSED: updates stopped; press p to resume")
+        elif self.read_only:
+            banner.show("readonly", f"read-only: {self.read_only}")
+        else:
+            banner.show(None)
+
+    async def _render_all(self) -> None:
+        self._render_header()
+        self._render_banner()
+        if self.inventory is None:
+            return
+        container = self.query_one("#deployments", VerticalScroll)
+        deps = [
+            d
+            for d in self.inventory.get("deployments", [])
+            if self.filter is None or d.get("name") == self.filter
+        ]
+        names = [str(d.get("name")) for d in deps]
+        panels = {p.deployment: p for p in container.query(DeploymentPanel)}
+        if list(panels) != names:
+            await container.remove_children()
+            await container.mount_all([DeploymentPanel(n) for n in names])
+            panels = {p.deployment: p for p in container.query(DeploymentPanel)}
+        now = self.clock.time()
+        for dep in deps:
+            name = str(dep.get("name"))
+            panels[name].show(dep, self.history.samples(name), self.sort, now)
+        if self.focused is None or not isinstance(self.focused, ReplicaTable):
+            tables = list(container.query(ReplicaTable))
+            if tables:
+                tables[0].focus()
+
+    async def _tick(self) -> None:
+        self._render_banner()
+        if self.connected and not self.paused:
+            await self._render_all()
+
+    # ---- selection ----------------------------------------------------------------------
+
+    def _tables(self) -> list[ReplicaTable]:
+        return list(self.query(ReplicaTable))
+
+    @property
+    def selected(self) -> str | None:
+        focused = self.focused
+        return focused.selected_id if isinstance(focused, ReplicaTable) else None
+
+    def action_move(self, step: int) -> None:
+        """Moves the selection; past a table's end it continues in the next deployment."""
+        tables = self._tables()
+        focused = self.focused
+        if not isinstance(focused, ReplicaTable):
+            if tables:
+                tables[0].focus()
+            return
+        row = focused.cursor_row + step
+        if 0 <= row < focused.row_count:
+            focused.move_cursor(row=row, animate=False)
+            return
+        index = tables.index(focused) + (1 if step > 0 else -1)
+        if 0 <= index < len(tables) and tables[index].row_count:
+            target = tables[index]
+            target.focus()
+            target.move_cursor(row=0 if step > 0 else target.row_count - 1, animate=False)
+
+    # ---- actions ------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # None shows the key greyed out in the footer: the action exists but is not allowed.
+        if action == "act" and self.read_only:
+            return None
+        return True
+
+    def say(self, text: str, kind: str = "info") -> None:
+        self.query_one(MessageLine).say(text, kind)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_sort(self) -> None:
+        self.sort = next_sort(self.sort)
+        self.say(f"sorted by {self.sort.name}")
+        self.run_worker(self._render_all(), group="render")
+
+    def action_filter(self) -> None:
+        names = [str(d.get("name")) for d in (self.inventory or {}).get("deployments", [])]
+        self.filter = next_filter(self.filter, names)
+        self.say(f"showing {self.filter or 'all deployments'}")
+        self.run_worker(self._render_all(), group="render")
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.say("paused" if self.paused else "resumed")
+        self._render_banner()
+        self._render_header()
+        if not self.paused:
+            self.refresh_now()
+
+    def action_act(self, verb: str) -> None:
+        if self.read_only:
+            self.say(f"{verb} is disabled: {self.read_only}", "error")
+            return
+        rid = self.selected
+        if rid is None:
+            self.say(f"{verb}: select a replica first", "error")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.say(f"{verb} {rid}: sent, waiting for the service")
+                self.run_worker(self._do_act(verb, rid), group="act", exit_on_error=False)
+            else:
+                self.say(f"{verb} {rid}: cancelled")
+
+        self.push_screen(ConfirmScreen(ACTIONS[verb].format(rid=rid)), confirmed)
+
+    async def _do_act(self, verb: str, rid: str) -> None:
+        try:
+            await self.api.act(verb, rid)
+        except ActionRefused as exc:
+            if exc.status == 403:
+                self.read_only = exc.message
+                self.refresh_bindings()
+                self._render_banner()
+            self.say(f"{verb} {rid} refused: {exc.message}", "error")
+            return
+        except Disconnected as exc:
+            self.say(f"{verb} {rid} not sent: {exc}", "error")
+            return
+        self.say(f"{verb} {rid}: done, {PAST[verb]}", "ok")
+        self.refresh_now()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-sr-top",
+        description="Live dashboard of a vllm-sr host: replicas, ejections, restarts.",
+    )
+    parser.add_argument(
+        "--socket", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})"
+    )
+    parser.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=1.0,
+        help="refresh interval in seconds (default 1)",
+    )
+    return parser
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(
+            f"--interval {text!r}: expected seconds between 0.05 and 3600"
+        )
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    VllmSrTop(socket=args.socket, interval=args.interval).run()
+
+
+if __name__ == "__main__":
+    main()
