@@ -102,6 +102,12 @@ def _error_response(exc: VllmSrError) -> web.Response:
     return resp
 
 
+STATE: web.AppKey[WorkerState] = web.AppKey("state", WorkerState)
+# Per-request storage keys (aiohttp >= 3.12 has typed keys; older ones take strings).
+_RequestKey: Any = getattr(web, "RequestKey", None)
+TIMING: Any = _RequestKey("timing", Timing) if _RequestKey else "timing"
+ROWS: Any = _RequestKey("rows", int) if _RequestKey else "rows"
+
 SURFACE_BY_PATH = {
     "/v1/embeddings": "embeddings",
     "/v1/classify": "classify",
@@ -112,7 +118,7 @@ SURFACE_BY_PATH = {
 @web.middleware
 async def timing_and_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     timing = Timing()
-    request["timing"] = timing
+    request[TIMING] = timing
     try:
         resp = await handler(request)
     except VllmSrError as exc:
@@ -132,8 +138,8 @@ async def timing_and_errors(request: web.Request, handler: Any) -> web.StreamRes
     resp.headers["Server-Timing"] = timing.header()
     surface = SURFACE_BY_PATH.get(request.path)
     if surface is not None:
-        state: WorkerState = request.app["state"]
-        state.metrics.count_request(surface, resp.status, request.get("rows", 0))
+        state: WorkerState = request.app[STATE]
+        state.metrics.count_request(surface, resp.status, request.get(ROWS, 0))
     return resp
 
 
@@ -247,8 +253,8 @@ async def prepare(
 
 
 async def handle_surface(request: web.Request) -> web.Response:
-    state: WorkerState = request.app["state"]
-    timing: Timing = request["timing"]
+    state: WorkerState = request.app[STATE]
+    timing: Timing = request[TIMING]
     surface = SURFACE_BY_PATH[request.path]
     t = time.perf_counter()
     body = await read_json(request, state)
@@ -256,7 +262,7 @@ async def handle_surface(request: web.Request) -> web.Response:
     if surface == "bundle":
         return await handle_bundle(request, state, body, timing)
     task = await prepare(state, surface, body, timing)
-    request["rows"] = len(task.rows)
+    request[ROWS] = len(task.rows)
     engine, _ = ready_parts(state)
     job = await run_rows(engine, task.rows)
     record_job(timing, job)
@@ -288,7 +294,7 @@ async def handle_bundle(
     for p in prepared:
         if isinstance(p, surfaces.Prepared):
             rows.extend(p.rows)
-    request["rows"] = len(rows)
+    request[ROWS] = len(rows)
     outputs = None
     if rows:
         # The whole bundle is one job: its rows enter the queue together.
@@ -328,7 +334,7 @@ def health_body(state: WorkerState) -> dict[str, Any]:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    state: WorkerState = request.app["state"]
+    state: WorkerState = request.app[STATE]
     return _json_response(health_body(state), 200 if state.status == "ready" else 503)
 
 
@@ -337,7 +343,7 @@ async def handle_live(request: web.Request) -> web.Response:
 
 
 async def handle_models(request: web.Request) -> web.Response:
-    state: WorkerState = request.app["state"]
+    state: WorkerState = request.app[STATE]
     card = {
         "id": state.artifact,
         "object": "model",
@@ -355,14 +361,14 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    state: WorkerState = request.app["state"]
+    state: WorkerState = request.app[STATE]
     resp = web.Response(body=state.metrics.render())
     resp.headers["Content-Type"] = CONTENT_TYPE
     return resp
 
 
 async def handle_faults(request: web.Request) -> web.Response:
-    state: WorkerState = request.app["state"]
+    state: WorkerState = request.app[STATE]
     if not state.faults.enabled:
         raise NotFound("fault injection is off (start the worker with VLLM_SR_ENABLE_FAULTS=1)")
     body = await read_json(request, state)
@@ -380,7 +386,7 @@ def build_app(state: WorkerState) -> web.Application:
     # The body cap is enforced in read_json with our own error; aiohttp's cap sits just above
     # it so chunked bodies cannot grow without bound either.
     app = web.Application(middlewares=[timing_and_errors], client_max_size=state.max_body + 1)
-    app["state"] = state
+    app[STATE] = state
     app.router.add_get("/health", handle_health)
     app.router.add_get("/health/live", handle_live)
     app.router.add_get("/v1/models", handle_models)
