@@ -248,6 +248,28 @@ def test_unhealthy_probe_then_healthy_probe() -> None:
     assert pool.acquire(1).replica_id == "primary-0"
 
 
+def test_unhealthy_replica_is_probed_again_with_doubling_intervals() -> None:
+    """It gets no traffic, so nothing else would ever probe it again."""
+    pool, clock, _ = make_pool(2)
+    intervals = []
+    for _ in range(7):
+        pool.probe_result("primary-0", False, "timed out")
+        start = clock.monotonic()
+        assert pool.take_probe_requests() == []
+        wait = pool.tick()
+        assert wait is not None
+        clock.advance(wait)
+        pool.tick()
+        assert pool.take_probe_requests() == ["primary-0"]
+        intervals.append(round(clock.monotonic() - start, 6))
+    assert intervals == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 3.2]
+    pool.probe_result("primary-0", True)
+    clock.advance(10)
+    pool.tick()
+    assert pool.take_probe_requests() == []
+    assert "primary-0" in {pool.acquire(0).replica_id for _ in range(2)}
+
+
 # ----------------------------------------------------------------- failure backoff
 @pytest.mark.parametrize("outcome", ["failure", "timeout"])
 def test_failure_backoff_doubles_to_cap_and_success_clears_it(outcome: str) -> None:

@@ -114,6 +114,7 @@ class ReplicaPool:
     def mark_starting(self, replica_id: str, pid: int | None = None) -> None:
         r = self._get(replica_id)
         r.state, r.pid, r.healthy, r.restart_at = ReplicaState.STARTING, pid, True, None
+        r.reprobe_s, r.reprobe_at = 0.0, None
         self._restore_if_none_serve()
 
     def mark_ready(
@@ -127,6 +128,7 @@ class ReplicaPool:
         when its reported limits differ from the configured ones."""
         r = self._get(replica_id)
         r.pid, r.limits, r.threads, r.healthy, r.restart_at = pid, limits, threads, True, None
+        r.reprobe_s, r.reprobe_at = 0.0, None
         reason = self._limits_mismatch(limits or {})
         if reason is not None:
             r.state, r.last_error = ReplicaState.INCOMPATIBLE, reason
@@ -326,16 +328,25 @@ class ReplicaPool:
         return ids
 
     def probe_result(self, replica_id: str, healthy: bool, reason: str | None = None) -> None:
-        """A /health probe's answer. An unhealthy replica leaves dispatch until a healthy
-        probe or ``mark_ready``; a healthy answer does not readmit an ejected one, since a
-        hung forward can still answer /health."""
+        """A /health probe's answer. An unhealthy replica leaves dispatch and is probed
+        again (0.1 s doubling to 3.2 s, like the failure backoff) until a healthy answer or
+        ``mark_ready``. A healthy answer does not readmit an ejected replica: a hung forward
+        can still answer /health."""
         r = self._replicas.get(replica_id)
         if r is None:
             return
         r.healthy = healthy
-        if not healthy:
-            r.last_error = reason or "health probe failed"
-            self._restore_if_none_serve()
+        if healthy:
+            r.reprobe_s, r.reprobe_at = 0.0, None
+            return
+        r.last_error = reason or "health probe failed"
+        r.reprobe_s = min(
+            max(r.reprobe_s * 2, self.settings.failure_backoff_s),
+            self.settings.failure_backoff_max_s,
+        )
+        # Nothing else would probe it again: it gets no traffic, so no failures.
+        r.reprobe_at = self._clock.monotonic() + r.reprobe_s
+        self._restore_if_none_serve()
 
     def tick(self) -> float | None:
         """Apply time-based transitions (cool-downs ending). Returns seconds until the next
@@ -345,7 +356,7 @@ class ReplicaPool:
         pending = [
             t - now
             for r in self._replicas.values()
-            for t in (r.ejected_until, r.backoff_until)
+            for t in (r.ejected_until, r.backoff_until, r.reprobe_at)
             if t is not None and t > now
         ]
         return min(pending) if pending else None
@@ -356,6 +367,9 @@ class ReplicaPool:
                 self._readmit(r, outlier.WHY_COOLDOWN)
             if r.backoff_until is not None and now >= r.backoff_until:
                 r.backoff_until = None  # the doubling stays until a success
+            if r.reprobe_at is not None and now >= r.reprobe_at:
+                r.reprobe_at = None
+                self._probes[r.id] = None
 
     # ----------------------------------------------------------------- manual ops (control API)
     def eject(

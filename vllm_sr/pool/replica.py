@@ -42,6 +42,8 @@ class Replica:
     pid: int | None = None
     state: ReplicaState = ReplicaState.STARTING
     healthy: bool = True  # last /health probe answered 200 (or no probe yet)
+    reprobe_s: float = 0.0  # interval between probes while unhealthy
+    reprobe_at: float | None = None  # monotonic; when to probe an unhealthy replica again
     limits: dict[str, Any] | None = None
     threads: int | None = None
     adaptive_threads: Any = None
