@@ -1,0 +1,369 @@
+"""Config -> one ReplicaSpec per worker, and the resize rules the serve/apply flags follow.
+
+Pure logic: GPU inventory comes from an ``InventoryProvider`` and the CPU budget is a value,
+so every rule of the product page's "Place and scale replicas", "What replicas share" and
+"CPU threads" sections is a table test (tests/unit/test_placement_*.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_sr.config.schema import Deployment, Replica, RootConfig, device_index, device_platform
+from vllm_sr.errors import PlacementError, UsageError
+from vllm_sr.placement.cpu import CpuBudget, assign_cpu_sets, measure_cpu_budget, threads_per_worker
+from vllm_sr.placement.gpus import MIB, GpuInfo, query_gpus, visible_filter
+
+InventoryProvider = Callable[[str], list[GpuInfo]]
+
+# A worker holds the weights plus activations, the runtime's context and allocator slack; twice
+# the weights is a conservative floor for encoder-sized models at our batch limits.
+VRAM_NEED_FACTOR = 2.0
+KNOWN_ARTIFACT_BYTES = {"vllm-sr/d3-edge": 90_868_376}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What the supervisor needs to start (or attach) one worker."""
+
+    id: str
+    deployment: str
+    index: int
+    artifact: str
+    revision: str | None
+    device: str | None
+    endpoint: str | None = None
+    model: str | None = None
+    threads: int | None = None
+    cpus: tuple[int, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    timeout_ms: int = 30_000
+
+    @property
+    def attached(self) -> bool:
+        return self.endpoint is not None
+
+    @property
+    def torch_device(self) -> str | None:
+        """The device inside the worker: its env shows it exactly one GPU, so always index 0."""
+        if self.device is None:
+            return None
+        return "cpu" if self.device == "cpu" else "cuda:0"
+
+    def identity(self) -> tuple[Any, ...]:
+        """A reload keeps a running worker only when this tuple is unchanged."""
+        return (
+            self.artifact,
+            self.revision,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.device if not self.attached else (self.endpoint, self.model),
+            self.threads,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "deployment": self.deployment,
+            "device": self.device if not self.attached else None,
+            **({"endpoint": self.endpoint, "model": self.model} if self.attached else {}),
+            "threads": self.threads,
+            "cpus": list(self.cpus) if self.cpus is not None else None,
+            "env": dict(self.env),
+        }
+
+
+@dataclass
+class Plan:
+    replicas: list[ReplicaSpec]
+    notes: list[str] = field(default_factory=list)
+
+    def for_deployment(self, name: str) -> list[ReplicaSpec]:
+        return [r for r in self.replicas if r.deployment == name]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in self.replicas]
+
+
+def in_kubernetes(env: Mapping[str, str]) -> bool:
+    return bool(env.get("KUBERNETES_SERVICE_HOST"))
+
+
+def estimated_need_bytes(artifact: str) -> int | None:
+    """VRAM one worker needs: weights x VRAM_NEED_FACTOR; None when the size is unknown."""
+    weights = KNOWN_ARTIFACT_BYTES.get(artifact)
+    if weights is None:
+        p = Path(artifact)
+        if p.is_dir():
+            weights = sum(f.stat().st_size for f in p.rglob("*") if f.suffix in WEIGHT_SUFFIXES)
+    return int(weights * VRAM_NEED_FACTOR) if weights else None
+
+
+def real_inventory(env: Mapping[str, str]) -> InventoryProvider:
+    cache: dict[str, list[GpuInfo]] = {}
+
+    def provide(platform: str) -> list[GpuInfo]:
+        if platform not in cache:
+            cache[platform] = query_gpus(platform, env=env)
+        return cache[platform]
+
+    return provide
+
+
+def _gpu_env(platform: str, idx: int, env: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """Child env exposing exactly one GPU. In a pod (or under a parent *_VISIBLE_DEVICES list)
+    ``idx`` is an ordinal into that list."""
+    parent = visible_filter(env, platform)
+    target = str(idx)
+    if parent is not None and in_kubernetes(env):
+        if idx >= len(parent):
+            raise PlacementError(
+                f"device {platform}:{idx}: the pod has {len(parent)} GPU(s) ({','.join(parent)}); "
+                f"accepted: an allocation ordinal 0..{len(parent) - 1}"
+            )
+        target = parent[idx]
+    if platform == "rocm":
+        # ROCR filters first and renumbers from 0, then HIP filters that view: naming the
+        # GPU in both would pick a device that no longer exists in the HIP view.
+        return {"ROCR_VISIBLE_DEVICES": target, "HIP_VISIBLE_DEVICES": "0"}, target
+    # CUDA numbers fastest-first by default; nvidia-smi and our indices are PCI bus order.
+    return {"CUDA_VISIBLE_DEVICES": target, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, target
+
+
+def _check_gpu(
+    name: str, dev: str, gpus: list[GpuInfo] | None, load: dict[str, int], need: int | None
+) -> list[str]:
+    if gpus is None:
+        return []
+    idx = device_index(dev)
+    by_index = {g.index: g for g in gpus}
+    gpu = by_index.get(idx if idx is not None else -1)
+    if gpu is None:
+        found = ", ".join(g.describe() for g in gpus) or "none"
+        raise PlacementError(
+            f"deployment {name}: device {dev} does not exist; {len(gpus)} GPU(s) found: {found}"
+        )
+    notes = []
+    workers = load[dev]
+    if need is not None and gpu.vram_free is not None and workers * need > gpu.vram_free:
+        notes.append(
+            f"{dev}: {workers} worker(s) x ~{need // MIB} MiB each exceed the "
+            f"{gpu.vram_free // MIB} MiB free now (workers of a running service count as used)"
+        )
+    return notes
+
+
+def plan(
+    config: RootConfig,
+    *,
+    env: Mapping[str, str] | None = None,
+    inventory_provider: InventoryProvider | None = None,
+    cpu_budget: CpuBudget | None = None,
+    check_gpus: bool = True,
+) -> Plan:
+    """One spec per replica of every deployment. ``inventory_provider`` is asked once per GPU
+    platform in use (None: run rocm-smi / nvidia-smi); ``check_gpus=False`` skips it."""
+    env = os.environ if env is None else env
+    budget = cpu_budget or measure_cpu_budget()
+    provider = inventory_provider or real_inventory(env)
+    notes: list[str] = []
+    cpu_slots = [
+        (n, i)
+        for n, d in config.deployments.items()
+        for i, r in enumerate(d.effective_replicas())
+        if r.device == "cpu"
+    ]
+    threads = 1
+    sets: list[list[int] | None] = []
+    if cpu_slots:
+        threads, why = threads_per_worker(budget, env)
+        sets, shared = assign_cpu_sets(budget, len(cpu_slots), threads)
+        notes.append(f"{budget.describe()}; {why}")
+        if shared:
+            notes.append(shared)
+    cpu_of = dict(zip(cpu_slots, sets, strict=True))
+    specs: list[ReplicaSpec] = []
+    for name, dep in config.deployments.items():
+        specs += _deployment_specs(
+            name, dep, env, provider if check_gpus else None, threads, cpu_of, notes
+        )
+    return Plan(replicas=specs, notes=notes)
+
+
+def _deployment_specs(
+    name: str,
+    dep: Deployment,
+    env: Mapping[str, str],
+    provider: InventoryProvider | None,
+    threads: int,
+    cpu_of: dict[tuple[str, int], list[int] | None],
+    notes: list[str],
+) -> list[ReplicaSpec]:
+    replicas = dep.effective_replicas()
+    platform = dep.platform
+    gpus = provider(platform) if provider and platform in ("rocm", "cuda") else None
+    need = estimated_need_bytes(dep.artifact)
+    load: dict[str, int] = {}
+    for r in replicas:
+        if r.device and r.device != "cpu":
+            load[r.device] = load.get(r.device, 0) + 1
+    specs = []
+    for i, r in enumerate(replicas):
+        common: dict[str, Any] = dict(
+            id=f"{name}-{i}",
+            deployment=name,
+            index=i,
+            artifact=dep.artifact,
+            revision=dep.revision,
+            max_num_seqs=dep.engine_args.max_num_seqs,
+            max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
+            timeout_ms=dep.timeout_ms,
+        )
+        if r.endpoint is not None:
+            specs.append(ReplicaSpec(device=None, endpoint=r.endpoint, model=r.model, **common))
+        elif r.device == "cpu":
+            cpus = cpu_of.get((name, i))
+            spec_env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            specs.append(
+                ReplicaSpec(
+                    device="cpu",
+                    threads=threads,
+                    env=spec_env,
+                    cpus=tuple(cpus) if cpus else None,
+                    **common,
+                )
+            )
+        else:
+            dev = r.device or "cpu"
+            plat, idx = device_platform(dev), device_index(dev) or 0
+            notes.extend(n for n in _check_gpu(name, dev, gpus, load, need) if n not in notes)
+            gpu_env, _ = _gpu_env(plat, idx, env)
+            specs.append(ReplicaSpec(device=dev, env=gpu_env, **common))
+    if len(load) < sum(load.values()):
+        notes.append(
+            f"deployment {name}: several workers share a GPU; each holds its own copy of "
+            "the weights (replicas do not shard weights)"
+        )
+    return specs
+
+
+def available_gpus(
+    gpus: Sequence[GpuInfo], need: int | None, env: Mapping[str, str], platform: str
+) -> tuple[list[GpuInfo], list[str]]:
+    """GPUs a new placement may use (visible, free VRAM >= need) and why the others were
+    skipped."""
+    parent = None if in_kubernetes(env) else visible_filter(env, platform)
+    ok, skipped = [], []
+    for g in gpus:
+        if parent is not None and str(g.index) not in parent and (g.unique_id or "") not in parent:
+            skipped.append(f"{platform}:{g.index} skipped: not in the Router's visible devices")
+        elif need is not None and g.vram_free is not None and g.vram_free < need:
+            skipped.append(
+                f"{platform}:{g.index} skipped: {g.vram_free // MIB} MiB free < ~{need // MIB} "
+                "MiB needed"
+            )
+        else:
+            ok.append(g)
+    return ok, skipped
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What the flags ask of one deployment's placement (None = keep)."""
+
+    platform: str | None = None
+    count: int | None = None
+    device_ids: tuple[int, ...] | None = None
+
+
+def _explicit_ids(req: PlacementRequest, platform: str, env: Mapping[str, str]) -> list[str]:
+    ids = list(req.device_ids or ())
+    if platform == "cpu":
+        raise UsageError(
+            f"--device-ids {','.join(map(str, ids))}: the platform is cpu; add --platform rocm "
+            "or --platform cuda, or drop --device-ids"
+        )
+    if in_kubernetes(env):
+        raise UsageError(
+            "--device-ids names host GPU IDs, which mean nothing inside a Kubernetes pod; write "
+            "allocation ordinals in config instead (replicas: [{device: " + platform + ":0}, ...])"
+        )
+    count = req.count or len(ids)
+    if len(ids) > count:
+        raise UsageError(
+            f"--device-ids {','.join(map(str, ids))} names {len(ids)} GPUs for -dp {count}; "
+            f"give at most {count} IDs, or raise -dp"
+        )
+    # Fewer IDs than workers: repeat them in order (-dp 2 --device-ids 0 = two on GPU 0).
+    return [f"{platform}:{ids[i % len(ids)]}" for i in range(count)]
+
+
+def _pick_gpus(
+    count: int,
+    keep: list[str],
+    platform: str,
+    gpus: Sequence[GpuInfo],
+    need: int | None,
+    env: Mapping[str, str],
+    notes: list[str],
+) -> list[str]:
+    ok, skipped = available_gpus(gpus, need, env, platform)
+    notes.extend(skipped)
+    used = set(keep)
+    fresh = [f"{platform}:{g.index}" for g in ok if f"{platform}:{g.index}" not in used]
+    missing = count - len(keep)
+    if len(fresh) < missing:
+        found = ", ".join(g.describe() for g in gpus) or "none"
+        why = f"; {'; '.join(skipped)}" if skipped else ""
+        raise PlacementError(
+            f"-dp {count}: needs {missing} more available {platform} GPU(s) but found "
+            f"{len(fresh)} ({len(gpus)} GPU(s): {found}{why}); lower -dp, free a GPU, or "
+            "name GPUs with --device-ids (repeat an ID to stack workers on one GPU)"
+        )
+    return keep + fresh[:missing]
+
+
+def resize_placement(
+    current: list[Replica],
+    req: PlacementRequest,
+    *,
+    inventory: InventoryProvider | None,
+    need: int | None,
+    env: Mapping[str, str],
+) -> tuple[list[Replica], list[str]]:
+    """The new canonical replica list for one deployment. Authored placements resize in
+    their declared order; a new GPU placement takes the first N available GPUs."""
+    notes: list[str] = []
+    managed = [r for r in current if r.device is not None]
+    if any(r.endpoint is not None for r in current) and (
+        req.count or req.device_ids or req.platform
+    ):
+        raise UsageError(
+            "-dp/--platform/--device-ids: this deployment has attached (endpoint) replicas, "
+            "which vllm-sr does not start; edit replicas in config instead"
+        )
+    cur_platform = device_platform(managed[0].device) if managed else "cpu"  # type: ignore[arg-type]
+    platform = req.platform or cur_platform
+    if req.device_ids is not None:
+        devices = _explicit_ids(req, platform, env)
+    else:
+        keep_all = [r.device for r in managed] if platform == cur_platform else []
+        # A platform switch without -dp keeps the worker count, on new devices.
+        count = req.count or len(managed) or 1
+        if platform == "cpu":
+            devices = ["cpu"] * count
+        else:
+            keep = [d for d in keep_all[:count] if d]
+            if len(keep) < count:
+                gpus = inventory(platform) if inventory else []
+                keep = _pick_gpus(count, keep, platform, gpus, need, env, notes)
+            devices = keep
+    new = [Replica(device=d) for d in devices]
+    return new, notes
