@@ -1,15 +1,191 @@
-"""`vllm-sr ctl` (placeholder until its owner lands it)."""
+"""`vllm-sr ctl`: drive the running service through its control socket.
+
+Exit codes: 0 done, 1 refused or failed, 2 usage, 3 the service is not running."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from vllm_sr.errors import EXIT_FAILURE, EXIT_OK
+
+SOCKET_ENV = "VLLM_SR_CONTROL_SOCKET"
+DEFAULT_SOCKET = "/run/vllm-sr/control.sock"
+
+
+def default_socket() -> str:
+    """$VLLM_SR_CONTROL_SOCKET, else the host settings' control socket, else the default."""
+    if os.environ.get(SOCKET_ENV):
+        return os.environ[SOCKET_ENV]
+    try:
+        service = importlib.import_module("vllm_sr.config.service")
+        settings = service.load_service_settings()
+        return str(settings.control_socket)
+    except Exception:
+        # No settings module or file (or an unreadable one): status and ctl still work.
+        return DEFAULT_SOCKET
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--socket",
+        default=None,
+        metavar="PATH",
+        help=f"control socket (default: host settings, else {DEFAULT_SOCKET})",
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON answer")
+
+
+def client_for(args: argparse.Namespace) -> Any:
+    from vllm_sr.control.client import ControlClient
+
+    return ControlClient(args.socket or default_socket())
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False, default=str))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("ctl", help="(not built yet)")
-    p.set_defaults(func=_run)
+    p = sub.add_parser(
+        "ctl",
+        help="drive the running service (inventory, events, drain, eject, scale, ...)",
+        description="Talk to the running vllm-sr over its control socket. "
+        "Exit codes: 0 done, 1 refused or failed, 2 usage, 3 service not running.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, func: Callable[[argparse.Namespace], int], text: str) -> Any:
+        a = actions.add_parser(name, help=text, description=text)
+        add_common(a)
+        a.set_defaults(func=func)
+        return a
+
+    action("inventory", _inventory, "deployments and replicas, as the service sees them")
+    ev = action("events", _events, "recent events; --follow to keep streaming")
+    ev.add_argument("--follow", "-f", action="store_true", help="stream new events")
+    ev.add_argument("--since", type=int, default=None, metavar="SEQ", help="after event SEQ")
+    for name, text in (
+        ("drain", "stop sending work to a replica and let it finish what it has"),
+        ("readmit", "end a replica's ejection now"),
+        ("restart", "restart a replica's worker process"),
+    ):
+        action(name, _replica_action, text).add_argument("replica", metavar="ID")
+    ej = action("eject", _replica_action, "take a replica out of dispatch for a while")
+    ej.add_argument("replica", metavar="ID")
+    ej.add_argument(
+        "--for",
+        dest="duration",
+        default=None,
+        metavar="DURATION",
+        help="how long, e.g. 30s, 500ms, 2m (default: the deployment's base)",
+    )
+    sc = action("scale", _scale, "set a deployment's worker count (writes the config)")
+    sc.add_argument("deployment", metavar="DEPLOYMENT")
+    sc.add_argument("replicas", type=int, metavar="N")
+    action("reload", _reload, "re-read the config and apply it")
+    action("threads", _threads, "each CPU worker's learned thread counts (adaptive threads)")
 
 
-def _run(args: argparse.Namespace) -> int:
-    print("vllm-sr ctl: not built yet")
-    return 1
+def _inventory(args: argparse.Namespace) -> int:
+    inventory = client_for(args).inventory()
+    if args.json:
+        print_json(inventory)
+        return EXIT_OK
+    from vllm_sr.commands.status import print_status
+
+    print_status(inventory)
+    return EXIT_OK
+
+
+def _events(args: argparse.Namespace) -> int:
+    from vllm_sr.control.protocol import STREAM_CLOSED, STREAM_DROPPED
+    from vllm_sr.control.render import event_line
+
+    client = client_for(args)
+    if not args.follow:
+        answer = client.events(args.since)
+        if args.json:
+            for event in answer["events"]:
+                print(json.dumps(event, default=str))
+        else:
+            for event in answer["events"]:
+                print(event_line(event))
+        return EXIT_OK
+    for event in client.stream_events(args.since):
+        name = event.get("event")
+        if name in (STREAM_CLOSED, STREAM_DROPPED):
+            print(f"vllm-sr: {event.get('reason', name)}", file=sys.stderr)
+            return EXIT_OK if name == STREAM_CLOSED else EXIT_FAILURE
+        print(json.dumps(event, default=str) if args.json else event_line(event), flush=True)
+    print("vllm-sr: the service closed the event stream", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def _done(args: argparse.Namespace, what: str, result: dict[str, Any]) -> int:
+    from vllm_sr.control.render import result_line
+
+    if args.json:
+        print_json(result)
+    else:
+        print(result_line(what, result))
+    return EXIT_OK
+
+
+def _replica_action(args: argparse.Namespace) -> int:
+    client = client_for(args)
+    if args.action == "eject":
+        from vllm_sr.control.render import parse_duration_ms
+
+        ms = None if args.duration is None else parse_duration_ms(args.duration)
+        result = client.eject(args.replica, ms)
+    else:
+        result = getattr(client, args.action)(args.replica)
+    return _done(args, f"{args.action} {args.replica}", result)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if args.replicas < 0:
+        from vllm_sr.errors import UsageError
+
+        raise UsageError(f"N: {args.replicas} is negative; give a worker count >= 0")
+    result = client_for(args).scale(args.deployment, args.replicas)
+    return _done(args, f"scale {args.deployment} to {args.replicas}", result)
+
+
+def _reload(args: argparse.Namespace) -> int:
+    return _done(args, "reload", client_for(args).reload())
+
+
+def _threads(args: argparse.Namespace) -> int:
+    from vllm_sr.control.render import replica_threads
+
+    rows = replica_threads(client_for(args).inventory())
+    if args.json:
+        print_json({rid: report for rid, report in rows})
+        return EXIT_OK
+    if not rows:
+        print("no replicas")
+    for rid, report in rows:
+        print(f"{rid}:")
+        print(_indent(_format_threads(report)))
+    return EXIT_OK
+
+
+def _format_threads(report: dict[str, Any] | None) -> str:
+    from vllm_sr.worker.threads import format_report
+
+    try:
+        return format_report(report)
+    except (KeyError, TypeError, ValueError):
+        # A worker of another version: show what it said rather than fail.
+        return json.dumps(report, indent=2, default=str)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import aiohttp
 
 from vllm_sr import errors
+from vllm_sr.control.protocol import HEARTBEAT
 from vllm_sr.errors import DeadlineExceeded, Forbidden, ServiceNotRunning, VllmSrError
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -189,7 +190,7 @@ class ControlClient:
                 if not line:
                     return
                 event = json.loads(line)
-                if heartbeats or event.get("event") != "heartbeat":
+                if heartbeats or event.get("event") != HEARTBEAT:
                     yield event
         finally:
             conn.close()
@@ -295,7 +296,7 @@ class AsyncControlClient:
                     if not line.strip():
                         continue
                     event = json.loads(line)
-                    if heartbeats or event.get("event") != "heartbeat":
+                    if heartbeats or event.get("event") != HEARTBEAT:
                         yield event
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._translate(exc) from exc

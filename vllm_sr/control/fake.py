@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from vllm_sr import events as ev
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
@@ -17,6 +19,7 @@ from vllm_sr.events import EventBus
 from vllm_sr.supervisor.commands import Command
 
 DEFAULT_BASE_EJECTION_MS = 30_000
+T = TypeVar("T")
 
 
 @dataclass
@@ -261,3 +264,98 @@ class FakeBackend:
         self.events.publish(
             ev.POOL_PUBLISHED, generation=self.generation, deployments=list(self.deployments)
         )
+
+
+def sample_adaptive_threads(
+    state: str = "learned", retire_reason: str | None = None
+) -> dict[str, Any]:
+    """An ``adaptive_threads`` report shaped like the worker's (``AdaptiveThreads.report()``),
+    for inventories in tests: two buckets, counts 1 and 2, 1 thread learned best."""
+
+    def count(
+        threads: int, samples: int, median_ms: float | None, ratio: float | None
+    ) -> dict[str, Any]:
+        return {"threads": threads, "samples": samples, "median_ms": median_ms, "ratio": ratio}
+
+    recommended = None if state == "retired" else 1
+    return {
+        "mode": 1,
+        "state": state,
+        "configured": 2,
+        "budget": 2,
+        "allowed": [1, 2],
+        "golden_passed": True,
+        "window": 8,
+        "min_samples": 5,
+        "share": 0.1,
+        "max_shadow_per_s": 5.0,
+        "buckets": [
+            {
+                "bucket": "9-16",
+                "tokens_max": 16,
+                "phase": "learned",
+                "forwards": 120,
+                "explored": 10,
+                "best": 1,
+                "serving": 2,
+                "matches": 0,
+                "counts": [count(1, 5, 3.1, 0.8), count(2, 5, 3.9, 1.0)],
+            },
+            {
+                "bucket": "65-128",
+                "tokens_max": 128,
+                "phase": "exploring",
+                "forwards": 12,
+                "explored": 2,
+                "best": None,
+                "serving": 2,
+                "matches": 0,
+                "counts": [count(1, 1, 21.0, None), count(2, 1, 15.2, 1.0)],
+            },
+        ],
+        "best_threads": recommended,
+        "recommended_threads": recommended,
+        "recommendation": None if recommended is None else f"pin --threads {recommended}",
+        "retire_reason": retire_reason,
+        "shadow_passes": 12,
+        "shadow_seconds": 0.09,
+        "shadow_time_share": 0.05,
+    }
+
+
+class ThreadedControlServer:
+    """A ``ControlServer`` for ``backend`` on an event loop of its own thread, for blocking
+    tests (the CLI, the sync client). ``call(fn, *args)`` runs ``fn`` on that loop."""
+
+    def __init__(self, backend: FakeBackend, path: str | Path, **kwargs: Any) -> None:
+        self.backend = backend
+        self.path = path
+        self._kwargs = kwargs
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server: Any = None
+
+    def __enter__(self) -> ThreadedControlServer:
+        from vllm_sr.control.server import ControlServer
+
+        self._thread.start()
+        self.server = ControlServer(self.backend, self.path, **self._kwargs)
+        self.run(self.server.start())
+        return self
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        async def _call() -> T:
+            return fn(*args)
+
+        return self.run(_call())
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.run(self.server.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self.loop.close()

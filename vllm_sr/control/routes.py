@@ -13,8 +13,14 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from vllm_sr.control.auth import Peer, read_peer
+from vllm_sr.control.protocol import (
+    HEARTBEAT,
+    NDJSON,
+    STREAM_CLOSED,
+    STREAM_DROPPED,
+    RequestTimeout,
+)
 from vllm_sr.errors import (
-    DeadlineExceeded,
     InvalidRequest,
     RequestTooLarge,
     VllmSrError,
@@ -29,7 +35,6 @@ log = logging.getLogger("vllm_sr.control")
 
 SERVER_KEY: web.AppKey[ControlServer] = web.AppKey("control_server")
 _M = TypeVar("_M", bound=BaseModel)
-NDJSON = "application/x-ndjson"
 
 
 def _dumps(obj: Any) -> str:
@@ -155,7 +160,7 @@ class EventStream:
             try:
                 event = await asyncio.wait_for(self.sub.get(), self.server.heartbeat_s)
             except TimeoutError:
-                line = {"event": "heartbeat", "time": self.server.clock.time()}
+                line = {"event": HEARTBEAT, "time": self.server.clock.time()}
                 if not await self._send(resp, line):
                     return resp
                 continue
@@ -171,9 +176,9 @@ class EventStream:
 
     def _ending(self) -> dict[str, Any]:
         if self.server.closing:
-            return {"event": "stream_closed", "reason": "the service is stopping"}
+            return {"event": STREAM_CLOSED, "reason": "the service is stopping"}
         return {
-            "event": "stream_dropped",
+            "event": STREAM_DROPPED,
             "reason": f"this reader fell {self.server.subscriber_queue} events behind",
         }
 
@@ -230,7 +235,7 @@ async def _read_body(request: web.Request, model: type[_M]) -> _M:
     try:
         raw = await asyncio.wait_for(request.read(), server.body_timeout_s)
     except TimeoutError:
-        raise DeadlineExceeded(
+        raise RequestTimeout(
             f"the request body did not arrive within {server.body_timeout_s:g} s"
         ) from None
     except web.HTTPRequestEntityTooLarge:

@@ -1,0 +1,201 @@
+"""`vllm-sr status` and `vllm-sr ctl` against a real server with the fake backend: output,
+--json, and the exit codes (0 done, 1 refused or failed, 2 usage, 3 not running)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vllm_sr import errors
+from vllm_sr.cli import main
+from vllm_sr.commands.ctl import SOCKET_ENV, default_socket
+from vllm_sr.control import render
+from vllm_sr.control.fake import FakeBackend, ThreadedControlServer, sample_adaptive_threads
+
+
+@pytest.fixture
+def served() -> Iterator[ThreadedControlServer]:
+    d = Path(tempfile.mkdtemp(prefix="vsr-cli-", dir="/tmp"))
+    backend = FakeBackend({"primary": ["cpu", "cpu"], "edge": ["rocm:0"]})
+    try:
+        with ThreadedControlServer(backend, d / "c.sock", group=None, heartbeat_s=0.1) as srv:
+            yield srv
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # rich wraps tables to the terminal width
+
+
+def run(*argv: str) -> int:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    code = info.value.code
+    assert isinstance(code, int)
+    return code
+
+
+def test_status_table(served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]) -> None:
+    served.call(lambda: served.backend.replica("primary-1").__setattr__("inflight", 7))
+    assert run("ctl", "eject", "primary-0", "--for", "90s", "--socket", str(served.path)) == 0
+    capsys.readouterr()
+    assert run("status", "--socket", str(served.path)) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in out.splitlines() if "primary-" in line}
+    assert "ejected" in rows["primary-0"] and "1m2" in rows["primary-0"]  # ~1m29s left
+    assert "7/32" in rows["primary-1"] and "ready" in rows["primary-1"]
+    assert "1/2 ready" in out and "rocm:0" in out
+
+
+def test_status_json(served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("status", "--json", "--socket", str(served.path)) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in doc["deployments"]] == ["primary", "edge"]
+
+
+def test_not_running_is_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "none.sock"
+    assert run("status", "--socket", str(path)) == errors.EXIT_NOT_RUNNING
+    assert "vllm-sr is not running" in capsys.readouterr().err
+    assert run("ctl", "reload", "--socket", str(path)) == errors.EXIT_NOT_RUNNING
+
+
+def test_eject_with_duration(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("ctl", "eject", "primary-1", "--for", "30s", "--socket", str(served.path)) == 0
+    assert "eject primary-1: done" in capsys.readouterr().out
+    command = served.backend.commands[-1]
+    assert (command.kind, command.replica, command.duration_ms) == ("eject", "primary-1", 30000)
+
+
+def test_bad_duration_is_usage(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        run("ctl", "eject", "primary-1", "--for", "3 fortnights", "--socket", str(served.path)) == 2
+    )
+    assert "--for: '3 fortnights' is not a duration" in capsys.readouterr().err
+    assert served.backend.commands == []
+
+
+def test_refusals_are_exit_1(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("ctl", "drain", "primary-9", "--socket", str(served.path)) == 1
+    assert "no replica 'primary-9'" in capsys.readouterr().err
+    served.backend.refuse = errors.Forbidden("uid 1000 may read but not change the service")
+    assert run("ctl", "restart", "primary-0", "--socket", str(served.path)) == 1
+    assert "may read but not change" in capsys.readouterr().err
+
+
+def test_scale_reload_readmit_json(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock = ("--socket", str(served.path))
+    assert run("ctl", "scale", "primary", "3", "--json", *sock) == 0
+    assert json.loads(capsys.readouterr().out)["replicas"] == 3
+    assert run("ctl", "reload", "--json", *sock) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert run("ctl", "eject", "edge-0", *sock) == 0
+    assert run("ctl", "readmit", "edge-0", "--json", *sock) == 0
+    eject_line, readmit_json = capsys.readouterr().out.split("\n", 1)
+    assert eject_line.startswith("eject edge-0: done")
+    assert json.loads(readmit_json)["state"] == "ready"
+    kinds = [c.kind for c in served.backend.commands]
+    assert kinds == ["scale", "reload", "eject", "readmit"]
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("ctl") == 2
+    assert run("ctl", "scale", "primary", "many") == 2
+    assert run("ctl", "scale", "primary", "-1", "--socket", "/nonexistent.sock") == 2
+
+
+def test_events_since_json(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock = ("--socket", str(served.path))
+    run("ctl", "eject", "primary-0", *sock)
+    run("ctl", "drain", "primary-1", *sock)
+    capsys.readouterr()
+    assert run("ctl", "events", "--since", "1", "--json", *sock) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["seq"], e["event"]) for e in lines] == [(2, "replica_draining")]
+    assert run("ctl", "events", *sock) == 0
+    text = capsys.readouterr().out
+    assert "#1 replica_ejected" in text and "reason=manual" in text
+
+
+def test_events_follow_ends_when_the_service_stops(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock = ("--socket", str(served.path))
+    run("ctl", "eject", "primary-0", *sock)
+    bus = served.backend.events
+
+    def stop_when_subscribed() -> None:
+        end = time.monotonic() + 10
+        while bus.subscriber_count == 0 and time.monotonic() < end:
+            time.sleep(0.01)
+        served.run(served.server.stop())
+
+    stopper = threading.Thread(target=stop_when_subscribed)
+    stopper.start()
+    assert run("ctl", "events", "--follow", "--since", "0", *sock) == 0
+    stopper.join(10)
+    captured = capsys.readouterr()
+    assert "replica_ejected" in captured.out
+    assert "the service is stopping" in captured.err
+
+
+def test_threads(served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]) -> None:
+    served.call(
+        lambda: served.backend.replica("primary-0").__setattr__(
+            "adaptive_threads", sample_adaptive_threads()
+        )
+    )
+    assert run("ctl", "threads", "--socket", str(served.path)) == 0
+    out = capsys.readouterr().out
+    block = out.split("primary-1:")[0]
+    assert "mode 1  state learned" in block and "9-16" in block
+    assert "recommended: pin --threads 1" in block
+    assert "adaptive threads off" in out.split("primary-1:")[1]
+    assert run("ctl", "threads", "--json", "--socket", str(served.path)) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["primary-0"]["state"] == "learned" and doc["edge-0"] is None
+
+
+def test_default_socket_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SOCKET_ENV, "/tmp/elsewhere.sock")
+    assert default_socket() == "/tmp/elsewhere.sock"
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"), [("30s", 30000), ("500ms", 500), ("2m", 120000), ("1.5", 1500), ("1h", 3600000)]
+)
+def test_parse_duration(text: str, ms: int) -> None:
+    assert render.parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "s", "-3s", "2d", "0s", "2h"])
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(errors.UsageError, match="--for"):
+        render.parse_duration_ms(text)
+
+
+def test_ejection_left_and_format() -> None:
+    replica = {"state": "ejected", "ejected_until": 1000.0}
+    assert render.ejection_left(replica, 970.0) == "30.0s"
+    assert render.ejection_left(replica, 1200.0) == "0ms"
+    assert render.ejection_left({"state": "ready", "ejected_until": None}, 0) == "-"
+    assert render.format_seconds(125) == "2m05s" and render.format_seconds(7300) == "2h01m"

@@ -1,0 +1,130 @@
+"""What `vllm-sr status` and `vllm-sr ctl` print: pure functions from API documents to text or
+rich renderables (no sockets here), plus the `--for` duration parser."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from vllm_sr.errors import UsageError
+
+_STATE_STYLE = {
+    "ready": "green",
+    "degraded": "yellow",
+    "starting": "cyan",
+    "draining": "yellow",
+    "backoff": "yellow",
+    "ejected": "magenta",
+    "incompatible": "red",
+    "failed": "red",
+    "unavailable": "red",
+    "stopped": "dim",
+}
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+MAX_EJECTION_MS = 3_600_000
+
+
+def parse_duration_ms(text: str, flag: str = "--for") -> int:
+    """``30s``, ``500ms``, ``2m``, ``1h`` or bare seconds -> milliseconds (1 ms .. 1 h)."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise UsageError(
+            f"{flag}: {text!r} is not a duration; use a number with ms, s, m or h (e.g. 30s)"
+        )
+    ms = round(float(match.group(1)) * _UNITS_MS[match.group(2) or "s"])
+    if not 1 <= ms <= MAX_EJECTION_MS:
+        raise UsageError(f"{flag}: {text!r} is out of range; accepted: 1ms to 1h")
+    return ms
+
+
+def format_seconds(seconds: float) -> str:
+    """A short human duration: 950ms, 12.5s, 3m20s, 2h05m."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def styled_state(state: str) -> Text:
+    return Text(state, style=_STATE_STYLE.get(state, ""))
+
+
+def ejection_left(replica: dict[str, Any], now: float) -> str:
+    until = replica.get("ejected_until")
+    if until is None or replica.get("state") != "ejected":
+        return "-"
+    return format_seconds(max(0.0, float(until) - now))
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def status_table(inventory: dict[str, Any], now: float | None = None) -> Table:
+    """One row per replica, grouped under a row per deployment."""
+    now = time.time() if now is None else now
+    service = inventory.get("service") or {}
+    title = f"vllm-sr {service.get('version', '')} pid {service.get('pid', '-')}"
+    if service.get("uptime_s") is not None:
+        title += f", up {format_seconds(float(service['uptime_s']))}"
+    table = Table(title=title, title_justify="left")
+    for col in ("replica", "state", "device", "pid", "in-flight", "restarts", "ejections"):
+        table.add_column(
+            col, justify="right" if col in ("pid", "restarts", "ejections") else "left"
+        )
+    table.add_column("ejected for", justify="right")
+    for dep in inventory.get("deployments", []):
+        summary = (
+            f"{dep.get('ready_replicas', 0)}/{dep.get('desired_replicas', 0)} ready"
+            f", {dep.get('ejected_replicas', 0)} ejected"
+        )
+        table.add_row(
+            Text(f"{dep['name']} ({dep.get('artifact', '')})", style="bold"),
+            styled_state(str(dep.get("state", "?"))),
+            summary,
+            end_section=False,
+        )
+        for r in dep.get("replicas", []):
+            table.add_row(
+                f"  {r['id']}",
+                styled_state(str(r.get("state", "?"))),
+                _dash(r.get("device")),
+                _dash(r.get("pid")),
+                f"{r.get('inflight', 0)}/{_dash(r.get('max_inflight'))}",
+                _dash(r.get("restarts")),
+                _dash(r.get("ejections")),
+                ejection_left(r, now),
+            )
+        table.add_section()
+    return table
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """``2026-12-02 17:40:01 #12 replica_ejected replica=primary-0 reason=manual``."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event.get("time", 0))))
+    fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("seq", "time", "event"))
+    seq = f"#{event['seq']} " if "seq" in event else ""
+    return f"{stamp} {seq}{event.get('event', '?')} {fields}".rstrip()
+
+
+def replica_threads(inventory: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None]]:
+    """(replica id, its ``adaptive_threads`` object or None) for every replica."""
+    return [
+        (r["id"], r.get("adaptive_threads"))
+        for dep in inventory.get("deployments", [])
+        for r in dep.get("replicas", [])
+    ]
+
+
+def result_line(action: str, result: dict[str, Any]) -> str:
+    """What a mutation did, in one line, from its ``{"ok": true, ...}`` answer."""
+    detail = " ".join(f"{k}={v}" for k, v in result.items() if k != "ok")
+    return f"{action}: done {detail}".rstrip()
