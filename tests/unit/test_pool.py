@@ -458,3 +458,21 @@ def test_settings_from_a_deployment_object() -> None:
     assert (s.timeout_ms, s.consecutive_timeouts, s.base_ejection_ms) == (2000, 5, 1000)
     assert (s.effective_max_ejection_ms, s.max_ejection_percent) == (10_000, 30)
     assert (s.configured_max_num_seqs, s.configured_max_num_batched_tokens) == (64, None)
+
+
+def test_settings_from_the_config_schema() -> None:
+    from vllm_sr.config.schema import Deployment
+
+    dep = Deployment.model_validate(
+        {
+            "artifact": "vllm-sr/d3-edge",
+            "timeout_ms": 2000,
+            "engine_args": {"max_num_seqs": 64, "max_num_batched_tokens": 8192},
+            "replicas": [{"device": "rocm:0"}, {"device": "rocm:1"}],
+            "outlier_detection": {"consecutive_timeouts": 0, "base_ejection_ms": 500},
+        }
+    )
+    s = PoolSettings.from_deployment(dep)
+    assert (s.timeout_ms, s.consecutive_timeouts, s.effective_max_ejection_ms) == (2000, 0, 5000)
+    assert (s.configured_max_num_seqs, s.configured_max_num_batched_tokens) == (64, 8192)
+    assert not s.policy().enabled
