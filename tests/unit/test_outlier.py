@@ -3,13 +3,17 @@ that keeps timing out" section (issue 5), over 1, 2, 3, 4 and 10 replicas where 
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
+from typing import Any
+
 import pytest
 
 from tests.unit.test_pool import exchange, make_pool
 from vllm_sr import events as ev
 from vllm_sr.clock import FakeClock
-from vllm_sr.errors import Conflict, Unavailable
-from vllm_sr.pool import OutlierPolicy, ReplicaPool
+from vllm_sr.errors import Conflict, Overloaded, Unavailable
+from vllm_sr.pool import Lease, OutlierPolicy, ReplicaPool
 from vllm_sr.pool.outlier import (
     RULE_MAX_PERCENT,
     RULE_NO_OTHER_ANSWERED,
@@ -429,3 +433,78 @@ def test_policy_arithmetic() -> None:
     assert policy.duration_ms(10_000) == 300_000
     assert [policy.max_ejected(n) for n in (1, 2, 3, 4, 10)] == [1, 1, 1, 2, 5]
     assert not OutlierPolicy(consecutive_timeouts=0).enabled
+
+
+# ----------------------------------------------------------------- steady load (simulated)
+def simulate(
+    pool: ReplicaPool,
+    clock: FakeClock,
+    hung: set[str],
+    seconds: float,
+    per_tick: int = 4,
+    tick: float = 0.01,
+    latency: float = 0.02,
+) -> dict[str, Any]:
+    """Steady load on a fake clock: ``per_tick`` requests every ``tick``; replicas in ``hung``
+    never answer (their exchanges time out after TIMEOUT_S), the others answer in ``latency``."""
+    pending: list[tuple[float, int, Lease, str]] = []
+    sent: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    first_timeout = None
+    seq = 0
+    end = clock.monotonic() + seconds
+    while clock.monotonic() < end:
+        now = clock.monotonic()
+        while pending and pending[0][0] <= now:
+            _, _, lease, outcome = heapq.heappop(pending)
+            pool.release(lease, outcome)  # type: ignore[arg-type]
+            outcomes[outcome] += 1
+            if outcome == "timeout" and first_timeout is None:
+                first_timeout = now
+        for _ in range(per_tick):
+            try:
+                lease = pool.acquire(100)
+            except (Overloaded, Unavailable):
+                outcomes["rejected"] += 1
+                continue
+            sent[lease.replica_id] += 1
+            slow = lease.replica_id in hung
+            seq += 1
+            due = now + (TIMEOUT_S if slow else latency)
+            heapq.heappush(pending, (due, seq, lease, "timeout" if slow else "success"))
+        pool.tick()
+        clock.advance(tick)
+    return {"sent": sent, "outcomes": outcomes, "first_timeout": first_timeout}
+
+
+def test_steady_load_one_hung_replica_is_ejected_and_others_take_its_traffic() -> None:
+    pool, clock, rec = make_pool(3, timeout_ms=int(TIMEOUT_S * 1000))
+    start = clock.monotonic()
+    result = simulate(pool, clock, {"primary-1"}, seconds=20.0)
+    [ejected] = rec.of(ev.REPLICA_EJECTED)
+    assert ejected["replica"] == "primary-1"
+    eject_at = start + TIMEOUT_S  # its first exchanges run out together
+    assert result["first_timeout"] == pytest.approx(eject_at, abs=0.02)
+    total = sum(result["outcomes"].values())
+    failed = result["outcomes"]["timeout"] + result["outcomes"]["rejected"]
+    assert failed / total < 0.01
+    # Once out, the hung replica got nothing more (only what was sent before the first timeout).
+    assert result["sent"]["primary-1"] == result["outcomes"]["timeout"]
+    assert result["sent"]["primary-0"] > 3000 and result["sent"]["primary-2"] > 3000
+
+
+def test_steady_load_hang_ends_and_the_replica_is_readmitted() -> None:
+    pool, clock, rec = make_pool(3, timeout_ms=2000, base_ejection_ms=5000)
+    simulate(pool, clock, {"primary-1"}, seconds=4.0)
+    assert pool.replica("primary-1").ejected
+    result = simulate(pool, clock, set(), seconds=10.0)
+    assert [e["why"] for e in rec.of(ev.REPLICA_READMITTED)] == [WHY_COOLDOWN]
+    assert result["sent"]["primary-1"] > 500
+    assert pool.replica("primary-1").consecutive_timeouts == 0
+
+
+def test_steady_load_slow_on_every_replica_ejects_none() -> None:
+    pool, clock, rec = make_pool(3, timeout_ms=2000)
+    simulate(pool, clock, {"primary-0", "primary-1", "primary-2"}, seconds=10.0)
+    assert rec.of(ev.REPLICA_EJECTED) == []
+    assert {e["rule"] for e in rec.of(ev.REPLICA_EJECTION_WITHHELD)} == {RULE_NO_OTHER_ANSWERED}
