@@ -199,3 +199,15 @@ def test_ejection_left_and_format() -> None:
     assert render.ejection_left(replica, 1200.0) == "0ms"
     assert render.ejection_left({"state": "ready", "ejected_until": None}, 0) == "-"
     assert render.format_seconds(125) == "2m05s" and render.format_seconds(7300) == "2h01m"
+
+
+def test_default_socket_from_host_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_sr.config import service
+
+    toml = tmp_path / "vllm-sr.toml"
+    toml.write_text('control_socket = "/tmp/from-settings.sock"\n')
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    monkeypatch.setattr(service, "DEFAULT_SERVICE_CONFIG_PATH", toml)
+    assert default_socket() == "/tmp/from-settings.sock"
+    monkeypatch.setattr(service, "DEFAULT_SERVICE_CONFIG_PATH", tmp_path / "absent.toml")
+    assert default_socket() == "/run/vllm-sr/control.sock"

@@ -41,8 +41,8 @@ async def server(backend: FakeBackend, sock_dir: Path) -> AsyncIterator[ControlS
         sock_dir / "control.sock",
         group=None,
         heartbeat_s=0.2,
-        idle_timeout_s=0.5,
-        body_timeout_s=0.5,
+        idle_timeout_s=0.3,
+        body_timeout_s=0.2,
         write_timeout_s=0.5,
     )
     await srv.start()
@@ -316,7 +316,7 @@ async def test_stalled_headers_are_cut_off(
     partial_r, partial_w = await asyncio.open_unix_connection(str(server.path))
     partial_w.write(b"GET /v1/inventory HTTP/1.1\r\nHost: x\r\n")  # never finishes
     await partial_w.drain()
-    # idle_timeout_s is 0.5: both must be closed well before this deadline.
+    # idle_timeout_s is 0.3: both must be closed well before this deadline.
     assert await _closed_by_server(silent_r, 5.0) == b""
     assert await _closed_by_server(partial_r, 5.0) == b""
     assert "deployments" in await client.inventory()

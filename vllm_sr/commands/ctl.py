@@ -5,7 +5,6 @@ Exit codes: 0 done, 1 refused or failed, 2 usage, 3 the service is not running."
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -19,16 +18,13 @@ DEFAULT_SOCKET = "/run/vllm-sr/control.sock"
 
 
 def default_socket() -> str:
-    """$VLLM_SR_CONTROL_SOCKET, else the host settings' control socket, else the default."""
+    """$VLLM_SR_CONTROL_SOCKET, else the host settings' ``control_socket`` (the default
+    settings file may be absent: then /run/vllm-sr/control.sock)."""
     if os.environ.get(SOCKET_ENV):
         return os.environ[SOCKET_ENV]
-    try:
-        service = importlib.import_module("vllm_sr.config.service")
-        settings = service.load_service_settings()
-        return str(settings.control_socket)
-    except Exception:
-        # No settings module or file (or an unreadable one): status and ctl still work.
-        return DEFAULT_SOCKET
+    from vllm_sr.config.service import load_service_settings
+
+    return str(load_service_settings().control_socket)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
