@@ -330,6 +330,7 @@ def health_body(state: WorkerState) -> dict[str, Any]:
         "replica_id": state.replica_id,
         "pid": os.getpid(),
         "queue_rows": state.engine.queue_depth if state.engine else 0,
+        "forward_running": state.engine.busy if state.engine else False,
     }
 
 

@@ -215,6 +215,11 @@ class Engine:
         return job
 
     @property
+    def busy(self) -> bool:
+        """A forward is running now."""
+        return self._busy
+
+    @property
     def stopping(self) -> bool:
         return self._stopping
 

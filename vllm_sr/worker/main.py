@@ -122,8 +122,6 @@ def _emit(name: str, **fields: Any) -> None:
 def run(opts: WorkerOptions, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     state = build_state(opts, env)
-    if opts.device == "cpu":
-        _limit_interop_threads()
     return asyncio.run(serve(opts, state))
 
 
@@ -259,6 +257,9 @@ def load_and_check(
     opts: WorkerOptions, state: WorkerState, loop: asyncio.AbstractEventLoop
 ) -> None:
     state.set_status("loading", f"loading {opts.artifact} on {opts.device}")
+    # torch is imported here, after the socket is bound, so /health says "loading" meanwhile.
+    if opts.device == "cpu":
+        _limit_interop_threads()
     spec = artifacts.resolve(opts.artifact)
     loaded = artifacts.load(spec, opts.device)
     state.set_status("warming", "calibrating limits and running the golden check")
