@@ -125,7 +125,7 @@ def test_unknown_outcome_is_refused_with_the_accepted_ones() -> None:
         pool.release(lease, "boom")  # type: ignore[arg-type]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     n=st.integers(min_value=1, max_value=6),
     ops=st.lists(

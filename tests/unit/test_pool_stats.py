@@ -16,6 +16,8 @@ def test_percentiles_by_nearest_rank() -> None:
     assert w.percentile(0.5) == pytest.approx(0.050)
     assert w.percentile(0.99) == pytest.approx(0.099)
     assert w.percentile(1.0) == pytest.approx(0.100)
+    assert w.percentiles(0.5, 0.99) == pytest.approx([0.050, 0.099])
+    assert LatencyWindow().percentiles(0.5, 0.99) == [None, None]
     with pytest.raises(ValueError, match="q must be"):
         w.percentile(0.0)
 

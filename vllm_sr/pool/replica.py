@@ -102,8 +102,7 @@ class Replica:
 
     def inventory(self, max_inflight: int, clock: Clock) -> dict[str, Any]:
         """This replica's entry in the inventory document (docs/internals.md)."""
-        p50 = self.latency.percentile(0.5)
-        p99 = self.latency.percentile(0.99)
+        p50, p99 = self.latency.percentiles(0.5, 0.99)
         ejected_until = None
         if self.ejected_until is not None:
             # Unix seconds for people; the pool itself runs on the monotonic clock.

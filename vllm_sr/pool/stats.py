@@ -28,13 +28,17 @@ class LatencyWindow:
 
     def percentile(self, q: float) -> float | None:
         """Nearest-rank percentile for ``q`` in (0, 1]; None while empty."""
-        if not 0.0 < q <= 1.0:
-            raise ValueError(f"q must be in (0, 1], got {q}")
+        return self.percentiles(q)[0]
+
+    def percentiles(self, *qs: float) -> list[float | None]:
+        """Several nearest-rank percentiles from one sort (inventory asks for p50 and p99)."""
+        for q in qs:
+            if not 0.0 < q <= 1.0:
+                raise ValueError(f"q must be in (0, 1], got {q}")
         if not self._values:
-            return None
+            return [None for _ in qs]
         ordered = sorted(self._values)
-        rank = max(1, math.ceil(q * len(ordered)))
-        return ordered[rank - 1]
+        return [ordered[max(1, math.ceil(q * len(ordered))) - 1] for q in qs]
 
 
 class RateWindow:
