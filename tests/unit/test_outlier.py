@@ -508,3 +508,28 @@ def test_steady_load_slow_on_every_replica_ejects_none() -> None:
     simulate(pool, clock, {"primary-0", "primary-1", "primary-2"}, seconds=10.0)
     assert rec.of(ev.REPLICA_EJECTED) == []
     assert {e["rule"] for e in rec.of(ev.REPLICA_EJECTION_WITHHELD)} == {RULE_NO_OTHER_ANSWERED}
+
+
+def test_ejection_survives_a_restart_of_the_worker() -> None:
+    """A new process of a replica that hung keeps serving out its cool-down (a stuck device
+    hangs the new process too); ``readmit`` is the way to cut it short."""
+    pool, clock, rec = make_pool(3, base_ejection_ms=10_000)
+    hang(pool, clock, "primary-0", "primary-1")
+    pool.mark_exited("primary-0", "signal 9")
+    pool.mark_starting("primary-0", 999)
+    assert pool.mark_ready("primary-0", 999, {"max_num_seqs": 64}, 1)
+    assert pool.inventory()["replicas"][0]["state"] == "ejected"
+    assert "primary-0" not in {pool.acquire(0).replica_id for _ in range(6)}
+    assert pool.readmit("primary-0")
+    assert rec.of(ev.REPLICA_READMITTED)[-1]["why"] == WHY_MANUAL
+
+
+def test_restore_readmits_only_replicas_that_can_serve() -> None:
+    pool, clock, rec = make_pool(3, max_ejection_percent=100, base_ejection_ms=600_000)
+    hang(pool, clock, "primary-0", "primary-2")
+    hang(pool, clock, "primary-1", "primary-2")
+    pool.mark_exited("primary-0", "signal 9")
+    pool.mark_exited("primary-2", "signal 9")
+    [event] = rec.of(ev.REPLICA_READMITTED)
+    assert (event["replica"], event["why"]) == ("primary-1", WHY_NO_OTHER)
+    assert pool.replica("primary-0").ejected
