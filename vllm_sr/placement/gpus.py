@@ -163,9 +163,9 @@ def _last_line(text: str) -> str:
 def _rocm_no_json(text: str) -> str:
     warnings = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("WARNING")]
     seen = warnings[0] if warnings else _last_line(text)
-    kind = "its text table" if "ROCm S" in text else "no JSON"
+    kind = "its text table, not JSON" if "ROCm S" in text else "no JSON"
     return (
-        f"rocm-smi printed {kind}, not JSON ({seen}); accepted: the output of "
+        f"rocm-smi printed {kind} ({seen}); accepted: the output of "
         f"`rocm-smi {' '.join(ROCM_SMI_ARGS)}`"
     )
 

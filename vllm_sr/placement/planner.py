@@ -270,6 +270,11 @@ def available_gpus(
                 "MiB needed"
             )
         else:
+            if need is not None and g.vram_free is None:
+                skipped.append(
+                    f"{platform}:{g.index} used without a memory check: the tool "
+                    "reported no free VRAM"
+                )
             ok.append(g)
     return ok, skipped
 
