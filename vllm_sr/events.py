@@ -25,8 +25,10 @@ REPLICA_DRAINING = "replica_draining"  # deployment, replica, device, pid, reaso
 REPLICA_STOPPED = "replica_stopped"  # deployment, replica, device, pid
 REPLICA_BACKOFF = "replica_backoff"  # deployment, replica, device, pid, backoff_s, reason
 REPLICA_EJECTED = "replica_ejected"  # deployment, replica, device, pid, timeouts, duration_ms, reason
-REPLICA_READMITTED = "replica_readmitted"  # deployment, replica, device, pid, why
-REPLICA_EJECTION_WITHHELD = "replica_ejection_withheld"  # deployment, replica, rule
+REPLICA_READMITTED = "replica_readmitted"  # deployment, replica, device, pid,
+# why: cooldown_ended | success | no_other_replica | manual
+REPLICA_EJECTION_WITHHELD = "replica_ejection_withheld"  # deployment, replica, timeouts,
+# rule: one_worker | no_other_replica_answered | max_ejection_percent
 POOL_PUBLISHED = "pool_published"  # generation, deployments
 RELOAD_FAILED = "reload_failed"  # reason
 SERVICE_READY = "service_ready"
