@@ -1,0 +1,163 @@
+"""`vllm-sr config validate|show|apply` through the real CLI entry point: output, --json,
+--dry-run and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from vllm_sr.cli import main
+from vllm_sr.errors import EXIT_DO_NOT_RESTART, EXIT_USAGE
+
+FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpu"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "config.yaml"
+    assert run(["config", "apply", "--config", str(p)], capsys)[0] == 0
+    code, out, _ = run(["config", "validate", "--config", str(p)], capsys)
+    assert code == 0 and out.strip() == f"{p}: valid (1 deployment)"
+
+
+def test_validate_reports_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "config.yaml"
+    p.write_text(
+        "global:\n  router:\n    enabled: 3\n  model_catalog:\n    deployments:\n"
+        "      primary:\n        replicas:\n          - device: gpu0\n"
+    )
+    code, out, err = run(["config", "validate", "--config", str(p)], capsys)
+    assert code == EXIT_DO_NOT_RESTART and out == ""
+    lines = err.strip().splitlines()
+    assert lines[0].startswith(f"vllm-sr: {p}:3: global.router.enabled: 3")
+    assert lines[1].startswith(
+        f"vllm-sr: {p}:8: global.model_catalog.deployments.primary."
+        "replicas[0].device: 'gpu0' is not a device"
+    )
+    code, out, _ = run(["config", "validate", "--config", str(p), "--json"], capsys)
+    body = json.loads(out)
+    assert code == EXIT_DO_NOT_RESTART and body["valid"] is False and len(body["problems"]) == 2
+
+
+def test_validate_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["config", "validate", "--config", str(tmp_path / "no.yaml")], capsys)
+    assert code != 0 and "no such file" in err and "vllm-sr config apply" in err
+
+
+def test_show_fills_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "config.yaml"
+    p.write_text("global:\n  model_catalog:\n    deployments:\n      a:\n        device: cpu\n")
+    code, out, _ = run(["config", "show", "--config", str(p), "--json"], capsys)
+    dep = json.loads(out)["global"]["model_catalog"]["deployments"]["a"]
+    assert code == 0
+    assert dep["replicas"] == [{"device": "cpu"}] and "device" not in dep
+    assert dep["timeout_ms"] == 30000 and dep["artifact"] == "vllm-sr/d3-edge"
+    assert dep["outlier_detection"]["max_ejection_ms"] == 300000
+    code, out, _ = run(["config", "show", "--config", str(p)], capsys)
+    assert code == 0 and "max_ejection_percent: 50" in out and "enabled: true" in out
+
+
+def test_apply_json_and_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "config.yaml"
+    code, out, _ = run(
+        [
+            "config",
+            "apply",
+            "vllm-sr/d3-edge",
+            "-e",
+            "--platform",
+            "cpu",
+            "-dp",
+            "2",
+            "--config",
+            str(p),
+            "--dry-run",
+            "--json",
+        ],
+        capsys,
+    )
+    body = json.loads(out)
+    assert code == 0 and not p.exists()
+    assert (body["config"], body["changed"], body["written"]) == (str(p), True, False)
+    assert [r["id"] for r in body["replicas"]] == ["primary-0", "primary-1"]
+    assert set(body["replicas"][0]) == {"id", "deployment", "device", "threads", "cpus", "env"}
+    assert "+          - device: cpu" in body["diff"]
+    code, out, _ = run(["config", "apply", "-dp", "2", "--config", str(p)], capsys)
+    assert code == 0 and out.startswith(f"{p}: written") and "primary-1  cpu" in out
+    code, out, _ = run(["config", "apply", "-dp", "2", "--config", str(p)], capsys)
+    assert code == 0 and out.startswith(f"{p}: unchanged")
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["-dp", "0"], "-dp 0: accepted: a positive integer"),
+        (["-dp", "two"], "-dp 'two': not an integer"),
+        (["--platform", "tpu"], "invalid choice: 'tpu'"),
+        (["--max-num-seqs", "-1"], "--max-num-seqs -1"),
+    ],
+)
+def test_apply_flag_errors_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str
+) -> None:
+    code, _, err = run(["config", "apply", "--config", str(tmp_path / "c.yaml"), *argv], capsys)
+    assert code == EXIT_USAGE and fragment in err
+
+
+def test_device_ids_on_cpu_is_one_line_with_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(
+        ["config", "apply", "--config", str(tmp_path / "c.yaml"), "--device-ids", "0,1"], capsys
+    )
+    assert code == EXIT_USAGE and len(err.strip().splitlines()) == 1
+    assert "--device-ids 0,1: the platform is cpu; add --platform rocm" in err
+    code, _, err = run(
+        [
+            "config",
+            "apply",
+            "--config",
+            str(tmp_path / "c.yaml"),
+            "--platform",
+            "rocm",
+            "--device-ids",
+            "0,x",
+        ],
+        capsys,
+    )
+    assert code == EXIT_USAGE and "--device-ids '0,x'" in err
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"GPU fixtures not found at {FIXTURES}")
+def test_apply_rocm_with_fake_rocm_smi(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixture = FIXTURES / "rocm-smi_telegraf-flags_mi100-4gpu_rocm6.0.2.json"
+    tool = tmp_path / "bin" / "rocm-smi"
+    tool.parent.mkdir()
+    tool.write_text(f'#!/bin/sh\ncat "{fixture}"\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    p = tmp_path / "config.yaml"
+    code, out, _ = run(
+        ["config", "apply", "--platform", "rocm", "-dp", "2", "--config", str(p), "--json"], capsys
+    )
+    body = json.loads(out)
+    assert code == 0
+    assert [(r["device"], r["env"]["ROCR_VISIBLE_DEVICES"]) for r in body["replicas"]] == [
+        ("rocm:0", "0"),
+        ("rocm:1", "1"),
+    ]
+    code, _, err = run(["config", "apply", "-dp", "5", "--config", str(p)], capsys)
+    assert code == EXIT_DO_NOT_RESTART
+    assert "needs 3 more available rocm GPU(s) but found 2 (4 GPU(s)" in err
