@@ -161,3 +161,10 @@ def test_apply_rocm_with_fake_rocm_smi(
     code, _, err = run(["config", "apply", "-dp", "5", "--config", str(p)], capsys)
     assert code == EXIT_DO_NOT_RESTART
     assert "needs 3 more available rocm GPU(s) but found 2 (4 GPU(s)" in err
+
+
+def test_cpu_ranges_notation() -> None:
+    from vllm_sr.config.render import cpu_ranges
+
+    assert cpu_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert cpu_ranges([3]) == "3"

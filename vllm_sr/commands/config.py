@@ -7,15 +7,14 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from ruamel.yaml import YAML
 
 from vllm_sr.config.apply import ApplyResult, apply_flags
 from vllm_sr.config.files import DEFAULT_CONFIG_PATH, effective_dict, parse_config
 from vllm_sr.config.flags import add_deployment_flags, flags_from_args
+from vllm_sr.config.render import render_result
 from vllm_sr.errors import ConfigError
-from vllm_sr.placement.planner import Plan
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -91,51 +90,8 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_table(plan: Plan) -> str:
-    rows = [("REPLICA", "DEVICE", "THREADS", "CPUS", "ENV")]
-    for r in plan.replicas:
-        where = r.device if not r.attached else f"{r.endpoint} ({r.model})"
-        cpus = _ranges(r.cpus) if r.cpus else "-"
-        env = " ".join(f"{k}={v}" for k, v in r.env.items()) or "-"
-        rows.append((r.id, where or "-", str(r.threads or "-"), cpus, env))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
-        for row in rows
-    ]
-    lines += [f"note: {n}" for n in plan.notes]
-    return "\n".join(lines)
-
-
-def _ranges(cpus: Any) -> str:
-    out, items = [], sorted(cpus)
-    start = prev = items[0]
-    for c in [*items[1:], None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-        if c is not None:
-            start = prev = c
-    return ",".join(out)
-
-
 def print_apply_result(result: ApplyResult, *, dry_run: bool, as_json: bool) -> None:
-    """Shared with `vllm-sr serve --dry-run`."""
-    if as_json:
-        body = result.to_json()
-        if dry_run:
-            body["diff"] = result.diff
-        print(json.dumps(body, indent=2))
-        return
-    if not result.changed:
-        print(f"{result.config_path}: unchanged")
-    elif dry_run:
-        print(f"{result.config_path}: would change (dry run, nothing written):")
-        sys.stdout.write(result.diff)
-    else:
-        print(f"{result.config_path}: written")
-    print(plan_table(result.plan))
+    print(render_result(result, dry_run=dry_run, as_json=as_json))
 
 
 def _apply(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from vllm_sr.config.files import (
     read_config_text,
 )
 from vllm_sr.config.flags import DeploymentFlags
+from vllm_sr.config.render import render_result
 from vllm_sr.config.schema import MAX_REPLICAS, Replica, RootConfig
 from vllm_sr.errors import NotFound, UsageError
 from vllm_sr.placement.cpu import CpuBudget
@@ -35,6 +36,8 @@ from vllm_sr.placement.planner import (
     real_inventory,
     resize_placement,
 )
+
+__all__ = ["ApplyResult", "apply_flags", "apply_scale", "render_result", "write_replicas"]
 
 # Where a new `replicas` key goes: after the last of these that the deployment has.
 _REPLICAS_AFTER = ("provider", "artifact", "revision", "engine_args", "timeout_ms")
