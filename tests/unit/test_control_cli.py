@@ -50,10 +50,11 @@ def test_status_table(served: ThreadedControlServer, capsys: pytest.CaptureFixtu
     capsys.readouterr()
     assert run("status", "--socket", str(served.path)) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[1]: line for line in out.splitlines() if "primary-" in line}
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("primary-")}
     assert "ejected" in rows["primary-0"] and "1m2" in rows["primary-0"]  # ~1m29s left
     assert "7/32" in rows["primary-1"] and "ready" in rows["primary-1"]
-    assert "1/2 ready" in out and "rocm:0" in out
+    assert "primary (vllm-sr/d3-edge) degraded  1/2 ready, 1 ejected" in out
+    assert "rocm:0" in out and out.startswith("vllm-sr 0.1.0 on ")
 
 
 def test_status_json(served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]) -> None:

@@ -342,7 +342,7 @@ async def test_client_hanging_up_does_not_cancel_a_queued_command(
     server: ControlServer, backend: FakeBackend
 ) -> None:
     backend.hold = asyncio.Event()
-    async with AsyncControlClient(server.path, timeout_s=0.3) as c:
+    async with AsyncControlClient(server.path, command_timeout_s=0.3) as c:
         with pytest.raises(errors.DeadlineExceeded):
             await c.eject("primary-0", 1000)
     backend.hold.set()

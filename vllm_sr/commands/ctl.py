@@ -35,12 +35,24 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help=f"control socket (default: host settings, else {DEFAULT_SOCKET})",
     )
     p.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds to wait for a change to be applied (default 900; reads: 30)",
+    )
 
 
 def client_for(args: argparse.Namespace) -> Any:
-    from vllm_sr.control.client import ControlClient
+    from vllm_sr.control.client import COMMAND_TIMEOUT_S, ControlClient
 
-    return ControlClient(args.socket or default_socket())
+    timeout = args.timeout if args.timeout is not None else COMMAND_TIMEOUT_S
+    if timeout <= 0:
+        from vllm_sr.errors import UsageError
+
+        raise UsageError(f"--timeout: {timeout:g} is not a positive number of seconds")
+    return ControlClient(args.socket or default_socket(), command_timeout_s=timeout)
 
 
 def print_json(obj: Any) -> None:

@@ -25,9 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def print_status(inventory: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from vllm_sr.control.render import status_table
+    from vllm_sr.control.render import status_view
 
-    Console().print(status_table(inventory))
+    Console().print(status_view(inventory))
 
 
 def _run(args: argparse.Namespace) -> int:

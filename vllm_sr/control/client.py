@@ -21,6 +21,9 @@ from vllm_sr.control.protocol import HEARTBEAT
 from vllm_sr.errors import DeadlineExceeded, Forbidden, ServiceNotRunning, VllmSrError
 
 DEFAULT_TIMEOUT_S = 30.0
+# A mutation answers once applied: a scale or reload waits for new workers to get ready, which
+# the service allows up to its ready_timeout_s (600 s by default).
+COMMAND_TIMEOUT_S = 900.0
 # A stream sends a heartbeat every few seconds; this much silence means the service is gone.
 STREAM_IDLE_TIMEOUT_S = 30.0
 
@@ -123,9 +126,16 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 class ControlClient:
     """Blocking client; one connection per call (the CLI makes a handful)."""
 
-    def __init__(self, path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+    ) -> None:
         self.path = Path(path)
         self.timeout_s = timeout_s
+        self.command_timeout_s = command_timeout_s
 
     def _open(self, method: str, target: str, body: Any, timeout: float | None) -> Any:
         conn = _UnixHTTPConnection(self.path, timeout)
@@ -150,7 +160,8 @@ class ControlClient:
         return conn, resp
 
     def request(self, method: str, target: str, body: Any = None) -> dict[str, Any]:
-        conn, resp = self._open(method, target, body, self.timeout_s)
+        timeout = self.timeout_s if method == "GET" else self.command_timeout_s
+        conn, resp = self._open(method, target, body, timeout)
         try:
             result: dict[str, Any] = json.loads(resp.read())
             return result
@@ -218,10 +229,16 @@ class AsyncControlClient:
     """aiohttp client over the Unix socket; use ``async with`` or call ``close()``."""
 
     def __init__(
-        self, path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, limit: int = 16
+        self,
+        path: str | Path,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+        limit: int = 16,
     ) -> None:
         self.path = Path(path)
         self.timeout_s = timeout_s
+        self.command_timeout_s = command_timeout_s
         self._limit = limit
         self._session: aiohttp.ClientSession | None = None
 
@@ -251,7 +268,8 @@ class AsyncControlClient:
 
     async def request(self, method: str, target: str, body: Any = None) -> dict[str, Any]:
         session = self._get_session()
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        total = self.timeout_s if method == "GET" else self.command_timeout_s
+        timeout = aiohttp.ClientTimeout(total=total)
         try:
             async with session.request(
                 method, f"http://localhost{target}", json=body, timeout=timeout

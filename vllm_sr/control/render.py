@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, Literal
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -68,43 +69,66 @@ def _dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def status_table(inventory: dict[str, Any], now: float | None = None) -> Table:
-    """One row per replica, grouped under a row per deployment."""
-    now = time.time() if now is None else now
+def service_line(inventory: dict[str, Any]) -> str:
     service = inventory.get("service") or {}
-    title = f"vllm-sr {service.get('version', '')} pid {service.get('pid', '-')}"
+    line = f"vllm-sr {service.get('version', '?')} on {service.get('host', '?')}"
+    line += f", pid {service.get('pid', '-')}"
     if service.get("uptime_s") is not None:
-        title += f", up {format_seconds(float(service['uptime_s']))}"
-    table = Table(title=title, title_justify="left")
-    for col in ("replica", "state", "device", "pid", "in-flight", "restarts", "ejections"):
-        table.add_column(
-            col, justify="right" if col in ("pid", "restarts", "ejections") else "left"
-        )
-    table.add_column("ejected for", justify="right")
-    for dep in inventory.get("deployments", []):
-        summary = (
-            f"{dep.get('ready_replicas', 0)}/{dep.get('desired_replicas', 0)} ready"
-            f", {dep.get('ejected_replicas', 0)} ejected"
-        )
+        line += f", up {format_seconds(float(service['uptime_s']))}"
+    return line + f", generation {service.get('generation', '-')}"
+
+
+def deployment_table(dep: dict[str, Any], now: float) -> Table:
+    """One deployment: a title with its state and counts, one row per replica."""
+    title = Text.assemble(
+        (str(dep.get("name", "?")), "bold"),
+        f" ({dep.get('artifact', '?')}) ",
+        styled_state(str(dep.get("state", "?"))),
+        f"  {dep.get('ready_replicas', 0)}/{dep.get('desired_replicas', 0)} ready"
+        f", {dep.get('ejected_replicas', 0)} ejected",
+    )
+    # No box: fits 80 columns with room for the widest states (incompatible).
+    table = Table(
+        title=title, title_justify="left", box=None, pad_edge=False, header_style="bold underline"
+    )
+    for col, justify in _COLUMNS:
+        table.add_column(col, justify=justify, no_wrap=True)
+    for r in dep.get("replicas", []):
         table.add_row(
-            Text(f"{dep['name']} ({dep.get('artifact', '')})", style="bold"),
-            styled_state(str(dep.get("state", "?"))),
-            summary,
-            end_section=False,
+            str(r.get("id", "?")),
+            styled_state(str(r.get("state", "?"))),
+            _dash(r.get("device")),
+            _dash(r.get("pid")),
+            f"{r.get('inflight', 0)}/{_dash(r.get('max_inflight'))}",
+            _dash(r.get("restarts")),
+            _dash(r.get("ejections")),
+            ejection_left(r, now),
         )
-        for r in dep.get("replicas", []):
-            table.add_row(
-                f"  {r['id']}",
-                styled_state(str(r.get("state", "?"))),
-                _dash(r.get("device")),
-                _dash(r.get("pid")),
-                f"{r.get('inflight', 0)}/{_dash(r.get('max_inflight'))}",
-                _dash(r.get("restarts")),
-                _dash(r.get("ejections")),
-                ejection_left(r, now),
-            )
-        table.add_section()
     return table
+
+
+_COLUMNS: tuple[tuple[str, Literal["left", "right"]], ...] = (
+    ("replica", "left"),
+    ("state", "left"),
+    ("device", "left"),
+    ("pid", "right"),
+    ("in-flight", "right"),
+    ("restarts", "right"),
+    ("ejections", "right"),
+    ("ejected for", "right"),
+)
+
+
+def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
+    """What `vllm-sr status` prints: the service line, then a table per deployment."""
+    now = time.time() if now is None else now
+    parts: list[Any] = [Text(service_line(inventory))]
+    deployments = inventory.get("deployments", [])
+    for dep in deployments:
+        parts.extend([Text(""), deployment_table(dep, now)])
+    if not deployments:
+        parts.append(Text("no deployments"))
+    return Group(*parts)
 
 
 def event_line(event: dict[str, Any]) -> str:
