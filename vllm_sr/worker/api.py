@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
@@ -23,7 +22,7 @@ from vllm_sr.errors import (
     RequestTooLarge,
     VllmSrError,
 )
-from vllm_sr.worker import classify, surfaces
+from vllm_sr.worker import classify, jsonio, surfaces
 from vllm_sr.worker.classify import CentroidCache
 from vllm_sr.worker.engine import Engine, Faults, Job, Limits
 from vllm_sr.worker.metrics import CONTENT_TYPE, WorkerMetrics
@@ -34,7 +33,6 @@ log = logging.getLogger("vllm_sr.worker.api")
 API_VERSION = "1"
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 30.0
-_DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class RequestTimeout(InvalidRequest):
@@ -92,7 +90,7 @@ class Timing:
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=_DUMPS(body).encode(), status=status, content_type="application/json")
+    return web.Response(body=jsonio.dumps(body), status=status, content_type="application/json")
 
 
 def _error_response(exc: VllmSrError) -> web.Response:
@@ -162,7 +160,7 @@ async def read_json(request: web.Request, state: WorkerState) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise InvalidRequest(f"body: not UTF-8 (bad byte at offset {exc.start})") from None
     try:
-        body = json.loads(text)
+        body = jsonio.loads(text)
     except ValueError as exc:
         raise InvalidRequest(f"body: not valid JSON ({exc})") from None
     if not isinstance(body, dict):

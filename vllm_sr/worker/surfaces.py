@@ -139,7 +139,7 @@ def embeddings_finisher(
         else:
             data = [
                 {"object": "embedding", "index": i, "embedding": v}
-                for i, v in enumerate(vectors.tolist())
+                for i, v in enumerate(vectors)
             ]
         return {
             "object": "list",

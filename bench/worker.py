@@ -1,0 +1,200 @@
+"""Worker benchmark (`make bench-worker`): the raw in-process ceiling (same model, same thread
+count, best batch size, no HTTP) against a real worker process over its Unix socket at
+concurrency 1, 8, 32 and 64 with one-row requests, short (~13 tokens) and long (~100 tokens)
+inputs. Prints rows/s, p50, p99 and the ratio to the ceiling, all measured in this one run,
+plus where the time goes at the highest concurrency (the worker's Server-Timing)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.support.workers import short_socket_dir, start_worker, stop_worker  # noqa: E402
+
+ARTIFACT = "vllm-sr/d3-edge"
+SHORT = [
+    "How do I reset my password for the billing portal?",
+    "What is the weather going to be like in Paris tomorrow?",
+    "Can you recommend a good book about modern history?",
+    "My package arrived damaged and I want a refund now.",
+]
+LONG_BASE = (
+    "I ordered a laptop three weeks ago and it still has not arrived, even though the tracking "
+    "page said it would be delivered last Tuesday. I contacted support twice, and both times "
+    "they told me to wait another two business days. Now the tracking number shows no updates "
+    "at all, and I am worried that the package was lost or stolen. Could you please check what "
+    "happened, tell me whether a replacement can be shipped, and explain how I can get a full "
+    "refund if it cannot be found"
+)
+LONG = [f"{LONG_BASE} (case {i})." for i in range(4)]
+CONCURRENCY = (1, 8, 32, 64)
+TARGETS = {"short": 0.85, "long": 0.9}
+
+
+def ceiling(loaded: Any, texts: list[str], seconds: float) -> tuple[float, int]:
+    """Best rows/s of bare padded forwards (our runner, no HTTP, no queue) over batch sizes."""
+    best = (0.0, 1)
+    for batch in (1, 8, 16, 32, 64):
+        rows = loaded.tokenizer.encode([texts[i % len(texts)] for i in range(batch)])
+        loaded.runner.forward(rows)  # warm
+        done = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            loaded.runner.forward(rows)
+            done += batch
+        rate = done / (time.perf_counter() - start)
+        best = max(best, (rate, batch))
+    return best
+
+
+class Conn:
+    """A minimal keep-alive HTTP/1.1 client over the worker's Unix socket (the bench client
+    must cost little CPU, since it shares the machine with the worker)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, uds: Path) -> Conn:
+        reader, writer = await asyncio.open_unix_connection(str(uds))
+        return cls(reader, writer)
+
+    async def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+        data = await self.reader.readexactly(int(headers["content-length"]))
+        return status, headers, data
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def load_run(
+    uds: Path, texts: list[str], concurrency: int, seconds: float
+) -> dict[str, float]:
+    bodies = [json.dumps({"input": t}).encode() for t in texts]
+    conns = [await Conn.open(uds) for _ in range(concurrency)]
+    latencies: list[float] = []
+    timings: dict[str, list[float]] = {}
+    stop_at = 0.0
+
+    async def client(i: int, conn: Conn) -> None:
+        n = i
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            status, headers, _ = await conn.post("/v1/embeddings", bodies[n % len(bodies)])
+            latencies.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"worker answered {status}")
+            if n % 8 == 0:
+                for part in headers.get("server-timing", "").split(","):
+                    name, _, dur = part.strip().partition(";dur=")
+                    timings.setdefault(name, []).append(float(dur))
+            n += concurrency
+
+    # Warm: one round on every connection.
+    stop_at = time.perf_counter() + 0.5
+    await asyncio.gather(*(client(i, c) for i, c in enumerate(conns)))
+    latencies.clear()
+    timings.clear()
+    start = time.perf_counter()
+    stop_at = start + seconds
+    await asyncio.gather(*(client(i, c) for i, c in enumerate(conns)))
+    elapsed = time.perf_counter() - start
+    for c in conns:
+        c.close()
+    latencies.sort()
+    result = {
+        "rows_s": len(latencies) / elapsed,
+        "p50_ms": latencies[len(latencies) // 2] * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+    }
+    for name, values in timings.items():
+        result[f"st_{name}"] = statistics.mean(values)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
+    parser.add_argument("--threads", type=int, default=None, help="worker threads (default)")
+    args = parser.parse_args()
+    from vllm_sr.worker import jsonio
+    from vllm_sr.worker.main import cpu_budget, default_threads
+
+    threads = args.threads or default_threads(cpu_budget())
+    import torch
+
+    from vllm_sr.worker.artifacts import D3_EDGE, load, resolve
+
+    torch.set_num_threads(threads)
+    loaded = load(resolve(D3_EDGE), "cpu")
+    inputs = {"short": SHORT, "long": LONG}
+    sizes = {
+        k: statistics.mean(len(r) for r in loaded.tokenizer.encode(v)) for k, v in inputs.items()
+    }
+    ceilings = {k: ceiling(loaded, v, args.seconds / 2) for k, v in inputs.items()}
+    del loaded
+    handle = start_worker(
+        ARTIFACT, short_socket_dir() / "bench.sock", extra_args=["--threads", str(threads)]
+    )
+    rows = []
+    try:
+        for name, texts in (("short", SHORT), ("long", LONG)):
+            for c in CONCURRENCY:
+                r = asyncio.run(load_run(handle.uds, texts, c, args.seconds))
+                rows.append((name, c, r))
+    finally:
+        stop_worker(handle)
+    print(
+        f"d3-edge worker on cpu, {threads} thread(s), {os.cpu_count()} CPUs, "
+        f"{args.seconds:g} s each, JSON by {jsonio.BACKEND}"
+    )
+    for name in ("short", "long"):
+        rate, batch = ceilings[name]
+        print(f"ceiling {name} (~{sizes[name]:.0f} tokens): {rate:.1f} rows/s (batch {batch})")
+    print()
+    print("| input | conc | rows/s | p50 ms | p99 ms | ratio | queue ms | forward ms | other ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, c, r in rows:
+        ratio = r["rows_s"] / ceilings[name][0]
+        other = r.get("st_total", 0) - r.get("st_queue", 0) - r.get("st_forward", 0)
+        print(
+            f"| {name} | {c} | {r['rows_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{ratio:.2f} | {r.get('st_queue', 0):.1f} | {r.get('st_forward', 0):.1f} | "
+            f"{other:.2f} |"
+        )
+    print()
+    for name, target in TARGETS.items():
+        r64 = next(r for n, c, r in rows if n == name and c == 64)
+        ratio = r64["rows_s"] / ceilings[name][0]
+        verdict = "met" if ratio >= target else "MISSED"
+        print(f"target {name} at 64: >= {target} of the ceiling: {ratio:.2f} ({verdict})")
+
+
+if __name__ == "__main__":
+    main()
