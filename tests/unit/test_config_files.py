@@ -238,3 +238,17 @@ def test_listen_host_port() -> None:
     assert ServiceSettings(listen="localhost:80").listen_host_port() == ("localhost", 80)
     with pytest.raises(ValueError, match="HOST:PORT"):
         ServiceSettings(listen="127.0.0.1:70000")
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_comment_block_after_the_list_stays_after_it(tmp_path: Path, n: int) -> None:
+    """ruamel files the comment lines after a list under its last item; a resize must not drop
+    them (shrink) or bury them between items (grow)."""
+    p = tmp_path / "config.yaml"
+    shutil.copy(GOLDEN / "config_trailing_comment.yaml", p)
+    apply_scale(p, "primary", n, env={}, inventory=_inv, cpu_budget=BUDGET)
+    text = p.read_text()
+    assert text == (GOLDEN / f"config_trailing_comment.scale-{n}.yaml").read_text()
+    lines = text.splitlines()
+    assert lines[lines.index("        # how to eject") + 1] == "        outlier_detection:"
+    assert lines[lines.index("        # how to eject") - 2].startswith("          - device: rocm:")

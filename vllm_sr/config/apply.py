@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import CommentMark
+from ruamel.yaml.tokens import CommentToken
 
 from vllm_sr.config.files import (
     atomic_write,
@@ -75,6 +77,40 @@ def _same(item: Any, r: Replica) -> bool:
     return isinstance(item, dict) and {k: v for k, v in item.items()} == dict(_replica_map(r))
 
 
+def _last_comment(item: Any) -> tuple[list[Any], Any] | None:
+    if not isinstance(item, CommentedMap) or not item:
+        return None
+    entry = item.ca.items.get(list(item.keys())[-1])
+    if not entry or len(entry) < 3 or entry[2] is None:
+        return None
+    return entry, entry[2]
+
+
+def _take_trailer(item: Any) -> str:
+    """Split the comment block that follows ``item`` off its end-of-line comment."""
+    found = _last_comment(item)
+    if found is None:
+        return ""
+    entry, token = found
+    head, _, rest = token.value.partition("\n")
+    if head:
+        token.value = head + "\n"
+    else:
+        entry[2] = None
+    return rest
+
+
+def _give_trailer(item: Any, trailer: str) -> None:
+    found = _last_comment(item)
+    if found is not None:
+        found[1].value = found[1].value.rstrip("\n") + "\n" + trailer
+    elif isinstance(item, CommentedMap) and item:
+        key = list(item.keys())[-1]
+        token = CommentToken("\n" + trailer, CommentMark(0), None)
+        entry = item.ca.items.setdefault(key, [None, None, None, None])
+        entry[2] = token
+
+
 def write_replicas(dep_doc: CommentedMap, replicas: list[Replica]) -> None:
     """Put the canonical ``replicas`` into one deployment's mapping, touching as little as
     possible: kept items (and their comments) stay, the tail is trimmed or extended."""
@@ -91,10 +127,15 @@ def write_replicas(dep_doc: CommentedMap, replicas: list[Replica]) -> None:
                     seq[i][key] = value
             else:
                 seq[i] = target
+        # Comment lines after the list belong, in ruamel's model, to its last item; carry them
+        # over to whatever item is last after the resize so they stay where the operator put them.
+        trailer = _take_trailer(seq[-1]) if len(seq) != len(replicas) else ""
         while len(seq) > len(replicas):
             del seq[len(seq) - 1]
         for r in replicas[len(seq) :]:
             seq.append(_replica_map(r))
+        if trailer:
+            _give_trailer(seq[-1], trailer)
         return
     shorthand = [k for k in ("device", "endpoint", "model") if k in dep_doc]
     keys = list(dep_doc.keys())
