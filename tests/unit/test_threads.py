@@ -3,6 +3,7 @@ on a fake clock that the fake forward advances), the env switch and the per-thre
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -293,6 +294,7 @@ def test_two_engines_interleaving_keep_their_own_count() -> None:
     """Real torch: two forward threads on two contexts (and on one) state 1 and 2 in
     lockstep; inside each forward the thread sees its own count, never the other's."""
     torch = pytest.importorskip("torch")
+    parallel_info = torch.__config__.parallel_info
     shared = ThreadContext()
     contexts = {1: ThreadContext(), 2: shared}
     barrier = threading.Barrier(2, timeout=10)
@@ -300,12 +302,22 @@ def test_two_engines_interleaving_keep_their_own_count() -> None:
     x = torch.ones(64, 64)
 
     def engine(n: int) -> None:
+        try:
+            lockstep(n)
+        except BaseException:
+            barrier.abort()  # fail the other thread now, not at its barrier timeout
+            raise
+
+    def lockstep(n: int) -> None:
         for ctx in (contexts[n], shared):
             for _ in range(5):
                 with ctx.forward(threads=n):
                     barrier.wait()  # both are inside a forward now
                     torch.mm(x, x)
+                    mkl = re.search(r"mkl_get_max_threads\(\) : (\d+)", parallel_info())
                     seen[n].append((torch.get_num_threads(), ctx.current))
+                    if mkl:  # MKL's count follows the thread's too
+                        assert int(mkl.group(1)) == n
                     barrier.wait()
 
     workers = [threading.Thread(target=engine, args=(n,)) for n in (1, 2)]

@@ -129,6 +129,9 @@ class ThreadContext:
     def forward(self, *, threads: int) -> Iterator[int]:
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads: {threads!r} is not a positive integer")
+        # Read before setting: torch's first parallel call on a thread re-initialises that
+        # thread's count from the last count set anywhere in the process; reading triggers
+        # that initialisation now, so the count set next is the one this forward keeps.
         if self._get() != threads:
             self._set(threads)
         previous = getattr(self._local, "current", None)
