@@ -252,3 +252,32 @@ def test_comment_block_after_the_list_stays_after_it(tmp_path: Path, n: int) -> 
     lines = text.splitlines()
     assert lines[lines.index("        # how to eject") + 1] == "        outlier_detection:"
     assert lines[lines.index("        # how to eject") - 2].startswith("          - device: rocm:")
+
+
+def test_write_happens_under_the_directory_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """apply (operator) and scale (control API) serialize their read-modify-write cycles."""
+    import fcntl
+    import os
+
+    from vllm_sr.config import apply as apply_mod
+
+    p = _copy(tmp_path)
+    seen: list[bool] = []
+    real_write = apply_mod.atomic_write
+
+    def probing_write(path: Path, text: str) -> None:
+        fd = os.open(tmp_path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(False)
+        except BlockingIOError:
+            seen.append(True)
+        finally:
+            os.close(fd)
+        real_write(path, text)
+
+    monkeypatch.setattr(apply_mod, "atomic_write", probing_write)
+    apply_scale(p, "primary", 1, env={}, inventory=_inv, cpu_budget=BUDGET)
+    assert seen == [True]

@@ -6,9 +6,11 @@ so the file is the only state: there is no separate data-parallel setting anywhe
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,51 @@ class _Edit:
     placement: PlacementRequest = field(default_factory=PlacementRequest)
 
 
+def _edit_document(
+    doc: Any,
+    current: RootConfig,
+    name: str,
+    edit: _Edit,
+    provider: InventoryProvider,
+    env: Mapping[str, str],
+) -> list[str]:
+    """Apply ``edit`` to the round-trip document in place; returns the placement notes."""
+    dep = current.deployments[name]
+    dep_doc = _deployment_doc(doc, name)
+    if edit.artifact is not None:
+        _set(dep_doc, "artifact", edit.artifact)
+    if edit.engine:
+        _set(_child(doc["global"], "router"), "enabled", False)
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(edit, key) is not None:
+            _set(_child(dep_doc, "engine_args"), key, getattr(edit, key))
+    req = edit.placement
+    if req.platform is None and req.count is None and req.device_ids is None:
+        return []
+    need = estimated_need_bytes(edit.artifact or dep.artifact)
+    current_replicas = dep.effective_replicas()
+    new, notes = resize_placement(current_replicas, req, inventory=provider, need=need, env=env)
+    if [r.model_dump() for r in new] != [r.model_dump() for r in current_replicas]:
+        write_replicas(dep_doc, new)
+    return notes
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, exclusive: bool) -> Iterator[None]:
+    """Serialize read-modify-write cycles (an operator's apply against the control API's
+    scale). The lock is on the directory: the file itself is replaced by rename."""
+    if not exclusive:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _edit_and_finish(
     config_path: Path | str,
     edit: _Edit,
@@ -186,38 +233,24 @@ def _edit_and_finish(
     cpu_budget: CpuBudget | None,
 ) -> ApplyResult:
     path = Path(config_path)
-    old_text, existed = read_config_text(path)
-    current = parse_config(old_text, str(path))
-    doc = parse_document(old_text, str(path))
-    name = edit.deployment or current.default_deployment()
-    if name not in current.deployments:
-        raise NotFound(
-            f"deployment {name!r} is not in {path}; accepted: {', '.join(current.deployments)}"
-        )
-    dep = current.deployments[name]
-    dep_doc = _deployment_doc(doc, name)
     provider = inventory or real_inventory(env)
-    notes: list[str] = []
-    if edit.artifact is not None:
-        _set(dep_doc, "artifact", edit.artifact)
-    if edit.engine:
-        _set(_child(doc["global"], "router"), "enabled", False)
-    for key in ("max_num_seqs", "max_num_batched_tokens"):
-        if getattr(edit, key) is not None:
-            _set(_child(dep_doc, "engine_args"), key, getattr(edit, key))
-    req = edit.placement
-    if req.platform is not None or req.count is not None or req.device_ids is not None:
-        need = estimated_need_bytes(edit.artifact or dep.artifact)
-        new, notes = resize_placement(
-            dep.effective_replicas(), req, inventory=provider, need=need, env=env
-        )
-        if [r.model_dump() for r in new] != [r.model_dump() for r in dep.effective_replicas()]:
-            write_replicas(dep_doc, new)
-    new_text = dump_document(doc)
-    config = parse_config(new_text, str(path))
-    result_plan = plan(config, env=env, inventory_provider=provider, cpu_budget=cpu_budget)
-    result_plan.notes[:0] = notes
-    changed = (new_text != old_text) or not existed
+    with _locked(path.parent, exclusive=not dry_run):
+        old_text, existed = read_config_text(path)
+        current = parse_config(old_text, str(path))
+        doc = parse_document(old_text, str(path))
+        name = edit.deployment or current.default_deployment()
+        if name not in current.deployments:
+            raise NotFound(
+                f"deployment {name!r} is not in {path}; accepted: {', '.join(current.deployments)}"
+            )
+        notes = _edit_document(doc, current, name, edit, provider, env)
+        new_text = dump_document(doc)
+        config = parse_config(new_text, str(path))
+        result_plan = plan(config, env=env, inventory_provider=provider, cpu_budget=cpu_budget)
+        result_plan.notes[:0] = notes
+        changed = (new_text != old_text) or not existed
+        if changed and not dry_run:
+            atomic_write(path, new_text)
     diff = "".join(
         difflib.unified_diff(
             old_text.splitlines(keepends=True) if existed else [],
@@ -226,11 +259,7 @@ def _edit_and_finish(
             tofile=str(path),
         )
     )
-    written = False
-    if changed and not dry_run:
-        atomic_write(path, new_text)
-        written = True
-    return ApplyResult(path, changed, diff, config, result_plan, written)
+    return ApplyResult(path, changed, diff, config, result_plan, changed and not dry_run)
 
 
 def apply_flags(
