@@ -197,6 +197,20 @@ def plan(
     return Plan(replicas=specs, notes=notes)
 
 
+def _common_fields(name: str, index: int, dep: Deployment) -> dict[str, Any]:
+    """What every replica of a deployment shares (the page's "What replicas share")."""
+    return dict(
+        id=f"{name}-{index}",
+        deployment=name,
+        index=index,
+        artifact=dep.artifact,
+        revision=dep.revision,
+        max_num_seqs=dep.engine_args.max_num_seqs,
+        max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
+        timeout_ms=dep.timeout_ms,
+    )
+
+
 def _deployment_specs(
     name: str,
     dep: Deployment,
@@ -216,16 +230,7 @@ def _deployment_specs(
             load[r.device] = load.get(r.device, 0) + 1
     specs = []
     for i, r in enumerate(replicas):
-        common: dict[str, Any] = dict(
-            id=f"{name}-{i}",
-            deployment=name,
-            index=i,
-            artifact=dep.artifact,
-            revision=dep.revision,
-            max_num_seqs=dep.engine_args.max_num_seqs,
-            max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
-            timeout_ms=dep.timeout_ms,
-        )
+        common = _common_fields(name, i, dep)
         if r.endpoint is not None:
             specs.append(ReplicaSpec(device=None, endpoint=r.endpoint, model=r.model, **common))
         elif r.device == "cpu":
@@ -242,9 +247,8 @@ def _deployment_specs(
             )
         else:
             dev = r.device or "cpu"
-            plat, idx = device_platform(dev), device_index(dev) or 0
             notes.extend(n for n in _check_gpu(name, dev, gpus, load, need) if n not in notes)
-            gpu_env, _ = _gpu_env(plat, idx, env)
+            gpu_env, _ = _gpu_env(device_platform(dev), device_index(dev) or 0, env)
             specs.append(ReplicaSpec(device=dev, env=gpu_env, **common))
     if len(load) < sum(load.values()):
         notes.append(
