@@ -6,14 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_sr.config.apply import apply_flags, apply_scale
 from vllm_sr.config.files import load_config, parse_config
 from vllm_sr.config.flags import DeploymentFlags
+from vllm_sr.config.schema import Replica
 from vllm_sr.errors import PlacementError, UsageError
 from vllm_sr.placement.cpu import CpuBudget
 from vllm_sr.placement.gpus import MIB, GpuInfo
-from vllm_sr.placement.planner import plan
+from vllm_sr.placement.planner import PlacementRequest, plan, resize_placement
 
 GIB = 1024 * MIB
 BUDGET8 = CpuBudget(cpus=8, affinity=tuple(range(8)), machine_cpus=8)
@@ -424,3 +427,33 @@ def test_bad_thread_env_is_an_error() -> None:
 
     with pytest.raises(ConfigError, match="VLLM_SRUN_CPU_THREADS='many'"):
         _plan(SHARED, env={"VLLM_SRUN_CPU_THREADS": "many"})
+
+
+# Resize invariants over many shapes ---------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    authored=st.lists(st.integers(0, 7), min_size=1, max_size=6),
+    count=st.integers(1, 12),
+)
+def test_resize_keeps_declared_order_and_never_stacks_new_workers(
+    authored: list[int], count: int
+) -> None:
+    current = [Replica(device=f"rocm:{i}") for i in authored]
+    inv = Inventory(rocm(8))
+    try:
+        new, _ = resize_placement(
+            current, PlacementRequest(count=count), inventory=inv, need=None, env={}
+        )
+    except PlacementError as exc:
+        fresh = 8 - len(set(authored[:count]))
+        assert count - min(count, len(authored)) > fresh
+        assert "lower -dp" in exc.message
+        return
+    devs = [r.device for r in new]
+    assert len(devs) == count
+    kept = min(count, len(authored))
+    assert devs[:kept] == [f"rocm:{i}" for i in authored[:kept]]
+    added = devs[kept:]
+    assert len(set(added)) == len(added) and not set(added) & set(devs[:kept])
