@@ -108,6 +108,11 @@ async def test_each_action_asks_first_then_shows_the_result(
             await pilot.press(key)
             assert isinstance(app.screen, ConfirmScreen) and rid in app.screen.question
             assert len(live.backend.commands) == len(sent)  # nothing before the answer
+            # The screen behind the dialog keeps refreshing, and the dialog keeps its focus.
+            live.backend.replica(rid).requests_per_s = 99.0
+            await app.poll_once()
+            await app._tick()
+            assert _rows(app)[rid][5] == "99.0" and isinstance(app.screen, ConfirmScreen)
             await pilot.press("y")
             sent.append((verb, rid))
             await until(pilot, lambda: f"{verb} {rid}: done" in _message(app), verb)
@@ -162,7 +167,7 @@ async def test_reconnects_by_itself_after_the_service_comes_back(
         await live.stop()
         banner = app.query_one(Banner)
         await until(pilot, lambda: banner.has_class("-disconnected"), "the banner")
-        assert "DISCONNECTED" in _text(banner) and "retrying in" in _text(banner)
+        assert "DISCONNECTED" in _text(banner) and "Retrying in 0." in _text(banner)
         assert "primary-0" in _rows(app)  # the last data stays on screen
         await until(pilot, lambda: app.backoff.attempts >= 3, "several retries")
         live.backend.replica("primary-0").restarts = 7

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.geometry import Region
 from textual.widgets import Footer
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
@@ -102,11 +103,18 @@ class VllmSrTop(App[None]):
     # ---- layout -------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield HeaderBar()
-        yield Banner()
-        yield VerticalScroll(id="deployments")
-        yield EventsPane(self.tz)
-        yield MessageLine()
+        # Held by reference: ``query_one`` searches the active screen, which is a dialog
+        # while one is open, and the screen must keep updating behind it.
+        self.header = HeaderBar()
+        self.banner = Banner()
+        self.deployments = VerticalScroll(id="deployments")
+        self.events_pane = EventsPane(self.tz)
+        self.message = MessageLine()
+        yield self.header
+        yield self.banner
+        yield self.deployments
+        yield self.events_pane
+        yield self.message
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -124,7 +132,12 @@ class VllmSrTop(App[None]):
     async def _poll_loop(self) -> None:
         while True:
             if not self.paused:
-                delay = await self.poll_once()
+                try:
+                    delay = await self.poll_once()
+                except Exception as exc:  # a bug or a malformed document: keep the loop alive
+                    self.log.error("refresh failed", exc)
+                    self.say(f"could not show the inventory: {exc!r}", "error")
+                    delay = None
                 if delay is not None:
                     await self._wait(delay)
                     continue
@@ -171,7 +184,7 @@ class VllmSrTop(App[None]):
 
     async def _event_loop(self) -> None:
         """Follows the event stream; after a break, replays what it missed from the ring."""
-        pane = self.query_one(EventsPane)
+        pane = self.events_pane
         while True:
             await self._online.wait()
             try:
@@ -210,16 +223,16 @@ class VllmSrTop(App[None]):
         return "  ".join(parts)
 
     def _render_header(self) -> None:
-        self.query_one(HeaderBar).show(self.inventory, self.socket, self._status_text())
+        self.header.show(self.inventory, self.socket, self._status_text())
 
     def _render_banner(self) -> None:
-        banner = self.query_one(Banner)
+        banner = self.banner
         if not self.connected and self.retry_at is not None:
             left = max(0.0, self.retry_at - self.clock.monotonic())
             banner.show(
                 "disconnected",
-                f"DISCONNECTED from {self.socket}: {self.last_error} — retrying in "
-                f"{left:.0f}s (attempt {self.backoff.attempts}); the last data shown is stale",
+                f"DISCONNECTED: {self.last_error.rstrip('.')}. Retrying in {_seconds(left)} "
+                f"(attempt {self.backoff.attempts}); the data below is stale.",
             )
         elif self.paused:
             banner.show("paused", "PAUSED: updates stopped; press p to resume")
@@ -233,7 +246,7 @@ class VllmSrTop(App[None]):
         self._render_banner()
         if self.inventory is None:
             return
-        container = self.query_one("#deployments", VerticalScroll)
+        container = self.deployments
         deps = [
             d
             for d in self.inventory.get("deployments", [])
@@ -249,7 +262,8 @@ class VllmSrTop(App[None]):
         for dep in deps:
             name = str(dep.get("name"))
             panels[name].show(dep, self.history.samples(name), self.sort, now)
-        if self.focused is None or not isinstance(self.focused, ReplicaTable):
+        on_top = self.screen is container.screen  # not while a dialog has the focus
+        if on_top and not isinstance(self.focused, ReplicaTable):
             tables = list(container.query(ReplicaTable))
             if tables:
                 tables[0].focus()
@@ -262,7 +276,7 @@ class VllmSrTop(App[None]):
     # ---- selection ----------------------------------------------------------------------
 
     def _tables(self) -> list[ReplicaTable]:
-        return list(self.query(ReplicaTable))
+        return list(self.deployments.query(ReplicaTable))
 
     @property
     def selected(self) -> str | None:
@@ -287,6 +301,20 @@ class VllmSrTop(App[None]):
             target.focus()
             target.move_cursor(row=0 if step > 0 else target.row_count - 1, animate=False)
 
+    def on_data_table_row_highlighted(self, event: ReplicaTable.RowHighlighted) -> None:
+        """Keeps the selected row on screen: the tables grow to their full height inside one
+        scrolling area, so it is that area, not the table, that has to scroll."""
+        table = event.data_table
+        panel = table.parent
+        if not isinstance(panel, DeploymentPanel):
+            return
+        y = panel.virtual_region.y + table.virtual_region.y + table.header_height
+        row = Region(0, y + event.cursor_row, 1, 1)
+        container = self.deployments
+        # The header row goes along when the first row is selected.
+        top = row if event.cursor_row else Region(0, y - table.header_height, 1, 2)
+        container.scroll_to_region(top, animate=False, immediate=True)
+
     # ---- actions ------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -296,7 +324,7 @@ class VllmSrTop(App[None]):
         return True
 
     def say(self, text: str, kind: str = "info") -> None:
-        self.query_one(MessageLine).say(text, kind)
+        self.message.say(text, kind)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -353,6 +381,10 @@ class VllmSrTop(App[None]):
             return
         self.say(f"{verb} {rid}: done, {PAST[verb]}", "ok")
         self.refresh_now()
+
+
+def _seconds(left: float) -> str:
+    return f"{left:.1f}s" if left < 10 else f"{left:.0f}s"
 
 
 def build_parser() -> argparse.ArgumentParser:

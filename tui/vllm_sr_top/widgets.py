@@ -111,7 +111,7 @@ class ReplicaTable(DataTable[Any]):
             before = self._cells.get(rid, [])
             for index, (column, cell) in enumerate(zip(COLUMNS, cells, strict=True)):
                 if index >= len(before) or before[index] != cell:
-                    self.update_cell(rid, column, cell)
+                    self.update_cell(rid, column, cell, update_width=True)
         self._cells = rows
 
 
@@ -155,7 +155,9 @@ class EventsPane(RichLog):
     """The event stream: ejections, readmissions, withheld ejections, restarts, reloads."""
 
     DEFAULT_CSS = """
-    EventsPane { height: 7; border-top: solid $primary; background: $surface; }
+    EventsPane {
+        height: 7; border-top: solid $primary; background: $surface; overflow-x: hidden;
+    }
     """
 
     def __init__(self, tz: dt.tzinfo | None, **kwargs: Any) -> None:
