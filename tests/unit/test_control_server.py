@@ -352,3 +352,15 @@ async def test_client_hanging_up_does_not_cancel_a_queued_command(
                 break
             await asyncio.sleep(0.02)
         assert _replica(await c.inventory(), "primary-0")["state"] == "ejected"
+
+
+async def test_reads_survive_the_server_closing_an_idle_connection(
+    server: ControlServer, client: AsyncControlClient
+) -> None:
+    assert "deployments" in await client.inventory()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5
+    while server.connection_count:  # idle_timeout_s (0.3) closes the pooled connection
+        assert loop.time() < end
+        await asyncio.sleep(0.02)
+    assert "deployments" in await client.inventory()

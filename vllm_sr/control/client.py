@@ -244,7 +244,11 @@ class AsyncControlClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.UnixConnector(path=str(self.path), limit=self._limit)
+            # Close idle connections well before the server's idle timeout (15 s) would, so a
+            # request never goes out on a connection the server is closing.
+            connector = aiohttp.UnixConnector(
+                path=str(self.path), limit=self._limit, keepalive_timeout=5.0
+            )
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
@@ -267,18 +271,25 @@ class AsyncControlClient:
         return ServiceNotRunning(f"vllm-sr on {self.path} closed the connection ({exc})")
 
     async def request(self, method: str, target: str, body: Any = None) -> dict[str, Any]:
-        session = self._get_session()
         total = self.timeout_s if method == "GET" else self.command_timeout_s
         timeout = aiohttp.ClientTimeout(total=total)
-        try:
-            async with session.request(
-                method, f"http://localhost{target}", json=body, timeout=timeout
-            ) as resp:
-                payload = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._translate(exc) from exc
-        if resp.status >= 300:
-            raise error_from_response(resp.status, payload)
+        # A read may go again on a fresh connection if a pooled one was closed under it;
+        # a mutation never is sent twice.
+        attempts = 2 if method == "GET" else 1
+        for attempt in range(attempts):
+            try:
+                async with self._get_session().request(
+                    method, f"http://localhost{target}", json=body, timeout=timeout
+                ) as resp:
+                    status, payload = resp.status, await resp.read()
+                break
+            except aiohttp.ServerDisconnectedError as exc:
+                if attempt + 1 == attempts:
+                    raise self._translate(exc) from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise self._translate(exc) from exc
+        if status >= 300:
+            raise error_from_response(status, payload)
         result: dict[str, Any] = json.loads(payload)
         return result
 

@@ -87,6 +87,12 @@ class ControlServer:
     def running(self) -> bool:
         return self._runner is not None
 
+    @property
+    def connection_count(self) -> int:
+        """Open client connections (streams included)."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
     async def start(self) -> None:
         """Bind the socket (refusing a live one, replacing a stale one) and start serving."""
         if self._runner is not None:
