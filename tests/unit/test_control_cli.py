@@ -46,6 +46,10 @@ def run(*argv: str) -> int:
 
 def test_status_table(served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]) -> None:
     served.call(lambda: served.backend.replica("primary-1").__setattr__("inflight", 7))
+    served.call(lambda: served.backend.replica("edge-0").__setattr__("state", "failed"))
+    served.call(
+        lambda: served.backend.replica("edge-0").__setattr__("last_error", "golden check failed")
+    )
     assert run("ctl", "eject", "primary-0", "--for", "90s", "--socket", str(served.path)) == 0
     capsys.readouterr()
     assert run("status", "--socket", str(served.path)) == 0
@@ -55,6 +59,7 @@ def test_status_table(served: ThreadedControlServer, capsys: pytest.CaptureFixtu
     assert "7/32" in rows["primary-1"] and "ready" in rows["primary-1"]
     assert "primary (vllm-sr/d3-edge) degraded  1/2 ready, 1 ejected" in out
     assert "rocm:0" in out and out.startswith("vllm-sr 0.1.0 on ")
+    assert "edge-0: golden check failed" in out
 
 
 def test_status_json(served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]) -> None:

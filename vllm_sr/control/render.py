@@ -126,6 +126,11 @@ def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
     deployments = inventory.get("deployments", [])
     for dep in deployments:
         parts.extend([Text(""), deployment_table(dep, now)])
+        parts.extend(
+            Text(f"{r['id']}: {r['last_error']}", style="red")
+            for r in dep.get("replicas", [])
+            if r.get("last_error")
+        )
     if not deployments:
         parts.append(Text("no deployments"))
     return Group(*parts)

@@ -21,6 +21,7 @@ from vllm_sr.control.protocol import (
     RequestTimeout,
 )
 from vllm_sr.errors import (
+    Forbidden,
     InvalidRequest,
     RequestTooLarge,
     VllmSrError,
@@ -88,7 +89,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/events", _events)
     app.router.add_get("/v1/events/stream", _stream)
     for action in ("drain", "eject", "readmit", "restart"):
-        app.router.add_post(f"/v1/replicas/{{id}}/{action}", _replica_action)
+        app.router.add_post(f"/v1/replicas/{{id}}/{action}", _replica_handler(action))
     app.router.add_post("/v1/deployments/{name}/scale", _scale)
     app.router.add_post("/v1/reload", _reload)
 
@@ -273,7 +274,11 @@ def _authorize(request: web.Request, what: str) -> Peer:
     if sock is None:
         raise InvalidRequest("cannot identify the peer of this connection")
     peer = read_peer(sock)
-    server.policy.check_mutation(peer)
+    try:
+        server.policy.check_mutation(peer)
+    except Forbidden:
+        log.warning("control API: refused %s from %s", what, peer.describe())
+        raise
     log.info("control API: %s by %s", what, peer.describe())
     return peer
 
@@ -282,21 +287,31 @@ async def _submit(request: web.Request, command: Command) -> web.Response:
     backend = request.app[SERVER_KEY].backend
     # Shielded: once queued, a command is applied even if the client hangs up, and the
     # supervisor must not find its result future cancelled under it.
-    result = await asyncio.shield(backend.submit(command))
+    task = asyncio.ensure_future(backend.submit(command))
+    task.add_done_callback(_retrieve)
+    result = await asyncio.shield(task)
     return _json({"ok": True, **(result or {})})
 
 
-async def _replica_action(request: web.Request) -> web.Response:
-    replica = request.match_info["id"]
-    kind: CommandKind = request.path.rsplit("/", 1)[1]  # type: ignore[assignment]
-    _authorize(request, f"{kind} {replica}")
-    if kind == "eject":
-        body = await _read_body(request, _EjectBody)
-        command = Command(kind="eject", replica=replica, duration_ms=body.duration_ms)
-    else:
-        await _read_body(request, _NoBody)
-        command = Command(kind=kind, replica=replica)
-    return await _submit(request, command)
+def _retrieve(task: asyncio.Future[dict[str, Any]]) -> None:
+    """Take the outcome of a command whose client may have gone (no 'never retrieved')."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("control API: command failed: %s", task.exception())
+
+
+def _replica_handler(kind: CommandKind) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        replica = request.match_info["id"]
+        _authorize(request, f"{kind} {replica}")
+        if kind == "eject":
+            body = await _read_body(request, _EjectBody)
+            command = Command(kind="eject", replica=replica, duration_ms=body.duration_ms)
+        else:
+            await _read_body(request, _NoBody)
+            command = Command(kind=kind, replica=replica)
+        return await _submit(request, command)
+
+    return handle
 
 
 async def _scale(request: web.Request) -> web.Response:
