@@ -67,10 +67,8 @@ async def test_serves_through_one_worker_and_describes_itself() -> None:
             assert status == 404 and doc["error"]["code"] == "model_not_found"
             async with s.get(f"{svc.url}/metrics") as r:
                 text = await r.text()
-            assert (
-                'vllm_sr_replica_requests_total{deployment="primary",outcome="success",replica="primary-0"} 1.0'
-                in text
-            )
+            series = 'deployment="primary",outcome="success",replica="primary-0"'
+            assert f"vllm_sr_replica_requests_total{{{series}}} 1.0" in text
     finally:
         await svc.stop()
     assert (

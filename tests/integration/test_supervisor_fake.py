@@ -85,6 +85,7 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--replica-id", default="")
+    p.add_argument("--served-model-name", action="append", default=[])
     args = p.parse_args(argv)
     code = os.environ.get("FAKE_EXIT_CODE")
     if code:
@@ -211,7 +212,7 @@ async def start_service(
     drain = options.pop("drain_timeout_s", 10.0)
     opts = ProcessOptions(
         worker_argv=worker_argv if worker_argv is not None else fake_worker_argv(),
-        ready_timeout_s=options.pop("ready_timeout_s", 60.0),
+        ready_timeout_s=options.pop("ready_timeout_s", 300.0),
         stop_grace_s=options.pop("stop_grace_s", 5.0),
         **options,
     )
@@ -226,19 +227,27 @@ async def start_service(
     address = await frontend.start("127.0.0.1", 0)
     service = Service(sup, frontend, f"http://{address}", asyncio.create_task(sup.run()))
     if wait_ready:
-        await wait_for(lambda: sup.health()["ready"], 120, "service ready")
+        await wait_for(lambda: all_ready(sup), 300, "every replica ready", sup.inventory)
     return service
 
 
-async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``cond`` until it is truthy; fail with ``what`` at the deadline."""
+async def wait_for(
+    cond: Callable[[], Any], timeout: float, what: str, detail: Callable[[], Any] | None = None
+) -> Any:
+    """Poll ``cond`` until it is truthy; fail with ``what`` (and ``detail()``) at the deadline."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = cond()
         if value:
             return value
         await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    extra = f": {detail()}" if detail is not None else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}{extra}")
+
+
+def all_ready(sup: Supervisor) -> bool:
+    deps = sup.inventory()["deployments"]
+    return bool(deps) and all(d["ready_replicas"] == d["desired_replicas"] for d in deps)
 
 
 def replica_doc(sup: Supervisor, rid: str) -> dict[str, Any]:

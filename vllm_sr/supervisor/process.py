@@ -45,6 +45,10 @@ def worker_command(spec: Any, socket_path: str, base: Sequence[str] | None = Non
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--replica-id", str(spec.id)]
+    # Requests name the deployment in "model"; the worker must accept that name as its own.
+    deployment = getattr(spec, "deployment", None)
+    if deployment:
+        argv += ["--served-model-name", str(deployment)]
     return argv
 
 

@@ -1,0 +1,62 @@
+"""Pure supervisor logic on a fake clock: restart backoff and the reload diff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.test_supervisor_fake import FakeSpec
+from vllm_sr.clock import FakeClock
+from vllm_sr.supervisor.backoff import RestartBackoff
+from vllm_sr.supervisor.reload import diff_plans
+
+
+def test_restart_backoff_doubles_to_the_cap() -> None:
+    b = RestartBackoff(1.0, 60.0, 60.0, FakeClock())
+    assert [b.next_delay() for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+
+
+def test_restart_backoff_resets_after_staying_ready() -> None:
+    clock = FakeClock()
+    b = RestartBackoff(1.0, 60.0, 30.0, clock)
+    for _ in range(4):
+        b.next_delay()
+    b.mark_ready()
+    clock.advance(29.9)
+    b.mark_down()  # a short run: still a crash loop
+    assert b.next_delay() == 16
+    b.mark_ready()
+    clock.advance(30.0)
+    b.mark_down()
+    assert b.next_delay() == 1
+
+
+def test_restart_backoff_refuses_bad_bounds() -> None:
+    with pytest.raises(ValueError, match="initial_s"):
+        RestartBackoff(0.0, 1.0)
+    with pytest.raises(ValueError, match="max_s"):
+        RestartBackoff(2.0, 1.0)
+
+
+def specs(n: int, **kw: Any) -> list[FakeSpec]:
+    return [FakeSpec(f"primary-{i}", "primary", i, **kw) for i in range(n)]
+
+
+def test_diff_keeps_same_identity_and_starts_and_retires_the_rest() -> None:
+    running = {s.id: s for s in specs(2)}
+    grow = diff_plans(running, specs(3))
+    assert [s.id for s in grow.keep] == ["primary-0", "primary-1"]
+    assert [s.id for s in grow.start] == ["primary-2"] and grow.retire == []
+    shrink = diff_plans({s.id: s for s in specs(3)}, specs(1))
+    assert [s.id for s in shrink.keep] == ["primary-0"]
+    assert shrink.start == [] and shrink.retire == ["primary-1", "primary-2"]
+
+
+def test_diff_ignores_env_but_replaces_on_identity_change() -> None:
+    running = {s.id: s for s in specs(2)}
+    same = diff_plans(running, specs(2, env={"BINDING": "x"}))
+    assert not same.changed
+    changed = diff_plans(running, specs(2, threads=4))
+    assert [s.id for s in changed.start] == ["primary-0", "primary-1"]
+    assert changed.retire == ["primary-0", "primary-1"]

@@ -1,0 +1,116 @@
+"""The running service: supervisor + frontend + control API in one asyncio process, and the
+bridge from config.yaml (loaded and planned by the config and placement packages) to the
+supervisor's ``ServicePlan``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_sr.events import log_sink
+from vllm_sr.frontend.app import Frontend
+from vllm_sr.supervisor.managed import ProcessOptions
+from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
+from vllm_sr.supervisor.reload_task import Scaler
+from vllm_sr.supervisor.supervisor import Planner, Supervisor
+from vllm_sr.supervisor.systemd import SystemdNotifier
+
+log = logging.getLogger("vllm_sr.serve")
+
+Announce = Callable[[str, str, str], None]
+
+
+@dataclass
+class ServeOptions:
+    settings: Any  # vllm_sr.config.service.ServiceSettings
+    announce: Announce | None = None
+    worker_argv: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
+    """config.yaml (a validated RootConfig) + the planner's replica specs -> ServicePlan."""
+    from vllm_sr.config.files import effective_dict
+
+    deployments: dict[str, DeploymentPlan] = {}
+    for name, dep in config.deployments.items():
+        od = dep.outlier_detection
+        deployments[name] = DeploymentPlan(
+            name=name,
+            artifact=dep.artifact,
+            replicas=[spec for spec in replicas if spec.deployment == name],
+            timeout_ms=dep.timeout_ms,
+            max_num_seqs=dep.engine_args.max_num_seqs,
+            max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
+            outlier={
+                "consecutive_timeouts": od.consecutive_timeouts,
+                "base_ejection_ms": od.base_ejection_ms,
+                "max_ejection_ms": od.max_ejection_ms,
+                "max_ejection_percent": od.max_ejection_percent,
+            },
+        )
+    return ServicePlan(deployments, config.default_deployment(), effective_dict(config))
+
+
+def config_planner(config_path: Path) -> Planner:
+    """Re-reads and re-plans config.yaml on every call (start, SIGHUP, scale)."""
+    from vllm_sr.config.files import load_config
+    from vllm_sr.placement import planner
+
+    def plan() -> ServicePlan:
+        config = load_config(config_path)
+        return service_plan(config, list(planner.plan(config).replicas))
+
+    return plan
+
+
+def config_scaler(config_path: Path) -> Scaler:
+    from vllm_sr.config import apply
+
+    def scale(deployment: str, replicas: int) -> None:
+        apply.apply_scale(config_path, deployment, replicas)
+
+    return scale
+
+
+async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | None = None) -> int:
+    """Run until stopped by a signal (or a stop command). Returns the exit code."""
+    from vllm_sr.control.server import ControlServer
+
+    settings = options.settings
+    sup = Supervisor(
+        planner,
+        runtime_dir=settings.runtime_dir,
+        options=ProcessOptions(
+            ready_timeout_s=settings.ready_timeout_s,
+            stop_grace_s=settings.stop_grace_s,
+            worker_argv=options.worker_argv,
+        ),
+        notifier=SystemdNotifier(),
+        drain_timeout_s=settings.drain_timeout_s,
+    )
+    sup.scaler = scaler
+    sup.events.add_sink(log_sink())
+    sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
+    frontend = Frontend(sup)
+    control = ControlServer(
+        sup, settings.control_socket, group=settings.control_group, admin_group=settings.admin_group
+    )
+    try:
+        await sup.start()
+        host, port = settings.listen_host_port()
+        address = await frontend.start(host, port)
+        await control.start()
+        assert sup.plan is not None
+        if options.announce is not None:
+            options.announce(address, str(settings.control_socket), sup.plan.default_deployment)
+        log.info("frontend on http://%s, control API on %s", address, settings.control_socket)
+        await sup.run()
+    finally:
+        await control.stop()
+        await frontend.stop()
+        sup.kill_all_now()  # only reached with workers alive after an error
+    return 0
