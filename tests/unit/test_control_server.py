@@ -364,3 +364,9 @@ async def test_reads_survive_the_server_closing_an_idle_connection(
         assert loop.time() < end
         await asyncio.sleep(0.02)
     assert "deployments" in await client.inventory()
+
+
+async def test_too_long_a_path_is_a_config_error(backend: FakeBackend, sock_dir: Path) -> None:
+    path = sock_dir / ("x" * 100 + ".sock")
+    with pytest.raises(errors.ConfigError, match=r"control_socket: .* accepted: at most"):
+        await ControlServer(backend, path, group=None).start()

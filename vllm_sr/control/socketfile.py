@@ -76,16 +76,18 @@ def resolve_group(group: str | None) -> int | None:
 def bind_socket(path: Path, group: str | None, backlog: int) -> tuple[socket.socket, int]:
     """A listening socket published at ``path`` (mode 0660, group ``group`` when it exists).
     Returns the socket and the inode of the published file (to remove only our own on stop)."""
-    if len(os.fsencode(str(path))) > MAX_SOCKET_PATH:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if len(os.fsencode(str(tmp))) > MAX_SOCKET_PATH:
+        room = MAX_SOCKET_PATH - (len(os.fsencode(str(tmp))) - len(os.fsencode(str(path))))
         raise ConfigError(
-            f"control socket path {str(path)!r} is {len(str(path))} bytes; "
-            f"Unix sockets accept at most {MAX_SOCKET_PATH}"
+            f"control_socket: {str(path)!r} is {len(os.fsencode(str(path)))} bytes; accepted: "
+            f"at most {room} (a Unix socket path holds {MAX_SOCKET_PATH}, and the socket is "
+            "bound under a longer temporary name first)"
         )
     pid = probe(path)
     if pid is not None:
         raise Conflict(f"another vllm-sr is serving on {path}, pid {pid}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
