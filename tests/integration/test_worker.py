@@ -20,6 +20,7 @@ import pytest
 from tests.support.models import CLASSIFIER_LABELS, TINY_MAX_POSITIONS, reference_embeddings
 from tests.support.workers import (
     WorkerHandle,
+    free_tcp_port,
     short_socket_dir,
     spawn_worker,
     start_worker,
@@ -121,8 +122,10 @@ def test_d3_edge_classifies_by_label_examples(d3: WorkerHandle) -> None:
     assert all(abs(sum(d["probabilities"].values()) - 1) < 1e-6 for d in data)
 
 
-def test_classifier_directory_serves_its_head(tiny_classifier_dir: Path) -> None:
-    with_handle = start_worker(str(tiny_classifier_dir), short_socket_dir() / "clf.sock")
+def test_classifier_directory_serves_its_head_over_tcp(tiny_classifier_dir: Path) -> None:
+    with_handle = start_worker(
+        str(tiny_classifier_dir), short_socket_dir() / "clf.sock", port=free_tcp_port()
+    )
     try:
         card = with_handle.get("/v1/models").json()["data"][0]
         assert card["labels"] == list(CLASSIFIER_LABELS)

@@ -47,7 +47,7 @@ class Response:
 
 
 def uds_request(
-    uds: str | Path,
+    uds: str | Path | None,
     method: str,
     path: str,
     body: Any = None,
@@ -55,9 +55,16 @@ def uds_request(
     raw: bytes | None = None,
     headers: Mapping[str, str] | None = None,
     timeout: float = 30.0,
+    port: int | None = None,
 ) -> Response:
-    """One HTTP request over a Unix socket. ``body`` is sent as JSON; ``raw`` as given."""
-    conn = UnixHTTPConnection(uds, timeout=timeout)
+    """One HTTP request over a Unix socket (or TCP to 127.0.0.1:``port`` when given).
+    ``body`` is sent as JSON; ``raw`` as given."""
+    conn: http.client.HTTPConnection
+    if port is not None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    else:
+        assert uds is not None
+        conn = UnixHTTPConnection(uds, timeout=timeout)
     try:
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -79,13 +86,14 @@ class WorkerHandle:
     uds: Path
     log_path: Path
     argv: list[str] = field(default_factory=list)
+    port: int | None = None  # set when the worker listens on TCP instead of the socket
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Response:
-        return uds_request(self.uds, method, path, body, **kw)
+        return uds_request(self.uds, method, path, body, port=self.port, **kw)
 
     def get(self, path: str, **kw: Any) -> Response:
         return self.request("GET", path, **kw)
@@ -100,8 +108,18 @@ class WorkerHandle:
             return ""
 
 
-def worker_argv(artifact: str, uds: Path, extra_args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "vllm_sr.cli", "worker", artifact, "--uds", str(uds), *extra_args]
+def worker_argv(
+    artifact: str, uds: Path, extra_args: Sequence[str] = (), port: int | None = None
+) -> list[str]:
+    where = ["--port", str(port)] if port is not None else ["--uds", str(uds)]
+    return [sys.executable, "-m", "vllm_sr.cli", "worker", artifact, *where, *extra_args]
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def worker_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -122,16 +140,18 @@ def spawn_worker(
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
     log_path: Path | None = None,
+    port: int | None = None,
 ) -> WorkerHandle:
-    """Start a worker process (exec, its own process group) and return at once."""
+    """Start a worker process (exec, its own process group) and return at once. With
+    ``port`` it listens on 127.0.0.1:port (``uds`` then only names its log file)."""
     uds = Path(uds)
     log_path = log_path or uds.with_suffix(".log")
-    argv = worker_argv(artifact, uds, extra_args)
+    argv = worker_argv(artifact, uds, extra_args, port=port)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=worker_env(env), start_new_session=True
         )
-    return WorkerHandle(proc, uds, log_path, argv)
+    return WorkerHandle(proc, uds, log_path, argv, port)
 
 
 def wait_health(handle: WorkerHandle, *, timeout: float = 120.0, want: int = 200) -> Response:
@@ -162,9 +182,12 @@ def start_worker(
     extra_args: Sequence[str] = (),
     ready_timeout: float = 180.0,
     log_path: Path | None = None,
+    port: int | None = None,
 ) -> WorkerHandle:
     """Start a worker and wait until /health answers 200. On failure the process is stopped."""
-    handle = spawn_worker(artifact, uds, env=env, extra_args=extra_args, log_path=log_path)
+    handle = spawn_worker(
+        artifact, uds, env=env, extra_args=extra_args, log_path=log_path, port=port
+    )
     try:
         wait_health(handle, timeout=ready_timeout)
     except BaseException:
