@@ -97,6 +97,7 @@ class VllmSrTop(App[None]):
         self.polls = 0  # successful refreshes, for tests to wait on
         self.last_error = ""
         self.retry_at: float | None = None
+        self._identity: tuple[Any, Any] | None = None  # (pid, started_at) of the service
         self._wake = asyncio.Event()
         self._online = asyncio.Event()
 
@@ -162,6 +163,12 @@ class VllmSrTop(App[None]):
             inventory = await self.api.inventory()
         except Disconnected as exc:
             return self._went_away(str(exc))
+        service = inventory.get("service", {})
+        identity = (service.get("pid"), service.get("started_at"))
+        if self._identity is not None and identity != self._identity:
+            # A new service process numbers its events from 1 again.
+            self.events_pane.restarted()
+        self._identity = identity
         self.connected = True
         self._online.set()
         self.backoff.reset()
@@ -203,7 +210,8 @@ class VllmSrTop(App[None]):
     async def _catch_up(self, pane: EventsPane) -> None:
         body = await self.api.events(pane.last_seq)
         if int(body.get("last_seq") or 0) < pane.last_seq:
-            # Sequence numbers went back: a new service process. Start over from its ring.
+            # Sequence numbers went back: a new service process the inventory has not shown
+            # yet. Start over from its ring.
             pane.restarted()
             body = await self.api.events(0)
         # A fresh screen shows the recent past, not the whole ring.

@@ -51,7 +51,7 @@ class ConfirmScreen(ModalScreen[bool]):
     DEFAULT_CSS = """
     ConfirmScreen { align: center middle; }
     ConfirmScreen > Vertical {
-        width: auto; max-width: 90%; height: auto; padding: 1 2;
+        width: 64; max-width: 95%; height: auto; padding: 1 2;
         border: thick $warning; background: $panel;
     }
     ConfirmScreen .hint { color: $text-muted; }

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, RichLog, Sparkline, Static
 
 from vllm_sr_top.model import (
     COLUMNS,
+    HISTORY_LEN,
     SortKey,
     deployment_title,
     event_line,
@@ -146,8 +147,10 @@ class DeploymentPanel(Vertical):
         self.query_one(".title", Static).update(deployment_title(dep))
         rate = history[-1] if history else 0.0
         self.query_one(".rate", Static).update(f"{rate:.1f} req/s")
-        # The sparkline scales to its own max; a flat zero line would otherwise look full.
-        self.query_one(Sparkline).data = list(history) if any(history) else [0.0]
+        # A fixed window, filled from the right as samples arrive (like htop's meters), so
+        # a few first samples are not stretched over the whole width.
+        padded = [0.0] * (HISTORY_LEN - len(history)) + list(history)[-HISTORY_LEN:]
+        self.query_one(Sparkline).data = padded
         self.table.show(list(dep.get("replicas", [])), sort, now)
 
 
