@@ -149,8 +149,10 @@ class DeploymentPanel(Vertical):
         self.query_one(".rate", Static).update(f"{rate:.1f} req/s")
         # A fixed window, filled from the right as samples arrive (like htop's meters), so
         # a few first samples are not stretched over the whole width.
-        padded = [0.0] * (HISTORY_LEN - len(history)) + list(history)[-HISTORY_LEN:]
-        self.query_one(Sparkline).data = padded
+        spark = self.query_one(Sparkline)
+        width = spark.size.width or HISTORY_LEN  # one sample per column once laid out
+        recent = list(history)[-width:]
+        spark.data = [0.0] * (width - len(recent)) + recent
         self.table.show(list(dep.get("replicas", [])), sort, now)
 
 
