@@ -8,29 +8,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger("vllm_sr.serve")
 
-DEFAULT_CONFIG = "/etc/vllm-sr/config.yaml"
+WORKER_ARGV_ENV = "VLLM_SR_WORKER_ARGV"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from vllm_sr.config import flags
+
     p = sub.add_parser(
         "serve",
         help="run the service: workers, frontend and control API",
         description="Apply the deployment flags to config.yaml, then start one worker per "
         "planned replica, the public frontend and the control API.",
     )
-    try:
-        from vllm_sr.config import flags
-    except ImportError:  # the config package is still being built
-        p.add_argument("model", nargs="?")
-        p.add_argument("--config")
-    else:
-        flags.add_deployment_flags(p)
+    flags.add_deployment_flags(p)
     host = p.add_argument_group("host settings (override the service config file)")
     host.add_argument("--service-config", metavar="PATH", help="host settings TOML")
     host.add_argument("--listen", metavar="HOST:PORT", help="frontend address (127.0.0.1:8080)")
@@ -56,29 +53,35 @@ def _run(args: argparse.Namespace) -> int:
             "ready_timeout_s": args.ready_timeout,
         },
     )
-    config_path = Path(args.config or DEFAULT_CONFIG)
-    applied = _apply_flags(args, config_path)
-    if applied is None:  # --dry-run printed the plan
+    config_path = Path(args.config)
+    if not _apply_flags(args, config_path):  # --dry-run printed the plan
         return 0
     planner = config_planner(config_path)
     planner()  # refuse a bad config or plan before anything starts (exit 78)
     setup_logging("serve")
-    options = ServeOptions(settings=settings, announce=_announce)
+    # Tests (and debugging) may run another worker command; the default is `vllm-sr worker`.
+    override = os.environ.get(WORKER_ARGV_ENV)
+    options = ServeOptions(
+        settings=settings,
+        announce=_announce,
+        worker_argv=shlex.split(override) if override else None,
+    )
     return asyncio.run(serve(planner, options, scaler=config_scaler(config_path)))
 
 
-def _apply_flags(args: argparse.Namespace, config_path: Path) -> Any:
-    """Write what the flags say into config.yaml (the same code path as `config apply`)."""
+def _apply_flags(args: argparse.Namespace, config_path: Path) -> bool:
+    """Write what the flags say into config.yaml (the same code path as `config apply`) and
+    show the plan. False on --dry-run: nothing written, nothing to start."""
     from vllm_sr.config import apply, flags
+    from vllm_sr.config.render import render_result
 
     requested = flags.flags_from_args(args)
-    result = apply.apply_flags(
-        config_path, requested, dry_run=bool(getattr(args, "dry_run", False))
-    )
-    if getattr(args, "dry_run", False):
-        print(apply.render_result(result) if hasattr(apply, "render_result") else result)
-        return None
-    return result
+    result = apply.apply_flags(config_path, requested, dry_run=requested.dry_run)
+    if requested.dry_run:
+        print(render_result(result, dry_run=True, as_json=requested.json))
+        return False
+    print(render_result(result, dry_run=False), file=sys.stderr, flush=True)
+    return True
 
 
 def _announce(frontend: str, control: str, default_model: str) -> None:

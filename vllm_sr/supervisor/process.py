@@ -31,7 +31,9 @@ def worker_command(spec: Any, socket_path: str, base: Sequence[str] | None = Non
     """The argv that runs ``vllm-sr worker`` for ``spec`` (a placement ReplicaSpec)."""
     argv = list(base) if base else [sys.executable, "-m", "vllm_sr.cli", "worker"]
     argv += [str(spec.artifact), "--uds", socket_path]
-    device = getattr(spec, "device", None)
+    # A GPU worker sees exactly its own GPU (the plan's *_VISIBLE_DEVICES), so it is index 0
+    # inside; placement's ReplicaSpec says so as ``torch_device``.
+    device = getattr(spec, "torch_device", None) or getattr(spec, "device", None)
     if device:
         argv += ["--device", str(device)]
     threads = getattr(spec, "threads", None)

@@ -64,7 +64,7 @@ class Supervisor:
         drain_timeout_s: float = 30.0,
     ) -> None:
         self.planner = planner
-        self.runtime_dir = Path(runtime_dir)
+        self.runtime_dir = Path(runtime_dir).absolute()
         self.workers_dir = self.runtime_dir / "workers"
         self.options = options or ProcessOptions()
         self.events = events or EventBus(clock=clock)
