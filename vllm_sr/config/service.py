@@ -36,7 +36,7 @@ class ServiceSettings(BaseModel):
     service user's primary group."""
 
     admin_group: str | None = None
-    """Group whose members may also mutate (drain, eject, scale, reload); unset: root and the service user only."""
+    """Group that may also mutate (drain, eject, scale); unset: root and the service user only."""
 
     runtime_dir: Path = Path("/run/vllm-sr")
     """Sockets and pid files; workers listen on <runtime_dir>/workers/<replica>.sock."""
