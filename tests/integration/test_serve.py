@@ -23,6 +23,7 @@ import pytest
 
 from tests.integration.test_supervisor_fake import FAKE_MODULE, REPO_ROOT, wait_for
 from vllm_sr.config.apply import apply_scale
+from vllm_sr.control.client import ControlClient
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,7 @@ class Served:
     url: str
     config: Path
     log: Path
+    control: Path
 
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as s, s.get(self.url + path) as r:
@@ -86,7 +88,7 @@ async def serve(
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=out, stderr=out, env=full_env, cwd=REPO_ROOT
         )
-    served = Served(proc, f"http://127.0.0.1:{port}", config, log)
+    served = Served(proc, f"http://127.0.0.1:{port}", config, log, run / "control.sock")
     try:
         await wait_for(
             lambda: "serving on" in served.text() or proc.returncode is not None,
@@ -197,3 +199,40 @@ async def test_killed_supervisor_leaves_no_orphans(tmp_path: Path) -> None:
         served.proc.send_signal(signal.SIGKILL)
         await served.proc.wait()
         await wait_for(lambda: not [p for p in pids if psutil.pid_exists(p)], 10, "workers gone")
+
+
+async def test_control_api_drives_the_supervisor(tmp_path: Path) -> None:
+    async with serve(tmp_path, 2) as served:
+        sock = Path(served.control)
+        client = ControlClient(sock)
+
+        def call(method: str, *args: Any) -> dict[str, Any]:
+            return dict(getattr(client, method)(*args))
+
+        before = await served.pids()
+        out = await asyncio.to_thread(call, "eject", "primary-1", 60_000)
+        assert out["ok"] and out["state"] == "ejected"
+        out = await asyncio.to_thread(call, "readmit", "primary-1")
+        assert out["state"] == "ready"
+        out = await asyncio.to_thread(call, "restart", "primary-1")
+        assert out["old_pid"] == before["primary-1"] and out["pid"] != before["primary-1"]
+        await wait_for_ready(served, 2)
+        inv = await served.inventory()
+        assert [r["restarts"] for r in inv["deployments"][0]["replicas"]] == [0, 1]
+        out = await asyncio.to_thread(call, "drain", "primary-0")
+        assert out["ok"]
+        inv = await served.inventory()
+        assert inv["deployments"][0]["replicas"][0]["state"] == "draining"
+        out = await asyncio.to_thread(call, "scale", "primary", 3)
+        assert out["kept"] == ["primary-0", "primary-1"] and out["started"] == ["primary-2"]
+        assert "- device: cpu" in served.config.read_text()
+        health = await asyncio.to_thread(call, "health")
+        assert health["ready"] is True
+        names = [e["event"] for e in (await asyncio.to_thread(call, "events", 0))["events"]]
+        for name in (
+            "replica_ejected",
+            "replica_readmitted",
+            "replica_restarted",
+            "pool_published",
+        ):
+            assert name in names

@@ -71,6 +71,7 @@ class ManagedReplica:
             options.backoff_initial_s, options.backoff_max_s, options.backoff_reset_s, clock
         )
         self._stopping = False
+        self._restart_now = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
@@ -103,12 +104,9 @@ class ManagedReplica:
             self.process.kill_now()
 
     async def restart(self) -> None:
-        """Replace the process now (control API): stop it, skip the backoff wait."""
-        self._backoff = RestartBackoff(
-            self.options.backoff_initial_s,
-            self.options.backoff_max_s,
-            self.options.backoff_reset_s,
-        )
+        """Replace the process now (control API): stop it, then start a new one at once
+        (no backoff wait; it still counts as a restart)."""
+        self._restart_now = True
         if self.process is not None:
             await self.process.stop(self.options.stop_grace_s)
 
@@ -127,12 +125,15 @@ class ManagedReplica:
                 self.state = "failed"
                 self.hooks.on_failed(self, reason)
                 return
-            delay = self._backoff.next_delay()
-            self.state = "backoff"
-            self.hooks.on_backoff(self, delay)
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            if self._restart_now:
+                self._restart_now = False
+            else:
+                delay = self._backoff.next_delay()
+                self.state = "backoff"
+                self.hooks.on_backoff(self, delay)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
             restarted = True
             if not self._stopping:
                 self.restarts += 1
@@ -188,6 +189,8 @@ class ManagedReplica:
         return False
 
     def _exit_reason(self, returncode: int) -> str:
+        if self._restart_now:
+            return f"restarted on request (exit {returncode})"
         if self.last_error and returncode < 0:
             return self.last_error
         tail = [line for line in self._stderr_tail if line.strip()]

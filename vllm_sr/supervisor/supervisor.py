@@ -347,11 +347,21 @@ class Supervisor:
         pool.readmit(rep.id)
         return {"ok": True, "replica": rep.id, "state": pool.replica(rep.id).display_state()}
 
-    async def handle_restart(self, cmd: Command) -> dict[str, Any]:
+    async def handle_restart(self, cmd: Command) -> dict[str, Any] | None:
         rep, _ = self._published_replica(cmd.replica)
+        self._check_not_stopping()
+        self._task(self._restart(rep, cmd), f"restart-{rep.id}")
+        return None  # answered once the new process is running
+
+    async def _restart(self, rep: ManagedReplica, cmd: Command) -> None:
         old_pid = rep.pid
-        self._task(rep.restart(), f"restart-{rep.id}")
-        return {"ok": True, "replica": rep.id, "old_pid": old_pid}
+        await rep.restart()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.stop_grace_s + 10.0
+        while rep.pid in (None, old_pid) and rep.state != "failed" and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if cmd.done is not None and not cmd.done.done():
+            cmd.done.set_result({"replica": rep.id, "old_pid": old_pid, "pid": rep.pid})
 
     async def handle_drain(self, cmd: Command) -> dict[str, Any]:
         rep, pool = self._published_replica(cmd.replica)
