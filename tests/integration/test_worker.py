@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -298,6 +300,23 @@ def test_sigterm_is_prompt_even_with_a_forward_held_by_a_fault(tiny_bert_dir: Pa
         stop_worker(handle)
 
 
+def test_sigterm_lets_a_running_forward_finish(tiny_bert_dir: Path) -> None:
+    env = {"VLLM_SR_ENABLE_FAULTS": "1"}
+    handle = start_worker(str(tiny_bert_dir), short_socket_dir() / "drain.sock", env=env)
+    try:
+        assert handle.post("/debug/faults", {"forward_delay_ms": 1000}).status == 200
+        with ThreadPoolExecutor(1) as pool:
+            inflight = pool.submit(handle.post, "/v1/embeddings", {"input": "finish me"})
+            deadline = time.monotonic() + 20
+            while not handle.get("/health").json()["forward_running"]:
+                assert time.monotonic() < deadline
+            handle.proc.send_signal(signal.SIGTERM)
+            assert inflight.result(timeout=30).status == 200
+        assert handle.proc.wait(20) == 0
+    finally:
+        stop_worker(handle)
+
+
 def test_bad_artifact_exits_78_naming_it() -> None:
     uds = short_socket_dir() / "bad.sock"
     proc = subprocess.run(
@@ -352,9 +371,6 @@ def test_worker_exits_when_its_parent_dies(tiny_bert_dir: Path) -> None:
         assert not _alive(child_pid), "the worker outlived its parent"
     finally:
         if _alive(child_pid):
-            import os
-            import signal
-
             os.kill(child_pid, signal.SIGKILL)
 
 

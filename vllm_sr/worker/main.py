@@ -138,7 +138,9 @@ async def serve(opts: WorkerOptions, state: WorkerState) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(watch_parent(stop))
-    runner = web.AppRunner(build_app(state), handle_signals=False, access_log=None)
+    runner = web.AppRunner(
+        build_app(state), handle_signals=False, access_log=None, shutdown_timeout=DRAIN_GRACE_S
+    )
     await runner.setup()
     site = await bind(runner, opts)
     log.info("listening on %s", opts.uds or f"{opts.host}:{opts.port}")
@@ -201,9 +203,9 @@ async def shutdown(
     await site.stop()  # no new connections
     engine = state.engine
     if engine is not None:
-        # An injected delay is artificial: cut it at once instead of waiting the grace out.
-        grace = 0.0 if state.faults.forward_delay_s > 0 else DRAIN_GRACE_S
-        await asyncio.get_running_loop().run_in_executor(None, engine.stop, grace)
+        # Queued and running forwards get the grace; a forward held longer by an injected
+        # delay is cut when it ends (the delay waits on the engine's shutdown event).
+        await asyncio.get_running_loop().run_in_executor(None, engine.stop, DRAIN_GRACE_S)
     await runner.cleanup()
     if opts.uds:
         with contextlib.suppress(OSError):
