@@ -12,7 +12,7 @@ import pytest
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.worker import classify, jsonio
 from vllm_sr.worker.artifacts import TokenizerAdapter
-from vllm_sr.worker.main import default_threads, faults_from_env
+from vllm_sr.worker.main import default_threads, expected_parent, faults_from_env, watch_parent
 
 
 def test_centroid_classification_uses_the_documented_temperature() -> None:
@@ -117,3 +117,21 @@ def test_faults_only_when_enabled() -> None:
     assert faults_from_env({"VLLM_SR_FAULT_FORWARD_DELAY_MS": "500"}).forward_delay_s == 0.0
     on = faults_from_env({"VLLM_SR_ENABLE_FAULTS": "1", "VLLM_SR_FAULT_FORWARD_DELAY_MS": "500"})
     assert on.enabled and on.forward_delay_s == 0.5
+
+
+def test_expected_parent_reads_the_supervisors_pid() -> None:
+    assert expected_parent({"VLLM_SR_PARENT_PID": "4242"}) == 4242
+    assert expected_parent({"VLLM_SR_PARENT_PID": "1"}) is None
+    assert expected_parent({"VLLM_SR_PARENT_PID": "x"}) is None
+    assert expected_parent({}) is None
+
+
+async def test_watch_parent_stops_when_the_named_supervisor_is_gone() -> None:
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process now
+    stop = asyncio.Event()
+    await asyncio.wait_for(watch_parent(stop, gone.pid), 5)
+    assert stop.is_set()

@@ -35,6 +35,7 @@ ENV_FAULTS = "VLLM_SR_ENABLE_FAULTS"
 ENV_FAULT_DELAY = "VLLM_SR_FAULT_FORWARD_DELAY_MS"
 ENV_READ_TIMEOUT = "VLLM_SR_WORKER_READ_TIMEOUT_S"
 ENV_MAX_BODY = "VLLM_SR_WORKER_MAX_BODY_BYTES"
+ENV_PARENT_PID = "VLLM_SR_PARENT_PID"  # set by the supervisor (supervisor/process.py)
 PR_SET_PDEATHSIG = 1
 
 
@@ -122,7 +123,7 @@ def _emit(name: str, **fields: Any) -> None:
 def run(opts: WorkerOptions, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     state = build_state(opts, env)
-    return asyncio.run(serve(opts, state))
+    return asyncio.run(serve(opts, state, expected_parent(env)))
 
 
 def _limit_interop_threads() -> None:
@@ -132,12 +133,12 @@ def _limit_interop_threads() -> None:
         torch.set_num_interop_threads(1)
 
 
-async def serve(opts: WorkerOptions, state: WorkerState) -> int:
+async def serve(opts: WorkerOptions, state: WorkerState, parent: int | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    watcher = asyncio.create_task(watch_parent(stop))
+    watcher = asyncio.create_task(watch_parent(stop, parent))
     runner = web.AppRunner(
         build_app(state), handle_signals=False, access_log=None, shutdown_timeout=DRAIN_GRACE_S
     )
@@ -212,19 +213,37 @@ async def shutdown(
             Path(opts.uds).unlink()
 
 
-async def watch_parent(stop: asyncio.Event) -> None:
-    """Exit when the parent dies: PR_SET_PDEATHSIG delivers SIGTERM on Linux; polling getppid
-    covers other kernels and the window before prctl took effect."""
-    parent = os.getppid()
+def expected_parent(env: Mapping[str, str]) -> int | None:
+    """The supervisor's pid, when it said so (it may sit behind a wrapper such as taskset)."""
+    raw = env.get(ENV_PARENT_PID, "")
+    return int(raw) if raw.isdigit() and int(raw) > 1 else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def watch_parent(stop: asyncio.Event, expected: int | None = None) -> None:
+    """Exit when the parent dies: PR_SET_PDEATHSIG delivers SIGTERM on Linux; polling
+    getppid (and the supervisor's pid from VLLM_SR_PARENT_PID) covers other kernels, a parent
+    that died before prctl took effect, and a wrapper process in between."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if parent == 1:
-        return  # started as an orphan (or under init): nothing to watch
+    parent = os.getppid()
+    if parent == 1 and expected is None:
+        return  # started under init with no supervisor named: nothing to watch
     while True:
-        if os.getppid() != parent:
-            log.warning("parent %d is gone; stopping", parent)
+        gone = parent != 1 and os.getppid() != parent
+        if gone or (expected is not None and not _pid_alive(expected)):
+            log.warning("parent %d is gone; stopping", expected or parent)
             stop.set()
             return
         await asyncio.sleep(PARENT_POLL_S)
