@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket as socketlib
 import subprocess
 import sys
 import time
@@ -96,7 +97,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -180,3 +181,70 @@ def test_a_user_who_may_only_read_sees_actions_disabled(
     finally:
         term.close()
     assert ControlClient(socket).inventory()["deployments"][0]["replicas"][0]["state"] == "ready"
+
+
+def _free_port() -> int:
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _all_ready(socket: Path) -> bool:
+    try:
+        inventory = ControlClient(socket, timeout_s=2.0).inventory()
+    except VllmSrError:
+        return False
+    replicas = [r for d in inventory["deployments"] for r in d["replicas"]]
+    return bool(replicas) and all(r["ready"] for r in replicas)
+
+
+@pytest.fixture
+def serve(tiny_bert_dir: Path, sock_dir: Path) -> Iterator[Path]:
+    """A real ``vllm-sr serve``: two CPU workers of a tiny BERT, control API on a temp socket."""
+    (sock_dir / "vllm-sr.toml").write_text("# host settings: defaults, paths given as flags\n")
+    socket = sock_dir / "control.sock"
+    argv = [
+        sys.executable, "-m", "vllm_sr.cli", "serve", str(tiny_bert_dir), "-e",
+        "--platform", "cpu", "-dp", "2", "--config", str(sock_dir / "config.yaml"),
+        "--service-config", str(sock_dir / "vllm-sr.toml"), "--runtime-dir", str(sock_dir / "run"),
+        "--control-socket", str(socket), "--listen", f"127.0.0.1:{_free_port()}",
+    ]  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    with (sock_dir / "serve.log").open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not _all_ready(socket):
+            assert proc.poll() is None, (sock_dir / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vllm-sr serve: workers not ready in 120 s"
+            time.sleep(0.2)
+        yield socket
+    finally:
+        _stop(proc)
+
+
+def test_top_against_a_real_vllm_sr_serve(serve: Path, sock_dir: Path) -> None:
+    term = Tmux(_top(serve))
+    try:
+        screen = term.wait(lambda s: "primary 2/2 ready" in s and "primary-1" in s, "replicas")
+        assert "replica_ready primary-0" in screen and "replica_ready primary-1" in screen
+        term.keys("j", "e")
+        term.wait(lambda s: "Eject primary-1 from dispatch" in s, "the confirmation")
+        term.keys("y")
+        screen = term.wait(
+            lambda s: "eject primary-1: done" in s and "replica_ejected primary-1" in s,
+            "the ejection applied by the real pool",
+        )
+        pid = next(
+            r["pid"]
+            for r in ControlClient(serve).inventory()["deployments"][0]["replicas"]
+            if r["id"] == "primary-0"
+        )
+        os.kill(pid, signal.SIGKILL)  # the supervisor restarts it; the screen shows it
+        screen = term.wait(lambda s: "replica_restarted primary-0" in s, "the restart", timeout=60)
+        row = next(line for line in screen.splitlines() if line.startswith(" primary-0 "))
+        assert str(pid) not in row
+        (sock_dir / "screen-serve.txt").write_text(screen)
+    finally:
+        term.close()
