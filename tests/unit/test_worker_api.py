@@ -413,3 +413,21 @@ def test_bad_bodies_cover_the_issue_list() -> None:
     words = json.dumps([w for _, _, w in BAD_BODIES])
     for kind in ("JSON", "UTF-8", "empty", "expected a string"):
         assert kind in words
+
+
+async def test_a_chunked_body_over_the_cap_is_413() -> None:
+    s = await serve(max_body=1000)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"input": "'
+        for _ in range(10):
+            yield b"x" * 500
+        yield b'"}'
+
+    try:
+        resp = await s.client.post("/v1/embeddings", data=chunks())
+        assert resp.status == 413
+        ok = await s.client.post("/v1/embeddings", json={"input": "small"})
+        assert ok.status == 200
+    finally:
+        await stop(s)

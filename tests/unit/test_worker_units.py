@@ -135,3 +135,33 @@ async def test_watch_parent_stops_when_the_named_supervisor_is_gone() -> None:
     stop = asyncio.Event()
     await asyncio.wait_for(watch_parent(stop, gone.pid), 5)
     assert stop.is_set()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["worker", "vllm-sr/d3-edge"],
+        ["worker", "vllm-sr/d3-edge", "--uds", "/tmp/a.sock", "--port", "8000"],
+        ["worker", "vllm-sr/d3-edge", "--uds", "/tmp/a.sock", "--device", "gpu0"],
+        ["worker", "vllm-sr/d3-edge", "--uds", "/tmp/a.sock", "--threads", "0"],
+        ["worker", "vllm-sr/d3-edge", "--port", "70000"],
+    ],
+)
+def test_worker_command_line_refusals_exit_2(argv: list[str]) -> None:
+    from vllm_sr.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+
+
+def test_worker_command_line_accepts_the_documented_flags() -> None:
+    from vllm_sr.cli import build_parser
+
+    argv = "worker vllm-sr/d3-edge --uds /tmp/a.sock --device rocm:1 --threads 2"
+    argv += " --max-num-seqs 8 --max-num-batched-tokens 1024"
+    argv += " --replica-id primary-1 --served-model-name primary"
+    args = build_parser().parse_args(argv.split())
+    assert (args.device, args.threads, args.max_num_seqs) == ("rocm:1", 2, 8)
+    assert (args.max_num_batched_tokens, args.replica_id) == (1024, "primary-1")
+    assert args.served_model_name == ["primary"]
