@@ -236,3 +236,26 @@ async def test_control_api_drives_the_supervisor(tmp_path: Path) -> None:
             "pool_published",
         ):
             assert name in names
+
+
+async def test_second_signal_stops_quickly(tmp_path: Path) -> None:
+    env = {"VLLM_SR_FAULT_FORWARD_DELAY_MS": "30000"}
+    async with serve(tmp_path, 1, env) as served:
+        pids = list((await served.pids()).values())
+        async with aiohttp.ClientSession() as s:
+            call = asyncio.ensure_future(s.post(f"{served.url}/v1/embeddings", json={"input": "x"}))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                inv = await served.inventory()
+                if inv["deployments"][0]["replicas"][0]["inflight"] == 1:
+                    break
+            served.proc.send_signal(signal.SIGTERM)
+            await wait_for(lambda: "service_stopping" in served.text(), 10, "stopping")
+            t0 = time.monotonic()
+            served.proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(served.proc.wait(), 15)
+            elapsed = time.monotonic() - t0
+            with contextlib.suppress(aiohttp.ClientError):
+                (await call).close()
+        assert code == 0 and elapsed < 8, elapsed  # not the 30 s drain nor the forward
+        assert not [p for p in pids if psutil.pid_exists(p)]

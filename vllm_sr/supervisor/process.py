@@ -104,6 +104,9 @@ class WorkerProcess:
             *argv,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
+            # Its own session: a terminal's Ctrl-C reaches the supervisor alone, which drains
+            # first and then stops the workers itself (they still die with it: PDEATHSIG).
+            start_new_session=True,
             stderr=asyncio.subprocess.PIPE if stderr_sink is not None else None,
         )
         if stderr_sink is not None and self._proc.stderr is not None:

@@ -38,7 +38,9 @@ log = logging.getLogger("vllm_sr.supervisor")
 
 Planner = Callable[[], ServicePlan]
 PROBE_TIMEOUT_S = 2.0
+QUICK_GRACE_S = 1.0
 MAINTAIN_INTERVAL_S = 0.05
+STATUS_EVERY = 4  # rounds between STATUS= checks (the inventory is not free)
 
 
 def pool_settings(dep: DeploymentPlan) -> PoolSettings:
@@ -241,7 +243,9 @@ class Supervisor:
     async def _maintain(self) -> None:
         """Drive the pools' clocks (ejection cool-downs, backoffs) and run their /health probes."""
         probing: set[str] = set()
+        rounds = 0
         while True:
+            rounds += 1
             for pool in list(self.pools.values()):
                 pool.tick()
                 for rid in pool.take_probe_requests():
@@ -249,7 +253,8 @@ class Supervisor:
                         continue
                     probing.add(rid)
                     self._task(self._probe(pool, rid, probing), f"probe-{rid}")
-            self._publish_status()
+            if rounds % STATUS_EVERY == 0:
+                self._publish_status()
             await asyncio.sleep(MAINTAIN_INTERVAL_S)
 
     async def _probe(self, pool: ReplicaPool, rid: str, probing: set[str]) -> None:
@@ -392,11 +397,19 @@ class Supervisor:
     async def _stop_all(self) -> None:
         try:
             await self._drain_all()
-            grace = 1.0 if self._quick.is_set() else self.options.stop_grace_s
-            await asyncio.gather(
-                *(self._stop_replica(rep, grace) for rep in list(self.replicas.values())),
-                return_exceptions=True,
+            grace = QUICK_GRACE_S if self._quick.is_set() else self.options.stop_grace_s
+            reps = [*self.replicas.values(), *self._staged.values()]
+            stopping = asyncio.gather(
+                *(self._stop_replica(rep, grace) for rep in reps), return_exceptions=True
             )
+            quick: asyncio.Future[Any] = asyncio.ensure_future(self._quick.wait())
+            pending: set[asyncio.Future[Any]] = {stopping, quick}
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if not stopping.done():  # a second signal while waiting for the grace: no more
+                for rep in reps:
+                    rep.kill_now()
+                await stopping
+            quick.cancel()
         finally:
             for task in list(self._tasks):
                 if task is not asyncio.current_task():
