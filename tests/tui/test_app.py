@@ -180,6 +180,21 @@ async def test_reconnects_by_itself_after_the_service_comes_back(
         await until(pilot, lambda: any("primary-2" in e for e in _events(app)), "a new event")
 
 
+async def test_starts_without_a_service_and_shows_it_once_it_comes(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    await live.stop()
+    app = make_app(live.path, clock, interval=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        banner = app.query_one(Banner)
+        await until(pilot, lambda: banner.has_class("-disconnected"), "the banner")
+        assert "connecting" in _text(app.query_one(HeaderBar))
+        assert "nothing is serving on" in _text(banner)
+        await live.start()
+        await _started(pilot)
+        assert not banner.has_class("-disconnected") and len(_rows(app)) == 4
+
+
 async def test_sort_filter_and_pause(live: LiveControl, clock: FakeClock) -> None:
     load(live.backend)
     app = make_app(live.path, clock)

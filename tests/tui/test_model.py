@@ -20,6 +20,7 @@ from vllm_sr_top.model import (
     sort_replicas,
     state_text,
 )
+from vllm_sr_top.source import permission_from_health
 
 
 def test_bytes_and_durations_are_compact() -> None:
@@ -150,3 +151,10 @@ def test_replica_row_and_title_render_inventory_fields() -> None:
          "ejected_replicas": 1}
     )  # fmt: skip
     assert title.plain == "primary  1/2 ready  degraded  1 ejected"
+
+
+def test_permission_comes_from_health_when_the_service_says() -> None:
+    assert permission_from_health({"status": "ready"}) is None  # unknown: the first 403 says
+    assert permission_from_health({"caller": {"may_mutate": True}}) is None
+    why = "uid 1000 is not in the admin group"
+    assert permission_from_health({"caller": {"may_mutate": False, "why": why}}) == why

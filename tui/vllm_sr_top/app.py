@@ -192,8 +192,10 @@ class VllmSrTop(App[None]):
     async def _event_loop(self) -> None:
         """Follows the event stream; after a break, replays what it missed from the ring."""
         pane = self.events_pane
+        retry = Backoff(base=self.backoff.base, cap=self.backoff.cap)
         while True:
             await self._online.wait()
+            seen = pane.last_seq
             try:
                 await self._catch_up(pane)
                 # The stream replays what came after last_seq, so a reconnect loses nothing
@@ -203,9 +205,16 @@ class VllmSrTop(App[None]):
                         pane.add_event(event)
             except Disconnected:
                 pass
-            # The poll loop notices the outage and owns the backoff; wait for it to clear.
+            except Exception as exc:  # a malformed line must not end the pane for good
+                self.log.error("event stream failed", exc)
+            if pane.last_seq != seen:
+                retry.reset()
+            # Let the poll loop confirm (and own the backoff of) an outage. A stream that
+            # breaks while the service answers is retried on a backoff of its own, so it
+            # cannot spin.
             self._online.clear()
             self.refresh_now()
+            await asyncio.sleep(retry.next_delay())
 
     async def _catch_up(self, pane: EventsPane) -> None:
         body = await self.api.events(pane.last_seq)
