@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,9 @@ import psutil
 import pytest
 
 from tests.integration.test_supervisor_fake import (
+    FAKE_MODULE,
+    REPO_ROOT,
+    FakeSpec,
     fake_plan,
     replica_doc,
     start_service,
@@ -24,6 +29,14 @@ from tests.integration.test_supervisor_fake import (
 from vllm_sr import events as ev
 from vllm_sr.errors import ConfigError
 from vllm_sr.supervisor.commands import Command
+from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 pytestmark = pytest.mark.slow
 
@@ -254,3 +267,85 @@ async def test_stop_drains_in_flight_then_stops_workers() -> None:
     assert [r[0] for r in results] == [200] * 5
     assert late == 503
     assert not psutil.pid_exists(pid or -1) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_attached_replica_is_served_with_its_own_model_name() -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", FAKE_MODULE, "worker", "fake/remote", "--port", str(port)]
+    remote = await asyncio.create_subprocess_exec(
+        *argv, env={**os.environ, "PYTHONPATH": REPO_ROOT}
+    )
+    spec = FakeSpec(
+        "primary-0",
+        "primary",
+        0,
+        device=None,
+        endpoint=f"http://127.0.0.1:{port}",
+        model="remote-name",
+    )  # type: ignore[arg-type]
+    plan = ServicePlan({"primary": DeploymentPlan("primary", "fake/remote", [spec])}, "primary")
+    svc = await start_service(lambda: plan)
+    try:
+        async with aiohttp.ClientSession() as s:
+            status, doc, _ = await post(
+                s, f"{svc.url}/v1/embeddings", {"model": "primary", "input": "x"}
+            )
+        assert status == 200 and doc["model_seen"] == "remote-name" and doc["pid"] == remote.pid
+        rep = replica_doc(svc.sup, "primary-0")
+        assert rep["pid"] is None and rep["device"] == f"http://127.0.0.1:{port}"
+    finally:
+        await svc.stop()
+        remote.terminate()
+        await remote.wait()
+    assert remote.returncode is not None  # the supervisor never owned it; the test stopped it
+
+
+class RecordingNotifier:
+    """Stands in for SystemdNotifier: records what the supervisor tells systemd, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def ready(self, status: str | None = None) -> None:
+        self.calls.append(("ready", status))
+
+    def status(self, text: str) -> None:
+        self.calls.append(("status", text))
+
+    def reloading(self) -> None:
+        self.calls.append(("reloading", None))
+
+    def stopping(self) -> None:
+        self.calls.append(("stopping", None))
+
+    def extend_timeout(self, seconds: float) -> None:
+        self.calls.append(("extend_timeout", seconds))
+
+    async def run_watchdog(self) -> None:
+        return None
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.calls if k != "status"]
+
+
+async def test_systemd_hears_ready_once_status_reload_and_stopping() -> None:
+    notifier = RecordingNotifier()
+    replicas = {"n": 1}
+    svc = await start_service(lambda: fake_plan(replicas["n"]), notifier=notifier)
+    try:
+        await wait_for(lambda: "ready" in notifier.kinds(), 10, "READY=1")
+        assert notifier.kinds()[0] == "extend_timeout"  # before any worker is ready
+        statuses = [v for k, v in notifier.calls if k == "status"]
+        assert statuses and "primary: 1/1 ready" in statuses[-1]
+        replicas["n"] = 2
+        await svc.sup.submit(Command("reload"))
+        kinds = notifier.kinds()
+        assert kinds[kinds.index("reloading") + 1] == "ready"
+        await wait_for(
+            lambda: any("2/2" in str(v) for k, v in notifier.calls if k == "status"),
+            10,
+            "STATUS 2/2",
+        )
+    finally:
+        await svc.stop()
+    assert notifier.kinds()[-1] == "stopping" and notifier.kinds().count("ready") == 2

@@ -49,6 +49,8 @@ class FakeSpec:
     env: dict[str, str] = field(default_factory=dict)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    endpoint: str | None = None
+    model: str | None = None
 
     def identity(self) -> tuple[Any, ...]:
         return (
@@ -79,7 +81,8 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("command")
     p.add_argument("artifact")
-    p.add_argument("--uds", required=True)
+    p.add_argument("--uds")
+    p.add_argument("--port", type=int)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int, default=None)
@@ -131,7 +134,13 @@ async def _serve(args: argparse.Namespace) -> None:
         rows = inputs if isinstance(inputs, list) else [inputs]
         data = [{"index": i, "embedding": [float(len(str(t))), 1.0]} for i, t in enumerate(rows)]
         return web.json_response(
-            {"object": "list", "data": data, "replica": args.replica_id, "pid": os.getpid()}
+            {
+                "object": "list",
+                "data": data,
+                "replica": args.replica_id,
+                "pid": os.getpid(),
+                "model_seen": doc.get("model"),
+            }
         )
 
     async def set_faults(request: web.Request) -> web.Response:
@@ -149,7 +158,10 @@ async def _serve(args: argparse.Namespace) -> None:
     app.router.add_post("/debug/faults", set_faults)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.UnixSite(runner, args.uds).start()
+    if args.port:
+        await web.TCPSite(runner, "127.0.0.1", args.port).start()
+    else:
+        await web.UnixSite(runner, args.uds).start()
     parent = int(os.environ.get("VLLM_SR_PARENT_PID", "0") or 0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -210,6 +222,7 @@ async def start_service(
     **options: Any,
 ) -> Service:
     drain = options.pop("drain_timeout_s", 10.0)
+    notifier = options.pop("notifier", None)
     opts = ProcessOptions(
         worker_argv=worker_argv if worker_argv is not None else fake_worker_argv(),
         ready_timeout_s=options.pop("ready_timeout_s", 300.0),
@@ -221,6 +234,7 @@ async def start_service(
         runtime_dir=tempfile.mkdtemp(prefix="vsr-", dir="/tmp"),
         options=opts,
         drain_timeout_s=drain,
+        notifier=notifier,
     )
     await sup.start()
     frontend = Frontend(sup)

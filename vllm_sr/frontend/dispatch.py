@@ -7,6 +7,7 @@ return to 0 whatever happens."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.errors import DeadlineExceeded, WorkerFailed
@@ -16,6 +17,14 @@ from vllm_sr.pool.replica import Outcome
 
 if TYPE_CHECKING:
     from vllm_sr.supervisor.supervisor import Supervisor
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """The body with ``model`` set to what an attached runtime serves (its own name for the
+    deployment's model)."""
+    doc = json.loads(body)
+    doc["model"] = model
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def outcome_of(status: int) -> Outcome:
@@ -44,6 +53,8 @@ async def forward(
     rep.active += 1
     outcome: Outcome = "failure"
     try:
+        if rep.served_model is not None:
+            body = with_model(body, rep.served_model)
         resp = await rep.client.post(path, body, timeout_s=timeout_s)
         outcome = outcome_of(resp.status)
         return resp, rep.id

@@ -67,6 +67,7 @@ class ManagedReplica:
         self.active = 0  # exchanges in flight through the frontend (drain waits on it)
         self.record: Any = None  # its pool Replica record while published
         self.retired_from: Any = None  # the pool it drains out of after a reload
+        self.served_model: str | None = None  # attached runtimes: the name to put in "model"
         self._backoff = RestartBackoff(
             options.backoff_initial_s, options.backoff_max_s, options.backoff_reset_s, clock
         )

@@ -28,6 +28,7 @@ from vllm_sr.events import EventBus
 from vllm_sr.pool.client import WorkerClient
 from vllm_sr.pool.pool import PoolSettings, ReplicaPool
 from vllm_sr.supervisor import reload_task
+from vllm_sr.supervisor.attached import AttachedReplica
 from vllm_sr.supervisor.commands import Command, CommandQueue
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
@@ -157,8 +158,9 @@ class Supervisor:
         return str(path)
 
     def _spawn(self, spec: Any) -> ManagedReplica:
-        rep = ManagedReplica(spec, self._socket_path(spec.id), self, self.options, self.clock)
-        return rep
+        if getattr(spec, "endpoint", None):
+            return AttachedReplica(spec, self, self.options, self.clock)
+        return ManagedReplica(spec, self._socket_path(spec.id), self, self.options, self.clock)
 
     async def start(self) -> None:
         """Plan, spawn every worker, publish the pools. Workers join dispatch as they get ready."""
@@ -171,7 +173,8 @@ class Supervisor:
             rep = self._spawn(spec)
             self.replicas[spec.id] = rep
             self.published.add(spec.id)
-            rep.record = self.pools[spec.deployment].add_replica(spec.id, str(spec.device))
+            where = spec.device or getattr(spec, "endpoint", None)
+            rep.record = self.pools[spec.deployment].add_replica(spec.id, str(where))
             rep.start()
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
         self._task(self._maintain(), "maintain")
@@ -355,6 +358,8 @@ class Supervisor:
     async def handle_restart(self, cmd: Command) -> dict[str, Any] | None:
         rep, _ = self._published_replica(cmd.replica)
         self._check_not_stopping()
+        if isinstance(rep, AttachedReplica):
+            await rep.restart()  # refuses: someone else runs it
         self._task(self._restart(rep, cmd), f"restart-{rep.id}")
         return None  # answered once the new process is running
 
