@@ -159,3 +159,20 @@ async def test_concurrent_requests_spread_over_replicas() -> None:
         )
     finally:
         await svc.stop()
+
+
+async def test_caller_hanging_up_frees_the_slot_as_cancelled() -> None:
+    env = {"VLLM_SR_FAULT_FORWARD_DELAY_MS": "5000"}
+    svc = await start_service(lambda: fake_plan(1, env=env, timeout_ms=10_000))
+    try:
+        async with aiohttp.ClientSession() as s:
+            call = asyncio.ensure_future(post(s, f"{svc.url}/v1/embeddings", {"input": "bye"}))
+            await wait_for(
+                lambda: replica_doc(svc.sup, "primary-0")["inflight"] == 1, 10, "in flight"
+            )
+            call.cancel()
+        await wait_for(lambda: replica_doc(svc.sup, "primary-0")["inflight"] == 0, 5, "slot freed")
+        record = svc.sup.pools["primary"].replica("primary-0")
+        assert record.outcomes["cancelled"] == 1 and record.consecutive_timeouts == 0
+    finally:
+        await svc.stop()

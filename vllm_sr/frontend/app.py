@@ -93,7 +93,11 @@ class Frontend:
 
     # ------------------------------------------------------------------ serving
     async def start(self, host: str, port: int) -> str:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # handler_cancellation: a caller that hangs up frees its admission slot at once (the
+        # pool records "cancelled"); the worker's forward may still finish on its own.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()

@@ -100,6 +100,11 @@ class ManagedReplica:
                 await self._task
         await self.client.close()
 
+    def retire(self) -> None:
+        """Leaving the plan: if the process exits now it is not restarted (stop() follows)."""
+        self._stopping = True
+        self._wake.set()
+
     def kill_now(self) -> None:
         if self.process is not None:
             self.process.kill_now()
