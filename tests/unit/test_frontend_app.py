@@ -1,0 +1,65 @@
+"""Frontend helpers without sockets: the caller's deadline header, error bodies and
+Retry-After, reading only ``model`` from a body, and the outcome of a worker's status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from vllm_sr.errors import InvalidRequest, Overloaded, Unavailable, WorkerFailed
+from vllm_sr.frontend.app import caller_timeout_ms, error_response, model_of
+from vllm_sr.frontend.dispatch import outcome_of, with_model
+
+
+def body_of(resp: Any) -> dict[str, Any]:
+    return dict(json.loads(resp.body))
+
+
+def test_timeout_header_is_optional_positive_milliseconds() -> None:
+    assert caller_timeout_ms(make_mocked_request("POST", "/v1/embeddings")) is None
+    req = make_mocked_request("POST", "/", headers={"X-Request-Timeout-Ms": "250"})
+    assert caller_timeout_ms(req) == 250.0
+    for bad in ("0", "-5", "nan", "inf", "soon"):
+        req = make_mocked_request("POST", "/", headers={"X-Request-Timeout-Ms": bad})
+        with pytest.raises(InvalidRequest, match=f"got '{bad}'"):
+            caller_timeout_ms(req)
+
+
+def test_overload_and_unavailable_carry_retry_after_in_whole_seconds() -> None:
+    resp = error_response(Overloaded("full", retry_after_s=0.2))
+    assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+    assert body_of(resp)["error"]["code"] == "overloaded"
+    resp = error_response(Unavailable("none ready", retry_after_s=2.5))
+    assert resp.status == 503 and resp.headers["Retry-After"] == "3"
+    resp = error_response(WorkerFailed("gone"))
+    assert resp.status == 502 and "Retry-After" not in resp.headers
+    assert body_of(resp)["error"] == {"code": "worker_failed", "message": "gone", "retryable": True}
+
+
+def test_model_field_only() -> None:
+    assert model_of(b'{"model": "primary", "input": ["a"]}') == "primary"
+    assert model_of(b'{"input": "a"}') is None
+    with pytest.raises(InvalidRequest, match="'model' must be a string"):
+        model_of(b'{"model": ["x"]}')
+    with pytest.raises(InvalidRequest, match="not valid JSON"):
+        model_of(b'{"model": ')
+
+
+def test_worker_status_to_pool_outcome() -> None:
+    assert [outcome_of(s) for s in (200, 400, 404, 413, 429, 500, 503)] == [
+        "success",
+        "success",
+        "success",
+        "success",
+        "refused",
+        "failure",
+        "failure",
+    ]
+
+
+def test_attached_model_rewrite_keeps_the_rest() -> None:
+    out = json.loads(with_model(b'{"model": "primary", "input": ["a", "b"], "x": 1}', "remote"))
+    assert out == {"model": "remote", "input": ["a", "b"], "x": 1}
