@@ -245,11 +245,15 @@ async def test_64_replicas_update_in_place(live: LiveControl, clock: FakeClock) 
         )
     load(live.backend)
     app = make_app(live.path, clock)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(100, 24)) as pilot:
         await _started(pilot)
         assert len(_rows(app)) == 64
-        await pilot.press(*"jjjjj")
-        assert app.selected == "primary-5"
+        await pilot.press(*"j" * 15)
+        assert app.selected == "primary-15"
+        table = app.query(ReplicaTable).first()
+        # Alone on screen, the table scrolls under its header rather than the page.
+        assert table.scroll_y > 0 and app.deployments.scroll_y == 0
+        await pilot.press(*"k" * 10)
         load(live.backend, seed=5)
         await app.poll_once()
         assert app.selected == "primary-5"  # updated in place: the cursor stays

@@ -273,7 +273,10 @@ class VllmSrTop(App[None]):
         panels = {p.deployment: p for p in container.query(DeploymentPanel)}
         if list(panels) != names:
             await container.remove_children()
-            await container.mount_all([DeploymentPanel(n) for n in names])
+            solo = len(names) == 1
+            await container.mount_all(
+                [DeploymentPanel(n, classes="-solo" if solo else "") for n in names]
+            )
             panels = {p.deployment: p for p in container.query(DeploymentPanel)}
         now = self.clock.time()
         for dep in deps:

@@ -125,7 +125,10 @@ class DeploymentPanel(Vertical):
     DeploymentPanel .title { width: auto; padding: 0 1; }
     DeploymentPanel .rate { width: 14; text-align: right; }
     DeploymentPanel Sparkline { width: 1fr; height: 1; margin: 0 1; }
-    DeploymentPanel ReplicaTable { height: auto; max-height: 70; }
+    DeploymentPanel ReplicaTable { height: auto; }
+    /* Alone on screen, the table fills it and scrolls under its own fixed header. */
+    DeploymentPanel.-solo { height: 1fr; margin: 0; }
+    DeploymentPanel.-solo ReplicaTable { height: 1fr; }
     """
 
     def __init__(self, deployment: str, **kwargs: Any) -> None:
