@@ -138,8 +138,7 @@ def embeddings_finisher(
             ]
         else:
             data = [
-                {"object": "embedding", "index": i, "embedding": v}
-                for i, v in enumerate(vectors)
+                {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
             ]
         return {
             "object": "list",
