@@ -5,6 +5,7 @@ screens are the same on every run. Update with ``pytest tests/tui --snapshot-upd
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,14 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def server(clock: FakeClock) -> Iterator[ServerThread]:
+    # Another test session on this machine (the path is fixed) waits its turn, not fails.
+    SNAP_SOCKET.parent.mkdir(exist_ok=True)
+    with (SNAP_SOCKET.parent / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield from _serve(clock)
+
+
+def _serve(clock: FakeClock) -> Iterator[ServerThread]:
     backend = make_backend(
         clock, {"primary": ["cuda:0", "cuda:1", "cuda:2"], "classifier": ["cpu"]}
     )
