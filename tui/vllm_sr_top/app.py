@@ -99,6 +99,7 @@ class VllmSrTop(App[None]):
         self.retry_at: float | None = None
         self._identity: tuple[Any, Any] | None = None  # (pid, started_at) of the service
         self._wake = asyncio.Event()
+        self._render_lock = asyncio.Lock()
         self._online = asyncio.Event()
 
     # ---- layout -------------------------------------------------------------------------
@@ -259,6 +260,12 @@ class VllmSrTop(App[None]):
             banner.show(None)
 
     async def _render_all(self) -> None:
+        # A refresh, a tick and a key (sort, filter) may all render at once; remounting the
+        # panels must not interleave.
+        async with self._render_lock:
+            await self._render_unlocked()
+
+    async def _render_unlocked(self) -> None:
         self._render_header()
         self._render_banner()
         if self.inventory is None:
