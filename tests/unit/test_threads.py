@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import ConfigError
@@ -364,3 +366,38 @@ def test_two_engines_interleaving_keep_their_own_count() -> None:
     assert seen[1] == [(1, 1)] * 2 * ROUNDS
     assert seen[2] == [(2, 2)] * 2 * ROUNDS
     assert shared.counts() == {1: ROUNDS, 2: 2 * ROUNDS}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    mode=st.sampled_from([1, 2]),
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=400),
+    drift_count=st.sampled_from([None, 1, 4]),
+    drift_above=st.integers(0, 300),
+)
+def test_served_counts_stay_exact_whatever_the_traffic(
+    mode: int, lengths: list[int], drift_count: int | None, drift_above: int
+) -> None:
+    """Mode 1 serves only the configured count; once retired (at most once) every mode serves
+    only it and runs no other pass; mode 2 serves another count only where it was verified."""
+    drift = lambda t, n: t == drift_count and n > drift_above  # noqa: E731
+    policy, engine, events = make(mode, drift=drift, window=3, share=0.5, min_samples=2)
+    policy.golden_passed()
+    retired_at = None
+    for n in lengths:
+        engine.serve([[1] * n])
+        if retired_at is None and policy.retired:
+            retired_at = len(engine.served), len(engine.model.calls)
+    if mode == 1:
+        assert set(engine.served) == {2}
+    retires = [f for name, f in events if name == THREADS_RETIRED]
+    assert len(retires) <= 1
+    if retired_at is not None:
+        assert retires and retires[0]["threads"] == drift_count
+        assert set(engine.served[retired_at[0] :]) <= {2}
+        assert set(engine.model.calls[retired_at[1] :]) <= {2}
+    report = policy.report()
+    assert report is not None
+    for b in report["buckets"]:
+        if b["phase"] == "serving" and not policy.retired:
+            assert b["matches"] >= 3 and b["serving"] == b["best"]
