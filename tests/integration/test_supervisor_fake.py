@@ -156,7 +156,7 @@ async def _serve(args: argparse.Namespace) -> None:
     app.router.add_post("/v1/classify", surface)
     app.router.add_post("/v1/bundle", surface)
     app.router.add_post("/debug/faults", set_faults)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
     await runner.setup()
     if args.port:
         await web.TCPSite(runner, "127.0.0.1", args.port).start()

@@ -37,7 +37,7 @@ async def test_real_worker_killed_mid_request(tiny_bert_dir: Path) -> None:
         async with aiohttp.ClientSession() as s:
             status, doc, _ = await post(s, f"{svc.url}/v1/embeddings", {"input": "hello"})
             assert status == 200 and len(doc["data"][0]["embedding"]) == 32
-            assert (await rep.client.set_faults(10_000)).status == 200
+            assert (await rep.client.set_faults(5_000)).status == 200
             call = asyncio.ensure_future(post(s, f"{svc.url}/v1/embeddings", {"input": "held"}))
             await wait_for(
                 lambda: replica_doc(svc.sup, "primary-0")["inflight"] == 1, 10, "in flight"
@@ -67,7 +67,7 @@ async def test_real_workers_full_refuse_exactly_k(tiny_bert_dir: Path) -> None:
     k = 3
     try:
         for rep in svc.sup.replicas.values():  # hold every forward (after the golden check)
-            assert (await rep.client.set_faults(10_000)).status == 200
+            assert (await rep.client.set_faults(5_000)).status == 200
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             held = [
                 asyncio.ensure_future(
