@@ -48,7 +48,12 @@ def cursor(c: Container) -> str:
 
 
 def unit_journal(c: Container, after: str, *matches: str) -> list[dict[str, Any]]:
-    return c.journal("-u", UNIT, f"--after-cursor={after}", *matches)
+    """The unit's entries after a cursor that have every FIELD=value in ``matches``. The
+    field matches are applied here: journalctl 252 finds nothing when --after-cursor is
+    combined with a field match whose first hit lies beyond the cursor's entry."""
+    wanted = [m.split("=", 1) for m in matches]
+    entries = c.journal("-u", UNIT, f"--after-cursor={after}")
+    return [e for e in entries if all(str(e.get(k)) == v for k, v in wanted)]
 
 
 def messages(entries: list[dict[str, Any]]) -> str:
@@ -209,6 +214,10 @@ def test_killed_worker_restarts_in_inventory_and_journal(installed: Container) -
         "cpu",
     )
     assert entry["SYSLOG_IDENTIFIER"] == "vllm-sr"
+    # The new worker's own records go through the same journald path, tagged with its replica.
+    own = unit_journal(c, before, "VLLM_SR_COMPONENT=worker", f"WORKER_PID={new['pid']}")
+    assert own and all(e["REPLICA"] == new["id"] for e in own)
+    assert {e["_PID"] for e in own} == {str(new["pid"])}
 
 
 def test_reload_applies_a_changed_replica_count(installed: Container, default_config: str) -> None:
