@@ -50,7 +50,7 @@ def forward_rate(loaded: Any, texts: list[str], batch: int, seconds: float) -> f
     loaded.runner.forward(rows)  # warm
     done = 0
     start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds or done < 3 * batch:
         loaded.runner.forward(rows)
         done += batch
     return done / (time.perf_counter() - start)
