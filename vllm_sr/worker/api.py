@@ -204,7 +204,10 @@ def deliver_to_loop(loop: asyncio.AbstractEventLoop) -> Any:
 
 
 async def encode(view: surfaces.ModelView, texts: list[str], truncate: bool) -> list[list[int]]:
-    if len(texts) <= surfaces.TOKENIZE_INLINE_ROWS:
+    if (
+        len(texts) <= surfaces.TOKENIZE_INLINE_ROWS
+        and sum(map(len, texts)) <= surfaces.TOKENIZE_INLINE_CHARS
+    ):
         return surfaces.tokenize(texts, view, truncate)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, surfaces.tokenize, texts, view, truncate)

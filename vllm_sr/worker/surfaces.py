@@ -17,7 +17,10 @@ from vllm_sr.worker.classify import json_type
 
 MAX_ROWS_PER_REQUEST = 2048  # per request, and over all tasks of a bundle
 MAX_TASKS_PER_BUNDLE = 256
-TOKENIZE_INLINE_ROWS = 16  # more rows than this are tokenized off the event loop
+# Up to this many rows and characters are tokenized on the event loop (tens of microseconds);
+# bigger inputs go to a thread so that /health never waits behind a tokenizer.
+TOKENIZE_INLINE_ROWS = 16
+TOKENIZE_INLINE_CHARS = 16384
 
 
 @dataclass
