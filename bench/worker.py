@@ -147,6 +147,37 @@ async def load_run(
 Cell = tuple[str, int, dict[str, float]]
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the worker's forward thread and of all its other threads."""
+    from vllm_sr.worker.engine import FORWARD_THREAD_NAME
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"forward": 0.0, "rest": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        out["forward" if name == FORWARD_THREAD_NAME else "rest"] += cpu
+    return out
+
+
+def worker_run(handle: Any, texts: list[str], concurrency: int, seconds: float) -> dict[str, float]:
+    """One load run, with the share of a core the worker's forward thread and its other
+    threads (HTTP loop, tokenizer) got during it."""
+    before = thread_cpu(handle.pid)
+    started = time.perf_counter()
+    result = asyncio.run(load_run(handle.uds, texts, concurrency, seconds))
+    wall = time.perf_counter() - started
+    after = thread_cpu(handle.pid)
+    result["cpu_forward"] = (after["forward"] - before["forward"]) / wall
+    result["cpu_rest"] = (after["rest"] - before["rest"]) / wall
+    return result
+
+
 def measure(threads: int, seconds: float) -> tuple[dict[str, float], dict[str, int], list[Cell]]:
     """Each cell: the in-process ceiling at the best batch, measured right before the worker
     run (the worker idle meanwhile), so both see the same background load on a shared host."""
@@ -169,7 +200,7 @@ def measure(threads: int, seconds: float) -> tuple[dict[str, float], dict[str, i
         for name, texts in inputs.items():
             for c in CONCURRENCY:
                 ceiling = forward_rate(loaded, texts, batches[name], seconds / 2)
-                result = asyncio.run(load_run(handle.uds, texts, c, seconds))
+                result = worker_run(handle, texts, c, seconds)
                 result["ceiling"] = ceiling
                 cells.append((name, c, result))
     finally:
@@ -191,15 +222,16 @@ def report(threads: int, seconds: float, measured: Any) -> None:
     print()
     print(
         "| input | conc | ceiling rows/s | worker rows/s | ratio | p50 ms | p99 ms "
-        "| queue ms | forward ms | other ms |"
+        "| queue ms | forward ms | other ms | fwd thread CPU | other threads CPU |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, c, r in cells:
         other = r.get("st_total", 0) - r.get("st_queue", 0) - r.get("st_forward", 0)
         print(
             f"| {name} | {c} | {r['ceiling']:.1f} | {r['rows_s']:.1f} | "
             f"{r['rows_s'] / r['ceiling']:.2f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-            f"{r.get('st_queue', 0):.1f} | {r.get('st_forward', 0):.1f} | {other:.2f} |"
+            f"{r.get('st_queue', 0):.1f} | {r.get('st_forward', 0):.1f} | {other:.2f} | "
+            f"{r['cpu_forward']:.0%} | {r['cpu_rest']:.0%} |"
         )
     print()
     for name, target in TARGETS.items():

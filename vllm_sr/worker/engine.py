@@ -9,7 +9,10 @@ Nothing here knows about HTTP or torch: a ``Runner`` turns token rows into an ou
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +25,18 @@ from vllm_sr.errors import InvalidRequest, NotReady, Overloaded, VllmSrError
 from vllm_sr.worker.threads import FixedThreads, ThreadContext, ThreadPolicy, batch_tokens
 
 log = logging.getLogger("vllm_sr.worker.engine")
+
+
+FORWARD_THREAD_NAME = "vsr-forward"  # what top -H and /proc/PID/task/*/comm show
+
+
+def name_os_thread(name: str) -> None:
+    """Name the calling OS thread (Linux), so per-thread CPU can be read from /proc."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
 class Runner(Protocol):
@@ -250,6 +265,7 @@ class Engine:
 
     # -- the forward thread --------------------------------------------------------------
     def _loop(self) -> None:
+        name_os_thread(FORWARD_THREAD_NAME)
         while True:
             with self._cond:
                 while not self._pending and not self._shutdown.is_set():
