@@ -13,6 +13,7 @@ from vllm_sr_top.widgets import Banner, EventsPane, HeaderBar, MessageLine, Repl
 
 from tests.tui.harness import HOST, LiveControl, ReadOnlyPolicy, load, make_app, until
 from vllm_sr.clock import FakeClock
+from vllm_sr.control.fake import FakeReplica
 
 SIZE = (160, 48)
 
@@ -49,9 +50,7 @@ async def _started(pilot: Pilot[Any]) -> VllmSrTop:
     return app
 
 
-async def test_shows_the_inventory_served_on_the_control_socket(
-    live: LiveControl, clock: FakeClock
-) -> None:
+async def test_shows_the_inventory_and_moves_with_keys(live: LiveControl, clock: FakeClock) -> None:
     load(live.backend)
     ejected = live.backend.replica("primary-1")
     ejected.state, ejected.ejections, ejected.consecutive_timeouts = "ejected", 2, 3
@@ -72,13 +71,6 @@ async def test_shows_the_inventory_served_on_the_control_socket(
         await app._tick()
         assert _rows(app)["primary-1"][3] == "2 (15s)"
 
-
-async def test_keys_move_the_selection_across_deployment_tables(
-    live: LiveControl, clock: FakeClock
-) -> None:
-    app = make_app(live.path, clock)
-    async with app.run_test(size=SIZE) as pilot:
-        await _started(pilot)
         assert app.selected == "primary-0"
         await pilot.press("j", "down")
         assert app.selected == "primary-2"
@@ -87,8 +79,15 @@ async def test_keys_move_the_selection_across_deployment_tables(
         await pilot.press("k", "up")
         assert app.selected == "primary-1"
 
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("x")  # any key closes it
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("q")
+    assert app.return_code == 0
 
-async def test_each_action_asks_first_then_shows_the_result(
+
+async def test_each_action_asks_first_then_shows_the_result_or_refusal(
     live: LiveControl, clock: FakeClock
 ) -> None:
     app = make_app(live.path, clock)
@@ -125,16 +124,11 @@ async def test_each_action_asks_first_then_shows_the_result(
         await act("R", "restart", "classifier-0", "ready")
         assert _rows(app)["classifier-0"][9] == "1"  # its restart count
 
-
-async def test_a_refusal_from_the_service_is_shown(live: LiveControl, clock: FakeClock) -> None:
-    app = make_app(live.path, clock)
-    async with app.run_test(size=SIZE) as pilot:
-        await _started(pilot)
         # The fake supervisor refuses to readmit a replica that is not ejected (409).
         await pilot.press("r", "y")
         await until(pilot, lambda: "refused" in _message(app), "the refusal")
-        assert "readmit primary-0 refused: replica primary-0 is not ejected" in _message(app)
-        assert app.query_one(MessageLine).has_class("-error")
+        assert "readmit classifier-0 refused: replica classifier-0 is not ejected" in _message(app)
+        assert app.message.has_class("-error")
         assert app.read_only is None  # a refusal of one action is not a loss of rights
 
 
@@ -158,16 +152,22 @@ async def test_a_read_only_user_sees_the_actions_disabled_and_why(
         assert [c.kind for c in live.backend.commands] == []
 
 
-async def test_reconnects_by_itself_after_the_service_comes_back(
+async def test_waits_for_the_service_and_reconnects_by_itself(
     live: LiveControl, clock: FakeClock
 ) -> None:
+    await live.stop()
     app = make_app(live.path, clock, interval=0.1)
     async with app.run_test(size=SIZE) as pilot:
-        await _started(pilot)
-        await live.stop()
         banner = app.query_one(Banner)
         await until(pilot, lambda: banner.has_class("-disconnected"), "the banner")
-        assert "DISCONNECTED" in _text(banner) and "Retrying in 0." in _text(banner)
+        assert "connecting" in _text(app.query_one(HeaderBar))
+        assert "nothing is serving on" in _text(banner) and "Retrying in 0." in _text(banner)
+        await live.start()
+        await _started(pilot)
+        assert not banner.has_class("-disconnected") and len(_rows(app)) == 4
+
+        await live.stop()
+        await until(pilot, lambda: banner.has_class("-disconnected"), "the banner again")
         assert "primary-0" in _rows(app)  # the last data stays on screen
         await until(pilot, lambda: app.backoff.attempts >= 3, "several retries")
         live.backend.replica("primary-0").restarts = 7
@@ -178,21 +178,6 @@ async def test_reconnects_by_itself_after_the_service_comes_back(
         # The event stream resumes too.
         live.backend.events.publish("replica_ejected", deployment="primary", replica="primary-2")
         await until(pilot, lambda: any("primary-2" in e for e in _events(app)), "a new event")
-
-
-async def test_starts_without_a_service_and_shows_it_once_it_comes(
-    live: LiveControl, clock: FakeClock
-) -> None:
-    await live.stop()
-    app = make_app(live.path, clock, interval=0.1)
-    async with app.run_test(size=SIZE) as pilot:
-        banner = app.query_one(Banner)
-        await until(pilot, lambda: banner.has_class("-disconnected"), "the banner")
-        assert "connecting" in _text(app.query_one(HeaderBar))
-        assert "nothing is serving on" in _text(banner)
-        await live.start()
-        await _started(pilot)
-        assert not banner.has_class("-disconnected") and len(_rows(app)) == 4
 
 
 async def test_sort_filter_and_pause(live: LiveControl, clock: FakeClock) -> None:
@@ -222,38 +207,24 @@ async def test_sort_filter_and_pause(live: LiveControl, clock: FakeClock) -> Non
         await until(pilot, lambda: _rows(app)["primary-0"][9] == "5", "resumed updates")
 
 
-async def test_help_opens_and_closes(live: LiveControl, clock: FakeClock) -> None:
-    app = make_app(live.path, clock)
-    async with app.run_test(size=SIZE) as pilot:
-        await _started(pilot)
-        await pilot.press("question_mark")
-        assert isinstance(app.screen, HelpScreen)
-        await pilot.press("x")
-        assert not isinstance(app.screen, HelpScreen)
-        await pilot.press("q")
-    assert app.return_code == 0
-
-
 async def test_64_replicas_update_in_place(live: LiveControl, clock: FakeClock) -> None:
     live.backend.deployments.pop("classifier")
     live.backend.deployments["primary"] = []
-    from vllm_sr.control.fake import FakeReplica
-
     for i in range(64):
         live.backend.deployments["primary"].append(
             FakeReplica(f"primary-{i}", "primary", f"cuda:{i % 8}", 1000 + i)
         )
     load(live.backend)
     app = make_app(live.path, clock)
-    async with app.run_test(size=(100, 24)) as pilot:
+    async with app.run_test(size=(100, 18)) as pilot:
         await _started(pilot)
         assert len(_rows(app)) == 64
-        await pilot.press(*"j" * 15)
-        assert app.selected == "primary-15"
+        await pilot.press(*"j" * 8)
+        assert app.selected == "primary-8"
         table = app.query(ReplicaTable).first()
         # Alone on screen, the table scrolls under its header rather than the page.
         assert table.scroll_y > 0 and app.deployments.scroll_y == 0
-        await pilot.press(*"k" * 10)
+        await pilot.press(*"k" * 3)
         load(live.backend, seed=5)
         await app.poll_once()
         assert app.selected == "primary-5"  # updated in place: the cursor stays

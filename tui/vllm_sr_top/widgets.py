@@ -6,13 +6,12 @@ import datetime as dt
 from typing import Any
 
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import ComposeResult, RenderResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, RichLog, Sparkline, Static
 
 from vllm_sr_top.model import (
     COLUMNS,
-    HISTORY_LEN,
     SortKey,
     deployment_title,
     event_line,
@@ -116,6 +115,23 @@ class ReplicaTable(DataTable[Any]):
         self._cells = rows
 
 
+class ThroughputSparkline(Sparkline):
+    """One sample per column, the newest on the right, zeros before the first (like htop's
+    meters), so a few first samples are not stretched over the whole width. The window is
+    taken when drawing, at the width the sparkline has then."""
+
+    def render(self) -> RenderResult:
+        width = self.size.width
+        full = self.data
+        recent = list(full or [])[-width:] if width else []
+        # set_reactive: a swap for this one drawing must not schedule another refresh.
+        self.set_reactive(Sparkline.data, [0.0] * (width - len(recent)) + recent)
+        try:
+            return super().render()
+        finally:
+            self.set_reactive(Sparkline.data, full)
+
+
 class DeploymentPanel(Vertical):
     """A deployment's title line with its throughput sparkline, then its replica table."""
 
@@ -139,7 +155,7 @@ class DeploymentPanel(Vertical):
         with Horizontal():
             yield Static(classes="title")
             yield Static(classes="rate")
-            yield Sparkline([], summary_function=max)
+            yield ThroughputSparkline([], summary_function=max)
         yield ReplicaTable(self.deployment)
 
     @property
@@ -152,10 +168,7 @@ class DeploymentPanel(Vertical):
         self.query_one(".rate", Static).update(f"{rate:.1f} req/s")
         # A fixed window, filled from the right as samples arrive (like htop's meters), so
         # a few first samples are not stretched over the whole width.
-        spark = self.query_one(Sparkline)
-        width = spark.size.width or HISTORY_LEN  # one sample per column once laid out
-        recent = list(history)[-width:]
-        spark.data = [0.0] * (width - len(recent)) + recent
+        self.query_one(ThroughputSparkline).data = list(history)
         self.table.show(list(dep.get("replicas", [])), sort, now)
 
 
