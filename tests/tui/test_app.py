@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -99,7 +100,18 @@ async def test_each_action_asks_first_then_shows_the_result_or_refusal(
         assert not isinstance(app.screen, ConfirmScreen) and "cancelled" in _message(app)
         await pilot.press("d", "escape")
         assert live.backend.commands == []
-        sent: list[tuple[str, str]] = []
+
+        # While the service works on an action, the screen stays live.
+        live.backend.hold = asyncio.Event()
+        await pilot.press("d", "y")
+        await until(pilot, lambda: bool(live.backend.commands), "the drain to reach the service")
+        assert "drain primary-0: sent, waiting for the service" in _message(app)
+        await pilot.press("j", "k")
+        assert app.selected == "primary-0"
+        live.backend.hold.set()
+        await until(pilot, lambda: "drain primary-0: done" in _message(app), "the held drain")
+        live.backend.hold = None
+        sent: list[tuple[str, str]] = [("drain", "primary-0")]
 
         async def act(key: str, verb: str, rid: str, state: str) -> None:
             await pilot.press("j")

@@ -404,7 +404,8 @@ class VllmSrTop(App[None]):
             self.say(f"{verb} {rid} refused: {exc.message}", "error")
             return
         except Disconnected as exc:
-            self.say(f"{verb} {rid} not sent: {exc}", "error")
+            # Sent or not, applied or not: only the service knows; its events will say.
+            self.say(f"{verb} {rid}: no answer from the service ({exc})", "error")
             return
         self.say(f"{verb} {rid}: done, {PAST[verb]}", "ok")
         self.refresh_now()

@@ -50,15 +50,26 @@ def permission_from_health(health: dict[str, Any]) -> str | None:
     return None
 
 
+READ_TIMEOUT_S = 10.0
+# A mutation answers once applied: a drain waits for in-flight requests, a restart for the
+# new worker. The screen does not wait on it (it runs in a worker), so allow it time.
+ACTION_TIMEOUT_S = 300.0
+
+
 def connect(socket: str) -> ControlApi:
-    return ClientApi(AsyncControlClient(socket, timeout_s=10.0))
+    return ClientApi(
+        AsyncControlClient(socket, timeout_s=READ_TIMEOUT_S),
+        AsyncControlClient(socket, timeout_s=ACTION_TIMEOUT_S),
+    )
 
 
 class ClientApi:
-    """``ControlApi`` over the control API's own async client."""
+    """``ControlApi`` over the control API's own async client (one for reads, one with a
+    longer timeout for actions)."""
 
-    def __init__(self, client: AsyncControlClient) -> None:
+    def __init__(self, client: AsyncControlClient, actions: AsyncControlClient) -> None:
         self.client = client
+        self.actions = actions
 
     async def _read(self, call: Any) -> dict[str, Any]:
         try:
@@ -88,7 +99,7 @@ class ClientApi:
         if verb not in ("drain", "eject", "readmit", "restart"):
             raise ValueError(f"verb: {verb!r} is not one of drain, eject, readmit, restart")
         try:
-            result: dict[str, Any] = await getattr(self.client, verb)(replica)
+            result: dict[str, Any] = await getattr(self.actions, verb)(replica)
         except (ServiceNotRunning, DeadlineExceeded) as exc:
             raise Disconnected(exc.message) from exc
         except VllmSrError as exc:
@@ -97,3 +108,4 @@ class ClientApi:
 
     async def close(self) -> None:
         await self.client.close()
+        await self.actions.close()
