@@ -59,6 +59,8 @@ class VllmSrTop(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
+        # Like top and htop (Textual's default only explains how to quit).
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
         Binding("j,down", "move(1)", "down", show=False),
         Binding("k,up", "move(-1)", "up", show=False),
         Binding("d", "act('drain')", "drain"),
