@@ -79,6 +79,12 @@ async def test_shows_the_inventory_and_moves_with_keys(live: LiveControl, clock:
         assert app.selected == "classifier-0"
         await pilot.press("k", "up")
         assert app.selected == "primary-1"
+        await pilot.press("tab", "tab")  # to the events pane, to scroll it
+        assert isinstance(app.focused, EventsPane)
+        await app.poll_once()
+        assert isinstance(app.focused, EventsPane)  # a refresh does not take the focus back
+        await pilot.press("j")
+        assert isinstance(app.focused, ReplicaTable)
 
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)

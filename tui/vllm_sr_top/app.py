@@ -53,6 +53,8 @@ class VllmSrTop(App[None]):
     TITLE = "vllm-sr-top"
     # The palette's footer entry would push our own keys off an 80-column footer.
     ENABLE_COMMAND_PALETTE = False
+    # The first replica table takes the focus once it exists (see _render_unlocked).
+    AUTO_FOCUS = None
     CSS = """
     #deployments { height: 1fr; }
     """
@@ -162,7 +164,8 @@ class VllmSrTop(App[None]):
         try:
             if not self.connected:
                 health = await self.api.health()
-                self.read_only = permission_from_health(health)
+                if "caller" in health:  # else what a 403 taught us stands
+                    self.read_only = permission_from_health(health)
             inventory = await self.api.inventory()
         except Disconnected as exc:
             return self._went_away(str(exc))
@@ -291,8 +294,9 @@ class VllmSrTop(App[None]):
         for dep in deps:
             name = str(dep.get("name"))
             panels[name].show(dep, self.history.samples(name), self.sort, now)
-        on_top = self.screen is container.screen  # not while a dialog has the focus
-        if on_top and not isinstance(self.focused, ReplicaTable):
+        # Only when nothing has the focus (at start, or its table was just replaced): the
+        # user may have moved it to the events pane, and a dialog keeps its own.
+        if self.screen is container.screen and self.focused is None:
             tables = list(container.query(ReplicaTable))
             if tables:
                 tables[0].focus()
