@@ -78,6 +78,7 @@ relocate_venv() {
     # upstream's leftover and would otherwise need a system python3 dependency).
     find "$venv/lib" -type f -name '*.so*' -perm /111 -exec chmod 0644 {} +
     find "$venv/lib" -type f -name '*.py' -perm /111 -exec chmod 0644 {} +
+    find "$venv/lib" -type f -path '*.dist-info/*' -perm /111 -exec chmod 0644 {} +
 }
 
 install_files() {

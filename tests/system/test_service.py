@@ -261,6 +261,15 @@ def test_stalled_main_loop_gets_a_watchdog_restart(installed: Container) -> None
         props = c.show(UNIT, "MainPID", "NRestarts")
         before = cursor(c)
         (rep,) = primary(c)["replicas"]
+        # A stalled worker is not a stalled service: three watchdog periods, no restart.
+        c.run(["kill", "-STOP", str(rep["pid"])])
+        hold_until = time.monotonic() + 3 * 4
+        while time.monotonic() < hold_until:
+            now = c.show(UNIT, "MainPID", "ActiveState")
+            assert now == {"MainPID": props["MainPID"], "ActiveState": "active"}
+            time.sleep(0.5)
+        c.run(["kill", "-CONT", str(rep["pid"])], check=False)
+        # A stalled main loop is: systemd must restart the service.
         c.run(["kill", "-STOP", props["MainPID"]])
 
         def restarted() -> bool:
