@@ -196,3 +196,32 @@ async def test_slow_everywhere_ejects_nobody() -> None:
             await rep.client.set_faults(0)
         await load.stop()
         await svc.stop()
+
+
+async def test_stopped_worker_out_by_failed_probe_and_back_after_sigcont() -> None:
+    # With a threshold it cannot reach before its /health probe fails, a SIGSTOPped worker
+    # leaves dispatch as unhealthy rather than ejected, and the supervisor's re-probe brings it
+    # back once it runs again.
+    outlier = {**OUTLIER, "consecutive_timeouts": 50}
+    plan = fake_plan(3, timeout_ms=TIMEOUT_MS, outlier=outlier)
+    svc = await start_service(lambda: plan, stop_grace_s=1.0)
+    load = Load(svc.url)
+    load.start()
+    pid = svc.sup.replicas["primary-0"].pid
+    assert pid is not None
+    try:
+        await wait_for(lambda: len(load.results) > 30, 20, "load running")
+        os.kill(pid, signal.SIGSTOP)
+        await wait_for(lambda: not replica_doc(svc.sup, "primary-0")["ready"], 20, "out")
+        mark = time.monotonic()
+        await asyncio.sleep(0.5)
+        after = load.between(mark, mark + 0.4)
+        assert after and all(r[2] == 200 and r[3] != "primary-0" for r in after)
+        os.kill(pid, signal.SIGCONT)
+        await wait_for(lambda: replica_doc(svc.sup, "primary-0")["ready"], 20, "healthy again")
+        await wait_for(lambda: any(r[3] == "primary-0" for r in load.results[-50:]), 20, "serving")
+        assert replica_doc(svc.sup, "primary-0")["ejections"] == 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await load.stop()
+        await svc.stop()
