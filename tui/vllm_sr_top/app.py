@@ -299,7 +299,7 @@ class VllmSrTop(App[None]):
         if self.screen is container.screen and self.focused is None:
             tables = list(container.query(ReplicaTable))
             if tables:
-                tables[0].focus()
+                self._focus(tables[0])
 
     async def _tick(self) -> None:
         self._render_banner()
@@ -316,13 +316,18 @@ class VllmSrTop(App[None]):
         focused = self.focused
         return focused.selected_id if isinstance(focused, ReplicaTable) else None
 
+    def _focus(self, table: ReplicaTable) -> None:
+        # At once, not on the next message like Widget.focus(): a key already queued behind
+        # this one (j then e) must find the table focused.
+        table.screen.set_focus(table, scroll_visible=False)
+
     def action_move(self, step: int) -> None:
         """Moves the selection; past a table's end it continues in the next deployment."""
         tables = self._tables()
         focused = self.focused
         if not isinstance(focused, ReplicaTable):
             if tables:
-                tables[0].focus()
+                self._focus(tables[0])
             return
         row = focused.cursor_row + step
         if 0 <= row < focused.row_count:
@@ -331,7 +336,7 @@ class VllmSrTop(App[None]):
         index = tables.index(focused) + (1 if step > 0 else -1)
         if 0 <= index < len(tables) and tables[index].row_count:
             target = tables[index]
-            target.focus()
+            self._focus(target)
             target.move_cursor(row=0 if step > 0 else target.row_count - 1, animate=False)
 
     def on_data_table_row_highlighted(self, event: ReplicaTable.RowHighlighted) -> None:
