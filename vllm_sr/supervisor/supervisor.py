@@ -42,7 +42,6 @@ PROBE_TIMEOUT_S = 2.0
 QUICK_GRACE_S = 1.0
 MAINTAIN_INTERVAL_S = 0.05
 STATUS_EVERY = 4  # rounds between STATUS= checks (the inventory is not free)
-RECHECK_EVERY = 20  # rounds between /health probes of replicas a failed probe took out
 
 
 def pool_settings(dep: DeploymentPlan) -> PoolSettings:
@@ -250,15 +249,9 @@ class Supervisor:
         rounds = 0
         while True:
             rounds += 1
-            recheck = rounds % RECHECK_EVERY == 0
             for pool in list(self.pools.values()):
-                pool.tick()
-                wanted = pool.take_probe_requests()
-                if recheck:
-                    # A replica a failed probe took out (e.g. a stopped process) comes back
-                    # only on a healthy probe, and nothing else asks for one: ask here.
-                    wanted += [r.id for r in pool.replicas() if not r.healthy and r.pid]
-                for rid in wanted:
+                pool.tick()  # also schedules re-probes of replicas a failed probe took out
+                for rid in pool.take_probe_requests():
                     if rid in probing or rid not in self.replicas:
                         continue
                     probing.add(rid)
