@@ -273,6 +273,21 @@ def test_exploration_stays_in_its_share_and_pass_cap() -> None:
     assert report["shadow_passes"] <= 6 + 40 * 0.02 * 6 + 2
 
 
+def test_a_slow_count_costs_at_most_the_time_share() -> None:
+    # 1 and 4 threads are 50x slower than the configured 2: the forward share alone would let
+    # shadow passes take 5x the served time; the time share holds them to 20 % (+ one pair).
+    slow = lambda t, n: 0.001 if t == 2 else 0.05  # noqa: E731
+    policy, engine, _ = make(1, speed=slow, share=0.1, time_share=0.2, min_samples=50)
+    policy.golden_passed()
+    for _ in range(2000):
+        engine.serve(LONG)
+    report = policy.report()
+    assert report is not None and report["shadow_passes"] > 2
+    served_s = 2000 * 0.001
+    assert report["shadow_seconds"] <= 0.2 * served_s + 0.051 + 1e-9
+    assert report["shadow_seconds"] >= 0.2 * served_s - 0.051  # it still explores
+
+
 @pytest.mark.parametrize(
     ("value", "kind", "mode"),
     [

@@ -198,6 +198,7 @@ def policy_from_env(
 WINDOW = 16  # mode 2: consecutive bit-identical matches before a bucket serves its count
 MIN_SAMPLES = 5  # timed pairs per count per bucket before the bucket's fastest is decided
 SHARE = 0.1  # at most this share of a bucket's forwards carry exploration passes
+TIME_SHARE = 0.2  # extra passes may take at most this share of the served forwards' time
 AUDIT_SHARE = 0.02  # mode 2, a bucket serving a learned count: share re-checked against configured
 MAX_SHADOW_PER_S = 10.0  # cap on extra passes (warm + shadow) per second, over all buckets
 MARGIN = 0.05  # another count must be this much faster (median paired ratio) to beat configured
@@ -301,6 +302,7 @@ class AdaptiveThreads:
         window: int = WINDOW,
         min_samples: int = MIN_SAMPLES,
         share: float = SHARE,
+        time_share: float = TIME_SHARE,
         audit_share: float = AUDIT_SHARE,
         max_shadow_per_s: float = MAX_SHADOW_PER_S,
         margin: float = MARGIN,
@@ -312,7 +314,7 @@ class AdaptiveThreads:
         self.mode, self.configured, self.budget = mode, configured, budget
         self.allowed = allowed_counts(configured, budget)
         self.window, self.min_samples, self.margin = window, min_samples, margin
-        self.share, self.audit_share = share, audit_share
+        self.share, self.time_share, self.audit_share = share, time_share, audit_share
         self.max_shadow_per_s = max_shadow_per_s
         self._emit, self._clock = emit, clock
         self._lock = threading.Lock()
@@ -376,7 +378,8 @@ class AdaptiveThreads:
         return bucket
 
     def _plan(self, bucket: _Bucket, threads: int) -> tuple[str, int] | None:
-        """Which passes this forward carries, inside the share and the per-second cap."""
+        """Which passes this forward carries, inside the shares and the per-second cap.
+        The time share bounds what a count much slower than the configured one costs."""
         if bucket.phase == "exploring":
             share, passes = self.share, 2
             others = [c for c in self.allowed if c != self.configured]
@@ -388,7 +391,9 @@ class AdaptiveThreads:
             share, passes, plan = self.audit_share, 1, ("check", self.configured)
         else:
             return None
-        if bucket.explored >= share * bucket.forwards or not self._take(passes):
+        if bucket.explored >= share * bucket.forwards:
+            return None
+        if self._shadow_s > self.time_share * self._served_s or not self._take(passes):
             return None
         return plan
 
@@ -506,6 +511,7 @@ class AdaptiveThreads:
                 "window": self.window,
                 "min_samples": self.min_samples,
                 "share": self.share,
+                "time_share": self.time_share,
                 "max_shadow_per_s": self.max_shadow_per_s,
                 "buckets": buckets,
                 "best_threads": recommended,
