@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+STAND_IN = "tests.integration.test_supervisor_fake"
 SHORT = "The quick brown fox jumps over the lazy dog by the river."
 LONG = (
     "Semantic routing sends each request to the model best suited to answer it, using small "
@@ -178,15 +179,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_serve(replicas: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
+def start_serve(
+    replicas: int, workdir: Path, stand_in: bool = False
+) -> tuple[subprocess.Popen[bytes], int, Path]:
     port = free_port()
     run = Path(tempfile.mkdtemp(prefix="vsr-bench-", dir="/tmp"))
-    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "vllm-sr/d3-edge", "-e"]
+    artifact = "stand-in/noop" if stand_in else "vllm-sr/d3-edge"
+    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", artifact, "-e"]
     argv += ["--platform", "cpu", "-dp", str(replicas), "--config", str(workdir / "config.yaml")]
     argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
     argv += ["--control-socket", str(run / "control.sock")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    log = open(workdir / f"serve-{replicas}.log", "wb")  # noqa: SIM115 (kept for the process)
+    if stand_in:
+        # The tests' stand-in worker answers at once: what is left is the frontend's own cost.
+        env["PYTHONPATH"] = str(REPO)
+        env["VLLM_SR_WORKER_ARGV"] = f"{sys.executable} -m {STAND_IN} worker"
+    name = "stand-in" if stand_in else f"serve-{replicas}"
+    log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 (kept for the process)
     proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=REPO)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -268,6 +277,18 @@ async def main_async(args: argparse.Namespace) -> None:
             all_rows += await bench_layout(replicas, port, run, args.concurrency, args.duration)
         finally:
             stop_serve(proc, run)
+    proc, port, run = start_serve(1, workdir, stand_in=True)
+    try:
+        worker = [Target("stand-in", uds=str(run / "workers" / "primary-0.sock"))]
+        frontend = [Target("frontend", host="127.0.0.1", port=port)]
+        straight, via = await ab_cell(worker, frontend, SHORT, 1, args.duration)
+        s_, f_ = straight.summary(), via.summary()
+        print(
+            f"frontend's own added p50 at c=1 against a worker that answers at once: "
+            f"{f_[1] - s_[1]:+.3f} ms (straight {s_[1]:.3f} ms, via frontend {f_[1]:.3f} ms)"
+        )
+    finally:
+        stop_serve(proc, run)
     for r in all_rows:
         s, f = r["straight"], r["frontend"]
         assert isinstance(s, tuple) and isinstance(f, tuple)
@@ -280,7 +301,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--replicas", type=int, nargs="*", default=[1, 2])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
     asyncio.run(main_async(p.parse_args()))
