@@ -173,6 +173,7 @@ def _publish(
     for rid in plan.specs():
         self.replicas[rid.id].spec = rid  # kept workers take the new spec (same identity)
     self.plan = plan
+    self.place_self()
     self.generation += 1
     self.events.publish(
         ev.POOL_PUBLISHED, generation=self.generation, deployments=list(plan.deployments)

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from vllm_sr import __version__
 from vllm_sr import events as ev
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
@@ -92,6 +94,7 @@ class Supervisor:
         self.scaler: Scaler | None = None  # writes a new replica count into config (scale)
         self._reload_task: asyncio.Task[None] | None = None
         self._staged: dict[int, ManagedReplica] = {}
+        self._own_cpus: list[int] = []
 
     # ------------------------------------------------------------------ frontend seam
     def resolve(self, model: str | None) -> tuple[ReplicaPool, DeploymentPlan]:
@@ -177,11 +180,28 @@ class Supervisor:
             rep.record = self.pools[spec.deployment].add_replica(spec.id, str(where))
             rep.start()
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
+        self.place_self()
         self._task(self._maintain(), "maintain")
         self._task(self.notifier.run_watchdog(), "watchdog")
         self.events.publish(
             ev.POOL_PUBLISHED, generation=self.generation, deployments=list(self.pools)
         )
+
+    def place_self(self) -> None:
+        """Keep the service's own per-request work off the workers' pinned CPUs when some are
+        left over (the page: per-request work small and off the forward's cores)."""
+        if self.plan is None:
+            return
+        specs = [s for s in self.plan.specs() if not getattr(s, "endpoint", None)]
+        if not specs or not all(getattr(s, "cpus", None) for s in specs):
+            return  # an unpinned worker would inherit a narrowed set: leave it all
+        pinned = {c for spec in specs for c in spec.cpus}
+        with contextlib.suppress(psutil.Error, OSError, AttributeError):
+            me = psutil.Process()
+            if not self._own_cpus:
+                self._own_cpus = list(me.cpu_affinity() or [])
+            rest = [c for c in self._own_cpus if c not in pinned]
+            me.cpu_affinity(rest or self._own_cpus)
 
     def _new_pool(self, dep: DeploymentPlan) -> ReplicaPool:
         return ReplicaPool(
