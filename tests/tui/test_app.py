@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from rich.text import Text
+from textual import events
 from textual.pilot import Pilot
 from vllm_sr_top.app import VllmSrTop, build_parser
 from vllm_sr_top.screens import ConfirmScreen, HelpScreen
@@ -84,7 +85,14 @@ async def test_shows_the_inventory_and_moves_with_keys(live: LiveControl, clock:
         await app.poll_once()
         assert isinstance(app.focused, EventsPane)  # a refresh does not take the focus back
         await pilot.press("j")
-        assert isinstance(app.focused, ReplicaTable)
+        assert isinstance(app.focused, ReplicaTable) and app.selected == "primary-2"
+        # The terminal loses the focus (Textual then un-focuses every widget); keys that
+        # still arrive act on the selection all the same.
+        app.post_message(events.AppBlur())
+        await until(pilot, lambda: app.focused is None, "the blur")
+        await pilot.press("k", "e")
+        assert isinstance(app.screen, ConfirmScreen) and "primary-1" in app.screen.question
+        await pilot.press("n")
 
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)

@@ -104,6 +104,7 @@ class VllmSrTop(App[None]):
         self._identity: tuple[Any, Any] | None = None  # (pid, started_at) of the service
         self._wake = asyncio.Event()
         self._render_lock = asyncio.Lock()
+        self._table: ReplicaTable | None = None  # where the selection is
         self._online = asyncio.Event()
 
     # ---- layout -------------------------------------------------------------------------
@@ -294,12 +295,15 @@ class VllmSrTop(App[None]):
         for dep in deps:
             name = str(dep.get("name"))
             panels[name].show(dep, self.history.samples(name), self.sort, now)
-        # Only when nothing has the focus (at start, or its table was just replaced): the
-        # user may have moved it to the events pane, and a dialog keeps its own.
-        if self.screen is container.screen and self.focused is None:
-            tables = list(container.query(ReplicaTable))
-            if tables:
-                self._focus(tables[0])
+        # The selection starts in the first table, and moves there when its table went away
+        # (a filter, a scale). The focus follows only when nothing has it: the user may have
+        # moved it to the events pane, and a dialog keeps its own.
+        tables = list(container.query(ReplicaTable))
+        if tables and self.current_table is None:
+            self._table = tables[0]
+        focusable = self.app_focus and self.screen is container.screen
+        if tables and focusable and self.focused is None:
+            self._focus(self._table or tables[0])
 
     async def _tick(self) -> None:
         self._render_banner()
@@ -312,11 +316,24 @@ class VllmSrTop(App[None]):
         return list(self.deployments.query(ReplicaTable))
 
     @property
-    def selected(self) -> str | None:
+    def current_table(self) -> ReplicaTable | None:
+        """The table the selection is in. Kept apart from the focus: the focus goes away
+        while the terminal is not the active window (Textual blurs on focus-out), and keys
+        can still arrive then (tmux send-keys, a paste)."""
         focused = self.focused
-        return focused.selected_id if isinstance(focused, ReplicaTable) else None
+        if isinstance(focused, ReplicaTable):
+            self._table = focused
+        elif self._table is not None and not self._table.is_attached:
+            self._table = None
+        return self._table
+
+    @property
+    def selected(self) -> str | None:
+        table = self.current_table
+        return table.selected_id if table is not None else None
 
     def _focus(self, table: ReplicaTable) -> None:
+        self._table = table
         # At once, not on the next message like Widget.focus(): a key already queued behind
         # this one (j then e) must find the table focused.
         table.screen.set_focus(table, scroll_visible=False)
@@ -324,16 +341,18 @@ class VllmSrTop(App[None]):
     def action_move(self, step: int) -> None:
         """Moves the selection; past a table's end it continues in the next deployment."""
         tables = self._tables()
-        focused = self.focused
-        if not isinstance(focused, ReplicaTable):
+        current = self.current_table
+        if current is None:
             if tables:
                 self._focus(tables[0])
             return
-        row = focused.cursor_row + step
-        if 0 <= row < focused.row_count:
-            focused.move_cursor(row=row, animate=False)
+        if self.focused is not current:
+            self._focus(current)
+        row = current.cursor_row + step
+        if 0 <= row < current.row_count:
+            current.move_cursor(row=row, animate=False)
             return
-        index = tables.index(focused) + (1 if step > 0 else -1)
+        index = tables.index(current) + (1 if step > 0 else -1)
         if 0 <= index < len(tables) and tables[index].row_count:
             target = tables[index]
             self._focus(target)
