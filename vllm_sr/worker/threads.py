@@ -360,7 +360,7 @@ class AdaptiveThreads:
             bucket = self._bucket(bucket_of(batch_tokens(rows)))
             bucket.forwards += 1
             self._served_s += seconds
-            plan = self._plan(bucket, threads)
+            plan = self._plan(bucket, threads, seconds)
             if plan is None:
                 return
             bucket.explored += 1
@@ -377,25 +377,39 @@ class AdaptiveThreads:
                 bucket.phase, bucket.best = "learned", self.configured
         return bucket
 
-    def _plan(self, bucket: _Bucket, threads: int) -> tuple[str, int] | None:
+    def _plan(self, bucket: _Bucket, threads: int, seconds: float) -> tuple[str, int] | None:
         """Which passes this forward carries, inside the shares and the per-second cap.
-        The time share bounds what a count much slower than the configured one costs."""
+        The passes' cost is predicted (this forward's time times what is known of the count's
+        speed) and must fit the time share first, so one slow pass cannot overshoot it."""
         if bucket.phase == "exploring":
             share, passes = self.share, 2
             others = [c for c in self.allowed if c != self.configured]
             plan = ("explore", min(others, key=lambda c: (bucket.samples[c], c)))
+            cost = seconds * (1.0 + self._slowness(bucket, plan[1]))
         elif bucket.phase == "verifying":
             assert bucket.best is not None
             share, passes, plan = self.share, 1, ("verify", bucket.best)
+            cost = seconds * self._slowness(bucket, bucket.best)
         elif bucket.phase == "serving" and threads != self.configured:
             share, passes, plan = self.audit_share, 1, ("check", self.configured)
+            cost = seconds / self._slowness(bucket, threads)
         else:
             return None
         if bucket.explored >= share * bucket.forwards:
             return None
-        if self._shadow_s > self.time_share * self._served_s or not self._take(passes):
+        if self._shadow_s + cost > self.time_share * self._served_s or not self._take(passes):
             return None
         return plan
+
+    def _slowness(self, bucket: _Bucket, count: int) -> float:
+        """Time at ``count`` over time at the configured count: this bucket's median when
+        known, else the worst median of the other buckets, else 1."""
+        if count == self.configured:
+            return 1.0
+        if bucket.ratios.get(count):
+            return bucket.median_ratio(count, self.configured)
+        seen = [_median(b.ratios[count]) for b in self._buckets.values() if b.ratios.get(count)]
+        return max(seen, default=1.0)
 
     def _take(self, passes: int) -> bool:
         now = self._clock.monotonic()
