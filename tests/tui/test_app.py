@@ -80,18 +80,18 @@ async def test_shows_the_inventory_and_moves_with_keys(live: LiveControl, clock:
         assert app.selected == "classifier-0"
         await pilot.press("k", "up")
         assert app.selected == "primary-1"
-        await pilot.press("tab", "tab")  # to the events pane, to scroll it
+        await pilot.press("tab", "tab")  # through the classifier table to the events pane
         assert isinstance(app.focused, EventsPane)
         await app.poll_once()
         assert isinstance(app.focused, EventsPane)  # a refresh does not take the focus back
-        await pilot.press("j")
-        assert isinstance(app.focused, ReplicaTable) and app.selected == "primary-2"
+        await pilot.press("j")  # back to the table the selection is in (the last one)
+        assert isinstance(app.focused, ReplicaTable) and app.selected == "classifier-0"
         # The terminal loses the focus (Textual then un-focuses every widget); keys that
         # still arrive act on the selection all the same.
         app.post_message(events.AppBlur())
         await until(pilot, lambda: app.focused is None, "the blur")
         await pilot.press("k", "e")
-        assert isinstance(app.screen, ConfirmScreen) and "primary-1" in app.screen.question
+        assert isinstance(app.screen, ConfirmScreen) and "primary-2" in app.screen.question
         await pilot.press("n")
 
         await pilot.press("question_mark")

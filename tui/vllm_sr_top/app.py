@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
@@ -314,6 +315,10 @@ class VllmSrTop(App[None]):
 
     def _tables(self) -> list[ReplicaTable]:
         return list(self.deployments.query(ReplicaTable))
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if isinstance(event.widget, ReplicaTable):
+            self._table = event.widget
 
     @property
     def current_table(self) -> ReplicaTable | None:
