@@ -69,6 +69,9 @@ class Tmux:
 
     def close(self) -> None:
         self._tmux("kill-server")
+        # tmux leaves its socket file behind.
+        tmpdir = Path(os.environ.get("TMUX_TMPDIR", "/tmp"))
+        (tmpdir / f"tmux-{os.getuid()}" / self.server).unlink(missing_ok=True)
 
 
 def rows(screen: str, *ids: str) -> bool:
