@@ -24,7 +24,8 @@ REPLICA_INCOMPATIBLE = "replica_incompatible"  # deployment, replica, device, re
 REPLICA_DRAINING = "replica_draining"  # deployment, replica, device, pid, reason
 REPLICA_STOPPED = "replica_stopped"  # deployment, replica, device, pid
 REPLICA_BACKOFF = "replica_backoff"  # deployment, replica, device, pid, backoff_s, reason
-REPLICA_EJECTED = "replica_ejected"  # deployment, replica, device, pid, timeouts, duration_ms, reason
+# replica_ejected: deployment, replica, device, pid, timeouts, duration_ms, reason
+REPLICA_EJECTED = "replica_ejected"
 REPLICA_READMITTED = "replica_readmitted"  # deployment, replica, device, pid,
 # why: cooldown_ended | success | no_other_replica | manual
 REPLICA_EJECTION_WITHHELD = "replica_ejection_withheld"  # deployment, replica, timeouts,
@@ -33,8 +34,8 @@ POOL_PUBLISHED = "pool_published"  # generation, deployments
 RELOAD_FAILED = "reload_failed"  # reason
 SERVICE_READY = "service_ready"
 SERVICE_STOPPING = "service_stopping"  # quick
-THREADS_LEARNED = "threads_learned"  # replica, bucket, threads, median_ms
-THREADS_RETIRED = "threads_retired"  # replica, threads, bucket, tokens
+THREADS_LEARNED = "threads_learned"  # bucket, threads, median_ms, ratio, samples
+THREADS_RETIRED = "threads_retired"  # threads, against_threads, bucket, tokens, rows, diff
 
 WARNING_EVENTS = frozenset(
     {

@@ -14,6 +14,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from vllm_sr.errors import EXIT_OK, GoldenCheckFailed, VllmSrError
+from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
 from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Job
@@ -114,10 +116,12 @@ def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
     )
 
 
+_event_log = log_sink(logging.getLogger("vllm_sr.worker"))
+
+
 def _emit(name: str, **fields: Any) -> None:
     """Events from the thread policy go to the log (the supervisor reads worker logs)."""
-    detail = " ".join(f"{k}={v}" for k, v in fields.items())
-    log.info("%s %s", name, detail, extra={"vllm_sr_event": name, "vllm_sr_fields": fields})
+    _event_log(Event(0, time.time(), name, fields))
 
 
 def run(opts: WorkerOptions, env: Mapping[str, str] | None = None) -> int:
