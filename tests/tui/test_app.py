@@ -168,9 +168,10 @@ async def test_a_read_only_user_sees_the_actions_disabled_and_why(
     app = make_app(live.path, clock)
     async with app.run_test(size=SIZE) as pilot:
         await _started(pilot)
+        # /v1/health says who the caller is, so the actions are off before any is tried.
+        await until(pilot, lambda: app.read_only is not None, "the caller's permission")
+        assert "may read but not change the service" in (app.read_only or "")
         await pilot.press("d", "y")
-        await until(pilot, lambda: app.read_only is not None, "the 403")
-        assert "may read but not change the service" in _message(app)
         banner = app.query_one(Banner)
         assert banner.has_class("-readonly") and "read-only" in _text(banner)
         assert app.check_action("act", ("eject",)) is None  # greyed out in the footer

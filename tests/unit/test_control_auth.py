@@ -116,14 +116,18 @@ class Conn(http.client.HTTPConnection):
         self.sock.connect(sys.argv[1])
 
 out = {}
-for method, target in (("GET", "/v1/inventory"), ("POST", "/v1/replicas/primary-0/eject")):
+for key, method, target in (
+    ("GET", "GET", "/v1/inventory"),
+    ("HEALTH", "GET", "/v1/health"),
+    ("POST", "POST", "/v1/replicas/primary-0/eject"),
+):
     conn = Conn("localhost", timeout=10)
     try:
         conn.request(method, target, body=b"{}" if method == "POST" else None)
         resp = conn.getresponse()
-        out[method] = [resp.status, json.loads(resp.read())]
+        out[key] = [resp.status, json.loads(resp.read())]
     except OSError as exc:
-        out[method] = ["oserror", exc.errno]
+        out[key] = ["oserror", exc.errno]
 print(json.dumps(out))
 """
 
@@ -174,6 +178,9 @@ async def test_second_uid_reads_but_may_not_mutate(peer_env: tuple[int, int, int
     status, body = out["POST"]
     assert status == 403 and body["error"]["code"] == "forbidden"
     assert f"uid {uid} ({PEER_USER})" in body["error"]["message"]
+    caller = out["HEALTH"][1]["caller"]  # so a dashboard can disable its actions up front
+    assert caller["uid"] == uid and caller["may_mutate"] is False
+    assert caller["why"] == body["error"]["message"]
     assert backend.commands == []
     assert backend.replica("primary-0").state == "ready"
 
@@ -184,6 +191,7 @@ async def test_admin_group_member_may_mutate(peer_env: tuple[int, int, int, Path
     srv = ControlServer(backend, d / "c.sock", group=SOCK_GROUP, admin_group=ADMIN_GROUP)
     async with srv:
         out = await _as_peer(srv.path, uid, [sock_gid, admin_gid])
+    assert out["HEALTH"][1]["caller"] == {"uid": uid, "may_mutate": True, "why": None}
     assert out["POST"][0] == 200 and out["POST"][1]["state"] == "ejected"
     assert [c.kind for c in backend.commands] == ["eject"]
 

@@ -102,7 +102,23 @@ async def _inventory(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    return _json(request.app[SERVER_KEY].backend.health())
+    body = dict(request.app[SERVER_KEY].backend.health())
+    body["caller"] = _caller(request)
+    return _json(body)
+
+
+def _caller(request: web.Request) -> dict[str, object]:
+    """Whether this peer may mutate, so a client can disable its actions up front."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return {"uid": None, "may_mutate": False, "why": "cannot identify the peer"}
+    peer = read_peer(sock)
+    try:
+        request.app[SERVER_KEY].policy.check_mutation(peer)
+    except Forbidden as exc:
+        return {"uid": peer.uid, "may_mutate": False, "why": exc.message}
+    return {"uid": peer.uid, "may_mutate": True, "why": None}
 
 
 async def _config(request: web.Request) -> web.Response:
