@@ -109,11 +109,10 @@ async def _health(request: web.Request) -> web.Response:
 
 def _caller(request: web.Request) -> dict[str, object]:
     """Whether this peer may mutate, so a client can disable its actions up front."""
-    transport = request.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
-        return {"uid": None, "may_mutate": False, "why": "cannot identify the peer"}
-    peer = read_peer(sock)
+    try:
+        peer = _peer(request)
+    except InvalidRequest as exc:
+        return {"uid": None, "may_mutate": False, "why": exc.message}
     try:
         request.app[SERVER_KEY].policy.check_mutation(peer)
     except Forbidden as exc:
@@ -283,13 +282,17 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _authorize(request: web.Request, what: str) -> Peer:
-    server = request.app[SERVER_KEY]
+def _peer(request: web.Request) -> Peer:
     transport = request.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:
         raise InvalidRequest("cannot identify the peer of this connection")
-    peer = read_peer(sock)
+    return read_peer(sock)
+
+
+def _authorize(request: web.Request, what: str) -> Peer:
+    server = request.app[SERVER_KEY]
+    peer = _peer(request)
     try:
         server.policy.check_mutation(peer)
     except Forbidden:
