@@ -28,7 +28,7 @@ from tests.integration.test_supervisor_fake import (
 )
 from vllm_sr import events as ev
 from vllm_sr.errors import ConfigError
-from vllm_sr.supervisor.commands import Command
+from vllm_sr.control.commands import Command
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 
 

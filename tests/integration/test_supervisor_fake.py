@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_sr.frontend.app import Frontend
-from vllm_sr.supervisor.commands import Command
+from vllm_sr.control.commands import Command
 from vllm_sr.supervisor.managed import ProcessOptions
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.supervisor import Supervisor

@@ -307,9 +307,7 @@ def test_replicas_share_artifact_revision_and_leave_unset_limits_to_calibration(
     """All replicas of a deployment use the same artifact, revision, engine arguments and
     capabilities, except batch limits the deployment leaves unset"""
     specs = _plan(SHARED).replicas
-    assert {(s.artifact, s.revision, s.timeout_ms) for s in specs} == {
-        ("vllm-sr/d3-edge", "abc123", 1500)
-    }
+    assert {(s.artifact, s.revision) for s in specs} == {("vllm-sr/d3-edge", "abc123")}
     assert {(s.max_num_seqs, s.max_num_batched_tokens) for s in specs} == {(None, None)}
 
 

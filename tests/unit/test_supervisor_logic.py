@@ -8,18 +8,18 @@ import pytest
 
 from tests.integration.test_supervisor_fake import FakeSpec
 from vllm_sr.clock import FakeClock
-from vllm_sr.supervisor.backoff import RestartBackoff
+from vllm_sr.backoff import Backoff
 from vllm_sr.supervisor.reload import diff_plans
 
 
 def test_restart_backoff_doubles_to_the_cap() -> None:
-    b = RestartBackoff(1.0, 60.0, 60.0, FakeClock())
+    b = Backoff(1.0, 60.0, reset_after_s=60.0, clock=FakeClock())
     assert [b.next_delay() for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
 
 
 def test_restart_backoff_resets_after_staying_ready() -> None:
     clock = FakeClock()
-    b = RestartBackoff(1.0, 60.0, 30.0, clock)
+    b = Backoff(1.0, 60.0, reset_after_s=30.0, clock=clock)
     for _ in range(4):
         b.next_delay()
     b.mark_ready()
@@ -34,9 +34,9 @@ def test_restart_backoff_resets_after_staying_ready() -> None:
 
 def test_restart_backoff_refuses_bad_bounds() -> None:
     with pytest.raises(ValueError, match="initial_s"):
-        RestartBackoff(0.0, 1.0)
+        Backoff(0.0, 1.0)
     with pytest.raises(ValueError, match="max_s"):
-        RestartBackoff(2.0, 1.0)
+        Backoff(2.0, 1.0)
 
 
 def specs(n: int, **kw: Any) -> list[FakeSpec]:

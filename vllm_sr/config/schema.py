@@ -26,6 +26,10 @@ ENDPOINT_ACCEPTED = "http://HOST:PORT, https://HOST:PORT or unix:/path/to.sock"
 MAX_REPLICAS = 64
 MAX_EJECTION_MS_LIMIT = 3_600_000
 DEFAULT_TIMEOUT_MS = 30_000
+# Outlier detection defaults: their one home (the pool's settings read them from here).
+DEFAULT_CONSECUTIVE_TIMEOUTS = 3
+DEFAULT_BASE_EJECTION_MS = 30_000
+DEFAULT_MAX_EJECTION_PERCENT = 50
 DEFAULT_ARTIFACT = "vllm-sr/d3-edge"
 SEMANTIC_ERROR = "vllm_sr_rule"
 
@@ -67,6 +71,21 @@ DeviceStr = Annotated[str, AfterValidator(_check_device)]
 EndpointStr = Annotated[str, AfterValidator(_check_endpoint)]
 
 
+def default_max_ejection_ms(base_ejection_ms: int) -> int:
+    """max_ejection_ms left unset: ten times the base, at most an hour."""
+    return min(10 * base_ejection_ms, MAX_EJECTION_MS_LIMIT)
+
+
+def ejection_bounds_problem(base_ejection_ms: int, max_ejection_ms: int | None) -> str | None:
+    """The one cross-field check of outlier_detection: max may not be below base."""
+    if max_ejection_ms is not None and max_ejection_ms < base_ejection_ms:
+        return (
+            f"max_ejection_ms {max_ejection_ms} is below base_ejection_ms {base_ejection_ms}; "
+            f"accepted: a value >= base_ejection_ms (and at most {MAX_EJECTION_MS_LIMIT})"
+        )
+    return None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
 
@@ -82,36 +101,27 @@ class EngineArgs(_Strict):
 
 
 class OutlierDetection(_Strict):
-    consecutive_timeouts: int = Field(default=3, ge=0, le=1000)
+    consecutive_timeouts: int = Field(default=DEFAULT_CONSECUTIVE_TIMEOUTS, ge=0, le=1000)
     """Exchanges in a row that run past their deadline before a replica is ejected; 0 = off."""
 
-    base_ejection_ms: int = Field(default=30_000, ge=1, le=MAX_EJECTION_MS_LIMIT)
+    base_ejection_ms: int = Field(default=DEFAULT_BASE_EJECTION_MS, ge=1, le=MAX_EJECTION_MS_LIMIT)
     """First ejection's length in ms; each repeat doubles it up to max_ejection_ms."""
 
     max_ejection_ms: int | None = Field(default=None, ge=1, le=MAX_EJECTION_MS_LIMIT)
     """Longest ejection in ms. Default: ten times base_ejection_ms, at most 3600000 (an hour).
     Must not be below base_ejection_ms."""
 
-    max_ejection_percent: int = Field(default=50, ge=0, le=100)
+    max_ejection_percent: int = Field(default=DEFAULT_MAX_EJECTION_PERCENT, ge=0, le=100)
     """Most replicas (percent) out at once; one may always be out."""
 
     @model_validator(mode="after")
     def _fill_max(self) -> OutlierDetection:
+        problem = ejection_bounds_problem(self.base_ejection_ms, self.max_ejection_ms)
+        if problem is not None:
+            raise PydanticCustomError(SEMANTIC_ERROR, problem)
         if self.max_ejection_ms is None:
-            self.max_ejection_ms = min(10 * self.base_ejection_ms, MAX_EJECTION_MS_LIMIT)
-        elif self.max_ejection_ms < self.base_ejection_ms:
-            raise PydanticCustomError(
-                SEMANTIC_ERROR,
-                "max_ejection_ms {max} is below base_ejection_ms {base}; accepted: a value "
-                ">= base_ejection_ms",
-                {"max": self.max_ejection_ms, "base": self.base_ejection_ms},
-            )
+            self.max_ejection_ms = default_max_ejection_ms(self.base_ejection_ms)
         return self
-
-    @property
-    def max_ejection(self) -> int:
-        """max_ejection_ms with its default filled (never None after validation)."""
-        return self.max_ejection_ms or min(10 * self.base_ejection_ms, MAX_EJECTION_MS_LIMIT)
 
 
 class Replica(_Strict):
@@ -146,6 +156,10 @@ class Deployment(_Strict):
     timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, ge=1, le=3_600_000)
     """Deadline of one exchange with a worker, in ms (default 30000); a caller's deadline can be
     shorter. An exchange past it counts toward outlier ejection."""
+
+    hang_after_ms: int | None = Field(default=None, ge=1000, le=86_400_000)
+    """A managed worker whose forward has run longer than this (its own /health says so) is
+    hung: the supervisor restarts it. Default: max(3 x timeout_ms, 10000)."""
 
     replicas: list[Replica] | None = Field(default=None, min_length=1, max_length=MAX_REPLICAS)
     """Independent workers, each with its own copy of the weights (at most 64). Not to be
@@ -297,15 +311,11 @@ def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
 def _outlier_problems(base: tuple[str | int, ...], od: Any) -> list[Problem]:
     if not isinstance(od, dict):
         return []
-    top, low = od.get("max_ejection_ms"), od.get("base_ejection_ms", 30_000)
-    if isinstance(top, int) and isinstance(low, int) and top < low:
-        return [
-            Problem(
-                (*base, "outlier_detection", "max_ejection_ms"),
-                f"{top} is below base_ejection_ms {low}; accepted: a value >= "
-                "base_ejection_ms (and at most 3600000)",
-            )
-        ]
+    top, low = od.get("max_ejection_ms"), od.get("base_ejection_ms", DEFAULT_BASE_EJECTION_MS)
+    if isinstance(top, int) and isinstance(low, int):
+        problem = ejection_bounds_problem(low, top)
+        if problem is not None:
+            return [Problem((*base, "outlier_detection", "max_ejection_ms"), problem)]
     return []
 
 

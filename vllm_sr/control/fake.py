@@ -16,7 +16,7 @@ from vllm_sr import events as ev
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import Conflict, InvalidRequest, NotFound, VllmSrError
 from vllm_sr.events import EventBus
-from vllm_sr.supervisor.commands import Command
+from vllm_sr.control.commands import Command
 
 DEFAULT_BASE_EJECTION_MS = 30_000
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from vllm_sr.errors import (
     VllmSrError,
 )
 from vllm_sr.events import Subscription
-from vllm_sr.supervisor.commands import Command, CommandKind
+from vllm_sr.control.commands import Command, CommandKind
 
 if TYPE_CHECKING:
     from vllm_sr.control.server import ControlServer

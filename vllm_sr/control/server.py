@@ -17,7 +17,7 @@ from vllm_sr.control import routes
 from vllm_sr.control.auth import AccessPolicy
 from vllm_sr.control.socketfile import bind_socket, remove_if_ours
 from vllm_sr.events import EventBus
-from vllm_sr.supervisor.commands import Command
+from vllm_sr.control.commands import Command
 
 log = logging.getLogger("vllm_sr.control")
 

@@ -44,7 +44,6 @@ class ReplicaSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    timeout_ms: int = 30_000
 
     @property
     def attached(self) -> bool:
@@ -207,7 +206,6 @@ def _common_fields(name: str, index: int, dep: Deployment) -> dict[str, Any]:
         revision=dep.revision,
         max_num_seqs=dep.engine_args.max_num_seqs,
         max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
-        timeout_ms=dep.timeout_ms,
     )
 
 

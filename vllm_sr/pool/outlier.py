@@ -33,7 +33,7 @@ WHY_SUCCESS = "success"
 WHY_NO_OTHER = "no_other_replica"
 WHY_MANUAL = "manual"
 
-MAX_EJECTION_CAP_MS = 3_600_000  # max_ejection_ms may not exceed an hour
+
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,31 @@
-"""Per-deployment pool settings: admission limit, deadline, failure backoff, outlier
-ejection and the limits every replica must report when config sets them."""
+"""A deployment's settings as the pool applies them: admission limit, deadline, failure backoff,
+outlier ejection and the limits every replica must report when config sets them.
+
+This is the one settings type per deployment: built once from the validated config
+(``from_deployment``) and handed down through the supervisor's plan to the pool. Defaults that
+config.yaml documents, and the one cross-field check of outlier_detection, have their home in
+``vllm_sr.config.schema``; this model reads them from there.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vllm_sr.config.schema import (
+    DEFAULT_BASE_EJECTION_MS,
+    DEFAULT_CONSECUTIVE_TIMEOUTS,
+    DEFAULT_MAX_EJECTION_PERCENT,
+    DEFAULT_TIMEOUT_MS,
+    MAX_EJECTION_MS_LIMIT,
+    default_max_ejection_ms,
+    ejection_bounds_problem,
+)
 from vllm_sr.pool import outlier
+
+if TYPE_CHECKING:
+    from vllm_sr.config.schema import Deployment
 
 
 class PoolSettings(BaseModel):
@@ -18,34 +36,35 @@ class PoolSettings(BaseModel):
     max_inflight_per_replica: int = Field(
         default=32, ge=1, description="In-flight HTTP requests per worker."
     )
-    timeout_ms: int = Field(default=30_000, ge=1, description="Per exchange with a worker.")
+    timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, ge=1, description="Per exchange.")
     consecutive_timeouts: int = Field(
-        default=3, ge=0, description="Timeouts in a row that eject; 0 = off."
+        default=DEFAULT_CONSECUTIVE_TIMEOUTS, ge=0, description="Timeouts in a row; 0 = off."
     )
-    base_ejection_ms: int = Field(default=30_000, ge=1, le=outlier.MAX_EJECTION_CAP_MS)
+    base_ejection_ms: int = Field(default=DEFAULT_BASE_EJECTION_MS, ge=1, le=MAX_EJECTION_MS_LIMIT)
     max_ejection_ms: int | None = Field(
-        default=None,
-        ge=1,
-        le=outlier.MAX_EJECTION_CAP_MS,
-        description="Default: ten times the base.",
+        default=None, ge=1, le=MAX_EJECTION_MS_LIMIT, description="Default: ten times the base."
     )
-    max_ejection_percent: int = Field(default=50, ge=0, le=100)
+    max_ejection_percent: int = Field(default=DEFAULT_MAX_EJECTION_PERCENT, ge=0, le=100)
     failure_backoff_s: float = Field(
         default=0.1, gt=0, description="First short backoff after a failure."
     )
     failure_backoff_max_s: float = Field(
         default=3.2, gt=0, description="Cap of the doubling backoff."
     )
+    hang_after_ms: int | None = Field(
+        default=None,
+        ge=1,
+        description="A forward running longer than this is a hung worker (restarted). "
+        "Default: max(3 x timeout_ms, 10 s).",
+    )
     configured_max_num_seqs: int | None = Field(default=None, ge=1)
     configured_max_num_batched_tokens: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> PoolSettings:
-        if self.max_ejection_ms is not None and self.max_ejection_ms < self.base_ejection_ms:
-            raise ValueError(
-                f"max_ejection_ms ({self.max_ejection_ms}) must be at least base_ejection_ms "
-                f"({self.base_ejection_ms})"
-            )
+        problem = ejection_bounds_problem(self.base_ejection_ms, self.max_ejection_ms)
+        if problem is not None:
+            raise ValueError(problem)
         if self.failure_backoff_max_s < self.failure_backoff_s:
             raise ValueError("failure_backoff_max_s must be at least failure_backoff_s")
         return self
@@ -54,7 +73,14 @@ class PoolSettings(BaseModel):
     def effective_max_ejection_ms(self) -> int:
         if self.max_ejection_ms is not None:
             return self.max_ejection_ms
-        return min(10 * self.base_ejection_ms, outlier.MAX_EJECTION_CAP_MS)
+        return default_max_ejection_ms(self.base_ejection_ms)
+
+    @property
+    def hang_bound_s(self) -> float:
+        """How long one forward may run before its worker counts as hung."""
+        if self.hang_after_ms is not None:
+            return self.hang_after_ms / 1000.0
+        return max(3 * self.timeout_ms, 10_000) / 1000.0
 
     def policy(self) -> outlier.OutlierPolicy:
         return outlier.OutlierPolicy(
@@ -72,29 +98,18 @@ class PoolSettings(BaseModel):
         return ms / 1000.0
 
     @classmethod
-    def from_deployment(cls, deployment: Any, **overrides: Any) -> PoolSettings:
-        """Build from a config deployment object (``vllm_sr.config.schema``), read by
-        attribute: ``timeout_ms``, ``outlier_detection.*``, ``engine_args.max_num_*``.
-        Attributes it lacks keep the defaults."""
-        values: dict[str, Any] = {}
-        timeout = getattr(deployment, "timeout_ms", None)
-        if timeout is not None:
-            values["timeout_ms"] = timeout
-        od = getattr(deployment, "outlier_detection", None)
-        for name in (
-            "consecutive_timeouts",
-            "base_ejection_ms",
-            "max_ejection_ms",
-            "max_ejection_percent",
-        ):
-            value = getattr(od, name, None) if od is not None else None
-            if value is not None:
-                values[name] = value
-        engine = getattr(deployment, "engine_args", None)
-        if engine is not None:
-            values["configured_max_num_seqs"] = getattr(engine, "max_num_seqs", None)
-            values["configured_max_num_batched_tokens"] = getattr(
-                engine, "max_num_batched_tokens", None
-            )
+    def from_deployment(cls, deployment: Deployment, **overrides: Any) -> PoolSettings:
+        """The settings of a validated config deployment (``vllm_sr.config.schema``)."""
+        od = deployment.outlier_detection
+        values: dict[str, Any] = {
+            "timeout_ms": deployment.timeout_ms,
+            "consecutive_timeouts": od.consecutive_timeouts,
+            "base_ejection_ms": od.base_ejection_ms,
+            "max_ejection_ms": od.max_ejection_ms,
+            "max_ejection_percent": od.max_ejection_percent,
+            "hang_after_ms": getattr(deployment, "hang_after_ms", None),
+            "configured_max_num_seqs": deployment.engine_args.max_num_seqs,
+            "configured_max_num_batched_tokens": deployment.engine_args.max_num_batched_tokens,
+        }
         values.update(overrides)
         return cls(**values)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import EXIT_DO_NOT_RESTART, VllmSrError
 from vllm_sr.pool.client import WorkerClient
-from vllm_sr.supervisor.backoff import RestartBackoff
+from vllm_sr.backoff import Backoff
 from vllm_sr.supervisor.process import WorkerProcess, worker_command
 
 log = logging.getLogger("vllm_sr.supervisor")
@@ -68,8 +68,11 @@ class ManagedReplica:
         self.record: Any = None  # its pool Replica record while published
         self.retired_from: Any = None  # the pool it drains out of after a reload
         self.served_model: str | None = None  # attached runtimes: the name to put in "model"
-        self._backoff = RestartBackoff(
-            options.backoff_initial_s, options.backoff_max_s, options.backoff_reset_s, clock
+        self._backoff = Backoff(
+            options.backoff_initial_s,
+            options.backoff_max_s,
+            reset_after_s=options.backoff_reset_s,
+            clock=clock,
         )
         self._stopping = False
         self._restart_now = False

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_sr import events as ev
 from vllm_sr.errors import Conflict, InvalidRequest, VllmSrError
-from vllm_sr.supervisor.commands import Command
+from vllm_sr.control.commands import Command
 from vllm_sr.supervisor.reload import ServicePlan, diff_plans
 
 if TYPE_CHECKING:

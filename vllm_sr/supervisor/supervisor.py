@@ -31,7 +31,7 @@ from vllm_sr.pool.client import WorkerClient
 from vllm_sr.pool.pool import PoolSettings, ReplicaPool
 from vllm_sr.supervisor import reload_task
 from vllm_sr.supervisor.attached import AttachedReplica
-from vllm_sr.supervisor.commands import Command, CommandQueue
+from vllm_sr.control.commands import Command, CommandQueue
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.reload_task import Scaler
