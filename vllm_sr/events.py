@@ -30,6 +30,8 @@ REPLICA_READMITTED = "replica_readmitted"  # deployment, replica, device, pid,
 # why: cooldown_ended | success | no_other_replica | manual
 REPLICA_EJECTION_WITHHELD = "replica_ejection_withheld"  # deployment, replica, timeouts,
 # rule: one_worker | no_other_replica_answered | max_ejection_percent
+REPLICA_HUNG = "replica_hung"  # deployment, replica, device, pid, forward_running_s, bound_s
+EXCHANGE_RETRIED = "exchange_retried"  # deployment, replica (the failed one), count, error
 POOL_PUBLISHED = "pool_published"  # generation, deployments
 RELOAD_FAILED = "reload_failed"  # reason
 SERVICE_READY = "service_ready"
@@ -44,6 +46,8 @@ WARNING_EVENTS = frozenset(
         REPLICA_INCOMPATIBLE,
         REPLICA_EJECTED,
         REPLICA_BACKOFF,
+        REPLICA_HUNG,
+        EXCHANGE_RETRIED,
         RELOAD_FAILED,
         THREADS_RETIRED,
     }

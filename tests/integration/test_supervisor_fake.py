@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_sr.frontend.app import Frontend
 from vllm_sr.control.commands import Command
+from vllm_sr.frontend.app import Frontend
+from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.supervisor.managed import ProcessOptions
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.supervisor import Supervisor
@@ -190,10 +191,9 @@ def fake_spec(deployment: str, index: int, **kw: Any) -> FakeSpec:
 
 
 def fake_plan(replicas: int, *, deployment: str = "primary", **kw: Any) -> ServicePlan:
-    timeout_ms = kw.pop("timeout_ms", 2000)
-    outlier = kw.pop("outlier", {})
+    settings = PoolSettings(timeout_ms=kw.pop("timeout_ms", 2000), **kw.pop("outlier", {}))
     specs = [fake_spec(deployment, i, **kw) for i in range(replicas)]
-    dep = DeploymentPlan(deployment, "fake/artifact", specs, timeout_ms=timeout_ms, outlier=outlier)
+    dep = DeploymentPlan(deployment, "fake/artifact", specs, settings=settings)
     return ServicePlan({deployment: dep}, deployment, {"replicas": replicas})
 
 

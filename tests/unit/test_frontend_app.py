@@ -11,7 +11,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from vllm_sr.errors import InvalidRequest, Overloaded, Unavailable, WorkerFailed
 from vllm_sr.frontend.app import caller_timeout_ms, error_response, model_of
-from vllm_sr.frontend.dispatch import outcome_of, with_model
+from vllm_sr.pool.exchange import outcome_of, with_model
 
 
 def body_of(resp: Any) -> dict[str, Any]:

@@ -13,23 +13,22 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from vllm_sr.errors import InvalidRequest, Overloaded, RequestTooLarge, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
-from vllm_sr.frontend.dispatch import forward
 from vllm_sr.frontend.metrics import FrontendCollector
-
-if TYPE_CHECKING:
-    from vllm_sr.supervisor.supervisor import Supervisor
+from vllm_sr.pool.directory import PoolDirectory
+from vllm_sr.pool.exchange import exchange
 
 log = logging.getLogger("vllm_sr.frontend")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+RETRY_HEADER = "X-Vsr-Retried"  # "1; from=primary-0": the answer came from a retry elsewhere
 SURFACES = ("embeddings", "classify", "bundle")
 JSON = "application/json"
 
@@ -71,14 +70,29 @@ def model_of(body: bytes) -> str | None:
     return model
 
 
+class Service(Protocol):
+    """What the frontend needs of the running service (the supervisor implements it)."""
+
+    @property
+    def directory(self) -> PoolDirectory: ...
+
+    @property
+    def admitting(self) -> bool: ...
+
+    def inventory(self) -> dict[str, Any]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
 class Frontend:
-    def __init__(self, sup: Supervisor, *, cache_entries: int = 4096) -> None:
-        self.sup = sup
+    def __init__(self, service: Service, *, cache_entries: int = 4096) -> None:
+        self.service = service
+        self.directory = service.directory
         self.caches: dict[str, ResultCache] = {}
         self._cache_entries = cache_entries
         self._cache_generation = -1
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = FrontendCollector(self)
+        self.collector = FrontendCollector(self.directory, self.caches)
         self.registry.register(self.collector)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/embeddings", self._surface("embeddings"))
@@ -116,9 +130,9 @@ class Frontend:
         """Single-worker deployments keep a result cache; multi-replica ones bypass it."""
         if replicas != 1 or self._cache_entries <= 0:
             return None
-        if self._cache_generation != self.sup.generation:
+        if self._cache_generation != self.directory.generation:
             self.caches.clear()  # a new generation may answer differently
-            self._cache_generation = self.sup.generation
+            self._cache_generation = self.directory.generation
         cache = self.caches.get(name)
         if cache is None:
             cache = self.caches[name] = ResultCache(self._cache_entries)
@@ -137,7 +151,7 @@ class Frontend:
         return handler
 
     async def _exchange(self, request: web.Request, surface: str, path: str) -> web.Response:
-        if not self.sup.admitting:
+        if not self.service.admitting:
             raise Unavailable("the service is stopping", retry_after_s=1.0)
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             raise RequestTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
@@ -146,9 +160,9 @@ class Frontend:
         except web.HTTPRequestEntityTooLarge:
             raise RequestTooLarge(f"request body over {MAX_BODY_BYTES} bytes") from None
         timeout_ms = caller_timeout_ms(request)
-        pool, dep = self.sup.resolve(model_of(body))
-        cache = self._cache_for(dep.name, len(dep.replicas))
-        key = cache_key(surface, dep.name, body) if cache is not None else b""
+        pool = self.directory.resolve(model_of(body))
+        cache = self._cache_for(pool.deployment, pool.desired_replicas or len(pool))
+        key = cache_key(surface, pool.deployment, body) if cache is not None else b""
         if cache is not None:
             hit = cache.get(key)
             if hit is not None:
@@ -158,20 +172,19 @@ class Frontend:
                     status=hit.status,
                     headers={"Content-Type": hit.content_type, "X-Cache": "hit"},
                 )
-        resp, _ = await forward(self.sup, pool, path, body, timeout_ms)
+        resp = await exchange(pool, path, body, timeout_ms)
         if cache is not None and resp.status == 200:
             cache.put(key, CachedAnswer(resp.status, resp.body, resp.content_type))
         self.collector.count(surface, resp.status)
         headers = {"Content-Type": resp.content_type, **resp.headers}
+        if resp.retries:
+            headers[RETRY_HEADER] = f"{resp.retries}; from={resp.retried_from}"
         return web.Response(body=resp.body, status=resp.status, headers=headers)
 
     # ------------------------------------------------------------------ descriptions
     async def models(self, request: web.Request) -> web.Response:
-        plan = self.sup.plan
         data = []
-        for name, pool in self.sup.pools.items():
-            if plan is None or name not in plan.deployments:
-                continue
+        for name, pool in self.directory.items():
             inv = pool.inventory()
             data.append(
                 {
@@ -179,7 +192,7 @@ class Frontend:
                     "object": "model",
                     "owned_by": "vllm-sr",
                     "artifact": pool.artifact,
-                    "default": name == plan.default_deployment,
+                    "default": name == self.directory.default,
                     "state": inv["state"],
                     "desired_replicas": inv["desired_replicas"],
                     "ready_replicas": inv["ready_replicas"],
@@ -188,11 +201,11 @@ class Frontend:
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.Response:
-        doc = self.sup.health()
+        doc = self.service.health()
         return web.json_response(doc, status=200 if doc["ready"] else 503)
 
     async def inventory(self, request: web.Request) -> web.Response:
-        return web.json_response(self.sup.inventory())
+        return web.json_response(self.service.inventory())
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = generate_latest(self.registry)

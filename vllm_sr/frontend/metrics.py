@@ -4,28 +4,27 @@ own counters (so the request path pays nothing for them) plus responses by surfa
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from vllm_sr.frontend.app import Frontend
+from vllm_sr.frontend.cache import ResultCache
+from vllm_sr.pool.directory import PoolDirectory
 
 STATES = ("ready", "degraded", "unavailable")
 
 
 class FrontendCollector(Collector):
-    def __init__(self, frontend: Frontend) -> None:
-        self.frontend = frontend
+    def __init__(self, directory: PoolDirectory, caches: Mapping[str, ResultCache]) -> None:
+        self.directory = directory
+        self.caches = caches
         self.responses: Counter[tuple[str, int]] = Counter()
 
     def count(self, surface: str, status: int) -> None:
         self.responses[(surface, status)] += 1
 
     def collect(self) -> Iterator[Metric]:
-        sup = self.frontend.sup
         responses = CounterMetricFamily(
             "vllm_sr_frontend_responses",
             "Responses by surface and HTTP status",
@@ -79,7 +78,12 @@ class FrontendCollector(Collector):
         desired = GaugeMetricFamily(
             "vllm_sr_pool_desired_replicas", "Desired replicas", labels=["deployment"]
         )
-        for name, pool in list(sup.pools.items()):
+        retries = CounterMetricFamily(
+            "vllm_sr_pool_retries",
+            "Exchanges retried on another replica after a worker broke before answering",
+            labels=["deployment"],
+        )
+        for name, pool in self.directory.items():
             m = pool.metrics()
             inv = pool.inventory()
             for rid, r in m["replicas"].items():
@@ -99,15 +103,16 @@ class FrontendCollector(Collector):
             for s in STATES:
                 pool_state.add_metric([name, s], 1 if inv["state"] == s else 0)
             ready.add_metric([name], inv["ready_replicas"])
+            retries.add_metric([name], m["retries"])
             desired.add_metric([name], inv["desired_replicas"])
         yield from (inflight, outstanding, admitted, requests, restarts, ejections, readmissions)
-        yield from (state, withheld, rejected, pool_state, ready, desired)
+        yield from (state, withheld, rejected, pool_state, ready, desired, retries)
 
         hits = CounterMetricFamily("vllm_sr_cache_hits", "Result cache hits", labels=["deployment"])
         misses = CounterMetricFamily(
             "vllm_sr_cache_misses", "Result cache misses", labels=["deployment"]
         )
-        for name, cache in self.frontend.caches.items():
+        for name, cache in self.caches.items():
             hits.add_metric([name], cache.hits)
             misses.add_metric([name], cache.misses)
         yield hits

@@ -34,8 +34,6 @@ WHY_NO_OTHER = "no_other_replica"
 WHY_MANUAL = "manual"
 
 
-
-
 @dataclass(frozen=True)
 class OutlierPolicy:
     """The deployment's ``outlier_detection`` settings, validated by ``PoolSettings``."""

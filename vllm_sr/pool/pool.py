@@ -5,20 +5,16 @@ Driving it (one asyncio loop; the pool is not thread-safe and never awaits)::
 
     pool = ReplicaPool("primary", settings=PoolSettings.from_deployment(dep),
                        clock=SYSTEM_CLOCK, emit=bus.publish, artifact="vllm-sr/d3-edge")
-    pool.add_replica("primary-0", "cpu")            # supervisor: spawned
-    pool.mark_ready("primary-0", pid, limits, threads)  # supervisor: /health said ready
+    pool.add_replica("primary-0", "cpu", client=worker_client)  # supervisor: spawned
+    pool.mark_ready("primary-0", pid, limits, threads)          # supervisor: /health said ready
 
-    lease = pool.acquire(len(body))        # raises Overloaded (429) / Unavailable (503)
-    try:
-        answer = await client.post(lease.replica_id, ..., timeout=settings.deadline_s(caller_ms))
-        outcome = "success"
-    except DeadlineExceeded: outcome = "timeout"
-    except WorkerFailed:     outcome = "failure"
-    except CancelledError:   outcome = "cancelled"   (the worker refused: "refused")
-    finally:
-        pool.release(lease, outcome)
-    for rid in pool.take_probe_requests(): schedule a /health probe -> pool.probe_result(rid, ok)
-    # every so often (or when tick() says so): pool.tick()
+    answer = await vllm_sr.pool.exchange.exchange(pool, "/v1/embeddings", body)  # the frontend
+
+``exchange`` does acquire -> send with the deadline -> classify -> release (and a retry on
+another replica when the worker broke before answering); ``acquire``/``release`` are the
+pure steps it is built on. ``take_probe_requests`` + ``probe_result`` run /health probes, and
+``tick()`` applies time-based transitions and says when the next one is due; ``on_wake`` is
+called when a probe is requested, so a driver can sleep until then.
 
 Dispatch picks, among replicas that are ready, healthy, not ejected, not in failure backoff
 and below ``max_inflight_per_replica``, the one with the fewest outstanding request bytes,
@@ -37,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_sr import events as ev
+from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
 from vllm_sr.errors import Conflict, NotFound, Overloaded, Unavailable
 from vllm_sr.pool import outlier
@@ -48,6 +45,9 @@ Emit = Callable[..., Any]
 __all__ = ["Emit", "Lease", "PoolSettings", "ReplicaPool"]
 
 
+RETRY_EVENT_EVERY_S = 1.0  # exchange_retried events: at most one a second per deployment
+
+
 @dataclass(eq=False)
 class Lease:
     """One admitted exchange; give it back with ``ReplicaPool.release`` exactly once
@@ -57,6 +57,8 @@ class Lease:
     nbytes: int
     started: float  # monotonic
     released: bool = False
+    replica: Replica | None = None  # the record charged (it may leave the pool meanwhile)
+    kind: str = "native"
 
 
 class ReplicaPool:
@@ -84,12 +86,33 @@ class ReplicaPool:
         self._probes: dict[str, None] = {}  # ordered set
         self.withheld: dict[str, int] = dict.fromkeys(outlier.RULES, 0)
         self.rejected: dict[str, int] = {"overloaded": 0, "unavailable": 0}
+        self.retries = 0
+        self._retries_unreported = 0
+        self._retry_reported_at: float | None = None
+        self.on_wake: Callable[[], None] | None = None  # a probe was requested
+
+    def apply_settings(self, settings: PoolSettings, desired_replicas: int | None) -> None:
+        """A new generation's settings, swapped whole (records and their counters stay)."""
+        self.settings = settings
+        self.policy = settings.policy()
+        self.desired_replicas = desired_replicas
 
     # ----------------------------------------------------------------- membership
-    def add_replica(self, replica_id: str, device: str, pid: int | None = None) -> Replica:
+    def add_replica(
+        self,
+        replica_id: str,
+        device: str,
+        pid: int | None = None,
+        *,
+        client: Any = None,
+        served_model: str | None = None,
+    ) -> Replica:
         if replica_id in self._replicas:
             raise Conflict(f"replica {replica_id!r} is already in deployment {self.deployment!r}")
-        replica = Replica(replica_id, self.deployment, device, self._clock, pid=pid)
+        replica = Replica(replica_id, self.deployment, device, self._clock, pid=pid, client=client)
+        replica.served_model = served_model
+        lo, hi = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
+        replica.failure_backoff, replica.reprobe = Backoff(lo, hi), Backoff(lo, hi)
         self._replicas[replica_id] = replica
         return replica
 
@@ -114,7 +137,8 @@ class ReplicaPool:
     def mark_starting(self, replica_id: str, pid: int | None = None) -> None:
         r = self._get(replica_id)
         r.state, r.pid, r.healthy, r.restart_at = ReplicaState.STARTING, pid, True, None
-        r.reprobe_s, r.reprobe_at = 0.0, None
+        r.reprobe_at = None
+        r.reprobe.reset()
         self._restore_if_none_serve()
 
     def mark_ready(
@@ -128,7 +152,8 @@ class ReplicaPool:
         when its reported limits differ from the configured ones."""
         r = self._get(replica_id)
         r.pid, r.limits, r.threads, r.healthy, r.restart_at = pid, limits, threads, True, None
-        r.reprobe_s, r.reprobe_at = 0.0, None
+        r.reprobe_at = None
+        r.reprobe.reset()
         reason = self._limits_mismatch(limits or {})
         if reason is not None:
             r.state, r.last_error = ReplicaState.INCOMPATIBLE, reason
@@ -182,18 +207,31 @@ class ReplicaPool:
         return self._get(replica_id).inflight == 0
 
     # ----------------------------------------------------------------- admission + dispatch
-    def acquire(self, nbytes: int, replica_id: str | None = None) -> Lease:
+    def acquire(
+        self,
+        nbytes: int,
+        replica_id: str | None = None,
+        *,
+        exclude: Iterable[str] = (),
+        kind: str = "native",
+    ) -> Lease:
         """Admit one exchange of ``nbytes`` request bytes and pick its replica.
 
         Raises ``Overloaded`` when every replica that could take it is full, ``Unavailable``
         when none could (all out, ejected or backing off after a failure). ``replica_id``
         pins the exchange to that replica under the same admission rules (debugging and
-        tests; the frontend lets the pool pick)."""
+        tests; the frontend lets the pool pick); ``exclude`` leaves replicas out (a retry
+        goes to another replica). ``kind`` ("native", "routing") is counted per replica."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         now = self._clock.monotonic()
         self._advance(now)
-        candidates = self._replicas.values() if replica_id is None else [self._get(replica_id)]
+        skip = set(exclude)
+        candidates: Iterable[Replica] = (
+            [r for r in self._replicas.values() if r.id not in skip]
+            if replica_id is None
+            else [self._get(replica_id)]
+        )
         best = self._pick(now, candidates)
         if best is None and self._restore_if_none_serve():
             best = self._pick(now, candidates)
@@ -205,7 +243,8 @@ class ReplicaPool:
         best.outstanding_bytes += nbytes
         best.admitted_requests += 1
         best.admitted_bytes += nbytes
-        return Lease(best.id, nbytes, now)
+        best.by_kind[kind] = best.by_kind.get(kind, 0) + 1
+        return Lease(best.id, nbytes, now, replica=best, kind=kind)
 
     def _pick(self, now: float, candidates: Iterable[Replica]) -> Replica | None:
         best: Replica | None = None
@@ -221,6 +260,7 @@ class ReplicaPool:
         return best
 
     def _refusal(self, now: float, candidates: Iterable[Replica]) -> Overloaded | Unavailable:
+        candidates = list(candidates)
         members = [r for r in candidates if r.serving and not r.ejected]
         full = [r for r in members if r.inflight >= self.settings.max_inflight_per_replica]
         if full:
@@ -257,12 +297,22 @@ class ReplicaPool:
         if lease.released:
             return
         lease.released = True
-        r = self._replicas.get(lease.replica_id)
-        if r is None:  # removed while the exchange ran (a retired generation)
+        current = self._replicas.get(lease.replica_id)
+        r = lease.replica or current
+        if r is None:
             return
         now = self._clock.monotonic()
         r.inflight = max(0, r.inflight - 1)
         r.outstanding_bytes = max(0, r.outstanding_bytes - lease.nbytes)
+        if r.inflight == 0 and r.idle_waiters:
+            waiters, r.idle_waiters = r.idle_waiters, []
+            for wake in waiters:
+                wake()
+        if current is not r:
+            # Removed while the exchange ran (a retired or replaced worker): its own record
+            # is settled above; dispatch state of the pool (and a successor under the same
+            # id) is not charged.
+            return
         r.outcomes[outcome] += 1
         r.rate.add()
         if outcome == "success":
@@ -277,7 +327,8 @@ class ReplicaPool:
 
     def _on_success(self, r: Replica, now: float) -> None:
         r.last_success_at = now
-        r.backoff_s, r.backoff_until, r.backoff_set_at = 0.0, None, None
+        r.backoff_until, r.backoff_set_at = None, None
+        r.failure_backoff.reset()
         r.consecutive_timeouts, r.timeouts_began_at = 0, None
         r.withheld_rule = None
         r.ejection_level = 0  # "starts over": the next ejection is the base again
@@ -285,15 +336,45 @@ class ReplicaPool:
             self._readmit(r, outlier.WHY_SUCCESS)
 
     def _on_failure(self, r: Replica, lease: Lease, now: float) -> None:
-        if r.backoff_s <= 0.0:
-            r.backoff_s, r.backoff_set_at = self.settings.failure_backoff_s, now
-        elif r.backoff_set_at is None or lease.started >= r.backoff_set_at:
-            # Only an exchange sent after the last step began doubles the backoff: the 32
-            # exchanges in flight when a worker hung or died are one failure, not 32.
-            r.backoff_s = min(r.backoff_s * 2, self.settings.failure_backoff_max_s)
+        # Only an exchange sent after the last step began doubles the backoff: the 32
+        # exchanges in flight when a worker hung or died are one failure, not 32.
+        if (
+            not r.failure_backoff.active
+            or r.backoff_set_at is None
+            or (lease.started >= r.backoff_set_at)
+        ):
+            r.failure_backoff.next_delay()
             r.backoff_set_at = now
         r.backoff_until = max(r.backoff_until or now, now + r.backoff_s)
-        self._probes[r.id] = None
+        self._request_probe(r.id)
+
+    def _request_probe(self, replica_id: str) -> None:
+        self._probes[replica_id] = None
+        if self.on_wake is not None:
+            self.on_wake()
+
+    def note_retry(self, failed_replica: str, error: str) -> None:
+        """An exchange that failed on ``failed_replica`` before an answer goes to another
+        replica. Counted always; ``exchange_retried`` is published at most once a second per
+        deployment, with how many retries it stands for."""
+        self.retries += 1
+        self._retries_unreported += 1
+        r = self._replicas.get(failed_replica)
+        if r is not None:
+            r.retried_away += 1
+        now = self._clock.monotonic()
+        last = self._retry_reported_at
+        if last is not None and now - last < RETRY_EVENT_EVERY_S:
+            return
+        self._retry_reported_at = now
+        count, self._retries_unreported = self._retries_unreported, 0
+        self._emit(
+            ev.EXCHANGE_RETRIED,
+            deployment=self.deployment,
+            replica=failed_replica,
+            count=count,
+            error=error,
+        )
 
     def _on_timeout(self, r: Replica, lease: Lease) -> None:
         if r.consecutive_timeouts == 0:
@@ -337,15 +418,12 @@ class ReplicaPool:
             return
         r.healthy = healthy
         if healthy:
-            r.reprobe_s, r.reprobe_at = 0.0, None
+            r.reprobe_at = None
+            r.reprobe.reset()
             return
         r.last_error = reason or "health probe failed"
-        r.reprobe_s = min(
-            max(r.reprobe_s * 2, self.settings.failure_backoff_s),
-            self.settings.failure_backoff_max_s,
-        )
         # Nothing else would probe it again: it gets no traffic, so no failures.
-        r.reprobe_at = self._clock.monotonic() + r.reprobe_s
+        r.reprobe_at = self._clock.monotonic() + r.reprobe.next_delay()
         self._restore_if_none_serve()
 
     def tick(self) -> float | None:
@@ -369,7 +447,7 @@ class ReplicaPool:
                 r.backoff_until = None  # the doubling stays until a success
             if r.reprobe_at is not None and now >= r.reprobe_at:
                 r.reprobe_at = None
-                self._probes[r.id] = None
+                self._request_probe(r.id)
 
     # ----------------------------------------------------------------- manual ops (control API)
     def eject(
@@ -392,7 +470,8 @@ class ReplicaPool:
         """Return an ejected replica to dispatch now; its record starts over. False when it
         was not ejected."""
         r = self._get(replica_id)
-        r.backoff_s, r.backoff_until, r.backoff_set_at = 0.0, None, None
+        r.backoff_until, r.backoff_set_at = None, None
+        r.failure_backoff.reset()
         r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
         r.ejection_level = 0
         if not r.ejected:
@@ -408,7 +487,7 @@ class ReplicaPool:
         r.ejected_until = self._clock.monotonic() + duration_ms / 1000.0
         r.ejections += 1
         r.withheld_rule = None
-        self._probes[r.id] = None
+        self._request_probe(r.id)
         self._emit(
             ev.REPLICA_EJECTED,
             **self._who(r),
@@ -505,4 +584,5 @@ class ReplicaPool:
             },
             "withheld": dict(self.withheld),
             "rejected": dict(self.rejected),
+            "retries": self.retries,
         }

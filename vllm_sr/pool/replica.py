@@ -9,9 +9,11 @@ inventory shows ``ejected`` for a ready replica that is ejected (``display_state
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 
@@ -25,6 +27,19 @@ class ReplicaState(enum.StrEnum):
     INCOMPATIBLE = "incompatible"  # reported limits differ from the configured ones
     FAILED = "failed"  # will not be restarted (bad artifact, golden check ...)
     STOPPED = "stopped"  # no process
+
+
+class Client(Protocol):
+    """What the pool needs of a worker client (``vllm_sr.pool.client.WorkerClient``)."""
+
+    async def post(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any: ...
 
 
 Outcome = Literal["success", "timeout", "failure", "cancelled", "refused"]
@@ -42,7 +57,6 @@ class Replica:
     pid: int | None = None
     state: ReplicaState = ReplicaState.STARTING
     healthy: bool = True  # last /health probe answered 200 (or no probe yet)
-    reprobe_s: float = 0.0  # interval between probes while unhealthy
     reprobe_at: float | None = None  # monotonic; when to probe an unhealthy replica again
     limits: dict[str, Any] | None = None
     threads: int | None = None
@@ -50,6 +64,10 @@ class Replica:
     restarts: int = 0
     last_error: str | None = None
     restart_at: float | None = None  # monotonic; when the supervisor restarts it (BACKOFF)
+    client: Client | None = field(default=None, repr=False)  # how exchanges reach the worker
+    served_model: str | None = None  # attached runtimes: the name to put in "model"
+    restart_reason: str | None = None  # why the last restart happened (exit, hung, request)
+    usage: dict[str, Any] | None = None  # sampled process / device usage (CPU %, RSS, GPU)
 
     # Dispatch accounting.
     inflight: int = 0
@@ -58,10 +76,11 @@ class Replica:
     admitted_bytes: int = 0
     last_assigned: int = 0  # pool-wide sequence number of its last assignment; 0 = never
 
-    # Short failure backoff (0.1 s doubling to 3.2 s); 0.0 = not in a failure streak.
-    backoff_s: float = 0.0
+    # Short failure backoff (0.1 s doubling to 3.2 s); not active = not in a failure streak.
+    failure_backoff: Backoff = field(default_factory=lambda: Backoff(0.1, 3.2), repr=False)
     backoff_until: float | None = None
     backoff_set_at: float | None = None  # when the current backoff step began
+    reprobe: Backoff = field(default_factory=lambda: Backoff(0.1, 3.2), repr=False)
 
     # Outlier record.
     consecutive_timeouts: int = 0
@@ -74,11 +93,19 @@ class Replica:
     withheld_rule: str | None = None  # the rule holding an ejection back, once per transition
 
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    by_kind: dict[str, int] = field(default_factory=dict)  # admitted exchanges per kind
+    retried_away: int = 0  # exchanges that failed here and were sent to another replica
+    idle_waiters: list[Callable[[], None]] = field(default_factory=list, repr=False)
     latency: LatencyWindow = field(default_factory=LatencyWindow, repr=False)
     rate: RateWindow = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.rate = RateWindow(self.clock)
+
+    @property
+    def backoff_s(self) -> float:
+        """The current failure backoff step; 0.0 when not in a failure streak."""
+        return self.failure_backoff.current
 
     @property
     def ejected(self) -> bool:
@@ -129,4 +156,8 @@ class Replica:
             "latency_p50_ms": p50 * 1000.0 if p50 is not None else None,
             "latency_p99_ms": p99 * 1000.0 if p99 is not None else None,
             "adaptive_threads": self.adaptive_threads,
+            "requests_by_kind": dict(self.by_kind),
+            "retried_away": self.retried_away,
+            "restart_reason": self.restart_reason,
+            "usage": self.usage,
         }

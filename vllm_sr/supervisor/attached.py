@@ -33,6 +33,7 @@ class AttachedReplica(ManagedReplica):
         return None
 
     async def _run(self) -> None:
+        self._new_life()
         self.hooks.on_starting(self, False)
         while not self._stopping:
             try:
@@ -47,6 +48,7 @@ class AttachedReplica(ManagedReplica):
         self.state = "ready"
         self.last_error = None
         self.ready.set()
+        self.settled.set()
         self.hooks.on_ready(self)
 
     async def stop(self, grace_s: float | None = None) -> None:

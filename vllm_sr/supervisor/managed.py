@@ -1,9 +1,11 @@
 """ManagedReplica: keeps one planned replica's worker process alive.
 
-One task per replica runs spawn -> wait for /health 200 (ready timeout) -> watch for exit ->
-restart with backoff, and reports each transition to its ``ReplicaHooks`` (the supervisor, which
-updates the pool and publishes events in one place). An exit with the "do not restart" code (78)
-ends the loop with the replica ``failed`` and the worker's own last words as the reason.
+One task per replica runs spawn -> wait for /health 200 (ready timeout) -> watch (its /health
+every ``health_every_s``, reported to ``on_health``) until it exits -> restart with backoff, and
+reports each transition to its ``ReplicaHooks`` (the supervisor, which updates the pool and
+publishes events in one place). An exit with the "do not restart" code (78) ends the loop with
+the replica ``failed`` and the worker's own last words as the reason. Waiters await events
+(``wait_settled``, ``wait_new_life``), never poll.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import EXIT_DO_NOT_RESTART, VllmSrError
 from vllm_sr.pool.client import WorkerClient
-from vllm_sr.backoff import Backoff
 from vllm_sr.supervisor.process import WorkerProcess, worker_command
 
 log = logging.getLogger("vllm_sr.supervisor")
@@ -32,6 +34,8 @@ class ProcessOptions:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     backoff_reset_s: float = 60.0
+    health_every_s: float = 1.0  # a ready worker's /health is read this often (threads, hangs)
+    hung_grace_s: float = 5.0  # SIGTERM -> SIGKILL for a hung worker (it finishes nothing)
     worker_argv: Sequence[str] | None = None  # tests run another command than `vllm-sr worker`
 
 
@@ -41,6 +45,7 @@ class ReplicaHooks(Protocol):
     def on_exited(self, rep: ManagedReplica, returncode: int, reason: str) -> None: ...
     def on_backoff(self, rep: ManagedReplica, delay_s: float) -> None: ...
     def on_failed(self, rep: ManagedReplica, reason: str) -> None: ...
+    def on_health(self, rep: ManagedReplica, doc: dict[str, Any]) -> None: ...
 
 
 class ManagedReplica:
@@ -64,9 +69,10 @@ class ManagedReplica:
         self.last_error: str | None = None
         self.health: dict[str, Any] = {}
         self.ready = asyncio.Event()  # set while the current process is ready
-        self.active = 0  # exchanges in flight through the frontend (drain waits on it)
+        self.settled = asyncio.Event()  # ready or failed for good (a reload waits on it)
+        self.lives = 0  # processes started so far
+        self._life = asyncio.Event()  # set (and replaced) each time a process starts
         self.record: Any = None  # its pool Replica record while published
-        self.retired_from: Any = None  # the pool it drains out of after a reload
         self.served_model: str | None = None  # attached runtimes: the name to put in "model"
         self._backoff = Backoff(
             options.backoff_initial_s,
@@ -91,6 +97,27 @@ class ManagedReplica:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"replica-{self.id}")
+
+    async def wait_settled(self) -> None:
+        """Until the worker is ready, or failed for good (then ``state == "failed"``)."""
+        await self.settled.wait()
+
+    async def wait_new_life(self, after: int) -> None:
+        """Until a process later than life number ``after`` has started (or it failed)."""
+        while self.lives <= after and self.state != "failed":
+            await self._life.wait()
+
+    def _new_life(self) -> None:
+        self.lives += 1
+        self._life.set()
+        self._life = asyncio.Event()
+
+    async def kill_hung(self, reason: str) -> None:
+        """Its forward hangs: TERM, a short grace, KILL; the life loop restarts it with the
+        usual backoff and ``reason`` as the exit reason."""
+        self.last_error = reason
+        if self.process is not None:
+            await self.process.stop(min(self.options.hung_grace_s, self.options.stop_grace_s))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop for good: no restart. SIGTERM, grace, SIGKILL."""
@@ -132,6 +159,8 @@ class ManagedReplica:
             self.hooks.on_exited(self, returncode, reason)
             if returncode == EXIT_DO_NOT_RESTART:
                 self.state = "failed"
+                self.settled.set()
+                self._life.set()
                 self.hooks.on_failed(self, reason)
                 return
             if self._restart_now:
@@ -163,18 +192,41 @@ class ManagedReplica:
         await proc.start(stderr_sink=self._stderr_tail)
         self.state = "starting"
         self.health = {}
+        self.last_error = None
+        self._new_life()
         self.hooks.on_starting(self, restarted)
         if await self._wait_ready(proc):
             self.state = "ready"
-            self.last_error = None
             self._backoff.mark_ready()
             self.ready.set()
+            self.settled.set()
             self.hooks.on_ready(self)
-        elif proc.running:
+            await self._watch(proc)
+        elif proc.running and not self._stopping:
             self.last_error = f"not ready within {self.options.ready_timeout_s:.0f} s"
             log.warning("%s: %s; stopping it", self.id, self.last_error)
             await proc.stop(self.options.stop_grace_s)
         return await proc.wait()
+
+    async def _watch(self, proc: WorkerProcess) -> None:
+        """While it runs: read its /health every ``health_every_s`` and report it (adaptive
+        threads, the running forward's age). A failed read changes nothing here: the pool's
+        probes and the request path judge reachability."""
+        waiter = asyncio.ensure_future(proc.wait())
+        try:
+            while not waiter.done() and not self._stopping:
+                await asyncio.wait({waiter}, timeout=self.options.health_every_s)
+                if waiter.done() or self._stopping:
+                    return
+                try:
+                    status, doc = await self.client.health(timeout_s=2.0)
+                except VllmSrError:
+                    continue
+                if status == 200 and doc:
+                    self.health = doc
+                    self.hooks.on_health(self, doc)
+        finally:
+            waiter.cancel()
 
     async def _wait_ready(self, proc: WorkerProcess) -> bool:
         """Poll /health until 200, the process exits, or the ready timeout passes."""
@@ -200,6 +252,8 @@ class ManagedReplica:
     def _exit_reason(self, returncode: int) -> str:
         if self._restart_now:
             return f"restarted on request (exit {returncode})"
+        if self.last_error and self.last_error.startswith("hung"):
+            return self.last_error
         if self.last_error and returncode < 0:
             return self.last_error
         tail = [line for line in self._stderr_tail if line.strip()]

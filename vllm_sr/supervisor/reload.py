@@ -14,17 +14,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_sr.pool.settings import PoolSettings
+
 
 @dataclass
 class DeploymentPlan:
     name: str
     artifact: str
     replicas: list[Any]
-    timeout_ms: int = 2000
-    # Engine limits set in config (None = the worker calibrates and may differ per replica).
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    outlier: dict[str, Any] = field(default_factory=dict)  # outlier_detection fields set
+    # The deployment's one settings object (deadline, ejection, limits set in config),
+    # built once from the schema (``PoolSettings.from_deployment``).
+    settings: PoolSettings = field(default_factory=PoolSettings)
 
 
 @dataclass

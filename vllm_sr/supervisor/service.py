@@ -12,10 +12,11 @@ from typing import Any
 
 from vllm_sr.events import log_sink
 from vllm_sr.frontend.app import Frontend
+from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.supervisor.managed import ProcessOptions
+from vllm_sr.supervisor.reconfigure import Planner, Scaler
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
-from vllm_sr.supervisor.reload_task import Scaler
-from vllm_sr.supervisor.supervisor import Planner, Supervisor
+from vllm_sr.supervisor.supervisor import Supervisor
 from vllm_sr.supervisor.systemd import SystemdNotifier
 
 log = logging.getLogger("vllm_sr.serve")
@@ -35,23 +36,15 @@ def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
     """config.yaml (a validated RootConfig) + the planner's replica specs -> ServicePlan."""
     from vllm_sr.config.files import effective_dict
 
-    deployments: dict[str, DeploymentPlan] = {}
-    for name, dep in config.deployments.items():
-        od = dep.outlier_detection
-        deployments[name] = DeploymentPlan(
+    deployments = {
+        name: DeploymentPlan(
             name=name,
             artifact=dep.artifact,
             replicas=[spec for spec in replicas if spec.deployment == name],
-            timeout_ms=dep.timeout_ms,
-            max_num_seqs=dep.engine_args.max_num_seqs,
-            max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
-            outlier={
-                "consecutive_timeouts": od.consecutive_timeouts,
-                "base_ejection_ms": od.base_ejection_ms,
-                "max_ejection_ms": od.max_ejection_ms,
-                "max_ejection_percent": od.max_ejection_percent,
-            },
+            settings=PoolSettings.from_deployment(dep),
         )
+        for name, dep in config.deployments.items()
+    }
     return ServicePlan(deployments, config.default_deployment(), effective_dict(config))
 
 

@@ -3,9 +3,11 @@
 One loop takes ``Command``s off one queue and applies each with ``handle_<kind>``; signal
 handlers and the control API only enqueue. Long work a command starts (a reload waiting for new
 workers, a drain before stop) runs as a task the supervisor owns, so the loop stays free to take
-a second signal (quick stop) or another command. Process lifecycles are ``ManagedReplica`` tasks
-that report through the ``on_*`` hooks below: every state change reaches the pool and the event
-bus here, once.
+a second signal (quick stop) or another command. Worker lifecycles are ``ManagedReplica`` tasks
+(made by the injected ``spawn`` factory, so tests can run the handlers without processes) that
+report through the ``on_*`` hooks below: every state change reaches the pool and the event bus
+here, once. Nothing polls: the maintenance task sleeps until the pools' next timed transition,
+a requested probe or an event.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,35 +26,24 @@ import psutil
 from vllm_sr import __version__
 from vllm_sr import events as ev
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.errors import Conflict, ModelNotFound, NotFound, VllmSrError
-from vllm_sr.events import EventBus
-from vllm_sr.pool.client import WorkerClient
-from vllm_sr.pool.pool import PoolSettings, ReplicaPool
-from vllm_sr.supervisor import reload_task
-from vllm_sr.supervisor.attached import AttachedReplica
 from vllm_sr.control.commands import Command, CommandQueue
+from vllm_sr.errors import Conflict, NotFound, VllmSrError
+from vllm_sr.events import Event, EventBus
+from vllm_sr.pool.directory import PoolDirectory
+from vllm_sr.pool.pool import ReplicaPool
+from vllm_sr.supervisor.attached import AttachedReplica
+from vllm_sr.supervisor.fleet import Fleet, Spawn, who
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
-from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
-from vllm_sr.supervisor.reload_task import Scaler
+from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
+from vllm_sr.supervisor.reload import ServicePlan
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
 
 log = logging.getLogger("vllm_sr.supervisor")
 
-Planner = Callable[[], ServicePlan]
 PROBE_TIMEOUT_S = 2.0
 QUICK_GRACE_S = 1.0
-MAINTAIN_INTERVAL_S = 0.05
-STATUS_EVERY = 4  # rounds between STATUS= checks (the inventory is not free)
 
-
-def pool_settings(dep: DeploymentPlan) -> PoolSettings:
-    values: dict[str, Any] = {
-        "timeout_ms": dep.timeout_ms,
-        "configured_max_num_seqs": dep.max_num_seqs,
-        "configured_max_num_batched_tokens": dep.max_num_batched_tokens,
-    }
-    values.update({k: v for k, v in dep.outlier.items() if v is not None})
-    return PoolSettings(**values)
+__all__ = ["Planner", "Scaler", "Supervisor"]
 
 
 class Supervisor:
@@ -67,6 +57,7 @@ class Supervisor:
         clock: Clock = SYSTEM_CLOCK,
         notifier: SystemdNotifier | None = None,
         drain_timeout_s: float = 30.0,
+        spawn: Spawn | None = None,
     ) -> None:
         self.planner = planner
         self.runtime_dir = Path(runtime_dir).absolute()
@@ -76,12 +67,10 @@ class Supervisor:
         self.clock = clock
         self.notifier = notifier or SystemdNotifier(env={})
         self.drain_timeout_s = drain_timeout_s
+        self.spawn: Spawn = spawn or self._spawn_process
         self.queue = CommandQueue()
-        self.plan: ServicePlan | None = None
-        self.pools: dict[str, ReplicaPool] = {}  # published: what the frontend dispatches to
-        self.replicas: dict[str, ManagedReplica] = {}  # every live worker, staged ones too
-        self.published: set[str] = set()
-        self.generation = 0
+        self._wake = asyncio.Event()
+        self.fleet = Fleet(clock, self.events.publish, on_wake=self._wake.set)
         self.started_at = clock.time()
         self.admitting = True
         self.stopping = False
@@ -90,41 +79,55 @@ class Supervisor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._announced_ready = False
         self._last_status = ""
-        self.on_change: list[Callable[[], None]] = []
-        self.scaler: Scaler | None = None  # writes a new replica count into config (scale)
-        self._reload_task: asyncio.Task[None] | None = None
-        self._staged: dict[int, ManagedReplica] = {}
         self._own_cpus: list[int] = []
+        self.reconfiguration = Reconfiguration(
+            self.fleet,
+            planner,
+            self.spawn,
+            events=self.events,
+            notifier=self.notifier,
+            ready_timeout_s=self.options.ready_timeout_s,
+            drain_timeout_s=drain_timeout_s,
+            quick=self._quick,
+            status=lambda: self._last_status or None,
+            on_published=self.place_self,
+        )
+        self.events.add_sink(self._on_event)
 
-    # ------------------------------------------------------------------ frontend seam
-    def resolve(self, model: str | None) -> tuple[ReplicaPool, DeploymentPlan]:
-        """The published pool and plan for ``model`` (a deployment name; None = default)."""
-        assert self.plan is not None
-        name = model or self.plan.default_deployment
-        pool = self.pools.get(name)
-        dep = self.plan.deployments.get(name)
-        if pool is None or dep is None:
-            if (
-                model is not None
-                and model
-                == self.plan.deployments.get(
-                    self.plan.default_deployment, DeploymentPlan("", "", [])
-                ).artifact
-            ):
-                return self.resolve(None)  # the artifact name of the default deployment
-            raise ModelNotFound(
-                f"model {name!r} is not a deployment; known: {sorted(self.pools)}", model=name
-            )
-        return pool, dep
+    # ------------------------------------------------------------------ views
+    @property
+    def directory(self) -> PoolDirectory:
+        return self.fleet.directory
 
-    def client(self, replica_id: str) -> WorkerClient:
-        return self.replicas[replica_id].client
+    @property
+    def pools(self) -> dict[str, ReplicaPool]:
+        return self.fleet.pools
+
+    @property
+    def replicas(self) -> dict[str, ManagedReplica]:
+        return self.fleet.replicas
+
+    @property
+    def plan(self) -> ServicePlan | None:
+        return self.fleet.plan
+
+    @property
+    def generation(self) -> int:
+        return self.fleet.generation
+
+    @property
+    def scaler(self) -> Scaler | None:
+        return self.reconfiguration.scaler
+
+    @scaler.setter
+    def scaler(self, value: Scaler | None) -> None:
+        self.reconfiguration.scaler = value
 
     # ------------------------------------------------------------------ control-API backend
     def inventory(self) -> dict[str, Any]:
         now = self.clock.time()
         deployments = []
-        for name, pool in self.pools.items():
+        for name, pool in list(self.pools.items()):
             doc = pool.inventory()
             doc.setdefault("name", name)
             deployments.append(doc)
@@ -155,29 +158,25 @@ class Supervisor:
     # ------------------------------------------------------------------ start / run
     def _socket_path(self, replica_id: str) -> str:
         path = self.workers_dir / f"{replica_id}.sock"
-        if any(r.socket_path == str(path) for r in self.replicas.values()):
+        if any(r.socket_path == str(path) for r in self.fleet.workers()):
             # A replacement runs beside its predecessor until it is ready.
             path = self.workers_dir / f"{replica_id}.g{self.generation + 1}.sock"
         return str(path)
 
-    def _spawn(self, spec: Any) -> ManagedReplica:
+    def _spawn_process(self, spec: Any) -> ManagedReplica:
         if getattr(spec, "endpoint", None):
             return AttachedReplica(spec, self, self.options, self.clock)
         return ManagedReplica(spec, self._socket_path(spec.id), self, self.options, self.clock)
 
     async def start(self) -> None:
-        """Plan, spawn every worker, publish the pools. Workers join dispatch as they get ready."""
+        """Plan (in a thread: it may run rocm-smi), spawn every worker, publish the pools.
+        Workers join dispatch as they get ready."""
         self.workers_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.workers_dir, 0o700)
-        self.plan = self.planner()
-        for dep in self.plan.deployments.values():
-            self.pools[dep.name] = self._new_pool(dep)
-        for spec in self.plan.specs():
-            rep = self._spawn(spec)
-            self.replicas[spec.id] = rep
-            self.published.add(spec.id)
-            where = spec.device or getattr(spec, "endpoint", None)
-            rep.record = self.pools[spec.deployment].add_replica(spec.id, str(where))
+        plan = await asyncio.to_thread(self.planner)
+        workers = [self.spawn(spec) for spec in plan.specs()]
+        self.fleet.first(plan, workers)
+        for rep in workers:
             rep.start()
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
         self.place_self()
@@ -202,16 +201,6 @@ class Supervisor:
                 self._own_cpus = list(me.cpu_affinity() or [])
             rest = [c for c in self._own_cpus if c not in pinned]
             me.cpu_affinity(rest or self._own_cpus)
-
-    def _new_pool(self, dep: DeploymentPlan) -> ReplicaPool:
-        return ReplicaPool(
-            dep.name,
-            settings=pool_settings(dep),
-            clock=self.clock,
-            emit=self.events.publish,
-            artifact=dep.artifact,
-            desired_replicas=len(dep.replicas),
-        )
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -263,22 +252,31 @@ class Supervisor:
         return task
 
     # ------------------------------------------------------------------ maintenance
+    def _on_event(self, event: Event) -> None:
+        if event.event not in (ev.SERVICE_READY,):
+            self._wake.set()  # a state change: STATUS= may need saying
+
     async def _maintain(self) -> None:
-        """Drive the pools' clocks (ejection cool-downs, backoffs) and run their /health probes."""
+        """Drive the pools' clocks (ejection cool-downs, backoffs), run their /health probes
+        and keep STATUS= current. Sleeps until the next timed transition or a wake-up (a probe
+        requested, an event published)."""
         probing: set[str] = set()
-        rounds = 0
         while True:
-            rounds += 1
+            self._wake.clear()
+            delays = []
             for pool in list(self.pools.values()):
-                pool.tick()  # also schedules re-probes of replicas a failed probe took out
+                delay = pool.tick()  # also schedules re-probes of replicas a failed probe took out
+                if delay is not None:
+                    delays.append(delay)
                 for rid in pool.take_probe_requests():
                     if rid in probing or rid not in self.replicas:
                         continue
                     probing.add(rid)
                     self._task(self._probe(pool, rid, probing), f"probe-{rid}")
-            if rounds % STATUS_EVERY == 0:
-                self._publish_status()
-            await asyncio.sleep(MAINTAIN_INTERVAL_S)
+            self._publish_status()
+            timeout = min(delays) + 0.001 if delays else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
 
     async def _probe(self, pool: ReplicaPool, rid: str, probing: set[str]) -> None:
         try:
@@ -290,6 +288,7 @@ class Supervisor:
             probing.discard(rid)
         if rid in pool:
             pool.probe_result(rid, ok)
+        self._wake.set()
 
     def _publish_status(self) -> None:
         """STATUS= on every change; READY=1 once every deployment has a ready replica."""
@@ -299,70 +298,83 @@ class Supervisor:
         if text != self._last_status:
             self._last_status = text
             self.notifier.status(text)
-            for callback in self.on_change:
-                callback()
         if not self._announced_ready and self.health()["ready"]:
             self._announced_ready = True
             self.notifier.ready(text)
             self.events.publish(ev.SERVICE_READY, generation=self.generation)
 
     # ------------------------------------------------------------------ lifecycle hooks
-    def _pool_of(self, rep: ManagedReplica) -> ReplicaPool | None:
-        if rep.id not in self.published or self.replicas.get(rep.id) is not rep:
-            return None
-        return self.pools.get(rep.spec.deployment)
-
-    def _who(self, rep: ManagedReplica) -> dict[str, Any]:
-        return {
-            "deployment": rep.spec.deployment,
-            "replica": rep.id,
-            "device": str(rep.spec.device),
-        }
-
     def on_starting(self, rep: ManagedReplica, restarted: bool) -> None:
-        pool = self._pool_of(rep)
+        pool = self.fleet.pool_of(rep)
         if pool is not None:
             pool.mark_starting(rep.id, rep.pid)
             pool.set_restarts(rep.id, rep.restarts)
         if restarted:
             self.events.publish(
-                ev.REPLICA_RESTARTED, **self._who(rep), pid=rep.pid, restarts=rep.restarts
+                ev.REPLICA_RESTARTED, **who(rep), pid=rep.pid, restarts=rep.restarts
             )
         else:
-            self.events.publish(ev.REPLICA_STARTING, **self._who(rep), pid=rep.pid)
+            self.events.publish(ev.REPLICA_STARTING, **who(rep), pid=rep.pid)
 
     def on_ready(self, rep: ManagedReplica) -> None:
-        pool = self._pool_of(rep)
+        pool = self.fleet.pool_of(rep)
         if pool is not None:
             pool.mark_ready(rep.id, rep.pid, rep.limits, rep.health.get("threads"))
-        self.events.publish(ev.REPLICA_READY, **self._who(rep), pid=rep.pid, limits=rep.limits)
+            pool.set_adaptive_threads(rep.id, rep.health.get("adaptive_threads"))
+        self.events.publish(ev.REPLICA_READY, **who(rep), pid=rep.pid, limits=rep.limits)
+
+    def on_health(self, rep: ManagedReplica, doc: dict[str, Any]) -> None:
+        """A ready worker's periodic /health: its learner's report, and whether its forward
+        has run past the deployment's hang bound (then it is restarted)."""
+        pool = self.fleet.pool_of(rep)
+        if pool is None:
+            return
+        pool.set_adaptive_threads(rep.id, doc.get("adaptive_threads"))
+        running = doc.get("forward_running_s")
+        bound = pool.settings.hang_bound_s
+        if isinstance(running, int | float) and running > bound and rep.state == "ready":
+            reason = f"hung: forward running {running:.1f} s > bound {bound:.1f} s"
+            log.warning("%s: %s; restarting it", rep.id, reason)
+            rep.state = "hung"
+            self.events.publish(
+                ev.REPLICA_HUNG,
+                **who(rep),
+                pid=rep.pid,
+                forward_running_s=round(float(running), 3),
+                bound_s=bound,
+            )
+            self._task(rep.kill_hung(reason), f"hung-{rep.id}")
 
     def on_exited(self, rep: ManagedReplica, returncode: int, reason: str) -> None:
-        pool = self._pool_of(rep)
+        pool = self.fleet.pool_of(rep)
         if pool is not None:
             pool.mark_exited(rep.id, reason)
+            pool.replica(rep.id).restart_reason = reason
         pid = rep.process.pid if rep.process else None
         self.events.publish(
-            ev.REPLICA_EXITED, **self._who(rep), pid=pid, returncode=returncode, reason=reason
+            ev.REPLICA_EXITED, **who(rep), pid=pid, returncode=returncode, reason=reason
         )
 
     def on_backoff(self, rep: ManagedReplica, delay_s: float) -> None:
-        pool = self._pool_of(rep)
+        pool = self.fleet.pool_of(rep)
         if pool is not None:
             pool.mark_backoff_restart(rep.id, self.clock.monotonic() + delay_s)
+        self.events.publish(
+            ev.REPLICA_BACKOFF, **who(rep), pid=None, backoff_s=delay_s, reason=rep.last_error
+        )
 
     def on_failed(self, rep: ManagedReplica, reason: str) -> None:
-        pool = self._pool_of(rep)
+        pool = self.fleet.pool_of(rep)
         if pool is not None:
             pool.mark_failed(rep.id, reason)
-        self.events.publish(ev.REPLICA_FAILED, **self._who(rep), reason=reason)
+        self.events.publish(ev.REPLICA_FAILED, **who(rep), reason=reason)
 
     # ------------------------------------------------------------------ commands
     def _published_replica(self, replica_id: str | None) -> tuple[ManagedReplica, ReplicaPool]:
         rep = self.replicas.get(replica_id or "")
-        pool = self._pool_of(rep) if rep is not None else None
+        pool = self.fleet.pool_of(rep) if rep is not None else None
         if rep is None or pool is None:
-            raise NotFound(f"no replica {replica_id!r}; known: {sorted(self.published)}")
+            raise NotFound(f"no replica {replica_id!r}; known: {sorted(self.fleet.published)}")
         return rep, pool
 
     async def handle_eject(self, cmd: Command) -> dict[str, Any]:
@@ -384,26 +396,27 @@ class Supervisor:
         return None  # answered once the new process is running
 
     async def _restart(self, rep: ManagedReplica, cmd: Command) -> None:
-        old_pid = rep.pid
+        old_pid, lives = rep.pid, rep.lives
         await rep.restart()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.stop_grace_s + 10.0
-        while rep.pid in (None, old_pid) and rep.state != "failed" and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        if cmd.done is not None and not cmd.done.done():
-            cmd.done.set_result({"replica": rep.id, "old_pid": old_pid, "pid": rep.pid})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(rep.wait_new_life(lives), self.options.stop_grace_s + 10.0)
+        resolve(cmd, result={"replica": rep.id, "old_pid": old_pid, "pid": rep.pid})
 
     async def handle_drain(self, cmd: Command) -> dict[str, Any]:
         rep, pool = self._published_replica(cmd.replica)
         pool.drain(rep.id)
-        self.events.publish(ev.REPLICA_DRAINING, **self._who(rep), pid=rep.pid, reason="control")
+        self.events.publish(ev.REPLICA_DRAINING, **who(rep), pid=rep.pid, reason="control")
         return {"ok": True, "replica": rep.id, "inflight": pool.replica(rep.id).inflight}
 
     async def handle_reload(self, cmd: Command) -> dict[str, Any] | None:
-        return await reload_task.reload(self, cmd)
+        self._check_not_stopping()
+        await self.reconfiguration.reload(cmd)
+        return None  # resolved once the new generation is published
 
     async def handle_scale(self, cmd: Command) -> dict[str, Any] | None:
-        return await reload_task.scale(self, cmd)
+        self._check_not_stopping()
+        await self.reconfiguration.scale(cmd)
+        return None
 
     async def handle_stop(self, cmd: Command) -> dict[str, Any]:
         if self.stopping:
@@ -413,7 +426,7 @@ class Supervisor:
         self.admitting = False
         if cmd.quick:
             self._quick.set()
-        reload_task.cancel_reload(self)
+        self.reconfiguration.cancel()
         self.notifier.stopping()
         self.events.publish(ev.SERVICE_STOPPING, quick=self._quick.is_set())
         self._task(self._stop_all(), "stop")
@@ -423,7 +436,7 @@ class Supervisor:
         try:
             await self._drain_all()
             grace = QUICK_GRACE_S if self._quick.is_set() else self.options.stop_grace_s
-            reps = [*self.replicas.values(), *self._staged.values()]
+            reps = self.fleet.workers()
             stopping = asyncio.gather(
                 *(self._stop_replica(rep, grace) for rep in reps), return_exceptions=True
             )
@@ -442,29 +455,29 @@ class Supervisor:
             self._stopped.set()
 
     async def _drain_all(self) -> None:
+        """Admission is off; wait until nothing is in flight anywhere (or the drain timeout,
+        or a second signal)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout_s
-        while not self._quick.is_set() and loop.time() < deadline:
-            busy = sum(r.inflight for p in self.pools.values() for r in p.replicas())
-            if busy == 0:
+        while not self._quick.is_set():
+            # A retry admitted elsewhere while we waited counts too: look again each round.
+            busy = [r for r in self.fleet.workers() if r.record is not None and r.record.inflight]
+            left = deadline - loop.time()
+            if not busy or left <= 0:
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._quick.wait(), 0.05)
+            await wait_idle(busy[0], left, self._quick)
 
     async def _stop_replica(self, rep: ManagedReplica, grace_s: float) -> None:
         pid = rep.pid
         await rep.stop(grace_s)
-        pool = self._pool_of(rep)
+        pool = self.fleet.pool_of(rep)
         if pool is not None:
             pool.mark_stopped(rep.id)
-        self.events.publish(ev.REPLICA_STOPPED, **self._who(rep), pid=pid)
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
+        self.events.publish(ev.REPLICA_STOPPED, **who(rep), pid=pid)
 
     def kill_all_now(self) -> None:
         """On the way out after an error: never leave a worker behind."""
-        for rep in self.replicas.values():
+        for rep in self.fleet.workers():
             rep.kill_now()
 
     def _check_not_stopping(self) -> None:

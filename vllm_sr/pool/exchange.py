@@ -1,0 +1,132 @@
+"""One exchange with a deployment, owned by its pool: admit and pick a replica, send the
+caller's bytes with the exchange's deadline, classify how it ended, release, and feed the
+outcome back (success / timeout / failure / cancelled / refused) so backoff and outlier ejection
+see every exchange.
+
+Retry: an exchange whose worker broke before answering (``WorkerFailed``: it died, the
+connection was refused or reset) is sent once more to another replica picked by the same rule,
+within what is left of the deadline: every surface is idempotent. A timeout is never retried (it
+is the outlier detector's signal), nor an answer (any HTTP status, 4xx or 5xx), nor an
+exchange with no deadline left. The retry is admitted like any exchange (429 / 503 when no
+other replica can take it: 429 when the others are full; with no other replica that could
+serve, the first failure, 502), so the pool's accounting stays exact.
+
+The deadline reaches the worker as ``X-Request-Timeout-Ms`` (the milliseconds left), so the
+worker drops rows nobody waits for before they enter a forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.errors import DeadlineExceeded, Unavailable, WorkerFailed
+from vllm_sr.pool.pool import ReplicaPool
+from vllm_sr.pool.replica import Outcome, Replica
+
+DEADLINE_HEADER = "X-Request-Timeout-Ms"
+MAX_ATTEMPTS = 2  # the first try and one retry on another replica
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A worker's answer: its bytes unchanged, which replica gave it, and the retries taken."""
+
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str]
+    replica_id: str
+    retries: int = 0
+    retried_from: str | None = None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def outcome_of(status: int) -> Outcome:
+    if status == 429:
+        return "refused"  # the worker's own admission said no: neither a success nor a fault
+    if status >= 500:
+        return "failure"
+    return "success"  # 2xx and the worker's 4xx verdicts on the input are answers
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """The body with ``model`` set to what an attached runtime serves (its own name for the
+    deployment's model)."""
+    doc = json.loads(body)
+    doc["model"] = model
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+async def exchange(
+    pool: ReplicaPool,
+    path: str,
+    body: bytes,
+    caller_timeout_ms: float | None = None,
+    *,
+    kind: str = "native",
+    clock: Clock = SYSTEM_CLOCK,
+) -> Answer:
+    """Send ``body`` to the replica the pool picks (one retry elsewhere, see the module doc).
+    Raises ``Overloaded``/``Unavailable`` (admission), ``DeadlineExceeded`` and
+    ``WorkerFailed``; the pool's lease is always released, whatever happens."""
+    deadline = clock.monotonic() + pool.settings.deadline_s(caller_timeout_ms)
+    tried: list[str] = []
+    failed: WorkerFailed | None = None
+    while True:
+        try:
+            lease = pool.acquire(len(body), exclude=tried, kind=kind)
+        except Unavailable:
+            if failed is not None:  # no other replica could take the retry: the first failure
+                raise failed from None
+            raise
+        if failed is not None:
+            pool.note_retry(tried[-1], failed.code)
+        rep = lease.replica
+        assert rep is not None
+        remaining = deadline - clock.monotonic()
+        outcome: Outcome = "failure"
+        try:
+            resp = await _send(rep, path, body, remaining)
+            outcome = outcome_of(resp.status)
+        except DeadlineExceeded:
+            outcome = "timeout"
+            raise
+        except WorkerFailed as exc:
+            tried.append(rep.id)
+            left = deadline - clock.monotonic()
+            if len(tried) >= MAX_ATTEMPTS or left <= 0:
+                raise
+            failed = exc
+            continue
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            pool.release(lease, outcome)
+        retries = len(tried)
+        return Answer(
+            resp.status,
+            resp.body,
+            resp.content_type,
+            resp.headers,
+            rep.id,
+            retries,
+            tried[0] if tried else None,
+        )
+
+
+async def _send(rep: Replica, path: str, body: bytes, remaining_s: float) -> Any:
+    if rep.client is None:  # published pools only hold workers with a client; be safe anyway
+        raise WorkerFailed(f"replica {rep.id} has no worker client", replica=rep.id)
+    if remaining_s <= 0:
+        raise DeadlineExceeded(f"no time left for replica {rep.id}", replica=rep.id)
+    if rep.served_model is not None:
+        body = with_model(body, rep.served_model)
+    headers = {DEADLINE_HEADER: f"{max(remaining_s * 1000.0, 1.0):.0f}"}
+    return await rep.client.post(path, body, timeout_s=remaining_s, headers=headers)

@@ -1,0 +1,137 @@
+"""The supervisor's workers and the pools they serve in: which worker holds each replica id,
+which ids are published, each deployment's pool, and the directory the frontend resolves
+against. The supervisor and a reconfiguration both work on one ``Fleet``; a new generation is
+swapped in by ``publish`` in one step (no await)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vllm_sr import events as ev
+from vllm_sr.clock import Clock
+from vllm_sr.pool.directory import PoolDirectory
+from vllm_sr.pool.pool import Emit, ReplicaPool
+from vllm_sr.supervisor.managed import ManagedReplica
+from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
+
+Spawn = Callable[[Any], ManagedReplica]
+
+
+class Fleet:
+    def __init__(self, clock: Clock, emit: Emit, on_wake: Callable[[], None] | None = None) -> None:
+        self.clock = clock
+        self.emit = emit
+        self.on_wake = on_wake
+        self.plan: ServicePlan | None = None
+        self.pools: dict[str, ReplicaPool] = {}  # every pool, retiring deployments' too
+        self.replicas: dict[str, ManagedReplica] = {}  # the live worker of each published id
+        self.published: set[str] = set()
+        self.staged: list[ManagedReplica] = []  # a reload's new workers, not yet published
+        self.directory = PoolDirectory()
+        self.generation = 0
+
+    # ------------------------------------------------------------------ lookups
+    def pool_of(self, rep: ManagedReplica) -> ReplicaPool | None:
+        """The pool ``rep`` serves in, while it is the published worker of its id."""
+        if rep.id not in self.published or self.replicas.get(rep.id) is not rep:
+            return None
+        return self.pools.get(rep.spec.deployment)
+
+    def workers(self) -> list[ManagedReplica]:
+        return [*self.replicas.values(), *self.staged]
+
+    def busy(self) -> int:
+        return sum(r.inflight for p in self.pools.values() for r in p.replicas())
+
+    # ------------------------------------------------------------------ building
+    def new_pool(self, dep: DeploymentPlan) -> ReplicaPool:
+        pool = ReplicaPool(
+            dep.name,
+            settings=dep.settings,
+            clock=self.clock,
+            emit=self.emit,
+            artifact=dep.artifact,
+            desired_replicas=len(dep.replicas),
+        )
+        pool.on_wake = self.on_wake
+        return pool
+
+    def join(self, rep: ManagedReplica, pool: ReplicaPool) -> None:
+        """Publish ``rep`` under its id in ``pool`` (with the client exchanges go through)."""
+        where = rep.spec.device or getattr(rep.spec, "endpoint", None)
+        self.replicas[rep.id] = rep
+        self.published.add(rep.id)
+        rep.record = pool.add_replica(
+            rep.id, str(where), pid=rep.pid, client=rep.client, served_model=rep.served_model
+        )
+        pool.set_restarts(rep.id, rep.restarts)
+
+    def first(self, plan: ServicePlan, workers: list[ManagedReplica]) -> None:
+        """The first generation: pools for every deployment, every worker joined."""
+        self.plan = plan
+        for dep in plan.deployments.values():
+            self.pools[dep.name] = self.new_pool(dep)
+        for rep in workers:
+            self.join(rep, self.pools[rep.spec.deployment])
+        self._publish_directory()
+
+    def publish(
+        self, plan: ServicePlan, staged: list[ManagedReplica], retire: list[str]
+    ) -> list[ManagedReplica]:
+        """Swap generations in one step (no await): returns the workers to drain and stop."""
+        retiring: list[ManagedReplica] = []
+        for rid in retire:
+            old = self.replicas.pop(rid)
+            self.published.discard(rid)
+            pool = self.pools.get(old.spec.deployment)
+            if pool is not None and rid in pool:
+                if any(r.id == rid for r in staged):
+                    pool.remove_replica(rid)  # its successor takes the id; the old drains aside
+                else:
+                    pool.mark_draining(rid)
+            retiring.append(old)
+            self.emit(ev.REPLICA_DRAINING, **who(old), pid=old.pid, reason="reload")
+        for name, dep in plan.deployments.items():
+            pool = self.pools.get(name)
+            if pool is None:
+                self.pools[name] = self.new_pool(dep)
+            else:
+                pool.apply_settings(dep.settings, len(dep.replicas))
+        for rep in staged:
+            pool = self.pools[rep.spec.deployment]
+            self.join(rep, pool)
+            pool.mark_ready(rep.id, rep.pid, rep.limits, rep.health.get("threads"))
+        for spec in plan.specs():
+            self.replicas[spec.id].spec = spec  # kept workers take the new spec (same identity)
+        self.plan = plan
+        self.generation += 1
+        self._publish_directory()
+        self.emit(ev.POOL_PUBLISHED, generation=self.generation, deployments=list(plan.deployments))
+        return retiring
+
+    def forget(self, rep: ManagedReplica) -> None:
+        """A retired worker has stopped: drop its record, and a deployment that left the plan
+        once its last worker has."""
+        pool = self.pools.get(rep.spec.deployment)
+        mine = pool is not None and rep.id in pool and pool.replica(rep.id) is rep.record
+        if pool is not None and mine and rep.id not in self.published:
+            pool.remove_replica(rep.id)
+        planned = self.plan.deployments if self.plan is not None else {}
+        for name in list(self.pools):
+            if name not in planned and len(self.pools[name]) == 0:
+                del self.pools[name]
+
+    def _publish_directory(self) -> None:
+        assert self.plan is not None
+        default = self.plan.default_deployment
+        aliases = {}
+        dep = self.plan.deployments.get(default)
+        if dep is not None:
+            aliases[dep.artifact] = default  # the default deployment's artifact name
+        published = {n: p for n, p in self.pools.items() if n in self.plan.deployments}
+        self.directory.publish(published, default, aliases, self.generation)
+
+
+def who(rep: ManagedReplica) -> dict[str, Any]:
+    return {"deployment": rep.spec.deployment, "replica": rep.id, "device": str(rep.spec.device)}

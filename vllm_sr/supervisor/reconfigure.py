@@ -1,0 +1,209 @@
+"""Reconfiguration: SIGHUP / ``POST /v1/reload`` / scale.
+
+Re-plan from config (in a thread: planning may run rocm-smi); keep every worker whose id and
+identity are unchanged (same process); start the new workers outside the published pools and
+wait until each is ready; then, in one step on the loop (no await), publish: new replicas join
+dispatch, retired ones are marked draining. Retired workers finish what they have in flight
+(up to the drain timeout) and stop. A config that does not load or plan, or a new worker that
+never gets ready, leaves the running generation untouched and says why (``reload_failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from vllm_sr import events as ev
+from vllm_sr.control.commands import Command
+from vllm_sr.errors import Conflict, InvalidRequest, VllmSrError
+from vllm_sr.events import EventBus
+from vllm_sr.supervisor.fleet import Fleet, Spawn, who
+from vllm_sr.supervisor.managed import ManagedReplica
+from vllm_sr.supervisor.reload import ServicePlan, diff_plans
+
+log = logging.getLogger("vllm_sr.supervisor")
+
+Scaler = Callable[[str, int], None]
+Planner = Callable[[], ServicePlan]
+
+
+class Notifier(Protocol):
+    def reloading(self) -> None: ...
+    def ready(self, status: str | None = None) -> None: ...
+
+
+def resolve(
+    cmd: Command, *, result: dict[str, Any] | None = None, exc: Exception | None = None
+) -> None:
+    if cmd.done is None or cmd.done.done():
+        return
+    if exc is not None:
+        cmd.done.set_exception(exc)
+    else:
+        cmd.done.set_result(result or {"ok": True})
+
+
+async def wait_idle(rep: ManagedReplica, timeout_s: float, quick: asyncio.Event) -> None:
+    """Until nothing is in flight on ``rep``'s pool record, the timeout, or a quick stop."""
+    record = rep.record
+    if record is None or record.inflight == 0:
+        return
+    idle = asyncio.Event()
+    record.idle_waiters.append(idle.set)
+    waits = {asyncio.ensure_future(idle.wait()), asyncio.ensure_future(quick.wait())}
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+class Reconfiguration:
+    """One reload at a time: plan, stage, publish, retire."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        planner: Planner,
+        spawn: Spawn,
+        *,
+        events: EventBus,
+        notifier: Notifier,
+        ready_timeout_s: float,
+        drain_timeout_s: float,
+        quick: asyncio.Event,
+        status: Callable[[], str | None],
+        on_published: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.fleet = fleet
+        self.planner = planner
+        self.spawn = spawn
+        self.events = events
+        self.notifier = notifier
+        self.ready_timeout_s = ready_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.quick = quick
+        self.status = status
+        self.on_published = on_published
+        self.scaler: Scaler | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.retiring: set[asyncio.Task[None]] = set()
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def reload(self, cmd: Command) -> None:
+        """Start a reload; ``cmd.done`` resolves once the new generation is published."""
+        if self.running:
+            raise Conflict("a reload is already in progress")
+        try:
+            plan = await asyncio.to_thread(self.planner)
+        except Exception as exc:
+            self._refused(exc, cmd)
+        self.task = asyncio.create_task(self._run(plan, cmd), name="reload")
+
+    async def scale(self, cmd: Command) -> None:
+        if self.scaler is None:
+            raise Conflict("scaling needs a config file to write (serve was started without one)")
+        if cmd.deployment is None or cmd.replicas is None or cmd.replicas < 0:
+            raise InvalidRequest(
+                f"scale needs a deployment and replicas >= 0, got {cmd.deployment!r}, "
+                f"{cmd.replicas!r}"
+            )
+        self.scaler(cmd.deployment, cmd.replicas)
+        await self.reload(cmd)
+
+    def cancel(self) -> None:
+        if self.running:
+            assert self.task is not None
+            self.task.cancel()
+
+    def _refused(self, exc: Exception, cmd: Command) -> None:
+        reason = exc.message if isinstance(exc, VllmSrError) else f"{type(exc).__name__}: {exc}"
+        reason = str(exc) if hasattr(exc, "problems") else reason
+        log.error("reload refused, the running generation keeps serving: %s", reason)
+        self.events.publish(ev.RELOAD_FAILED, reason=reason, source=cmd.source)
+        if isinstance(exc, VllmSrError):
+            raise exc
+        raise InvalidRequest(f"reload failed: {reason}") from exc
+
+    async def _run(self, plan: ServicePlan, cmd: Command) -> None:
+        fleet = self.fleet
+        self.notifier.reloading()
+        running = {rid: fleet.replicas[rid].spec for rid in fleet.published}
+        diff = diff_plans(running, plan.specs())
+        staged = [self.spawn(spec) for spec in diff.start]
+        fleet.staged.extend(staged)
+        for rep in staged:
+            rep.start()
+        published = False
+        try:
+            await self._wait_ready(staged)
+            retiring = fleet.publish(plan, staged, diff.retire)
+            published = True
+            self.on_published()
+        except VllmSrError as exc:
+            log.error("reload failed, the running generation keeps serving: %s", exc.message)
+            self.events.publish(ev.RELOAD_FAILED, reason=exc.message, source=cmd.source)
+            resolve(cmd, exc=exc)
+            return
+        finally:
+            for rep in staged:
+                with contextlib.suppress(ValueError):
+                    fleet.staged.remove(rep)
+                if not published:
+                    await rep.stop(1.0)
+            self.notifier.ready(self.status())
+        resolve(
+            cmd,
+            result={
+                "ok": True,
+                "generation": fleet.generation,
+                "kept": [s.id for s in diff.keep],
+                "started": [s.id for s in diff.start],
+                "retired": diff.retire,
+            },
+        )
+        await asyncio.gather(*(self.retire(rep) for rep in retiring), return_exceptions=True)
+
+    async def _wait_ready(self, staged: list[ManagedReplica]) -> None:
+        waits: dict[asyncio.Future[None], ManagedReplica] = {
+            asyncio.ensure_future(rep.wait_settled()): rep for rep in staged
+        }
+        pending: set[asyncio.Future[None]] = set(waits)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
+        try:
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=max(0.0, deadline - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    late = [waits[f].id for f in pending]
+                    raise VllmSrError(
+                        f"new workers not ready within {self.ready_timeout_s:.0f} s: {late}"
+                    )
+                for fut in done:
+                    rep = waits[fut]
+                    if rep.state == "failed":
+                        raise VllmSrError(
+                            f"new worker {rep.id} failed: {rep.last_error}", replica=rep.id
+                        )
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    async def retire(self, rep: ManagedReplica) -> None:
+        """Drain: wait for its in-flight exchanges (up to the drain timeout), then stop it."""
+        rep.retire()
+        await wait_idle(rep, self.drain_timeout_s, self.quick)
+        pid = rep.pid
+        await rep.stop()
+        self.fleet.forget(rep)
+        self.events.publish(ev.REPLICA_STOPPED, **who(rep), pid=pid)
