@@ -1,0 +1,288 @@
+"""The supervisor's handlers (reload, scale, drain, restart, stop, hang detection) on a fake
+clock, with an injected ``spawn`` that makes in-memory replicas instead of processes: the real
+ReplicaPool, EventBus, Fleet and Reconfiguration, no child process and no socket."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.integration.test_supervisor_fake import FakeSpec
+from vllm_sr import events as ev
+from vllm_sr.clock import FakeClock
+from vllm_sr.control.commands import Command
+from vllm_sr.errors import VllmSrError
+from vllm_sr.pool.client import WorkerResponse
+from vllm_sr.pool.exchange import exchange
+from vllm_sr.pool.settings import PoolSettings
+from vllm_sr.supervisor.managed import ProcessOptions
+from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
+from vllm_sr.supervisor.supervisor import Supervisor
+
+PIDS = itertools.count(1000)
+
+
+class GatedClient:
+    """Answers when the test opens the gate (so exchanges can be held in flight)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def post(self, *a: Any, **k: Any) -> WorkerResponse:
+        await self.gate.wait()
+        return WorkerResponse(200, b"{}", "application/json", {})
+
+
+class MemoryReplica:
+    """What the supervisor needs of a ManagedReplica, in memory: it is ready on start unless
+    the spec says ``fail``; ``restart`` and ``kill_hung`` start a new life at once."""
+
+    def __init__(self, spec: FakeSpec, hooks: Any) -> None:
+        self.spec, self.id, self.hooks = spec, spec.id, hooks
+        self.client = GatedClient()
+        self.served_model: str | None = None
+        self.socket_path = f"/nowhere/{spec.id}"
+        self.health: dict[str, Any] = {"threads": 1}
+        self.limits: dict[str, Any] | None = {"max_num_seqs": 64}
+        self.pid: int | None = None
+        self.state, self.last_error, self.restarts, self.lives = "starting", None, 0, 0
+        self.record: Any = None
+        self.process = None
+        self.ready, self.settled = asyncio.Event(), asyncio.Event()
+        self.stopped = False
+        self.hung_reasons: list[str] = []
+
+    def start(self) -> None:
+        self._life(restarted=False)
+
+    def _life(self, restarted: bool) -> None:
+        self.pid, self.lives = next(PIDS), self.lives + 1
+        self.hooks.on_starting(self, restarted)
+        if self.spec.env.get("fail"):
+            self.state, self.last_error = "failed", "exit 78: bad artifact"
+            self.settled.set()
+            self.hooks.on_failed(self, self.last_error)
+            return
+        self.state = "ready"
+        self.ready.set()
+        self.settled.set()
+        self.hooks.on_ready(self)
+
+    async def wait_settled(self) -> None:
+        await self.settled.wait()
+
+    async def wait_new_life(self, after: int) -> None:
+        while self.lives <= after:
+            await asyncio.sleep(0)
+
+    async def restart(self) -> None:
+        self.restarts += 1
+        self.hooks.on_exited(self, -15, "restarted on request (exit -15)")
+        self._life(restarted=True)
+
+    async def kill_hung(self, reason: str) -> None:
+        self.hung_reasons.append(reason)
+        self.restarts += 1
+        self.hooks.on_exited(self, -15, reason)
+        self._life(restarted=True)
+
+    def retire(self) -> None:
+        pass
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        self.stopped, self.pid = True, None
+
+    def kill_now(self) -> None:
+        self.stopped = True
+
+
+def plan_of(n: int, **kw: Any) -> ServicePlan:
+    specs = [FakeSpec(f"primary-{i}", "primary", i, **kw) for i in range(n)]
+    dep = DeploymentPlan("primary", "fake/artifact", specs, settings=PoolSettings(timeout_ms=1000))
+    return ServicePlan({"primary": dep}, "primary")
+
+
+class Harness:
+    def __init__(self, plans: list[ServicePlan]) -> None:
+        self.plans = plans
+        self.clock = FakeClock()
+        self.spawned: list[MemoryReplica] = []
+        self.sup = Supervisor(
+            self.planner,
+            runtime_dir="/tmp/vsr-handlers",
+            options=ProcessOptions(ready_timeout_s=5.0, stop_grace_s=1.0),
+            clock=self.clock,
+            drain_timeout_s=5.0,
+            spawn=self.spawn,
+        )
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.sup.events.add_sink(lambda e: self.events.append((e.event, e.fields)))
+
+    def planner(self) -> ServicePlan:
+        return self.plans[0] if len(self.plans) == 1 else self.plans.pop(0)
+
+    def spawn(self, spec: Any) -> Any:
+        rep = MemoryReplica(spec, self.sup)
+        self.spawned.append(rep)
+        return rep
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        return [f for n, f in self.events if n == name]
+
+    async def command(self, kind: str, **kw: Any) -> dict[str, Any]:
+        return await asyncio.wait_for(self.sup.submit(Command(kind, **kw)), 10)  # type: ignore[arg-type]
+
+
+def serve(plans: list[ServicePlan], body: Callable[[Harness], Any]) -> None:
+    async def main() -> None:
+        h = Harness(plans)
+        await h.sup.start()
+        loop = asyncio.ensure_future(h.sup.run())
+        try:
+            await body(h)
+        finally:
+            if not h.sup.stopping:
+                await h.command("stop")
+            await asyncio.wait_for(loop, 10)
+
+    asyncio.run(main())
+
+
+def test_reload_keeps_unchanged_workers_and_starts_only_the_new() -> None:
+    async def body(h: Harness) -> None:
+        first = dict(h.sup.replicas)
+        h.plans[:] = [plan_of(3)]
+        result = await h.command("reload")
+        assert (result["kept"], result["started"]) == (["primary-0", "primary-1"], ["primary-2"])
+        assert all(h.sup.replicas[rid] is rep for rid, rep in first.items())
+        assert h.sup.generation == 1 and len(h.spawned) == 3
+        assert h.sup.inventory()["deployments"][0]["ready_replicas"] == 3
+
+    serve([plan_of(2)], body)
+
+
+def test_a_new_worker_that_fails_leaves_the_running_generation_untouched() -> None:
+    async def body(h: Harness) -> None:
+        h.plans[:] = [plan_of(2, env={"fail": "1"}, threads=2)]  # a new identity: all replaced
+        with pytest.raises(VllmSrError, match="failed"):
+            await h.command("reload")
+        assert h.sup.generation == 0 and [r.stopped for r in h.spawned[:2]] == [False, False]
+        assert all(r.stopped for r in h.spawned[2:])  # the staged ones were stopped
+        assert h.of(ev.RELOAD_FAILED)
+
+    serve([plan_of(2)], body)
+
+
+def test_scale_down_retires_a_worker_only_after_its_exchange_finishes() -> None:
+    async def body(h: Harness) -> None:
+        pool = h.sup.pools["primary"]
+        victim = h.sup.replicas["primary-1"]
+        victim.client.gate.clear()
+        held = pool.acquire(1_000_000, "primary-0")  # the pick rule now prefers primary-1
+        call = asyncio.ensure_future(exchange(pool, "/v1/embeddings", b"{}"))
+        await until(lambda: victim.record.inflight == 1)
+        pool.release(held, "success")
+        h.plans[:] = [plan_of(1)]
+        await h.command("reload")
+        assert pool.replica("primary-1").state.value == "draining"
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not victim.stopped  # still finishing what it has
+        victim.client.gate.set()
+        assert (await call).status == 200
+        await until(lambda: victim.stopped)
+        await until(lambda: "primary-1" not in pool)
+
+    serve([plan_of(2)], body)
+
+
+def test_restart_answers_with_the_new_pid() -> None:
+    async def body(h: Harness) -> None:
+        old = h.sup.replicas["primary-0"].pid
+        result = await h.command("restart", replica="primary-0")
+        assert result["old_pid"] == old and result["pid"] not in (None, old)
+        assert h.of(ev.REPLICA_RESTARTED)[0]["replica"] == "primary-0"
+
+    serve([plan_of(1)], body)
+
+
+def test_drain_takes_the_replica_out_of_dispatch_with_the_control_reason() -> None:
+    async def body(h: Harness) -> None:
+        result = await h.command("drain", replica="primary-1")
+        assert result == {"ok": True, "replica": "primary-1", "inflight": 0}
+        assert h.of(ev.REPLICA_DRAINING)[-1]["reason"] == "control"
+        pool = h.sup.pools["primary"]
+        leases = [pool.acquire(0) for _ in range(3)]
+        assert {lease.replica_id for lease in leases} == {"primary-0"}
+        for lease in leases:
+            pool.release(lease, "success")
+
+    serve([plan_of(2)], body)
+
+
+def test_a_forward_running_past_the_hang_bound_restarts_the_worker() -> None:
+    async def body(h: Harness) -> None:
+        rep = h.sup.replicas["primary-0"]
+        bound = h.sup.pools["primary"].settings.hang_bound_s
+        assert bound == 10.0  # max(3 x 1000 ms, 10 s)
+        h.sup.on_health(rep, {"forward_running": True, "forward_running_s": bound - 0.1})
+        assert not rep.hung_reasons
+        h.sup.on_health(rep, {"forward_running": True, "forward_running_s": bound + 0.5})
+        await until(lambda: rep.hung_reasons)
+        hung = h.of(ev.REPLICA_HUNG)
+        assert hung[0]["replica"] == "primary-0" and hung[0]["bound_s"] == bound
+        doc = h.sup.inventory()["deployments"][0]["replicas"][0]
+        assert doc["restart_reason"].startswith("hung: forward running 10.5 s")
+        assert doc["restarts"] == 1 and doc["state"] == "ready"
+
+    serve([plan_of(2)], body)
+
+
+def test_the_hang_bound_is_a_deployment_field_with_a_derived_default() -> None:
+    assert PoolSettings(timeout_ms=2000).hang_bound_s == 10.0
+    assert PoolSettings(timeout_ms=8000).hang_bound_s == 24.0
+    assert PoolSettings(timeout_ms=8000, hang_after_ms=5000).hang_bound_s == 5.0
+
+
+def test_the_learners_report_reaches_the_inventory() -> None:
+    async def body(h: Harness) -> None:
+        rep = h.sup.replicas["primary-0"]
+        report = {"mode": 1, "state": "exploring", "buckets": []}
+        h.sup.on_health(rep, {"adaptive_threads": report, "forward_running_s": 0.0})
+        doc = h.sup.inventory()["deployments"][0]["replicas"][0]
+        assert doc["adaptive_threads"] == report
+
+    serve([plan_of(1)], body)
+
+
+def test_stop_drains_in_flight_exchanges_before_stopping_workers() -> None:
+    async def body(h: Harness) -> None:
+        pool = h.sup.pools["primary"]
+        rep = h.sup.replicas["primary-0"]
+        rep.client.gate.clear()
+        call = asyncio.ensure_future(exchange(pool, "/v1/embeddings", b"{}"))
+        await until(lambda: rep.record.inflight == 1)
+        await h.command("stop")
+        assert not h.sup.admitting
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not rep.stopped
+        rep.client.gate.set()
+        assert (await call).status == 200
+        await until(lambda: rep.stopped)
+
+    serve([plan_of(1)], body)
+
+
+async def until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.001)
