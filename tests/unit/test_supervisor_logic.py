@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tests.integration.test_supervisor_fake import FakeSpec
-from vllm_sr.clock import FakeClock
 from vllm_sr.backoff import Backoff
+from vllm_sr.clock import FakeClock
 from vllm_sr.supervisor.reload import diff_plans
 
 
