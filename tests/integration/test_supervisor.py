@@ -27,8 +27,8 @@ from tests.integration.test_supervisor_fake import (
     wait_for,
 )
 from vllm_sr import events as ev
-from vllm_sr.errors import ConfigError
 from vllm_sr.control.commands import Command
+from vllm_sr.errors import ConfigError
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 
 
