@@ -90,6 +90,8 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--replica-id", default="")
     p.add_argument("--served-model-name", action="append", default=[])
+    p.add_argument("--revision", default=None)
+    p.add_argument("--result-cache-bytes", type=int, default=0)
     args = p.parse_args(argv)
     code = os.environ.get("FAKE_EXIT_CODE")
     if code:
@@ -112,6 +114,7 @@ async def _serve(args: argparse.Namespace) -> None:
     }
     faults = {"forward_delay_ms": float(os.environ.get("VLLM_SR_FAULT_FORWARD_DELAY_MS", "0"))}
     enable_faults = os.environ.get("VLLM_SR_ENABLE_FAULTS") == "1"
+    running: dict[int, float] = {}  # in-flight "forwards": id -> when it began
 
     async def health(request: web.Request) -> web.Response:
         ready = time.monotonic() - started >= ready_delay
@@ -124,13 +127,21 @@ async def _serve(args: argparse.Namespace) -> None:
             "threads": args.threads,
             "replica": args.replica_id,
             "pid": os.getpid(),
+            "forward_running": bool(running),
+            "forward_running_s": time.monotonic() - min(running.values()) if running else 0.0,
+            "queue_rows": max(0, len(running) - 1),
         }
         return web.json_response(body, status=200 if ready else 503)
 
     async def surface(request: web.Request) -> web.Response:
         doc = await request.json()
-        if faults["forward_delay_ms"] > 0:
-            await asyncio.sleep(faults["forward_delay_ms"] / 1000.0)
+        key = id(request)
+        running[key] = time.monotonic()
+        try:
+            if faults["forward_delay_ms"] > 0:
+                await asyncio.sleep(faults["forward_delay_ms"] / 1000.0)
+        finally:
+            running.pop(key, None)
         inputs = doc.get("input", "")
         rows = inputs if isinstance(inputs, list) else [inputs]
         data = [{"index": i, "embedding": [float(len(str(t))), 1.0]} for i, t in enumerate(rows)]

@@ -28,6 +28,7 @@ class Fleet:
         self.replicas: dict[str, ManagedReplica] = {}  # the live worker of each published id
         self.published: set[str] = set()
         self.staged: list[ManagedReplica] = []  # a reload's new workers, not yet published
+        self.retiring: list[ManagedReplica] = []  # retired workers still draining
         self.directory = PoolDirectory()
         self.generation = 0
 
@@ -39,7 +40,7 @@ class Fleet:
         return self.pools.get(rep.spec.deployment)
 
     def workers(self) -> list[ManagedReplica]:
-        return [*self.replicas.values(), *self.staged]
+        return [*self.replicas.values(), *self.staged, *self.retiring]
 
     def busy(self) -> int:
         return sum(r.inflight for p in self.pools.values() for r in p.replicas())

@@ -90,7 +90,7 @@ class Reconfiguration:
         self.on_published = on_published
         self.scaler: Scaler | None = None
         self.task: asyncio.Task[None] | None = None
-        self.retiring: set[asyncio.Task[None]] = set()
+        self.retiring_tasks: set[asyncio.Task[None]] = set()
 
     @property
     def running(self) -> bool:
@@ -118,9 +118,13 @@ class Reconfiguration:
         await self.reload(cmd)
 
     def cancel(self) -> None:
+        """A stop: the reload in progress ends here, and drains of retired workers too (the
+        stop drains and stops every worker itself)."""
         if self.running:
             assert self.task is not None
             self.task.cancel()
+        for task in list(self.retiring_tasks):
+            task.cancel()
 
     def _refused(self, exc: Exception, cmd: Command) -> None:
         reason = exc.message if isinstance(exc, VllmSrError) else f"{type(exc).__name__}: {exc}"
@@ -168,7 +172,12 @@ class Reconfiguration:
                 "retired": diff.retire,
             },
         )
-        await asyncio.gather(*(self.retire(rep) for rep in retiring), return_exceptions=True)
+        # Retiring runs on after the reload is done: a next reload need not wait for drains.
+        for rep in retiring:
+            self.fleet.retiring.append(rep)
+            task = asyncio.create_task(self.retire(rep), name=f"retire-{rep.id}")
+            self.retiring_tasks.add(task)
+            task.add_done_callback(self.retiring_tasks.discard)
 
     async def _wait_ready(self, staged: list[ManagedReplica]) -> None:
         waits: dict[asyncio.Future[None], ManagedReplica] = {
@@ -205,5 +214,7 @@ class Reconfiguration:
         await wait_idle(rep, self.drain_timeout_s, self.quick)
         pid = rep.pid
         await rep.stop()
+        with contextlib.suppress(ValueError):
+            self.fleet.retiring.remove(rep)
         self.fleet.forget(rep)
         self.events.publish(ev.REPLICA_STOPPED, **who(rep), pid=pid)
