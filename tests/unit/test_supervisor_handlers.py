@@ -48,7 +48,9 @@ class MemoryReplica:
         self.served_model: str | None = None
         self.socket_path = f"/nowhere/{spec.id}"
         self.health: dict[str, Any] = {"threads": 1}
-        self.limits: dict[str, Any] | None = {"max_num_seqs": 64}
+        self.limits: dict[str, Any] | None = {"max_num_seqs": int(spec.env.get("seqs", 64))}
+        if spec.env.get("revision"):
+            self.health["revision"] = spec.env["revision"]
         self.pid: int | None = None
         self.state, self.last_error, self.restarts, self.lives = "starting", None, 0, 0
         self.record: Any = None
@@ -176,6 +178,31 @@ def test_a_new_worker_that_fails_leaves_the_running_generation_untouched() -> No
         assert h.of(ev.RELOAD_FAILED)
 
     serve([plan_of(2)], body)
+
+
+def test_a_reload_whose_new_workers_report_other_limits_is_refused_before_publishing() -> None:
+    async def body(h: Harness) -> None:
+        new = plan_of(3, env={"seqs": "32"}, threads=2)  # every worker replaced
+        new.deployments["primary"].settings = PoolSettings(configured_max_num_seqs=64)
+        h.plans[:] = [new]
+        with pytest.raises(VllmSrError, match="max_num_seqs is 32, config sets 64"):
+            await h.command("reload")
+        assert h.sup.generation == 0 and len(h.sup.replicas) == 2
+        assert all(not r.stopped for r in h.spawned[:2]) and all(r.stopped for r in h.spawned[2:])
+        assert "primary-0" in h.of(ev.RELOAD_FAILED)[0]["reason"]
+
+    serve([plan_of(2)], body)
+
+
+def test_a_new_worker_of_another_revision_than_the_kept_ones_is_refused() -> None:
+    async def body(h: Harness) -> None:
+        h.plans[:] = [plan_of(3, env={"revision": "sha256:abc"})]
+        h.plans[0].deployments["primary"].replicas[2].env["revision"] = "sha256:def"
+        with pytest.raises(VllmSrError, match="revision sha256:def differs from primary-0"):
+            await h.command("reload")
+        assert h.sup.generation == 0
+
+    serve([plan_of(2, env={"revision": "sha256:abc"})], body)
 
 
 def test_scale_down_retires_a_worker_only_after_its_exchange_finishes() -> None:

@@ -36,7 +36,8 @@ from vllm_sr import events as ev
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
 from vllm_sr.errors import Conflict, NotFound, Overloaded, Unavailable
-from vllm_sr.pool import outlier
+from vllm_sr.pool import outlier, views
+from vllm_sr.pool.lifecycle import Lifecycle
 from vllm_sr.pool.replica import OUTCOMES, Outcome, Replica, ReplicaState
 from vllm_sr.pool.settings import PoolSettings
 
@@ -61,7 +62,7 @@ class Lease:
     kind: str = "native"
 
 
-class ReplicaPool:
+class ReplicaPool(Lifecycle):
     """Admission, dispatch and outlier ejection for one deployment's replicas."""
 
     def __init__(
@@ -132,79 +133,6 @@ class ReplicaPool:
 
     def __contains__(self, replica_id: object) -> bool:
         return replica_id in self._replicas
-
-    # ----------------------------------------------------------------- lifecycle (supervisor)
-    def mark_starting(self, replica_id: str, pid: int | None = None) -> None:
-        r = self._get(replica_id)
-        r.state, r.pid, r.healthy, r.restart_at = ReplicaState.STARTING, pid, True, None
-        r.reprobe_at = None
-        r.reprobe.reset()
-        self._restore_if_none_serve()
-
-    def mark_ready(
-        self,
-        replica_id: str,
-        pid: int | None,
-        limits: dict[str, Any] | None = None,
-        threads: int | None = None,
-    ) -> bool:
-        """The worker answered /health 200. Returns False (and marks it ``incompatible``)
-        when its reported limits differ from the configured ones."""
-        r = self._get(replica_id)
-        r.pid, r.limits, r.threads, r.healthy, r.restart_at = pid, limits, threads, True, None
-        r.reprobe_at = None
-        r.reprobe.reset()
-        reason = self._limits_mismatch(limits or {})
-        if reason is not None:
-            r.state, r.last_error = ReplicaState.INCOMPATIBLE, reason
-            self._emit(ev.REPLICA_INCOMPATIBLE, **self._who(r), reason=reason)
-            self._restore_if_none_serve()
-            return False
-        r.state = ReplicaState.READY
-        return True
-
-    def mark_exited(self, replica_id: str, reason: str) -> None:
-        r = self._get(replica_id)
-        r.state, r.pid, r.last_error = ReplicaState.STOPPED, None, reason
-        self._restore_if_none_serve()
-
-    def mark_backoff_restart(self, replica_id: str, until: float) -> None:
-        """The process exited and will be restarted at monotonic ``until``."""
-        r = self._get(replica_id)
-        r.state, r.pid, r.restart_at = ReplicaState.BACKOFF, None, until
-        self._restore_if_none_serve()
-
-    def mark_failed(self, replica_id: str, reason: str) -> None:
-        r = self._get(replica_id)
-        r.state, r.pid, r.last_error = ReplicaState.FAILED, None, reason
-        self._restore_if_none_serve()
-
-    def mark_draining(self, replica_id: str) -> None:
-        self._get(replica_id).state = ReplicaState.DRAINING
-        self._restore_if_none_serve()
-
-    def mark_stopped(self, replica_id: str) -> None:
-        r = self._get(replica_id)
-        r.state, r.pid = ReplicaState.STOPPED, None
-        self._restore_if_none_serve()
-
-    def set_restarts(self, replica_id: str, restarts: int) -> None:
-        self._get(replica_id).restarts = restarts
-
-    def increment_restarts(self, replica_id: str) -> int:
-        r = self._get(replica_id)
-        r.restarts += 1
-        return r.restarts
-
-    def set_adaptive_threads(self, replica_id: str, value: Any) -> None:
-        self._get(replica_id).adaptive_threads = value
-
-    def set_last_error(self, replica_id: str, message: str | None) -> None:
-        self._get(replica_id).last_error = message
-
-    def idle(self, replica_id: str) -> bool:
-        """Nothing in flight (a draining replica may be stopped)."""
-        return self._get(replica_id).inflight == 0
 
     # ----------------------------------------------------------------- admission + dispatch
     def acquire(
@@ -511,18 +439,6 @@ class ReplicaPool:
             self._readmit(r, outlier.WHY_NO_OTHER)
         return True
 
-    def _limits_mismatch(self, limits: dict[str, Any]) -> str | None:
-        wanted = {
-            "max_num_seqs": self.settings.configured_max_num_seqs,
-            "max_num_batched_tokens": self.settings.configured_max_num_batched_tokens,
-        }
-        wrong = [
-            f"{name} is {limits.get(name)!r}, config sets {value}"
-            for name, value in wanted.items()
-            if value is not None and limits.get(name) != value
-        ]
-        return "reported limits differ from config: " + "; ".join(wrong) if wrong else None
-
     def _who(self, r: Replica) -> dict[str, Any]:
         return {"deployment": self.deployment, "replica": r.id, "device": r.device, "pid": r.pid}
 
@@ -540,49 +456,8 @@ class ReplicaPool:
     def inventory(self) -> dict[str, Any]:
         """This deployment's entry in the inventory document (docs/internals.md)."""
         self._advance(self._clock.monotonic())
-        replicas = list(self._replicas.values())
-        desired = self.desired_replicas if self.desired_replicas is not None else len(replicas)
-        ready = sum(1 for r in replicas if r.serving)
-        ejected = sum(1 for r in replicas if r.ejected and r.serving)
-        serving = ready - ejected
-        if serving == 0:
-            state = "unavailable"
-        elif serving >= desired and len(replicas) >= desired:
-            state = "ready"
-        else:
-            state = "degraded"
-        limit = self.settings.max_inflight_per_replica
-        return {
-            "name": self.deployment,
-            "artifact": self.artifact,
-            "state": state,
-            "desired_replicas": desired,
-            "ready_replicas": ready,
-            "ejected_replicas": ejected,
-            "replicas": [r.inventory(limit, self._clock) for r in replicas],
-        }
+        return views.inventory(self, self._clock)
 
     def metrics(self) -> dict[str, Any]:
-        """Counters for /metrics: per replica, withheld ejections by rule, refusals."""
-        return {
-            "deployment": self.deployment,
-            "replicas": {
-                r.id: {
-                    "state": r.display_state(),
-                    "inflight": r.inflight,
-                    "outstanding_bytes": r.outstanding_bytes,
-                    "admitted_requests": r.admitted_requests,
-                    "admitted_bytes": r.admitted_bytes,
-                    "requests": dict(r.outcomes),
-                    "restarts": r.restarts,
-                    "ejections": r.ejections,
-                    "readmissions": r.readmissions,
-                    "consecutive_timeouts": r.consecutive_timeouts,
-                    "ejected": r.ejected,
-                }
-                for r in self._replicas.values()
-            },
-            "withheld": dict(self.withheld),
-            "rejected": dict(self.rejected),
-            "retries": self.retries,
-        }
+        """Counters for /metrics: per replica, withheld ejections by rule, refusals, retries."""
+        return views.metrics(self)

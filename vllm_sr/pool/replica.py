@@ -59,6 +59,8 @@ class Replica:
     healthy: bool = True  # last /health probe answered 200 (or no probe yet)
     reprobe_at: float | None = None  # monotonic; when to probe an unhealthy replica again
     limits: dict[str, Any] | None = None
+    revision: str | None = None  # what the worker reports loading (HF revision or content hash)
+    capabilities: dict[str, Any] | None = None  # surfaces, dimensions, max_length, labels
     threads: int | None = None
     adaptive_threads: Any = None
     restarts: int = 0
@@ -146,6 +148,7 @@ class Replica:
             "outstanding_bytes": self.outstanding_bytes,
             "restarts": self.restarts,
             "limits": dict(self.limits) if self.limits is not None else None,
+            "revision": self.revision,
             "last_error": self.last_error,
             "ejected_until": ejected_until,
             "ejections": self.ejections,

@@ -102,7 +102,7 @@ class Fleet:
         for rep in staged:
             pool = self.pools[rep.spec.deployment]
             self.join(rep, pool)
-            pool.mark_ready(rep.id, rep.pid, rep.limits, rep.health.get("threads"))
+            mark_ready(pool, rep)
         for spec in plan.specs():
             self.replicas[spec.id].spec = spec  # kept workers take the new spec (same identity)
         self.plan = plan
@@ -136,3 +136,18 @@ class Fleet:
 
 def who(rep: ManagedReplica) -> dict[str, Any]:
     return {"deployment": rep.spec.deployment, "replica": rep.id, "device": str(rep.spec.device)}
+
+
+def mark_ready(pool: ReplicaPool, rep: ManagedReplica) -> bool:
+    """Tell the pool what the worker's /health reported on getting ready."""
+    h = rep.health
+    ok = pool.mark_ready(
+        rep.id,
+        rep.pid,
+        rep.limits,
+        h.get("threads"),
+        revision=h.get("revision"),
+        capabilities=h.get("capabilities"),
+    )
+    pool.set_adaptive_threads(rep.id, h.get("adaptive_threads"))
+    return ok

@@ -20,6 +20,7 @@ from vllm_sr import events as ev
 from vllm_sr.control.commands import Command
 from vllm_sr.errors import Conflict, InvalidRequest, VllmSrError
 from vllm_sr.events import EventBus
+from vllm_sr.pool import compat
 from vllm_sr.supervisor.fleet import Fleet, Spawn, who
 from vllm_sr.supervisor.managed import ManagedReplica
 from vllm_sr.supervisor.reload import ServicePlan, diff_plans
@@ -147,6 +148,7 @@ class Reconfiguration:
         published = False
         try:
             await self._wait_ready(staged)
+            self._check_compatible(plan, staged, diff.retire)
             retiring = fleet.publish(plan, staged, diff.retire)
             published = True
             self.on_published()
@@ -207,6 +209,32 @@ class Reconfiguration:
         finally:
             for fut in pending:
                 fut.cancel()
+
+    def _check_compatible(
+        self, plan: ServicePlan, staged: list[ManagedReplica], retire: list[str]
+    ) -> None:
+        """The page: "Reconfiguration prepares a compatible pool before publishing it". Each
+        new worker must report the limits the new config sets, and the revision and
+        capabilities of the workers it will serve beside (kept ones, or new ones checked
+        before it); otherwise the reload is refused and the running generation serves on."""
+        for name, dep in plan.deployments.items():
+            pool = self.fleet.pools.get(name)
+            peers: list[tuple[str, str | None, Any]] = [
+                (r.id, r.revision, r.capabilities)
+                for r in (pool.replicas() if pool is not None else [])
+                if r.id not in retire and r.serving
+            ]
+            for rep in (r for r in staged if r.spec.deployment == name):
+                h = rep.health
+                problem = compat.limits_problem(dep.settings, rep.limits or {})
+                problem = problem or compat.peer_problem(
+                    h.get("revision"), h.get("capabilities"), peers
+                )
+                if problem is not None:
+                    raise VllmSrError(
+                        f"new worker {rep.id} is incompatible: {problem}", replica=rep.id
+                    )
+                peers.append((rep.id, h.get("revision"), h.get("capabilities")))
 
     async def retire(self, rep: ManagedReplica) -> None:
         """Drain: wait for its in-flight exchanges (up to the drain timeout), then stop it."""

@@ -32,7 +32,7 @@ from vllm_sr.events import Event, EventBus
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.supervisor.attached import AttachedReplica
-from vllm_sr.supervisor.fleet import Fleet, Spawn, who
+from vllm_sr.supervisor.fleet import Fleet, Spawn, mark_ready, who
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
 from vllm_sr.supervisor.reload import ServicePlan
@@ -319,8 +319,7 @@ class Supervisor:
     def on_ready(self, rep: ManagedReplica) -> None:
         pool = self.fleet.pool_of(rep)
         if pool is not None:
-            pool.mark_ready(rep.id, rep.pid, rep.limits, rep.health.get("threads"))
-            pool.set_adaptive_threads(rep.id, rep.health.get("adaptive_threads"))
+            mark_ready(pool, rep)
         self.events.publish(ev.REPLICA_READY, **who(rep), pid=rep.pid, limits=rep.limits)
 
     def on_health(self, rep: ManagedReplica, doc: dict[str, Any]) -> None:
