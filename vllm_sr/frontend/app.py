@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -21,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from vllm_sr.errors import InvalidRequest, Overloaded, RequestTooLarge, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
 from vllm_sr.frontend.metrics import FrontendCollector
+from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 
@@ -94,6 +96,8 @@ class Frontend:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = FrontendCollector(self.directory, self.caches)
         self.registry.register(self.collector)
+        self.scraped = ScrapedCollector()
+        self.registry.register(self.scraped)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/embeddings", self._surface("embeddings"))
         self.app.router.add_post("/v1/classify", self._surface("classify"))
@@ -172,7 +176,9 @@ class Frontend:
                     status=hit.status,
                     headers={"Content-Type": hit.content_type, "X-Cache": "hit"},
                 )
+        started = time.monotonic()
         resp = await exchange(pool, path, body, timeout_ms)
+        self.collector.latency.observe(pool.deployment, surface, time.monotonic() - started)
         if cache is not None and resp.status == 200:
             cache.put(key, CachedAnswer(resp.status, resp.body, resp.content_type))
         self.collector.count(surface, resp.status)
@@ -208,5 +214,6 @@ class Frontend:
         return web.json_response(self.service.inventory())
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.scraped.families = merge(await scrape(self.directory))
         text = generate_latest(self.registry)
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,18 +1,115 @@
 """``GET /metrics`` of the frontend: Prometheus families built at scrape time from the pools'
-own counters (so the request path pays nothing for them) plus responses by surface and status."""
+own counters (so the request path pays nothing for them), responses by surface and status, and
+a request latency histogram per deployment and surface. The workers' own series are added by
+``vllm_sr.frontend.scrape``."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from vllm_sr.frontend.cache import ResultCache
 from vllm_sr.pool.directory import PoolDirectory
 
 STATES = ("ready", "degraded", "unavailable")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REPLICA = ["deployment", "replica"]
+
+
+class LatencyHistogram:
+    """Cumulative-at-render histogram of request seconds, per (deployment, surface): one list
+    increment per request on the hot path, no locks (one event loop)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], list[int]] = {}
+        self.sums: dict[tuple[str, str], float] = {}
+
+    def observe(self, deployment: str, surface: str, seconds: float) -> None:
+        key = (deployment, surface)
+        counts = self.counts.get(key)
+        if counts is None:
+            counts = self.counts[key] = [0] * (len(LATENCY_BUCKETS) + 1)
+            self.sums[key] = 0.0
+        i = 0
+        while i < len(LATENCY_BUCKETS) and seconds > LATENCY_BUCKETS[i]:
+            i += 1
+        counts[i] += 1
+        self.sums[key] += seconds
+
+    def family(self) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(
+            "vllm_sr_request_seconds",
+            "Frontend request latency by deployment and surface",
+            labels=["deployment", "surface"],
+        )
+        for key, counts in sorted(self.counts.items()):
+            running, buckets = 0, []
+            for bound, n in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
+                running += n
+                buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
+            fam.add_metric(list(key), buckets, self.sums[key])
+        return fam
+
+
+def _replica_families() -> dict[str, Any]:
+    c, g = CounterMetricFamily, GaugeMetricFamily
+    return {
+        "inflight": g("vllm_sr_replica_inflight", "Requests in flight", labels=REPLICA),
+        "outstanding_bytes": g(
+            "vllm_sr_replica_outstanding_bytes", "Request bytes in flight", labels=REPLICA
+        ),
+        "admitted_bytes": c(
+            "vllm_sr_replica_admitted_bytes", "Request bytes admitted", labels=REPLICA
+        ),
+        "restarts": c("vllm_sr_replica_restarts", "Worker restarts", labels=REPLICA),
+        "ejections": c("vllm_sr_replica_ejections", "Outlier ejections", labels=REPLICA),
+        "readmissions": c(
+            "vllm_sr_replica_readmissions", "Readmissions after ejection", labels=REPLICA
+        ),
+    }
+
+
+def _pool_families() -> dict[str, Any]:
+    c, g = CounterMetricFamily, GaugeMetricFamily
+    dep = ["deployment"]
+    return {
+        "requests": c(
+            "vllm_sr_replica_requests", "Exchanges by outcome", labels=[*REPLICA, "outcome"]
+        ),
+        "by_kind": c(
+            "vllm_sr_replica_exchanges_by_kind",
+            "Admitted exchanges by kind (native requests, routing tasks)",
+            labels=[*REPLICA, "kind"],
+        ),
+        "state": g(
+            "vllm_sr_replica_state", "1 for the replica's current state", labels=[*REPLICA, "state"]
+        ),
+        "withheld": c(
+            "vllm_sr_ejections_withheld", "Ejections held back, by rule", labels=[*dep, "rule"]
+        ),
+        "rejected": c(
+            "vllm_sr_pool_rejected", "Requests refused by admission", labels=[*dep, "reason"]
+        ),
+        "pool_state": g(
+            "vllm_sr_pool_state", "1 for the deployment's current state", labels=[*dep, "state"]
+        ),
+        "ready": g("vllm_sr_pool_ready_replicas", "Ready replicas", labels=dep),
+        "desired": g("vllm_sr_pool_desired_replicas", "Desired replicas", labels=dep),
+        "retries": c(
+            "vllm_sr_pool_retries",
+            "Exchanges retried on another replica after a worker broke before answering",
+            labels=dep,
+        ),
+    }
 
 
 class FrontendCollector(Collector):
@@ -20,6 +117,7 @@ class FrontendCollector(Collector):
         self.directory = directory
         self.caches = caches
         self.responses: Counter[tuple[str, int]] = Counter()
+        self.latency = LatencyHistogram()
 
     def count(self, surface: str, status: int) -> None:
         self.responses[(surface, status)] += 1
@@ -33,81 +131,35 @@ class FrontendCollector(Collector):
         for (surface, status), n in sorted(self.responses.items()):
             responses.add_metric([surface, str(status)], n)
         yield responses
+        yield self.latency.family()
+        yield from self._pools()
+        yield from self._caches()
 
-        labels = ["deployment", "replica"]
-        inflight = GaugeMetricFamily(
-            "vllm_sr_replica_inflight", "Requests in flight", labels=labels
-        )
-        outstanding = GaugeMetricFamily(
-            "vllm_sr_replica_outstanding_bytes", "Request bytes in flight", labels=labels
-        )
-        admitted = CounterMetricFamily(
-            "vllm_sr_replica_admitted_bytes", "Request bytes admitted", labels=labels
-        )
-        requests = CounterMetricFamily(
-            "vllm_sr_replica_requests", "Exchanges by outcome", labels=[*labels, "outcome"]
-        )
-        restarts = CounterMetricFamily("vllm_sr_replica_restarts", "Worker restarts", labels=labels)
-        ejections = CounterMetricFamily(
-            "vllm_sr_replica_ejections", "Outlier ejections", labels=labels
-        )
-        readmissions = CounterMetricFamily(
-            "vllm_sr_replica_readmissions", "Readmissions after ejection", labels=labels
-        )
-        state = GaugeMetricFamily(
-            "vllm_sr_replica_state", "1 for the replica's current state", labels=[*labels, "state"]
-        )
-        withheld = CounterMetricFamily(
-            "vllm_sr_ejections_withheld",
-            "Ejections held back, by rule",
-            labels=["deployment", "rule"],
-        )
-        rejected = CounterMetricFamily(
-            "vllm_sr_pool_rejected",
-            "Requests refused by admission",
-            labels=["deployment", "reason"],
-        )
-        pool_state = GaugeMetricFamily(
-            "vllm_sr_pool_state",
-            "1 for the deployment's current state",
-            labels=["deployment", "state"],
-        )
-        ready = GaugeMetricFamily(
-            "vllm_sr_pool_ready_replicas", "Ready replicas", labels=["deployment"]
-        )
-        desired = GaugeMetricFamily(
-            "vllm_sr_pool_desired_replicas", "Desired replicas", labels=["deployment"]
-        )
-        retries = CounterMetricFamily(
-            "vllm_sr_pool_retries",
-            "Exchanges retried on another replica after a worker broke before answering",
-            labels=["deployment"],
-        )
+    def _pools(self) -> Iterator[Metric]:
+        per_replica, per_pool = _replica_families(), _pool_families()
         for name, pool in self.directory.items():
-            m = pool.metrics()
-            inv = pool.inventory()
+            m, inv = pool.metrics(), pool.inventory()
             for rid, r in m["replicas"].items():
-                inflight.add_metric([name, rid], r["inflight"])
-                outstanding.add_metric([name, rid], r["outstanding_bytes"])
-                admitted.add_metric([name, rid], r["admitted_bytes"])
+                for key, fam in per_replica.items():
+                    fam.add_metric([name, rid], r[key])
                 for outcome, n in r["requests"].items():
-                    requests.add_metric([name, rid, outcome], n)
-                restarts.add_metric([name, rid], r["restarts"])
-                ejections.add_metric([name, rid], r["ejections"])
-                readmissions.add_metric([name, rid], r["readmissions"])
-                state.add_metric([name, rid, r["state"]], 1)
+                    per_pool["requests"].add_metric([name, rid, outcome], n)
+                for kind, n in r["by_kind"].items():
+                    per_pool["by_kind"].add_metric([name, rid, kind], n)
+                per_pool["state"].add_metric([name, rid, r["state"]], 1)
             for rule, n in m["withheld"].items():
-                withheld.add_metric([name, rule], n)
+                per_pool["withheld"].add_metric([name, rule], n)
             for reason, n in m["rejected"].items():
-                rejected.add_metric([name, reason], n)
+                per_pool["rejected"].add_metric([name, reason], n)
             for s in STATES:
-                pool_state.add_metric([name, s], 1 if inv["state"] == s else 0)
-            ready.add_metric([name], inv["ready_replicas"])
-            retries.add_metric([name], m["retries"])
-            desired.add_metric([name], inv["desired_replicas"])
-        yield from (inflight, outstanding, admitted, requests, restarts, ejections, readmissions)
-        yield from (state, withheld, rejected, pool_state, ready, desired, retries)
+                per_pool["pool_state"].add_metric([name, s], 1 if inv["state"] == s else 0)
+            per_pool["ready"].add_metric([name], inv["ready_replicas"])
+            per_pool["desired"].add_metric([name], inv["desired_replicas"])
+            per_pool["retries"].add_metric([name], m["retries"])
+        yield from per_replica.values()
+        yield from per_pool.values()
 
+    def _caches(self) -> Iterator[Metric]:
         hits = CounterMetricFamily("vllm_sr_cache_hits", "Result cache hits", labels=["deployment"])
         misses = CounterMetricFamily(
             "vllm_sr_cache_misses", "Result cache misses", labels=["deployment"]
