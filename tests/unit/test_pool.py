@@ -477,3 +477,14 @@ def test_settings_from_the_config_schema() -> None:
     assert (s.timeout_ms, s.consecutive_timeouts, s.effective_max_ejection_ms) == (2000, 0, 5000)
     assert (s.configured_max_num_seqs, s.configured_max_num_batched_tokens) == (64, 8192)
     assert not s.policy().enabled
+
+
+def test_readmit_undoes_a_drain_of_a_live_worker() -> None:
+    pool, _, rec = make_pool(2)
+    pool.drain("primary-1")
+    assert {pool.acquire(0).replica_id for _ in range(3)} == {"primary-0"}
+    assert pool.readmit("primary-1")
+    assert pool.replica("primary-1").state.value == "ready"
+    assert [f["why"] for f in rec.of(ev.REPLICA_READMITTED)] == ["undrain"]
+    pool.mark_exited("primary-0", "exit 1")
+    assert pool.acquire(0).replica_id == "primary-1"

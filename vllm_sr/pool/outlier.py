@@ -32,6 +32,7 @@ WHY_COOLDOWN = "cooldown_ended"
 WHY_SUCCESS = "success"
 WHY_NO_OTHER = "no_other_replica"
 WHY_MANUAL = "manual"
+WHY_UNDRAIN = "undrain"  # `ctl readmit` of a replica `ctl drain` took out
 
 
 @dataclass(frozen=True)

@@ -395,13 +395,17 @@ class ReplicaPool(Lifecycle):
         self._eject(r, duration_ms or self.policy.base_ejection_ms, reason)
 
     def readmit(self, replica_id: str) -> bool:
-        """Return an ejected replica to dispatch now; its record starts over. False when it
-        was not ejected."""
+        """Return an ejected or drained replica to dispatch now; its record starts over.
+        False when it was neither."""
         r = self._get(replica_id)
         r.backoff_until, r.backoff_set_at = None, None
         r.failure_backoff.reset()
         r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
         r.ejection_level = 0
+        if r.state is ReplicaState.DRAINING and r.pid is not None:
+            r.state = ReplicaState.READY  # `ctl drain` undone: the process never stopped
+            self._emit(ev.REPLICA_READMITTED, **self._who(r), why=outlier.WHY_UNDRAIN)
+            return True
         if not r.ejected:
             return False
         self._readmit(r, outlier.WHY_MANUAL)
