@@ -37,10 +37,12 @@ from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
 from vllm_sr.supervisor.reload import ServicePlan
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
+from vllm_sr.supervisor.usage import UsageSampler
 
 log = logging.getLogger("vllm_sr.supervisor")
 
 PROBE_TIMEOUT_S = 2.0
+USAGE_EVERY_S = 2.0  # CPU %, RSS (and GPU usage) per worker
 QUICK_GRACE_S = 1.0
 
 __all__ = ["Planner", "Scaler", "Supervisor"]
@@ -68,6 +70,7 @@ class Supervisor:
         self.notifier = notifier or SystemdNotifier(env={})
         self.drain_timeout_s = drain_timeout_s
         self.spawn: Spawn = spawn or self._spawn_process
+        self.usage = UsageSampler()
         self.queue = CommandQueue()
         self._wake = asyncio.Event()
         self.fleet = Fleet(clock, self.events.publish, on_wake=self._wake.set)
@@ -182,6 +185,7 @@ class Supervisor:
         self.place_self()
         self._task(self._maintain(), "maintain")
         self._task(self.notifier.run_watchdog(), "watchdog")
+        self._task(self.usage.run(lambda: list(self.replicas.values()), USAGE_EVERY_S), "usage")
         self.events.publish(
             ev.POOL_PUBLISHED, generation=self.generation, deployments=list(self.pools)
         )

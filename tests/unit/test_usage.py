@@ -1,0 +1,80 @@
+"""Per-worker usage as htop shows it (issue 14 item 9): CPU % and resident memory of real
+processes, GPU usage from a probe, set on the pool records by the sampling loop."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_sr.supervisor.usage import UsageSampler
+
+
+def test_a_busy_process_shows_cpu_and_memory_and_a_dead_one_drops_out() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "x = bytearray(64 << 20)\nwhile True: pass"])
+    try:
+        sampler = UsageSampler()
+        sampler.sample([busy.pid])
+        deadline = time.monotonic() + 20
+        usage: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            usage = sampler.sample([busy.pid])[busy.pid]
+            if usage["cpu_percent"] > 20 and usage["rss_bytes"] > 64 << 20:
+                break
+            time.sleep(0.2)
+        assert usage["cpu_percent"] > 20 and usage["rss_bytes"] > 64 << 20, usage
+    finally:
+        busy.kill()
+        busy.wait()
+    assert sampler.sample([busy.pid]) == {}
+
+
+def test_gpu_usage_comes_from_the_probe_per_platform() -> None:
+    calls: list[str] = []
+
+    def probe(platform: str) -> dict[str, dict[str, Any]]:
+        calls.append(platform)
+        return {"3": {"memory_used_bytes": 1, "memory_total_bytes": 2, "utilization_percent": 5}}
+
+    out = UsageSampler(probe).gpus(["rocm", "rocm"])
+    assert calls == ["rocm"] and out["rocm:3"]["utilization_percent"] == 5
+    assert UsageSampler().gpus(["rocm"]) == {}
+
+
+@dataclass
+class Spec:
+    device: str = "cpu"
+
+
+@dataclass
+class Worker:
+    pid: int
+    spec: Spec = field(default_factory=Spec)
+    record: Any = None
+
+
+@dataclass
+class Record:
+    usage: Any = None
+
+
+def test_the_loop_sets_each_workers_record() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        worker = Worker(sleeper.pid, record=Record())
+
+        async def main() -> None:
+            task = asyncio.ensure_future(UsageSampler().run(lambda: [worker], 0.01))
+            deadline = time.monotonic() + 10
+            while worker.record.usage is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            task.cancel()
+
+        asyncio.run(main())
+        assert worker.record.usage["rss_bytes"] > 0 and worker.record.usage["gpu"] is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -1,0 +1,79 @@
+"""What each worker process uses, as htop shows it: CPU % (of one core) and resident memory,
+sampled by the supervisor every few seconds in a thread (psutil reads /proc; never on the
+event loop). GPU memory and utilisation come from the inventory tools when a probe is given."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psutil
+
+GpuProbe = Callable[[str], dict[str, dict[str, Any]]]  # platform -> {host id: usage}
+
+
+class UsageSampler:
+    def __init__(self, gpu_probe: GpuProbe | None = None) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+        self.gpu_probe = gpu_probe
+
+    def sample(self, pids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """{pid: {"cpu_percent", "rss_bytes"}} for the pids still alive. CPU % is over the
+        time since this pid's previous sample (the first sample of a pid says 0.0)."""
+        wanted = set(pids)
+        for gone in set(self._procs) - wanted:
+            del self._procs[gone]
+        out: dict[int, dict[str, Any]] = {}
+        for pid in wanted:
+            try:
+                proc = self._procs.get(pid)
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                with proc.oneshot():
+                    cpu = proc.cpu_percent(None)
+                    rss = proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                self._procs.pop(pid, None)
+                continue
+            out[pid] = {"cpu_percent": round(cpu, 1), "rss_bytes": int(rss)}
+        return out
+
+    def gpus(self, platforms: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """{"rocm:3": {...}} for every GPU of the given platforms; {} without a probe."""
+        if self.gpu_probe is None:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for platform in set(platforms):
+            try:
+                found = self.gpu_probe(platform)
+            except Exception:  # a tool that fails now is reported by placement, not here
+                continue
+            for host_id, usage in found.items():
+                out[f"{platform}:{host_id}"] = usage
+        return out
+
+    def _take(self, workers: list[Any]) -> tuple[dict[int, Any], dict[str, Any]]:
+        pids = [w.pid for w in workers if w.pid is not None]
+        platforms = {gpu.split(":")[0] for w in workers if (gpu := _gpu_of(w))}
+        return self.sample(pids), self.gpus(platforms)
+
+    async def run(self, workers: Callable[[], list[Any]], every_s: float) -> None:
+        """Every ``every_s``: sample in a thread, then set each worker's pool record's
+        ``usage`` (``{"cpu_percent", "rss_bytes", "gpu"}``) on the loop."""
+        while True:
+            await asyncio.sleep(every_s)
+            current = [w for w in workers() if w.pid is not None]
+            procs, gpus = await asyncio.to_thread(self._take, current)
+            for w in current:
+                usage = procs.get(w.pid)
+                if usage is not None and w.record is not None:
+                    gpu = _gpu_of(w)
+                    w.record.usage = {**usage, "gpu": gpus.get(gpu) if gpu else None}
+
+
+def _gpu_of(worker: Any) -> str | None:
+    """The host GPU a worker runs on (``rocm:3``), None on CPU."""
+    spec = worker.spec
+    device = str(getattr(spec, "host_device", None) or getattr(spec, "device", None) or "cpu")
+    return None if device == "cpu" else device
