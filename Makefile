@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast test-slow test-system lint bench bench-worker bench-frontend bench-threads deb clean
+.PHONY: install run test test-fast test-slow test-system lint bench bench-worker bench-frontend bench-threads bench-chaos deb clean
 
 install: $(STAMP)
 
@@ -53,6 +53,9 @@ bench-frontend: install
 
 bench-threads: install
 	$(PY) bench/threads.py
+
+bench-chaos: install
+	$(PY) bench/chaos.py
 
 deb: install
 	bash packaging/deb/build.sh
