@@ -85,8 +85,9 @@ async def test_a_stale_idle_connection_is_replaced(server) -> None:  # type: ign
     client = WorkerClient(uds=path)
     try:
         await client.post("/echo", b"1", timeout_s=5)
-        _, writer = client._idle[0]
-        writer.transport.abort()  # as if the worker closed it while idle
+        conn = client._idle[0]
+        assert conn.transport is not None
+        conn.transport.abort()  # as if the worker closed it while idle
         await asyncio.sleep(0)
         resp = await client.post("/echo", b"2", timeout_s=5)
         assert resp.body == b"2"
