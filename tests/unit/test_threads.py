@@ -14,21 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_sr.clock import FakeClock
+from vllm_sr.control.threads_report import format_report
 from vllm_sr.errors import ConfigError
 from vllm_sr.events import THREADS_LEARNED, THREADS_RETIRED
-from vllm_sr.worker.threads import (
-    ENV_ADAPTIVE,
+from vllm_sr.worker.learner import (
     AdaptiveThreads,
-    FixedThreads,
-    ThreadContext,
     allowed_counts,
-    batch_tokens,
     bucket_label,
     bucket_of,
-    format_report,
     identical,
-    policy_from_env,
 )
+from vllm_sr.worker.policy import policy_from_env
+from vllm_sr.worker.threads import ENV_ADAPTIVE, FixedThreads, ThreadContext, batch_tokens
 
 SHORT = [[7] * 10]  # 10 padded tokens: bucket 9-16
 LONG = [[3] * 100, [5] * 100]  # 200 padded tokens: bucket 129-256
@@ -422,3 +419,21 @@ def test_served_counts_stay_exact_whatever_the_traffic(
     for b in report["buckets"]:
         if b["phase"] == "serving" and not policy.retired:
             assert b["matches"] >= 3 and b["serving"] == b["best"]
+
+
+def test_report_text_lives_apart_from_the_worker() -> None:
+    """`vllm-sr ctl threads` prints with a module that pulls in neither numpy nor the worker;
+    the old import path still works until the CLI moves."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, vllm_sr.control.threads_report as t; "
+        "bad = [m for m in sys.modules if m.startswith(('numpy', 'vllm_sr.worker'))]; "
+        "assert not bad, bad; print(t.format_report(None))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert ENV_ADAPTIVE in out.stdout
+    from vllm_sr.worker import threads
+
+    assert threads.format_report is format_report

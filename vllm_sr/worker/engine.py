@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy
 
@@ -75,7 +75,6 @@ class Job:
         "done_at",
         "error",
         "first_forward_at",
-        "forward_s",
         "n_rows",
         "on_done",
         "outputs",
@@ -96,7 +95,6 @@ class Job:
         self.submitted_at = now
         self.first_forward_at: float | None = None
         self.done_at: float | None = None
-        self.forward_s = 0.0
 
     @property
     def queue_s(self) -> float:
@@ -316,7 +314,7 @@ class Engine:
         self.forwards += 1
         if self.metrics is not None:
             self.metrics.observe_forward(len(rows), batch_tokens(rows), seconds)
-        self.deliver(self._distribute(batch, output, seconds))
+        self.deliver(self._distribute(batch, output))
         self._after(rows, output, threads, seconds)
 
     def _inject_delay(self) -> None:
@@ -327,18 +325,14 @@ class Engine:
             if self._shutdown.is_set():
                 raise NotReady("the worker is shutting down")
 
-    def _distribute(self, batch: list[_Row], output: numpy.ndarray, seconds: float) -> list[Job]:
+    def _distribute(self, batch: list[_Row], output: numpy.ndarray) -> list[Job]:
         done: list[Job] = []
         now = self.clock.monotonic()
-        seen: set[int] = set()
         for i, r in enumerate(batch):
             job = r.job
             if job.outputs is None:
                 job.outputs = numpy.empty((job.n_rows, *output.shape[1:]), dtype=output.dtype)
             job.outputs[r.index] = output[i]
-            if id(job) not in seen:
-                seen.add(id(job))
-                job.forward_s += seconds
             job.remaining -= 1
             if job.remaining == 0:
                 job.done_at = now
@@ -371,6 +365,3 @@ class Engine:
                 # Drop the failed jobs' other rows still queued: they cannot succeed now.
                 self._pending = [r for r in self._pending if id(r.job) not in jobs]
             self.deliver(list(jobs.values()))
-
-    def describe(self) -> dict[str, Any]:
-        return {"limits": self.limits.to_json(), "queue_rows": len(self._pending)}

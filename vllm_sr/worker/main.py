@@ -27,7 +27,8 @@ from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
 from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Job
-from vllm_sr.worker.threads import policy_from_env, process_context
+from vllm_sr.worker.policy import policy_from_env
+from vllm_sr.worker.threads import process_context
 
 log = logging.getLogger("vllm_sr.worker")
 
