@@ -73,7 +73,8 @@ class _Conn(asyncio.Protocol):
     def _reset(self) -> None:
         self.got_bytes = False  # any byte of this exchange's answer arrived
         self.head_done = False
-        self.head_bytes = 0
+        self.head_bytes = 0  # bytes of a head not finished yet
+        self.header_bytes = 0  # names and values of the headers parsed
         self.until_eof = True  # no Content-Length nor chunked: the body ends with the stream
         self.ctype = "application/json"
         self.passed: dict[str, str] = {}
@@ -100,8 +101,6 @@ class _Conn(asyncio.Protocol):
             self.abort()
             return
         self.got_bytes = True
-        if not self.head_done:
-            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -109,10 +108,10 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(f"not an HTTP/1.x answer: {exc}", before_answer=False)
         else:
-            if self.size > MAX_RESPONSE_BYTES:
-                self._fail(f"answer over {MAX_RESPONSE_BYTES} bytes", before_answer=False)
-            elif not self.head_done and self.head_bytes > MAX_HEADER_BYTES:
-                self._fail(f"answer head over {MAX_HEADER_BYTES} bytes", before_answer=False)
+            if not self.head_done:
+                self.head_bytes += len(data)  # the head is unfinished: all of it is head
+                if self.head_bytes > MAX_HEADER_BYTES:
+                    self._fail(f"answer head over {MAX_HEADER_BYTES} bytes", before_answer=False)
 
     def eof_received(self) -> bool | None:
         self._lost("the worker closed the connection")
@@ -153,6 +152,7 @@ class _Conn(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_done:
             return  # a trailer (after a chunked body): nothing of it is passed on
+        self.header_bytes += len(name) + len(value)
         key = name.lower()
         if key == b"content-type":
             self.ctype = value.decode("latin-1")
@@ -163,10 +163,14 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.head_done = True
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self._fail(f"answer head over {MAX_HEADER_BYTES} bytes", before_answer=False)
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
-        if self.size <= MAX_RESPONSE_BYTES:
+        if self.size > MAX_RESPONSE_BYTES:
+            self._fail(f"answer over {MAX_RESPONSE_BYTES} bytes", before_answer=False)
+        else:
             self.parts.append(body)
 
     def on_message_complete(self) -> None:
