@@ -194,6 +194,38 @@ def test_health_answers_while_a_forward_hangs(tiny: WorkerHandle) -> None:
         tiny.post("/debug/faults", {"forward_delay_ms": 0})
 
 
+def test_a_queued_request_past_its_deadline_answers_504_and_is_counted(
+    tiny: WorkerHandle,
+) -> None:
+    dropped = "vllm_sr_worker_deadline_dropped_rows_total"
+    before = metric(tiny.get("/metrics").body.decode(), dropped)
+    assert tiny.post("/debug/faults", {"forward_delay_ms": 1500}).status == 200
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(tiny.post, "/v1/embeddings", {"input": "held"})
+            deadline = time.monotonic() + 20
+            while not tiny.get("/health").json()["forward_running"]:
+                assert time.monotonic() < deadline and not held.done()
+            running_s = tiny.get("/health").json()["forward_running_s"]
+            assert isinstance(running_s, float) and 0.0 <= running_s < 20
+            late = pool.submit(
+                tiny.post,
+                "/v1/embeddings",
+                {"input": ["late one", "late two"]},
+                headers={"X-Request-Timeout-Ms": "300"},
+            )
+            resp = late.result(timeout=30)
+            assert resp.status == 504, resp.body
+            assert resp.json()["error"]["code"] == "deadline_exceeded"
+            assert held.result(timeout=30).status == 200  # the running forward finished
+    finally:
+        tiny.post("/debug/faults", {"forward_delay_ms": 0})
+    assert metric(tiny.get("/metrics").body.decode(), dropped) == before + 2
+    bad = tiny.post("/v1/embeddings", {"input": "x"}, headers={"X-Request-Timeout-Ms": "-1"})
+    assert bad.status == 400 and "X-Request-Timeout-Ms" in bad.json()["error"]["message"]
+    assert tiny.get("/health").json()["forward_running_s"] == 0.0
+
+
 # -- bad input: a clear 4xx each, and the worker keeps serving -----------------------------
 
 

@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.support.fakes import FakeRunner, RecordingPolicy, expected_output, word_ids
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Limits
 from vllm_sr.worker.surfaces import MAX_ROWS_PER_REQUEST, ModelView
@@ -42,6 +43,7 @@ async def serve(
     max_queue_rows: int | None = None,
     faults: Faults | None = None,
     ready: bool = True,
+    clock: Clock = SYSTEM_CLOCK,
     **state_kw: object,
 ) -> Served:
     runner = FakeRunner(dims=DIMS)
@@ -58,6 +60,7 @@ async def serve(
     engine = Engine(
         runner,
         Limits(64, 4096),
+        clock=clock,
         metrics=state.metrics,
         max_queue_rows=max_queue_rows,
         faults=state.faults,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ log = logging.getLogger("vllm_sr.worker.api")
 API_VERSION = "1"
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 30.0
+DEADLINE_HEADER = "X-Request-Timeout-Ms"  # the exchange's milliseconds left (frontend sends it)
 
 
 class RequestTimeout(InvalidRequest):
@@ -168,13 +170,30 @@ async def read_json(request: web.Request, state: WorkerState) -> dict[str, Any]:
     return body
 
 
+def deadline_from_header(raw: str | None, now: float) -> float | None:
+    """``X-Request-Timeout-Ms`` (positive milliseconds) -> an absolute deadline on the clock
+    that gave ``now``; None when the header is absent."""
+    if raw is None:
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = math.nan
+    if not math.isfinite(ms) or ms <= 0:
+        raise InvalidRequest(
+            f"{DEADLINE_HEADER}: {raw!r} is not accepted; give the milliseconds left as a "
+            "positive number (for example 1500 or 250.5)"
+        )
+    return now + ms / 1000.0
+
+
 def ready_parts(state: WorkerState) -> tuple[Engine, surfaces.ModelView]:
     if state.status != "ready" or state.engine is None or state.view is None:
         raise NotReady(f"the worker is {state.status}: {state.reason or 'not ready'}")
     return state.engine, state.view
 
 
-async def run_rows(engine: Engine, rows: list[list[int]]) -> Job:
+async def run_rows(engine: Engine, rows: list[list[int]], deadline: float | None = None) -> Job:
     """Submit one job and wait for the forward thread to finish it."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Job] = loop.create_future()
@@ -183,7 +202,7 @@ async def run_rows(engine: Engine, rows: list[list[int]]) -> Job:
         if not future.done():
             future.set_result(job)
 
-    engine.submit(rows, on_done)
+    engine.submit(rows, on_done, deadline)
     return await future
 
 
@@ -257,15 +276,16 @@ async def handle_surface(request: web.Request) -> web.Response:
     state: WorkerState = request.app[STATE]
     timing: Timing = request[TIMING]
     surface = SURFACE_BY_PATH[request.path]
+    engine, _ = ready_parts(state)
+    deadline = deadline_from_header(request.headers.get(DEADLINE_HEADER), engine.clock.monotonic())
     t = time.perf_counter()
     body = await read_json(request, state)
     timing.lap("parse", t)
     if surface == "bundle":
-        return await handle_bundle(request, state, body, timing)
+        return await handle_bundle(request, state, body, timing, deadline)
     task = await prepare(state, surface, body, timing)
     request[ROWS] = len(task.rows)
-    engine, _ = ready_parts(state)
-    job = await run_rows(engine, task.rows)
+    job = await run_rows(engine, task.rows, deadline)
     record_job(timing, job)
     t = time.perf_counter()
     out = task.finish(job.result())
@@ -281,7 +301,11 @@ def record_job(timing: Timing, job: Job) -> None:
 
 
 async def handle_bundle(
-    request: web.Request, state: WorkerState, body: dict[str, Any], timing: Timing
+    request: web.Request,
+    state: WorkerState,
+    body: dict[str, Any],
+    timing: Timing,
+    deadline: float | None = None,
 ) -> web.Response:
     engine, view = ready_parts(state)
     tasks = surfaces.parse_bundle(body, view)
@@ -299,7 +323,7 @@ async def handle_bundle(
     outputs = None
     if rows:
         # The whole bundle is one job: its rows enter the queue together.
-        job = await run_rows(engine, rows)
+        job = await run_rows(engine, rows, deadline)
         record_job(timing, job)
         outputs = job.result()
     t = time.perf_counter()
@@ -332,6 +356,7 @@ def health_body(state: WorkerState) -> dict[str, Any]:
         "pid": os.getpid(),
         "queue_rows": state.engine.queue_depth if state.engine else 0,
         "forward_running": state.engine.busy if state.engine else False,
+        "forward_running_s": round(state.engine.forward_running_s, 3) if state.engine else 0.0,
     }
 
 

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.errors import InvalidRequest, NotReady, Overloaded, VllmSrError
+from vllm_sr.errors import DeadlineExceeded, InvalidRequest, NotReady, Overloaded, VllmSrError
 from vllm_sr.worker.threads import FixedThreads, ThreadContext, ThreadPolicy, batch_tokens
 
 log = logging.getLogger("vllm_sr.worker.engine")
@@ -72,6 +72,7 @@ class Job:
     """One submission: its rows, where their outputs go, and when things happened."""
 
     __slots__ = (
+        "deadline",
         "done_at",
         "error",
         "first_forward_at",
@@ -84,9 +85,14 @@ class Job:
     )
 
     def __init__(
-        self, rows: list[list[int]], on_done: Callable[[Job], None] | None, now: float
+        self,
+        rows: list[list[int]],
+        on_done: Callable[[Job], None] | None,
+        now: float,
+        deadline: float | None = None,
     ) -> None:
         self.rows = rows
+        self.deadline = deadline  # on the engine's clock; None: no deadline
         self.n_rows = len(rows)
         self.remaining = len(rows)
         self.on_done = on_done
@@ -162,6 +168,8 @@ class EngineMetrics(Protocol):
 
     def set_queue_depth(self, rows: int) -> None: ...
 
+    def count_deadline_dropped(self, rows: int) -> None: ...
+
 
 Deliver = Callable[[list[Job]], None]
 
@@ -201,13 +209,22 @@ class Engine:
         self._cond = threading.Condition()
         self._pending: list[_Row] = []
         self._busy = False
+        self._forward_started: float | None = None
         self._stopping = False
         self._shutdown = threading.Event()
         self._thread: threading.Thread | None = None
         self.forwards = 0
 
     # -- submission (any thread) ---------------------------------------------------------
-    def submit(self, rows: list[list[int]], on_done: Callable[[Job], None] | None = None) -> Job:
+    def submit(
+        self,
+        rows: list[list[int]],
+        on_done: Callable[[Job], None] | None = None,
+        deadline: float | None = None,
+    ) -> Job:
+        """Queue one job's rows. ``deadline`` (on this engine's clock) drops the job's rows
+        still queued once it has passed, answering ``DeadlineExceeded``; a forward already
+        running with them continues."""
         if not rows:
             raise InvalidRequest("a job needs at least one row")
         with self._cond:
@@ -219,7 +236,7 @@ class Engine:
                     f"{queued} rows are queued; {len(rows)} more would pass the queue limit "
                     f"of {self.max_queue_rows} rows"
                 )
-            job = Job(rows, on_done, self.clock.monotonic())
+            job = Job(rows, on_done, self.clock.monotonic(), deadline)
             self._pending.extend(_Row(job, i) for i in range(len(rows)))
             depth = len(self._pending)
             self._cond.notify()
@@ -231,6 +248,12 @@ class Engine:
     def busy(self) -> bool:
         """A forward is running now."""
         return self._busy
+
+    @property
+    def forward_running_s(self) -> float:
+        """Seconds the running forward has taken so far; 0.0 when none runs."""
+        started = self._forward_started
+        return max(0.0, self.clock.monotonic() - started) if started is not None else 0.0
 
     @property
     def stopping(self) -> bool:
@@ -270,17 +293,57 @@ class Engine:
                     self._cond.wait()
                 if self._shutdown.is_set():
                     return
-                batch = self._take()
-                self._busy = True
+                expired, dropped = self._expire()
+                batch = self._take() if self._pending else []
+                if batch:
+                    self._busy = True
+                    self._forward_started = self.clock.monotonic()
                 depth = len(self._pending)
+            self._answer_expired(expired, dropped)
             if self.metrics is not None:
                 self.metrics.set_queue_depth(depth)
+            if not batch:
+                continue
             try:
                 self.run_batch(batch)
             finally:
                 with self._cond:
                     self._busy = False
+                    self._forward_started = None
                     self._cond.notify_all()
+
+    def _expire(self) -> tuple[list[Job], int]:
+        """Take out the queued rows of jobs whose deadline has passed (called holding the
+        lock, between forwards). Returns those jobs and how many rows were dropped."""
+        now = self.clock.monotonic()
+        expired: dict[int, Job] = {}
+        for r in self._pending:
+            deadline = r.job.deadline
+            if deadline is not None and deadline <= now:
+                expired[id(r.job)] = r.job
+        if not expired:
+            return [], 0
+        kept = [r for r in self._pending if id(r.job) not in expired]
+        dropped = len(self._pending) - len(kept)
+        self._pending = kept
+        return list(expired.values()), dropped
+
+    def _answer_expired(self, jobs: list[Job], dropped: int) -> None:
+        if not jobs:
+            return
+        now = self.clock.monotonic()
+        for job in jobs:
+            assert job.deadline is not None
+            late_ms = (now - job.deadline) * 1000
+            job.error = DeadlineExceeded(
+                f"the request's deadline passed {late_ms:.0f} ms before a forward could take "
+                f"its rows ({job.n_rows} rows, queued {(now - job.submitted_at) * 1000:.0f} ms)"
+            )
+            job.done_at = now
+        log.info("deadline: dropped %d queued rows of %d requests", dropped, len(jobs))
+        if self.metrics is not None:
+            self.metrics.count_deadline_dropped(dropped)
+        self.deliver(jobs)
 
     def _take(self) -> list[_Row]:
         pending = self._pending

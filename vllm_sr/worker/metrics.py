@@ -39,6 +39,11 @@ class WorkerMetrics:
             buckets=SECOND_BUCKETS,
             registry=r,
         )
+        self.deadline_dropped = Counter(
+            "vllm_sr_worker_deadline_dropped_rows",
+            "Queued rows dropped before a forward because their request's deadline had passed",
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "vllm_sr_worker_queue_depth", "Rows waiting for a forward", registry=r
         )
@@ -50,6 +55,9 @@ class WorkerMetrics:
 
     def set_queue_depth(self, rows: int) -> None:
         self.queue_depth.set(rows)
+
+    def count_deadline_dropped(self, rows: int) -> None:
+        self.deadline_dropped.inc(rows)
 
     def count_request(self, surface: str, status: int, rows: int = 0) -> None:
         self.requests.labels(surface, str(status)).inc()
