@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -103,6 +104,42 @@ def test_missing_socket_does_not_raise(tmp_path: Path) -> None:
     n = SystemdNotifier(env={"NOTIFY_SOCKET": str(tmp_path / "gone")})
     n.ready()
     n.ready()  # a second failure is swallowed as well
+
+
+def test_failures_are_logged_once_and_the_socket_found_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "late"
+    n = SystemdNotifier(env={"NOTIFY_SOCKET": str(path)})
+    with caplog.at_level(logging.WARNING, logger="vllm_sr.supervisor.systemd"):
+        n.status("a")
+        n.status("b")
+    assert len([r for r in caplog.records if "sd_notify" in r.getMessage()]) == 1
+    late = FakeSystemd(path)  # systemd's socket appears after the service started
+    try:
+        n.ready("up")
+        assert late.recv() == {"READY": "1", "STATUS": "up"}
+    finally:
+        late.sock.close()
+
+
+def test_a_rebound_socket_gets_the_next_message(systemd: FakeSystemd) -> None:
+    n = SystemdNotifier(env={"NOTIFY_SOCKET": str(systemd.path)})
+    n.status("before")
+    assert systemd.recv() == {"STATUS": "before"}
+    systemd.sock.close()  # systemd re-executed: a new socket bound at the same path
+    systemd.path.unlink()
+    again = FakeSystemd(systemd.path)
+    try:
+        n.status("after")
+        assert again.recv() == {"STATUS": "after"}
+    finally:
+        again.sock.close()
+
+
+def test_status_text_goes_out_as_utf8(systemd: FakeSystemd) -> None:
+    SystemdNotifier(env={"NOTIFY_SOCKET": str(systemd.path)}).status("prêt ✓")
+    assert systemd.sock.recv(100) == "STATUS=prêt ✓".encode()
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,15 @@
 """sd_notify for the service: readiness, status, reload/stop, start-timeout extension and the
 watchdog. Every method is a no-op when the process was not started by systemd with
-``NOTIFY_SOCKET`` (a developer's shell, tests, containers without systemd)."""
+``NOTIFY_SOCKET`` (a developer's shell, tests, containers without systemd).
+
+The datagram itself is sent by the ``sdnotify`` package (``_Channel`` below). What it cannot do
+is wrapped around it: ``sdnotify.SystemdNotifier()`` reads ``os.environ`` itself (tests and the
+supervisor hand an env in), connects once in its constructor and, when that fails (systemd not
+there yet, or restarting), stays silent for the rest of the process; and it encodes with
+latin-1. So the address is resolved here from the given env, the socket is (re)connected on the
+next message after a failure, the text goes out as UTF-8, and the watchdog (interval, pid check,
+pings from the event loop) is ours: sdnotify has none.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,8 @@ import os
 import socket
 from collections.abc import Mapping
 from typing import Any
+
+import sdnotify
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 
@@ -25,29 +36,68 @@ def _socket_address(raw: str) -> str | None:
     return None  # vsock and other forms are not used for a host service
 
 
-class SystemdNotifier:
-    """Talks to systemd's notification socket.
+class _Channel(sdnotify.SystemdNotifier):
+    """sdnotify's notifier on an address given to it, reconnecting after a failure.
 
-    The datagram protocol is the one the ``sdnotify`` package speaks (``KEY=VALUE`` lines in
-    one datagram); it is done here directly so the environment can be injected and a send
-    failure is logged once instead of raised into the supervisor loop."""
+    Its constructor is not called (it would read ``os.environ`` and connect once, for good);
+    the fields its ``notify`` uses are set here, with ``debug`` on so a send error reaches
+    ``send`` (which the caller logs) instead of being swallowed."""
+
+    def __init__(self, address: str) -> None:
+        self.debug = True
+        self.socket: socket.socket | None = None
+        self.address = address
+
+    def send(self, text: str) -> None:
+        """One datagram; raises OSError. A socket that fails is dropped and the message tried
+        once more on a fresh one (systemd re-executed binds a new socket at the same path)."""
+        for attempt in (1, 2):
+            fresh = self.socket is None
+            if self.socket is None:
+                self.socket = self._connect()
+            try:
+                # sdnotify encodes latin-1; these characters are the UTF-8 bytes, sent as they are.
+                self.notify(text.encode().decode("latin-1"))
+                return
+            except OSError:
+                self.close()
+                if fresh or attempt == 2:
+                    raise
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(self.address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
+            self.socket = None
+
+
+class SystemdNotifier:
+    """Talks to systemd's notification socket named by ``env["NOTIFY_SOCKET"]`` (a path or
+    ``@abstract``). A send failure is logged once per run of failures, never raised into the
+    supervisor loop."""
 
     def __init__(self, env: Mapping[str, str] = os.environ, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock
         self._env = env
-        self._address = _socket_address(env.get("NOTIFY_SOCKET", ""))
-        self._sock: socket.socket | None = None
+        address = _socket_address(env.get("NOTIFY_SOCKET", ""))
+        self._channel = _Channel(address) if address is not None else None
         self._last_status: str | None = None
         self._send_failed = False
-        self.enabled = self._address is not None
+        self.enabled = self._channel is not None
 
     def _send(self, *lines: str) -> None:
-        if self._address is None:
+        if self._channel is None:
             return
         try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.sendto("\n".join(lines).encode(), self._address)
+            self._channel.send("\n".join(lines))
             self._send_failed = False
         except OSError as exc:
             # systemd may be restarting; the next message retries. Log only the first failure
@@ -116,9 +166,8 @@ class SystemdNotifier:
             await asyncio.sleep(interval)
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._channel is not None:
+            self._channel.close()
 
 
 def _plural(n: int, word: str) -> str:
