@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast test-slow test-system lint bench bench-worker bench-frontend bench-threads bench-chaos deb clean
+.PHONY: install run test test-fast test-slow test-system lint bench bench-worker bench-frontend bench-threads bench-chaos bench-service deb clean
 
 install: $(STAMP)
 
@@ -56,6 +56,9 @@ bench-threads: install
 
 bench-chaos: install
 	$(PY) bench/chaos.py
+
+bench-service: install
+	$(PY) bench/service.py
 
 deb: install
 	bash packaging/deb/build.sh
