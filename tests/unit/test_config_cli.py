@@ -164,7 +164,7 @@ def test_apply_rocm_with_fake_rocm_smi(
 
 
 def test_cpu_ranges_notation() -> None:
-    from vllm_sr.config.render import cpu_ranges
+    from vllm_sr.placement.render import cpu_ranges
 
     assert cpu_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert cpu_ranges([3]) == "3"

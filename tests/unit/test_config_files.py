@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from vllm_sr.config import files
-from vllm_sr.config.apply import apply_flags, apply_scale
 from vllm_sr.config.files import EMBEDDED_DEFAULT_YAML, atomic_write, load_config
 from vllm_sr.config.flags import DeploymentFlags
 from vllm_sr.config.service import (
@@ -18,6 +17,7 @@ from vllm_sr.config.service import (
     load_service_settings,
 )
 from vllm_sr.errors import ConfigError
+from vllm_sr.placement.apply import apply_flags, apply_scale
 from vllm_sr.placement.cpu import CpuBudget
 from vllm_sr.placement.gpus import GpuInfo
 
@@ -261,7 +261,7 @@ def test_write_happens_under_the_directory_lock(
     import fcntl
     import os
 
-    from vllm_sr.config import apply as apply_mod
+    from vllm_sr.placement import apply as apply_mod
 
     p = _copy(tmp_path)
     seen: list[bool] = []

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_sr.config.apply import apply_flags, apply_scale
 from vllm_sr.config.files import load_config, parse_config
 from vllm_sr.config.flags import DeploymentFlags
 from vllm_sr.config.schema import Replica
 from vllm_sr.errors import PlacementError, UsageError
+from vllm_sr.placement.apply import apply_flags, apply_scale
 from vllm_sr.placement.cpu import CpuBudget
 from vllm_sr.placement.gpus import MIB, GpuInfo
 from vllm_sr.placement.planner import PlacementRequest, plan, resize_placement

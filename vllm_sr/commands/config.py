@@ -10,11 +10,11 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from vllm_sr.config.apply import ApplyResult, apply_flags
 from vllm_sr.config.files import DEFAULT_CONFIG_PATH, effective_dict, parse_config
 from vllm_sr.config.flags import add_deployment_flags, flags_from_args
-from vllm_sr.config.render import render_result
 from vllm_sr.errors import ConfigError
+from vllm_sr.placement.apply import ApplyResult, apply_flags
+from vllm_sr.placement.render import render_result
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -72,8 +72,9 @@ def _run(args: argparse.Namespace) -> int:
 def _apply_flags(args: argparse.Namespace, config_path: Path) -> bool:
     """Write what the flags say into config.yaml (the same code path as `config apply`) and
     show the plan. False on --dry-run: nothing written, nothing to start."""
-    from vllm_sr.config import apply, flags
-    from vllm_sr.config.render import render_result
+    from vllm_sr.config import flags
+    from vllm_sr.placement import apply
+    from vllm_sr.placement.render import render_result
 
     requested = flags.flags_from_args(args)
     result = apply.apply_flags(config_path, requested, dry_run=requested.dry_run)

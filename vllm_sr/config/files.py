@@ -7,9 +7,12 @@ how a pydantic error location becomes ``config.yaml:12: global....device: ...``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +280,22 @@ def atomic_write(path: Path | str, text: str, mode: int = 0o644) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path, exclusive: bool = True) -> Iterator[None]:
+    """Serialize read-modify-write cycles of config.yaml (an operator's apply against the
+    control API's scale). The lock is on the directory: the file itself is replaced by rename."""
+    if not exclusive:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def effective_dict(config: RootConfig) -> dict[str, Any]:
