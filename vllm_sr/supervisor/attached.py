@@ -25,7 +25,7 @@ class AttachedReplica(ManagedReplica):
         self, spec: Any, hooks: ReplicaHooks, options: ProcessOptions, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         super().__init__(spec, "", hooks, options, clock)
-        self.client = WorkerClient(base_url=str(spec.endpoint), replica_id=self.id)
+        self.client = WorkerClient.from_endpoint(str(spec.endpoint), self.id)
         self.served_model = spec.model
 
     @property
