@@ -303,7 +303,7 @@ class WorkerClient:
             async with asyncio.timeout(timeout_s):
                 while self._idle:
                     conn = self._idle.pop()
-                    if conn.closed:
+                    if conn.closed or conn.transport is None or conn.transport.is_closing():
                         continue
                     try:
                         return await self._exchange(conn, data)
