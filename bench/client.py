@@ -5,7 +5,7 @@ time is measured apart from the server's.
 Prints, for N sequential and N concurrent (64 in flight) small POSTs: exchanges/s (wall) and
 the client process's CPU microseconds per exchange (what the frontend pays per request).
 
-    .venv/bin/python bench/client.py [--n 5000] [--concurrency 64] [--module vllm_sr.pool.client]
+    .venv/bin/python bench/client.py [--n 5000] [--concurrency 64] [--module M ...] [--rounds R]
 """
 
 from __future__ import annotations
@@ -81,13 +81,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--module", action="append", default=None)
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     path = str(Path(tempfile.mkdtemp(prefix="vsr-bc-", dir="/tmp")) / "w.sock")
     proc = subprocess.Popen([sys.executable, "-c", SERVER, path], stdout=subprocess.DEVNULL)
     try:
-        for module in args.module or ["vllm_sr.pool.client"]:
-            asyncio.run(_wait_for(path, proc))
-            asyncio.run(_run(module, args.n, args.concurrency, path))
+        asyncio.run(_wait_for(path, proc))
+        for _ in range(args.rounds):  # modules interleaved, so drift in the machine hits each
+            for module in args.module or ["vllm_sr.pool.client"]:
+                asyncio.run(_run(module, args.n, args.concurrency, path))
     finally:
         proc.terminate()
         proc.wait(10)
