@@ -4,12 +4,11 @@ only read). Expected values were read off the captures themselves (see the fixtu
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 import pytest
 
+from tests.support.gpu_fixtures import FIXTURES, MISSING_REASON, env_with, fake_tool
 from vllm_sr.errors import PlacementError
 from vllm_sr.placement.gpus import (
     MIB,
@@ -20,11 +19,7 @@ from vllm_sr.placement.gpus import (
     query_gpus,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "gpu"
-pytestmark = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"GPU fixtures not found at {FIXTURES} (shared/ beside the repo)"
-)
+pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=MISSING_REASON)
 
 # file -> (GPU count, first GPU's name, VRAM total MiB, VRAM free MiB, unique id, PCI bus)
 # or an error text the PlacementError must contain.
@@ -294,19 +289,6 @@ def _platform(name: str) -> str:
     return "cuda" if name.startswith("nvidia-smi") else "rocm"
 
 
-def fake_tool(bin_dir: Path, tool: str, fixture: Path, rc: int = 0) -> None:
-    """An executable named like the vendor tool that prints a capture and records its args."""
-    script = bin_dir / tool
-    script.write_text(
-        f'#!/bin/sh\nprintf "%s\\n" "$*" > "{bin_dir}/{tool}.args"\ncat "{fixture}"\nexit {rc}\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-
-
-def _env_with(bin_dir: Path) -> dict[str, str]:
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-
 def test_every_fixture_has_an_expectation() -> None:
     missing = [n for n in _fixture_files() if n not in EXPECTED]
     assert not missing, f"fixtures without an expected result: {missing}"
@@ -320,11 +302,11 @@ def test_fixture_through_fake_tool_on_path(name: str, tmp_path: Path) -> None:
     expected = EXPECTED[name]
     if isinstance(expected, str) or expected[0] == 0:
         with pytest.raises(PlacementError) as exc:
-            query_gpus(platform, env=_env_with(tmp_path))
+            query_gpus(platform, env=env_with(tmp_path))
         wanted = expected if isinstance(expected, str) else "found no GPUs"
         assert wanted in exc.value.message
         return
-    gpus = query_gpus(platform, env=_env_with(tmp_path))
+    gpus = query_gpus(platform, env=env_with(tmp_path))
     count, gpu_name, total, free, uid, bus = expected
     assert len(gpus) == count
     assert [g.index for g in gpus] == list(range(count))
@@ -344,7 +326,7 @@ def test_error_fixture_with_nonzero_exit_is_a_clear_error(name: str, tmp_path: P
     platform = _platform(name)
     fake_tool(tmp_path, "nvidia-smi" if platform == "cuda" else "rocm-smi", FIXTURES / name, rc=9)
     with pytest.raises(PlacementError) as exc:
-        query_gpus(platform, env=_env_with(tmp_path))
+        query_gpus(platform, env=env_with(tmp_path))
     msg = exc.value.message
     assert "exited with status 9" in msg or "driver" in msg
     last = [ln for ln in (FIXTURES / name).read_text().splitlines() if ln.strip()][-1].strip()
@@ -363,7 +345,7 @@ def test_garbled_output(tmp_path: Path) -> None:
     garbled.write_text('{"card0": {"Card Series": "MI100", ')
     fake_tool(tmp_path, "rocm-smi", garbled)
     with pytest.raises(PlacementError, match="garbled JSON"):
-        query_gpus("rocm", env=_env_with(tmp_path))
+        query_gpus("rocm", env=env_with(tmp_path))
 
 
 def test_multi_gpu_rocm_indices_and_memory() -> None:

@@ -368,3 +368,28 @@ def visible_filter(env: Mapping[str, str], platform: str) -> list[str] | None:
         if name in env:
             return [p.strip() for p in env[name].split(",") if p.strip()]
     return None
+
+
+def usage_of(gpu: GpuInfo) -> dict[str, int | float | None]:
+    """One GPU's usage as the supervisor shows it (None = the tool did not say)."""
+    return {
+        "memory_used_bytes": gpu.vram_used,
+        "memory_total_bytes": gpu.vram_total,
+        "utilization_percent": gpu.use_percent,
+    }
+
+
+def gpu_usage(
+    platform: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    runner: Runner = subprocess.run,
+    timeout_s: float = 5.0,
+) -> dict[int, dict[str, int | float | None]]:
+    """``{host_id: {"memory_used_bytes", "memory_total_bytes", "utilization_percent"}}`` for
+    every GPU the platform's tool lists, keyed by the tool's index (the host ID placement
+    reports as ``ReplicaSpec.host_device``). Same tool and query as the inventory, with a short
+    timeout: meant to be called from a thread every few seconds. Raises PlacementError like
+    :func:`query_gpus` when the tool is missing or fails."""
+    gpus = query_gpus(platform, env=env, runner=runner, timeout_s=timeout_s)
+    return {g.index: usage_of(g) for g in gpus}
