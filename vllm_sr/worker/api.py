@@ -27,6 +27,7 @@ from vllm_sr.worker import classify, jsonio, surfaces
 from vllm_sr.worker.classify import CentroidCache
 from vllm_sr.worker.engine import Engine, Faults, Job, Limits
 from vllm_sr.worker.metrics import CONTENT_TYPE, WorkerMetrics
+from vllm_sr.worker.result_cache import ResultCache, cache_key
 from vllm_sr.worker.threads import ThreadPolicy
 
 log = logging.getLogger("vllm_sr.worker.api")
@@ -62,6 +63,9 @@ class WorkerState:
     view: surfaces.ModelView | None = None
     card: dict[str, Any] = field(default_factory=dict)
     centroids: CentroidCache = field(default_factory=CentroidCache)
+    result_cache: ResultCache = field(default_factory=lambda: ResultCache(0))
+    revision: str | None = None  # what the worker loaded (set at load; part of cache keys)
+    capabilities: dict[str, Any] | None = None  # surfaces, dimensions, max_length, labels
     max_body: int = DEFAULT_MAX_BODY
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     started_at: float = field(default_factory=time.time)
@@ -280,16 +284,30 @@ async def handle_surface(request: web.Request) -> web.Response:
     deadline = deadline_from_header(request.headers.get(DEADLINE_HEADER), engine.clock.monotonic())
     t = time.perf_counter()
     body = await read_json(request, state)
-    timing.lap("parse", t)
+    t = timing.lap("parse", t)
+    cache = state.result_cache
+    key = cache_key(surface, state.revision or "", body) if cache.enabled else None
+    if key is not None:
+        hit = cache.get(key)
+        state.metrics.observe_cache(hit is not None, 0, cache.bytes)
+        if hit is not None:
+            timing.lap("cache", t)
+            return web.Response(body=hit, content_type="application/json")
     if surface == "bundle":
-        return await handle_bundle(request, state, body, timing, deadline)
-    task = await prepare(state, surface, body, timing)
-    request[ROWS] = len(task.rows)
-    job = await run_rows(engine, task.rows, deadline)
-    record_job(timing, job)
-    t = time.perf_counter()
-    out = task.finish(job.result())
-    resp = _json_response(out)
+        out, cacheable = await answer_bundle(request, state, body, timing, deadline)
+        t = time.perf_counter()
+    else:
+        task = await prepare(state, surface, body, timing)
+        request[ROWS] = len(task.rows)
+        job = await run_rows(engine, task.rows, deadline)
+        record_job(timing, job)
+        t = time.perf_counter()
+        out, cacheable = task.finish(job.result()), True
+    data = jsonio.dumps(out)
+    if key is not None and cacheable:
+        evicted = cache.put(key, data)
+        state.metrics.observe_cache(None, evicted, cache.bytes)
+    resp = web.Response(body=data, content_type="application/json")
     timing.lap("post", t)
     return resp
 
@@ -300,13 +318,14 @@ def record_job(timing: Timing, job: Job) -> None:
         timing.marks["forward"] = job.done_at - job.first_forward_at
 
 
-async def handle_bundle(
+async def answer_bundle(
     request: web.Request,
     state: WorkerState,
     body: dict[str, Any],
     timing: Timing,
     deadline: float | None = None,
-) -> web.Response:
+) -> tuple[dict[str, Any], bool]:
+    """The bundle's answer, and whether it may be cached (every task answered 200)."""
     engine, view = ready_parts(state)
     tasks = surfaces.parse_bundle(body, view)
     prepared: list[surfaces.Prepared | VllmSrError] = []
@@ -326,7 +345,6 @@ async def handle_bundle(
         job = await run_rows(engine, rows, deadline)
         record_job(timing, job)
         outputs = job.result()
-    t = time.perf_counter()
     results = []
     start = 0
     for (task_id, _, _), p in zip(tasks, prepared, strict=True):
@@ -337,9 +355,8 @@ async def handle_bundle(
         chunk = outputs[start : start + len(p.rows)]
         start += len(p.rows)
         results.append({"id": task_id, "status": 200, "body": p.finish(chunk)})
-    resp = _json_response({"object": "bundle", "results": results})
-    timing.lap("post", t)
-    return resp
+    every_ok = all(r["status"] == 200 for r in results)
+    return {"object": "bundle", "results": results}, every_ok
 
 
 def health_body(state: WorkerState) -> dict[str, Any]:

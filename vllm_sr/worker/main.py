@@ -22,12 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
-from vllm_sr.errors import EXIT_OK, GoldenCheckFailed, VllmSrError
+from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, VllmSrError
 from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
 from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Job
 from vllm_sr.worker.policy import policy_from_env
+from vllm_sr.worker.result_cache import ResultCache
 from vllm_sr.worker.threads import process_context
 
 log = logging.getLogger("vllm_sr.worker")
@@ -54,6 +55,8 @@ class WorkerOptions:
     max_num_batched_tokens: int | None = None
     replica_id: str | None = None
     served_names: tuple[str, ...] = ()
+    result_cache_bytes: int = 0  # 0: no result cache
+    revision: str | None = None  # the revision asked for (a Hugging Face revision)
 
 
 def cpu_budget() -> int:
@@ -104,7 +107,12 @@ def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
     threads = opts.threads if opts.threads is not None else default_threads(budget)
     policy = policy_from_env(threads, budget, env, emit=_emit)
     names = {opts.artifact, opts.artifact.rstrip("/").rsplit("/", 1)[-1], *opts.served_names}
-    return WorkerState(
+    if opts.result_cache_bytes < 0:
+        raise ConfigError(
+            f"--result-cache-bytes: {opts.result_cache_bytes} is negative; use 0 (off) or a "
+            "positive number of bytes"
+        )
+    state = WorkerState(
         artifact=opts.artifact,
         device=opts.device,
         threads=threads,
@@ -114,7 +122,10 @@ def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
         served_names=frozenset(names),
         max_body=int(_env_number(env, ENV_MAX_BODY, 8 * 1024 * 1024)),
         read_timeout_s=_env_number(env, ENV_READ_TIMEOUT, 30.0),
+        result_cache=ResultCache(opts.result_cache_bytes),
     )
+    state.metrics.cache_max_bytes.set(opts.result_cache_bytes)
+    return state
 
 
 _event_log = log_sink(logging.getLogger("vllm_sr.worker"))

@@ -44,9 +44,43 @@ class WorkerMetrics:
             "Queued rows dropped before a forward because their request's deadline had passed",
             registry=r,
         )
+        self._cache_metrics(r)
         self.queue_depth = Gauge(
             "vllm_sr_worker_queue_depth", "Rows waiting for a forward", registry=r
         )
+
+    def _cache_metrics(self, r: CollectorRegistry) -> None:
+        self.cache_hits = Counter(
+            "vllm_sr_worker_result_cache_hits", "Answers served from the result cache", registry=r
+        )
+        self.cache_misses = Counter(
+            "vllm_sr_worker_result_cache_misses",
+            "Result cache look-ups that found nothing (only counted when the cache is on)",
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "vllm_sr_worker_result_cache_evictions",
+            "Answers evicted from the result cache to stay under its byte bound",
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "vllm_sr_worker_result_cache_bytes", "Bytes the result cache holds", registry=r
+        )
+        self.cache_max_bytes = Gauge(
+            "vllm_sr_worker_result_cache_max_bytes",
+            "The result cache's byte bound (0: the cache is off)",
+            registry=r,
+        )
+
+    def observe_cache(self, hit: bool | None, evicted: int, held: int) -> None:
+        """One look-up (``hit``; None for a store alone), evictions and the bytes now held."""
+        if hit is True:
+            self.cache_hits.inc()
+        elif hit is False:
+            self.cache_misses.inc()
+        if evicted:
+            self.cache_evictions.inc(evicted)
+        self.cache_bytes.set(held)
 
     def observe_forward(self, rows: int, padded: int, seconds: float) -> None:
         self.forward_rows.observe(rows)
