@@ -60,7 +60,20 @@ class MemoryReplica:
         self.hung_reasons: list[str] = []
 
     def start(self) -> None:
+        if self.spec.env.get("hold"):
+            self.release = asyncio.Event()
+            self.task = asyncio.ensure_future(self._held())
+            return
         self._life(restarted=False)
+
+    async def _held(self) -> None:
+        self.pid, self.lives = next(PIDS), self.lives + 1
+        self.hooks.on_starting(self, False)
+        await self.release.wait()
+        self.state = "ready"
+        self.ready.set()
+        self.settled.set()
+        self.hooks.on_ready(self)
 
     def _life(self, restarted: bool) -> None:
         self.pid, self.lives = next(PIDS), self.lives + 1
@@ -313,3 +326,26 @@ async def until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not reached")
         await asyncio.sleep(0.001)
+
+
+def test_workers_sharing_a_gpu_start_one_after_another() -> None:
+    specs = [
+        FakeSpec("primary-0", "primary", 0, device="rocm:0", env={"hold": "1"}),
+        FakeSpec("primary-1", "primary", 1, device="rocm:0", env={"hold": "1"}),
+        FakeSpec("primary-2", "primary", 2, device="rocm:1", env={"hold": "1"}),
+    ]
+    plan = ServicePlan({"primary": DeploymentPlan("primary", "a", specs)}, "primary")
+
+    async def body(h: Harness) -> None:
+        r0, r1, r2 = (h.sup.replicas[f"primary-{i}"] for i in range(3))
+        await until(lambda: r0.state == "starting" and r2.state == "starting")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not hasattr(r1, "release")  # not started: rocm:0 is calibrating for primary-0
+        r0.release.set()
+        await until(lambda: hasattr(r1, "release"))  # now it starts
+        r1.release.set()
+        r2.release.set()
+        await until(lambda: all(r.state == "ready" for r in (r0, r1, r2)))
+
+    serve([plan], body)

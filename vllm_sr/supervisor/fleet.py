@@ -5,6 +5,7 @@ swapped in by ``publish`` in one step (no await)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +133,40 @@ class Fleet:
             aliases[dep.artifact] = default  # the default deployment's artifact name
         published = {n: p for n, p in self.pools.items() if n in self.plan.deployments}
         self.directory.publish(published, default, aliases, self.generation)
+
+
+def start_in_order(workers: list[ManagedReplica], busy: list[ManagedReplica]) -> list[Any]:
+    """Start ``workers``; those placed on the same GPU one after another. Each GPU worker
+    calibrates its token budget from the device's free memory at startup, so two starting
+    together on one card would both count the same free memory. ``busy`` are workers already
+    starting (a reload's kept ones): a new one on their GPU waits for them too. Returns the
+    tasks that hold back later starts (the caller keeps them alive)."""
+    chains: dict[str, list[ManagedReplica]] = {}
+    for rep in busy:
+        if _gpu(rep) is not None and rep.state == "starting":
+            chains.setdefault(_gpu(rep) or "", []).append(rep)
+    tasks = []
+    for rep in workers:
+        gpu = _gpu(rep)
+        if gpu is None or not chains.get(gpu):
+            rep.start()
+        else:
+            before = list(chains[gpu])
+            tasks.append(asyncio.ensure_future(_start_after(rep, before)))
+        if gpu is not None:
+            chains.setdefault(gpu, []).append(rep)
+    return tasks
+
+
+async def _start_after(rep: ManagedReplica, before: list[ManagedReplica]) -> None:
+    for other in before:
+        await other.wait_settled()
+    rep.start()
+
+
+def _gpu(rep: ManagedReplica) -> str | None:
+    device = str(getattr(rep.spec, "device", None) or "cpu")
+    return None if device == "cpu" or getattr(rep.spec, "endpoint", None) else device
 
 
 def who(rep: ManagedReplica) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from vllm_sr.events import Event, EventBus
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.supervisor.attached import AttachedReplica
-from vllm_sr.supervisor.fleet import Fleet, Spawn, mark_ready, who
+from vllm_sr.supervisor.fleet import Fleet, Spawn, mark_ready, start_in_order, who
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
 from vllm_sr.supervisor.reload import ServicePlan
@@ -83,6 +83,7 @@ class Supervisor:
         self._announced_ready = False
         self._last_status = ""
         self._own_cpus: list[int] = []
+        self._starts: list[Any] = []  # GPU workers waiting for a card's earlier worker
         self.reconfiguration = Reconfiguration(
             self.fleet,
             planner,
@@ -179,8 +180,7 @@ class Supervisor:
         plan = await asyncio.to_thread(self.planner)
         workers = [self.spawn(spec) for spec in plan.specs()]
         self.fleet.first(plan, workers)
-        for rep in workers:
-            rep.start()
+        self._starts = start_in_order(workers, [])
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
         self.place_self()
         self._task(self._maintain(), "maintain")
