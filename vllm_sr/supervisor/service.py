@@ -60,6 +60,12 @@ def config_planner(config_path: Path) -> Planner:
     return plan
 
 
+def _gpu_probe(platform: str) -> dict[str, dict[str, Any]]:
+    from vllm_sr.placement.gpus import gpu_usage
+
+    return {str(k): dict(v) for k, v in gpu_usage(platform).items()}
+
+
 def config_scaler(config_path: Path) -> Scaler:
     from vllm_sr.config import apply
 
@@ -86,6 +92,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         drain_timeout_s=settings.drain_timeout_s,
     )
     sup.scaler = scaler
+    sup.usage.gpu_probe = _gpu_probe
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
     frontend = Frontend(sup)

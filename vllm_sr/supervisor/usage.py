@@ -73,7 +73,13 @@ class UsageSampler:
 
 
 def _gpu_of(worker: Any) -> str | None:
-    """The host GPU a worker runs on (``rocm:3``), None on CPU."""
+    """The host GPU a worker runs on (``rocm:3``; placement's ``host_device`` when the config
+    device is an allocation ordinal), None on CPU."""
     spec = worker.spec
-    device = str(getattr(spec, "host_device", None) or getattr(spec, "device", None) or "cpu")
-    return None if device == "cpu" else device
+    device = str(getattr(spec, "device", None) or "cpu")
+    if device == "cpu":
+        return None
+    host = getattr(spec, "host_device", None)
+    if isinstance(host, int):
+        return f"{device.split(':')[0]}:{host}"
+    return str(host) if host else device
