@@ -78,3 +78,31 @@ def test_the_loop_sets_each_workers_record() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_gpu_workers_record_carries_its_cards_usage() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    @dataclass
+    class OrdinalSpec:
+        device: str = "rocm:0"  # an allocation ordinal ...
+        host_device: int = 3  # ... of host GPU 3
+
+    def probe(platform: str) -> dict[str, dict[str, Any]]:
+        return {"3": {"memory_used_bytes": 10, "memory_total_bytes": 20, "utilization_percent": 7}}
+
+    try:
+        worker = Worker(sleeper.pid, spec=OrdinalSpec(), record=Record())  # type: ignore[arg-type]
+
+        async def main() -> None:
+            task = asyncio.ensure_future(UsageSampler(probe).run(lambda: [worker], 0.01))
+            deadline = time.monotonic() + 10
+            while worker.record.usage is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            task.cancel()
+
+        asyncio.run(main())
+        assert worker.record.usage["gpu"]["utilization_percent"] == 7
+    finally:
+        sleeper.kill()
+        sleeper.wait()
