@@ -233,3 +233,13 @@ def test_a_replica_removed_mid_exchange_settles_its_own_record_not_its_successor
         assert new.outcomes["success"] == 0 and new.inflight == 0
 
     run(main())
+
+
+def test_a_worker_cut_off_mid_answer_is_not_retried() -> None:
+    def mid_answer(*a: Any) -> Exception:
+        return WorkerFailed("closed mid-answer", replica="primary-0", before_answer=False)
+
+    pool, clock, _, clients = make([mid_answer, lambda *a: ok()])
+    with pytest.raises(WorkerFailed):
+        run(exchange(pool, "/v1/embeddings", b"{}", clock=clock))
+    assert len(clients[1].calls) == 0 and pool.retries == 0 and idle(pool)

@@ -100,7 +100,10 @@ async def exchange(
         except WorkerFailed as exc:
             tried.append(rep.id)
             left = deadline - clock.monotonic()
-            if len(tried) >= MAX_ATTEMPTS or left <= 0:
+            # Only an exchange that got no byte of an answer is sent elsewhere: one cut off
+            # mid-answer was answered, and is the caller's 502.
+            before_answer = exc.details.get("before_answer", True)
+            if not before_answer or len(tried) >= MAX_ATTEMPTS or left <= 0:
                 raise
             failed = exc
             continue
