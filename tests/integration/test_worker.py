@@ -109,6 +109,45 @@ def test_d3_edge_model_card_and_health(d3: WorkerHandle) -> None:
     assert "adaptive_threads" in card
 
 
+def test_health_reports_revision_and_capabilities(
+    d3: WorkerHandle, d3_edge_model_dir: Path
+) -> None:
+    from vllm_sr.worker.artifacts import content_hashes, revision_of
+
+    body = d3.get("/health").json()
+    assert body["revision"] == revision_of(content_hashes(d3_edge_model_dir)[0])
+    assert body["capabilities"] == {
+        "surfaces": ["embeddings", "classify"],
+        "dimensions": 384,
+        "max_length": 512,
+        "labels": None,  # classifies against the labels a caller gives
+    }
+    card = d3.get("/v1/models").json()["data"][0]
+    assert card["revision"] == body["revision"] and card["revision_requested"] is None
+
+
+def test_a_revision_asked_for_a_local_directory_is_reported_not_fetched(
+    tiny_bert_dir: Path, tiny_classifier_dir: Path
+) -> None:
+    from vllm_sr.worker import artifacts
+    from vllm_sr.worker.main import capabilities
+
+    loaded = artifacts.load(artifacts.resolve(str(tiny_bert_dir)), "cpu", "v1.0")
+    whole, _ = artifacts.content_hashes(tiny_bert_dir)
+    assert loaded.revision == artifacts.revision_of(whole)
+    assert loaded.revision_note is not None and "'v1.0'" in loaded.revision_note
+    same = artifacts.load(artifacts.resolve(str(tiny_bert_dir)), "cpu", loaded.revision)
+    assert same.revision_note is None
+    head = artifacts.load(artifacts.resolve(str(tiny_classifier_dir)), "cpu")
+    caps = capabilities(head, 100)
+    assert caps == {
+        "surfaces": ["embeddings", "classify"],
+        "dimensions": 32,
+        "max_length": 100,
+        "labels": list(CLASSIFIER_LABELS),
+    }
+
+
 def test_d3_edge_classifies_by_label_examples(d3: WorkerHandle) -> None:
     labels = {
         "billing": ["I was charged twice", "refund my payment", "update my credit card"],

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from vllm_sr.errors import EXIT_DO_NOT_RESTART, ArtifactError
-from vllm_sr.worker.artifacts import BUILTINS, D3_EDGE, resolve, weights_sha256
+from vllm_sr.worker.artifacts import (
+    BUILTINS,
+    D3_EDGE,
+    content_hashes,
+    resolve,
+    revision_mismatch,
+    revision_of,
+    weights_sha256,
+)
 
 
 def make_dir(path: Path, config: dict | None = None, weights: bool = True) -> Path:
@@ -84,3 +92,49 @@ def test_weights_hash_follows_the_bytes(tmp_path: Path) -> None:
     assert weights_sha256(a) == weights_sha256(b)
     (b / "model.safetensors").write_bytes(b"other weights")
     assert weights_sha256(a) != weights_sha256(b)
+
+
+def _model_dir(root: Path, weights: bytes = b"w") -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    (root / "model.safetensors").write_bytes(weights)
+    (root / "tokenizer.json").write_text('{"vocab": 1}')
+    return root
+
+
+def test_content_hash_covers_every_file_but_hidden_ones(tmp_path: Path) -> None:
+    a = _model_dir(tmp_path / "a")
+    b = _model_dir(tmp_path / "b")
+    whole, weights = content_hashes(a)
+    assert (whole, weights) == content_hashes(b)
+    assert weights == weights_sha256(a)
+    (b / ".cache" / "huggingface").mkdir(parents=True)
+    (b / ".cache" / "huggingface" / "lock").write_text("x")
+    (b / ".gitattributes").write_text("*.bin lfs")
+    assert content_hashes(b)[0] == whole  # hidden entries change nothing
+    (b / "tokenizer.json").write_text('{"vocab": 2}')
+    changed, same_weights = content_hashes(b)
+    assert changed != whole and same_weights == weights  # not a weight file, still counted
+    (b / "tokenizer.json").write_text('{"vocab": 1}')
+    (b / "sub").mkdir()
+    (b / "sub" / "extra.txt").write_text("")
+    assert content_hashes(b)[0] != whole  # a new file, even empty, is new content
+    assert revision_of(whole) == f"sha256:{whole[:16]}"
+
+
+def test_a_revision_asked_for_must_name_the_content(tmp_path: Path) -> None:
+    whole, _ = content_hashes(_model_dir(tmp_path / "m"))
+    assert revision_mismatch("m", None, whole) is None
+    for same in (revision_of(whole), whole, whole[:7], f"SHA256:{whole[:12].upper()}"):
+        assert revision_mismatch("m", same, whole) is None, same
+    note = revision_mismatch("./m", "v1.2", whole)
+    assert note is not None
+    assert "'v1.2'" in note and "'./m'" in note and revision_of(whole) in note
+    assert revision_mismatch("m", whole[:6], whole) is not None  # too short to name it
+
+
+def test_builtin_revision_is_the_content_hash_of_its_directory() -> None:
+    spec = resolve(D3_EDGE)
+    whole, weights = content_hashes(spec.path)
+    assert revision_of(whole).startswith("sha256:") and len(revision_of(whole)) == 23
+    assert weights == weights_sha256(spec.path)

@@ -434,3 +434,14 @@ async def test_a_chunked_body_over_the_cap_is_413() -> None:
         assert ok.status == 200
     finally:
         await stop(s)
+
+
+async def test_health_reports_revision_and_capabilities() -> None:
+    caps = {"surfaces": ["embeddings", "classify"], "dimensions": 4, "max_length": 16}
+    s = await serve(revision="sha256:0123456789abcdef", capabilities={**caps, "labels": None})
+    try:
+        body = await (await s.client.get("/health")).json()
+        assert body["revision"] == "sha256:0123456789abcdef"
+        assert body["capabilities"] == {**caps, "labels": None}
+    finally:
+        await stop(s)

@@ -373,6 +373,8 @@ def health_body(state: WorkerState) -> dict[str, Any]:
         "pid": os.getpid(),
         "queue_rows": state.engine.queue_depth if state.engine else 0,
         "forward_running": state.engine.busy if state.engine else False,
+        "revision": state.revision,
+        "capabilities": state.capabilities,
         "forward_running_s": round(state.engine.forward_running_s, 3) if state.engine else 0.0,
     }
 

@@ -106,6 +106,56 @@ def weights_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _model_files(path: Path) -> list[tuple[str, Path]]:
+    """Every regular file under ``path`` (links followed, as in a Hugging Face snapshot), by
+    relative name; hidden entries (``.cache/``, ``.gitattributes``) and ``__pycache__`` are
+    left out: they change without the model changing."""
+    found: list[tuple[str, Path]] = []
+    for root, dirs, files in os.walk(path, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        for name in files:
+            file = Path(root, name)
+            if not name.startswith(".") and file.is_file():
+                found.append((file.relative_to(path).as_posix(), file))
+    return sorted(found)
+
+
+def content_hashes(path: Path) -> tuple[str, str]:
+    """One read of the model directory -> (SHA-256 over every file's name, size and bytes,
+    SHA-256 of the weight files alone). The first is a local artifact's revision."""
+    whole, weights = hashlib.sha256(), hashlib.sha256()
+    for name, file in _model_files(path):
+        whole.update(f"{name}\0{file.stat().st_size}\0".encode())
+        is_weights = name in WEIGHT_FILES
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                whole.update(block)
+                if is_weights:
+                    weights.update(block)
+    return whole.hexdigest(), weights.hexdigest()
+
+
+def revision_of(content_hash: str) -> str:
+    """The revision a worker reports for a local directory or a built-in artifact."""
+    return f"sha256:{content_hash[:16]}"
+
+
+def revision_mismatch(artifact: str, requested: str | None, content_hash: str) -> str | None:
+    """None when no revision was asked for or the one asked for names this content (the
+    ``sha256:`` form, or at least 7 leading hex digits of the hash); else the sentence that
+    says what is served instead."""
+    if requested is None:
+        return None
+    wanted = requested.strip().lower().removeprefix("sha256:")
+    if len(wanted) >= 7 and content_hash.startswith(wanted):
+        return None
+    return (
+        f"--revision {requested!r} was asked for, but artifact {artifact!r} is a local "
+        f"directory (or built-in) whose content is {revision_of(content_hash)}: serving that "
+        "content and reporting its hash as the revision"
+    )
+
+
 class TokenizerAdapter:
     """Token ids for texts, with no padding and no truncation (the engine pads; the API
     decides between ``max_length_exceeded`` and truncation)."""
@@ -183,10 +233,11 @@ class LoadedArtifact:
     dimensions: int
     max_length: int
     labels: list[str] | None  # the classification head's labels, if any
-    revision: str
-    sha256: str
+    revision: str  # sha256:<16 hex> of the directory's files
+    sha256: str  # of the weight files
     dtype: str
     torch_device: Any
+    revision_note: str | None = None  # set when --revision asked for other content
 
 
 def torch_device(device: str) -> Any:
@@ -206,8 +257,10 @@ def torch_device(device: str) -> Any:
     return torch.device("cuda", int(index))
 
 
-def load(spec: ArtifactSpec, device: str) -> LoadedArtifact:
-    """Load tokenizer and weights from ``spec.path`` (never from the network)."""
+def load(spec: ArtifactSpec, device: str, revision: str | None = None) -> LoadedArtifact:
+    """Load tokenizer and weights from ``spec.path`` (never from the network). ``revision``
+    is the revision asked for: a local directory is what it holds, so a different one is
+    reported (``revision_note``), not fetched."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
@@ -226,7 +279,7 @@ def load(spec: ArtifactSpec, device: str) -> LoadedArtifact:
     model.eval()
     model.to(dev)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    sha = weights_sha256(spec.path)
+    content, sha = content_hashes(spec.path)
     positions = int(spec.config.get("max_position_embeddings") or 512)
     tok_max = int(getattr(tokenizer, "model_max_length", positions) or positions)
     return LoadedArtifact(
@@ -236,20 +289,9 @@ def load(spec: ArtifactSpec, device: str) -> LoadedArtifact:
         dimensions=int(spec.config.get("hidden_size") or model.config.hidden_size),
         max_length=min(positions, tok_max),
         labels=labels,
-        revision=_revision(spec, sha),
+        revision=revision_of(content),
         sha256=sha,
         dtype="float32",
         torch_device=dev,
+        revision_note=revision_mismatch(spec.name, revision, content),
     )
-
-
-def _revision(spec: ArtifactSpec, sha: str) -> str:
-    if spec.builtin:
-        from importlib.metadata import PackageNotFoundError, version
-
-        dist = BUILTINS[spec.name].replace("_", "-")
-        try:
-            return f"{dist}=={version(dist)}"
-        except PackageNotFoundError:
-            pass
-    return f"sha256:{sha[:16]}"

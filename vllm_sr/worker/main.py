@@ -298,7 +298,9 @@ def load_and_check(
     if opts.device == "cpu":
         _limit_interop_threads()
     spec = artifacts.resolve(opts.artifact)
-    loaded = artifacts.load(spec, opts.device)
+    loaded = artifacts.load(spec, opts.device, opts.revision)
+    if loaded.revision_note:
+        log.warning("revision: %s", loaded.revision_note)
     state.set_status("warming", "calibrating limits and running the golden check")
     cal = calibrate_for(loaded, opts)
     state.limits = cal.limits
@@ -325,6 +327,10 @@ def load_and_check(
         truncate=loaded.tokenizer.truncate,
     )
     state.card = model_card(loaded, max_len)
+    state.card["revision_requested"] = opts.revision
+    state.card["revision_note"] = loaded.revision_note
+    state.revision = loaded.revision
+    state.capabilities = capabilities(loaded, max_len)
     golden_check(loaded, engine, opts.artifact)
     state.policy.golden_passed()
     log.info(
@@ -337,8 +343,23 @@ def load_and_check(
     )
 
 
+SURFACES = ("embeddings", "classify")  # a bundle carries tasks of these
+
+
+def capabilities(loaded: artifacts.LoadedArtifact, max_length: int) -> dict[str, Any]:
+    """What this worker can answer, compared across a deployment's replicas: ``labels`` is
+    what a classification head classifies, null for an encoder that classifies against the
+    labels a caller gives."""
+    return {
+        "surfaces": list(SURFACES),
+        "dimensions": loaded.dimensions,
+        "max_length": max_length,
+        "labels": list(loaded.labels) if loaded.labels else None,
+    }
+
+
 def model_card(loaded: artifacts.LoadedArtifact, max_length: int) -> dict[str, Any]:
-    surfaces_list = ["embeddings", "classify"]
+    surfaces_list = list(SURFACES)
     return {
         "artifact": loaded.spec.name,
         "path": str(loaded.spec.path),
