@@ -1,0 +1,77 @@
+"""Router mode's Prometheus families, built at scrape time from the router's counters (the
+request path only increments a Counter): decisions by decision and model, matched signals,
+routing fallbacks by reason, and each backend's requests, errors and health."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from vllm_sr.router.chat import ChatRouter
+
+BACKEND_STATES = ("unknown", "healthy", "unhealthy")
+
+
+class RouterCollector(Collector):
+    """``current`` returns the live generation's ChatRouter (None in Engine mode)."""
+
+    def __init__(self, current: Callable[[], ChatRouter | None]) -> None:
+        self.current = current
+
+    def collect(self) -> Iterator[Metric]:
+        chat = self.current()
+        if chat is None:
+            return
+        stats = chat.stats
+        decisions = CounterMetricFamily(
+            "vllm_sr_router_decisions",
+            "Routed chat requests by decision and model ((default): no decision matched)",
+            labels=["decision", "model"],
+        )
+        for (decision, model), n in sorted(stats.decisions.items()):
+            decisions.add_metric([decision, model], n)
+        signals = CounterMetricFamily(
+            "vllm_sr_router_signal_matches",
+            "Routed chat requests on which a signal matched",
+            labels=["signal"],
+        )
+        for sig, n in sorted(stats.signals.items()):
+            signals.add_metric([sig], n)
+        fallbacks = CounterMetricFamily(
+            "vllm_sr_router_fallbacks",
+            "Routed chat requests sent to the default model because routing could not decide",
+            labels=["reason"],
+        )
+        for reason, n in sorted(stats.fallbacks.items()):
+            fallbacks.add_metric([reason], n)
+        direct = CounterMetricFamily(
+            "vllm_sr_router_direct",
+            "Chat requests that named a model (no routing)",
+            labels=["model"],
+        )
+        for model, n in sorted(stats.direct.items()):
+            direct.add_metric([model], n)
+        yield from (decisions, signals, fallbacks, direct)
+        yield from backend_families(chat)
+
+
+def backend_families(chat: ChatRouter) -> Iterator[Metric]:
+    labels = ["model", "url"]
+    requests = CounterMetricFamily(
+        "vllm_sr_backend_requests", "Chat requests proxied to a backend", labels=labels
+    )
+    errors = CounterMetricFamily(
+        "vllm_sr_backend_errors", "Proxied chat requests that failed", labels=labels
+    )
+    state = GaugeMetricFamily(
+        "vllm_sr_backend_state", "1 for the backend's health state", labels=[*labels, "state"]
+    )
+    for b in chat.backends.all():
+        key = [b.model, b.api_base]
+        requests.add_metric(key, b.requests)
+        errors.add_metric(key, b.errors)
+        for s in BACKEND_STATES:
+            state.add_metric([*key, s], 1.0 if b.health.state == s else 0.0)
+    yield from (requests, errors, state)
