@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from vllm_sr import __version__
 from vllm_sr.errors import EXIT_FAILURE, ConfigError, VllmSrError
 
-COMMAND_MODULES = ("serve", "config", "ctl", "status", "worker")
+COMMAND_MODULES = ("serve", "config", "ctl", "status", "render", "worker")
 
 
 def build_parser() -> argparse.ArgumentParser:
