@@ -238,12 +238,18 @@ def test_flags_write_the_canonical_resource_no_dp_state(cfg: Path) -> None:
     assert devices(cfg) == ["rocm:0"]
 
 
-def test_kubernetes_refuses_host_ids(cfg: Path) -> None:
-    """For Kubernetes, use allocation ordinals in config instead of host IDs."""
-    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+def test_kubernetes_device_ids_are_ordinals(cfg: Path) -> None:
+    """For Kubernetes, use allocation ordinals in config instead of host IDs: in a pod every N,
+    from a flag too, is an ordinal, so a host ID past the allocation is refused naming it."""
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "ROCR_VISIBLE_DEVICES": "3,5"}
+    gpus = rocm(6)
+    result = apply(cfg, gpus, env=env, platform="rocm", device_ids=(1,))
+    assert devices(cfg) == ["rocm:1"]
+    assert result.plan.replicas[0].env["ROCR_VISIBLE_DEVICES"] == "5"
     with pytest.raises(UsageError) as exc:
-        apply(cfg, rocm(2), env=env, platform="rocm", device_ids=(0,))
-    assert "Kubernetes" in exc.value.message and "ordinals in config" in exc.value.message
+        apply(cfg, gpus, env=env, platform="rocm", device_ids=(3,))
+    assert "ordinal 3 is outside the allocation (ROCR_VISIBLE_DEVICES=3,5" in exc.value.message
+    assert devices(cfg) == ["rocm:1"]
 
 
 def test_kubernetes_ordinals_map_into_the_pods_devices() -> None:
@@ -257,7 +263,7 @@ def test_kubernetes_ordinals_map_into_the_pods_devices() -> None:
     p = plan(config, env=env, inventory_provider=Inventory(rocm(2)), cpu_budget=BUDGET8)
     assert [r.env["ROCR_VISIBLE_DEVICES"] for r in p.for_deployment("primary")] == ["5", "7"]
     bad = parse_config(TWO_DEPLOYMENTS.replace("rocm:0", "rocm:2"))
-    with pytest.raises(PlacementError, match=r"the pod has 2 GPU\(s\) \(5,7\)"):
+    with pytest.raises(PlacementError, match=r"outside the allocation \(ROCR_VISIBLE_DEVICES=5,7"):
         plan(bad, env=env, inventory_provider=Inventory(rocm(3)), cpu_budget=BUDGET8)
 
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ruamel.yaml import YAML
 
 from vllm_sr.config.files import DEFAULT_CONFIG_PATH, effective_dict, parse_config
 from vllm_sr.config.flags import add_deployment_flags, flags_from_args
 from vllm_sr.errors import ConfigError
+from vllm_sr.placement.allocation import describe_devices
 from vllm_sr.placement.apply import ApplyResult, apply_flags
+from vllm_sr.placement.planner import real_inventory
 from vllm_sr.placement.render import render_result
 
 
@@ -25,7 +29,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     v = verbs.add_parser("validate", help="exit 0, or non-zero listing every problem")
-    s = verbs.add_parser("show", help="the effective config with defaults filled in")
+    s = verbs.add_parser(
+        "show",
+        help="the effective config with defaults filled in",
+        description="The effective config with defaults filled in; GPU replicas also show "
+        "their allocation ordinal and the host GPU they land on.",
+    )
     for q in (v, s):
         q.add_argument(
             "--config",
@@ -78,8 +87,9 @@ def _validate(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     config = parse_config(_read(args.config), str(args.config))
     data = effective_dict(config)
+    rows = describe_devices(config, os.environ, real_inventory(os.environ))
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps({**data, "devices": rows} if rows else data, indent=2))
     else:
         y = YAML(typ="safe", pure=True)
         y.default_flow_style = False
@@ -87,7 +97,25 @@ def _show(args: argparse.Namespace) -> int:
         buf = io.StringIO()
         y.dump(data, buf)
         sys.stdout.write(buf.getvalue())
+        if rows:
+            sys.stdout.write(_device_comments(rows))
     return 0
+
+
+def _device_comments(rows: list[dict[str, Any]]) -> str:
+    """GPU replicas as YAML comments (the output stays loadable config): ordinal and host ID."""
+    lines = ["# devices (configured -> host GPU):"]
+    for r in rows:
+        if "problem" in r:
+            lines.append(f"#   {r['replica']}: {r['device']}: {r['problem']}")
+        elif r["ordinal"] is None:
+            lines.append(f"#   {r['replica']}: {r['device']} = host {r['host_device']}")
+        else:
+            lines.append(
+                f"#   {r['replica']}: {r['device']} = ordinal {r['ordinal']} of "
+                f"{r['allocation']} = host {r['host_device']}"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def print_apply_result(result: ApplyResult, *, dry_run: bool, as_json: bool) -> None:

@@ -77,8 +77,9 @@ def add_deployment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-ids",
         metavar="LIST",
-        help="host GPU IDs, e.g. 0,1; fewer IDs than -dp repeat in order (several workers on one "
-        "GPU); refused inside Kubernetes (use ordinals in config)",
+        help="GPU IDs, e.g. 0,1: host GPU indices, or allocation ordinals when the process was "
+        "given GPUs (ROCR_/HIP_/CUDA_/NVIDIA_VISIBLE_DEVICES set, or inside a Kubernetes pod); "
+        "fewer IDs than -dp repeat in order (several workers on one GPU)",
     )
     parser.add_argument(
         "--max-num-seqs",
@@ -111,7 +112,7 @@ def parse_device_ids(text: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     if not parts or any(not p.isdigit() for p in parts):
         raise UsageError(
-            f"--device-ids {text!r}: accepted: comma-separated GPU indices such as 0,1 "
+            f"--device-ids {text!r}: accepted: comma-separated GPU indices or ordinals such as 0,1 "
             "(repeat an index to place several workers on one GPU)"
         )
     return tuple(int(p) for p in parts)

@@ -126,8 +126,9 @@ class OutlierDetection(_Strict):
 
 class Replica(_Strict):
     device: DeviceStr | None = None
-    """Managed worker placement: cpu, rocm:N or cuda:N. N is a host GPU index, or inside a
-    Kubernetes pod an allocation ordinal into the pod's devices."""
+    """Managed worker placement: cpu, rocm:N or cuda:N. N is a host GPU index, or, when the
+    process was given GPUs (a *_VISIBLE_DEVICES variable set, or a Kubernetes pod), an
+    allocation ordinal into them."""
 
     endpoint: EndpointStr | None = None
     """Attached runtime URL (http://HOST:PORT or unix:/path); the runtime manages itself."""

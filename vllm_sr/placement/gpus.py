@@ -357,19 +357,6 @@ def query_gpus(
     return gpus
 
 
-def visible_filter(env: Mapping[str, str], platform: str) -> list[str] | None:
-    """The Router's own HIP_/ROCR_/CUDA_VISIBLE_DEVICES list, or None when unset."""
-    names = (
-        ["HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
-        if platform == "rocm"
-        else ["CUDA_VISIBLE_DEVICES"]
-    )
-    for name in names:
-        if name in env:
-            return [p.strip() for p in env[name].split(",") if p.strip()]
-    return None
-
-
 def usage_of(gpu: GpuInfo) -> dict[str, int | float | None]:
     """One GPU's usage as the supervisor shows it (None = the tool did not say)."""
     return {

@@ -13,10 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_sr.config.schema import Deployment, Replica, RootConfig, device_index, device_platform
+from vllm_sr.config.schema import Deployment, Replica, RootConfig, device_platform
 from vllm_sr.errors import PlacementError, UsageError
+from vllm_sr.placement.allocation import (
+    Located,
+    allocation_candidates,
+    locate,
+    read_allocation,
+    worker_env,
+)
 from vllm_sr.placement.cpu import CpuBudget, assign_cpu_sets, measure_cpu_budget, threads_per_worker
-from vllm_sr.placement.gpus import MIB, GpuInfo, query_gpus, visible_filter
+from vllm_sr.placement.gpus import MIB, GpuInfo, query_gpus
 
 InventoryProvider = Callable[[str], list[GpuInfo]]
 
@@ -44,6 +51,9 @@ class ReplicaSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    host_device: str | None = None
+    """The GPU as the inventory tool lists it (``rocm:3``) when ``device`` is an allocation
+    ordinal (``rocm:0``); else equal to ``device``. The key of ``gpus.gpu_usage``."""
 
     @property
     def attached(self) -> bool:
@@ -72,6 +82,7 @@ class ReplicaSpec:
             "id": self.id,
             "deployment": self.deployment,
             "device": self.device if not self.attached else None,
+            **({"host_device": self.host_device} if self.host_device else {}),
             **({"endpoint": self.endpoint, "model": self.model} if self.attached else {}),
             "threads": self.threads,
             "cpus": list(self.cpus) if self.cpus is not None else None,
@@ -89,10 +100,6 @@ class Plan:
 
     def to_json(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in self.replicas]
-
-
-def in_kubernetes(env: Mapping[str, str]) -> bool:
-    return bool(env.get("KUBERNETES_SERVICE_HOST"))
 
 
 def estimated_need_bytes(artifact: str) -> int | None:
@@ -116,47 +123,27 @@ def real_inventory(env: Mapping[str, str]) -> InventoryProvider:
     return provide
 
 
-def _gpu_env(platform: str, idx: int, env: Mapping[str, str]) -> tuple[dict[str, str], str]:
-    """Child env exposing exactly one GPU. In a pod (or under a parent *_VISIBLE_DEVICES list)
-    ``idx`` is an ordinal into that list."""
-    parent = visible_filter(env, platform)
-    target = str(idx)
-    if parent is not None and in_kubernetes(env):
-        if idx >= len(parent):
-            raise PlacementError(
-                f"device {platform}:{idx}: the pod has {len(parent)} GPU(s) ({','.join(parent)}); "
-                f"accepted: an allocation ordinal 0..{len(parent) - 1}"
-            )
-        target = parent[idx]
-    if platform == "rocm":
-        # ROCR filters first and renumbers from 0, then HIP filters that view: naming the
-        # GPU in both would pick a device that no longer exists in the HIP view.
-        return {"ROCR_VISIBLE_DEVICES": target, "HIP_VISIBLE_DEVICES": "0"}, target
-    # CUDA numbers fastest-first by default; nvidia-smi and our indices are PCI bus order.
-    return {"CUDA_VISIBLE_DEVICES": target, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, target
+def _gpu(r: Replica) -> bool:
+    return r.device is not None and r.device != "cpu"
 
 
-def _check_gpu(
-    name: str, dev: str, gpus: list[GpuInfo] | None, load: dict[str, int], need: int | None
-) -> list[str]:
-    if gpus is None:
+def _locate(
+    name: str, device: str | None, env: Mapping[str, str], gpus: list[GpuInfo] | None
+) -> Located:
+    try:
+        return locate(device or "cpu", env, gpus)
+    except PlacementError as exc:
+        raise PlacementError(f"deployment {name}: {exc.message}") from exc
+
+
+def _check_memory(where: Located, workers: int, need: int | None) -> list[str]:
+    gpu = where.gpu
+    if gpu is None or need is None or gpu.vram_free is None or workers * need <= gpu.vram_free:
         return []
-    idx = device_index(dev)
-    by_index = {g.index: g for g in gpus}
-    gpu = by_index.get(idx if idx is not None else -1)
-    if gpu is None:
-        found = ", ".join(g.describe() for g in gpus) or "none"
-        raise PlacementError(
-            f"deployment {name}: device {dev} does not exist; {len(gpus)} GPU(s) found: {found}"
-        )
-    notes = []
-    workers = load[dev]
-    if need is not None and gpu.vram_free is not None and workers * need > gpu.vram_free:
-        notes.append(
-            f"{dev}: {workers} worker(s) x ~{need // MIB} MiB each exceed the "
-            f"{gpu.vram_free // MIB} MiB free now (workers of a running service count as used)"
-        )
-    return notes
+    return [
+        f"{where.device}: {workers} worker(s) x ~{need // MIB} MiB each exceed the "
+        f"{gpu.vram_free // MIB} MiB free now (workers of a running service count as used)"
+    ]
 
 
 def plan(
@@ -222,10 +209,10 @@ def _deployment_specs(
     platform = dep.platform
     gpus = provider(platform) if provider and platform in ("rocm", "cuda") else None
     need = estimated_need_bytes(dep.artifact)
+    where = {i: _locate(name, r.device, env, gpus) for i, r in enumerate(replicas) if _gpu(r)}
     load: dict[str, int] = {}
-    for r in replicas:
-        if r.device and r.device != "cpu":
-            load[r.device] = load.get(r.device, 0) + 1
+    for w in where.values():
+        load[w.host_device] = load.get(w.host_device, 0) + 1
     specs = []
     for i, r in enumerate(replicas):
         common = _common_fields(name, i, dep)
@@ -244,10 +231,12 @@ def _deployment_specs(
                 )
             )
         else:
-            dev = r.device or "cpu"
-            notes.extend(n for n in _check_gpu(name, dev, gpus, load, need) if n not in notes)
-            gpu_env, _ = _gpu_env(device_platform(dev), device_index(dev) or 0, env)
-            specs.append(ReplicaSpec(device=dev, env=gpu_env, **common))
+            w = where[i]
+            found = _check_memory(w, load[w.host_device], need)
+            notes.extend(n for n in found if n not in notes)
+            specs.append(
+                ReplicaSpec(device=w.device, env=worker_env(w), host_device=w.host_device, **common)
+            )
     if len(load) < sum(load.values()):
         notes.append(
             f"deployment {name}: several workers share a GPU; each holds its own copy of "
@@ -258,26 +247,20 @@ def _deployment_specs(
 
 def available_gpus(
     gpus: Sequence[GpuInfo], need: int | None, env: Mapping[str, str], platform: str
-) -> tuple[list[GpuInfo], list[str]]:
-    """GPUs a new placement may use (visible, free VRAM >= need) and why the others were
-    skipped."""
-    parent = None if in_kubernetes(env) else visible_filter(env, platform)
+) -> tuple[list[str], list[str]]:
+    """Devices a new placement may use, in order (allocation ordinals, or host GPUs without an
+    allocation) with free VRAM >= need, and why the others were skipped."""
     ok, skipped = [], []
-    for g in gpus:
-        if parent is not None and str(g.index) not in parent and (g.unique_id or "") not in parent:
-            skipped.append(f"{platform}:{g.index} skipped: not in the Router's visible devices")
-        elif need is not None and g.vram_free is not None and g.vram_free < need:
+    for device, g in allocation_candidates(platform, env, gpus):
+        label = device if device == f"{platform}:{g.index}" else f"{device} (host {g.index})"
+        if need is not None and g.vram_free is not None and g.vram_free < need:
             skipped.append(
-                f"{platform}:{g.index} skipped: {g.vram_free // MIB} MiB free < ~{need // MIB} "
-                "MiB needed"
+                f"{label} skipped: {g.vram_free // MIB} MiB free < ~{need // MIB} MiB needed"
             )
-        else:
-            if need is not None and g.vram_free is None:
-                skipped.append(
-                    f"{platform}:{g.index} used without a memory check: the tool "
-                    "reported no free VRAM"
-                )
-            ok.append(g)
+            continue
+        if need is not None and g.vram_free is None:
+            skipped.append(f"{label} used without a memory check: the tool reported no free VRAM")
+        ok.append(device)
     return ok, skipped
 
 
@@ -297,11 +280,13 @@ def _explicit_ids(req: PlacementRequest, platform: str, env: Mapping[str, str]) 
             f"--device-ids {','.join(map(str, ids))}: the platform is cpu; add --platform rocm "
             "or --platform cuda, or drop --device-ids"
         )
-    if in_kubernetes(env):
-        raise UsageError(
-            "--device-ids names host GPU IDs, which mean nothing inside a Kubernetes pod; write "
-            "allocation ordinals in config instead (replicas: [{device: " + platform + ":0}, ...])"
-        )
+    alloc = read_allocation(env, platform)
+    if alloc is not None:
+        try:
+            for i in ids:
+                alloc.check(i, f"--device-ids {i}")
+        except PlacementError as exc:
+            raise UsageError(exc.message) from exc
     count = req.count or len(ids)
     if len(ids) > count:
         raise UsageError(
@@ -324,14 +309,16 @@ def _pick_gpus(
     ok, skipped = available_gpus(gpus, need, env, platform)
     notes.extend(skipped)
     used = set(keep)
-    fresh = [f"{platform}:{g.index}" for g in ok if f"{platform}:{g.index}" not in used]
+    fresh = [d for d in ok if d not in used]
     missing = count - len(keep)
     if len(fresh) < missing:
         found = ", ".join(g.describe() for g in gpus) or "none"
         why = f"; {'; '.join(skipped)}" if skipped else ""
+        alloc = read_allocation(env, platform)
+        within = f" in the allocation ({alloc.source})" if alloc is not None else ""
         raise PlacementError(
             f"-dp {count}: needs {missing} more available {platform} GPU(s) but found "
-            f"{len(fresh)} ({len(gpus)} GPU(s): {found}{why}); lower -dp, free a GPU, or "
+            f"{len(fresh)}{within} ({len(gpus)} GPU(s): {found}{why}); lower -dp, free a GPU, or "
             "name GPUs with --device-ids (repeat an ID to stack workers on one GPU)"
         )
     return keep + fresh[:missing]
