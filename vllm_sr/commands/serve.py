@@ -6,7 +6,6 @@ SIGTERM / SIGINT. SIGHUP reloads config.yaml. Documented in docs/serve.md."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import shlex
@@ -66,7 +65,9 @@ def _run(args: argparse.Namespace) -> int:
         announce=_announce,
         worker_argv=shlex.split(override) if override else None,
     )
-    return asyncio.run(serve(planner, options, scaler=config_scaler(config_path)))
+    from vllm_sr.aio import run
+
+    return run(serve(planner, options, scaler=config_scaler(config_path)))
 
 
 def _apply_flags(args: argparse.Namespace, config_path: Path) -> bool:

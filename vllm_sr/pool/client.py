@@ -91,8 +91,8 @@ class _Conn(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (asyncio's, or uvloop's, which does not subclass asyncio's).
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         waiter = self.waiter
