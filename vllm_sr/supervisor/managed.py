@@ -35,7 +35,7 @@ class ProcessOptions:
     backoff_max_s: float = 60.0
     backoff_reset_s: float = 60.0
     health_every_s: float = 1.0  # a ready worker's /health is read this often (threads, hangs)
-    hung_grace_s: float = 5.0  # SIGTERM -> SIGKILL for a hung worker (it finishes nothing)
+    hung_grace_s: float = 2.0  # SIGTERM -> SIGKILL for a hung worker (it finishes nothing)
     worker_argv: Sequence[str] | None = None  # tests run another command than `vllm-sr worker`
 
 
