@@ -148,6 +148,23 @@ def test_a_revision_asked_for_a_local_directory_is_reported_not_fetched(
     }
 
 
+def test_token_id_input_equals_the_text_it_encodes(
+    d3: WorkerHandle, d3_edge_model_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(d3_edge_model_dir)(TEXTS[:2])["input_ids"]
+    by_text = embed(d3, TEXTS[:2])
+    resp = d3.post("/v1/embeddings", {"input": ids})
+    assert resp.status == 200, resp.body
+    by_ids = numpy.array([d["embedding"] for d in resp.json()["data"]], dtype=numpy.float32)
+    numpy.testing.assert_allclose(by_ids, by_text, atol=1e-5)
+    one = d3.post("/v1/embeddings", {"input": ids[1]}).json()["data"]
+    numpy.testing.assert_allclose(one[0]["embedding"], by_text[1], atol=1e-5)
+    bad = d3.post("/v1/embeddings", {"input": [101, 30522]})
+    assert bad.status == 400 and "0 to 30521" in bad.json()["error"]["message"]
+
+
 def test_d3_edge_classifies_by_label_examples(d3: WorkerHandle) -> None:
     labels = {
         "billing": ["I was charged twice", "refund my payment", "update my credit card"],

@@ -44,6 +44,7 @@ async def serve(
     faults: Faults | None = None,
     ready: bool = True,
     clock: Clock = SYSTEM_CLOCK,
+    vocab_size: int | None = None,
     **state_kw: object,
 ) -> Served:
     runner = FakeRunner(dims=DIMS)
@@ -77,6 +78,7 @@ async def serve(
         head_labels=head_labels,
         encode=word_ids,
         truncate=truncate,
+        vocab_size=vocab_size,
     )
     if ready:
         state.set_status("ready", None)

@@ -254,9 +254,12 @@ async def prepare(
     engine, view = ready_parts(state)
     t = time.perf_counter()
     if surface == "embeddings":
-        texts, truncate, fmt = surfaces.validate_embeddings(body, view)
+        given, truncate, fmt = surfaces.validate_embeddings(body, view)
         t = timing.lap("parse", t)
-        rows = await encode(view, texts, truncate)
+        if surfaces.is_token_ids(given):
+            rows = surfaces.token_rows(given, view, truncate)
+        else:
+            rows = await encode(view, given, truncate)
         tokens = sum(map(len, rows))
         timing.lap("tokenize", t)
         return surfaces.Prepared(

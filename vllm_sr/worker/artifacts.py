@@ -238,6 +238,7 @@ class LoadedArtifact:
     dtype: str
     torch_device: Any
     revision_note: str | None = None  # set when --revision asked for other content
+    vocab_size: int | None = None  # rows of the input embedding: the token ids it accepts
 
 
 def torch_device(device: str) -> Any:
@@ -294,4 +295,5 @@ def load(spec: ArtifactSpec, device: str, revision: str | None = None) -> Loaded
         dtype="float32",
         torch_device=dev,
         revision_note=revision_mismatch(spec.name, revision, content),
+        vocab_size=int(model.get_input_embeddings().num_embeddings),
     )

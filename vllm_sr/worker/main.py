@@ -325,6 +325,7 @@ def load_and_check(
         head_labels=loaded.labels,
         encode=loaded.tokenizer.encode,
         truncate=loaded.tokenizer.truncate,
+        vocab_size=loaded.vocab_size,
     )
     state.card = model_card(loaded, max_len)
     state.card["revision_requested"] = opts.revision

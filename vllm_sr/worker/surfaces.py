@@ -34,6 +34,7 @@ class ModelView:
     head_labels: list[str] | None
     encode: Callable[[list[str]], list[list[int]]]
     truncate: Callable[[list[int], int], list[int]]
+    vocab_size: int | None = None  # token ids a caller may send are 0 .. vocab_size - 1
 
 
 @dataclass
@@ -106,12 +107,77 @@ def tokenize(
     return rows
 
 
+def is_token_ids(value: Any) -> bool:
+    """OpenAI's token-id forms of ``input``: ``[101, 2023, ...]`` (one row) or
+    ``[[101, ...], [...]]`` (several); judged by the first item."""
+    if not isinstance(value, list) or not value:
+        return False
+    first = value[0]
+    return isinstance(first, list) or (isinstance(first, int) and not isinstance(first, bool))
+
+
+def _check_ids(row: Any, where: str, vocab_size: int | None) -> list[int]:
+    if not isinstance(row, list):
+        raise InvalidRequest(f"{where}: expected a list of token ids, got {json_type(row)}")
+    if not row:
+        raise InvalidRequest(f"{where}: the token list is empty; give at least one token id")
+    for j, token in enumerate(row):
+        if type(token) is not int:
+            raise InvalidRequest(
+                f"{where}[{j}]: expected a token id (an integer), got {json_type(token)}"
+            )
+    low, high = min(row), max(row)
+    top = None if vocab_size is None else vocab_size - 1
+    if low < 0 or (top is not None and high > top):
+        bad = low if low < 0 else high
+        accepted = f"0 to {top}" if top is not None else "0 or more"
+        raise InvalidRequest(
+            f"{where}[{row.index(bad)}]: token id {bad} is outside the model's vocabulary "
+            f"(accepted: {accepted})"
+        )
+    return row
+
+
+def token_rows(
+    value: list[Any], view: ModelView, truncate: bool, field: str = "input"
+) -> list[list[int]]:
+    """Validate token-id input (see ``is_token_ids``) into rows: ids in the vocabulary, no
+    empty row, each within the maximum length (or cut to it with ``truncate``)."""
+    single = not isinstance(value[0], list)
+    rows_in: list[Any] = [value] if single else value
+    if len(rows_in) > MAX_ROWS_PER_REQUEST:
+        raise RequestTooLarge(
+            f"{field}: {len(rows_in)} rows; at most {MAX_ROWS_PER_REQUEST} per request"
+        )
+    rows: list[list[int]] = []
+    limit = view.max_length
+    for i, raw in enumerate(rows_in):
+        where = field if single else f"{field}[{i}]"
+        ids = _check_ids(raw, where, view.vocab_size)
+        if len(ids) > limit:
+            if not truncate:
+                raise MaxLengthExceeded(
+                    f"{where}: {len(ids)} tokens is over the model's maximum of {limit}; "
+                    'shorten it or send "truncate": true',
+                    index=i,
+                    tokens=len(ids),
+                    max_length=limit,
+                )
+            ids = view.truncate(ids, limit)
+        rows.append(ids)
+    return rows
+
+
 # -- embeddings ----------------------------------------------------------------------------
 
 
-def validate_embeddings(body: dict[str, Any], view: ModelView) -> tuple[list[str], bool, str]:
+def validate_embeddings(
+    body: dict[str, Any], view: ModelView
+) -> tuple[list[str] | list[Any], bool, str]:
+    """-> (texts, or token-id input when ``is_token_ids`` says so; truncate; format)."""
     check_model(body, view)
-    texts = parse_input(body)
+    raw: Any = body.get("input")
+    texts: list[str] | list[Any] = raw if is_token_ids(raw) else parse_input(body)
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise InvalidRequest(f"encoding_format: {fmt!r} is not accepted; use float or base64")
@@ -196,6 +262,10 @@ def classify_finisher(
 # -- bundle --------------------------------------------------------------------------------
 
 
+def _one_id_row(value: list[Any]) -> bool:
+    return is_token_ids(value) and not isinstance(value[0], list)
+
+
 def parse_bundle(body: dict[str, Any], view: ModelView) -> list[tuple[Any, str, Any]]:
     """-> [(id, surface, task body)]. A task body inherits the bundle's ``model``."""
     check_model(body, view)
@@ -228,7 +298,7 @@ def parse_bundle(body: dict[str, Any], view: ModelView) -> list[tuple[Any, str, 
         if "model" not in inner and "model" in body:
             inner = {**inner, "model": body["model"]}
         rows = inner.get("input")
-        total += len(rows) if isinstance(rows, list) else 1
+        total += len(rows) if isinstance(rows, list) and not _one_id_row(rows) else 1
         out.append((task.get("id", i), surfaces[0], inner))
     if total > MAX_ROWS_PER_REQUEST:
         raise RequestTooLarge(
