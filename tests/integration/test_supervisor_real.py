@@ -93,3 +93,38 @@ async def test_real_workers_full_refuse_exactly_k(tiny_bert_dir: Path) -> None:
         assert [d[0] for d in done] == [200] * 64
     finally:
         await svc.stop()
+
+
+async def test_real_worker_whose_forward_hangs_is_restarted_and_comes_back(
+    tiny_bert_dir: Path,
+) -> None:
+    """The hang is seen from the worker's own /health (forward_running_s), not guessed."""
+    import time
+
+    from vllm_sr import events as ev
+
+    plan = fake_plan(2, artifact=str(tiny_bert_dir), env={"VLLM_SR_ENABLE_FAULTS": "1"})
+    for dep in plan.deployments.values():
+        dep.settings = dep.settings.model_copy(update={"timeout_ms": 500, "hang_after_ms": 2000})
+    svc = await start_service(lambda: plan, worker_argv=WORKER_ARGV, backoff_initial_s=0.2)
+    try:
+        rep = svc.sup.replicas["primary-1"]
+        pid = rep.pid
+        assert (await rep.client.set_faults(600_000)).status == 200
+        pool = svc.sup.pools["primary"]
+        held = pool.acquire(10_000_000, "primary-0")  # primary-1 is the pick
+        async with aiohttp.ClientSession() as s:
+            t_hang = time.monotonic()
+            status, _, _ = await post(s, f"{svc.url}/v1/embeddings", {"input": "hang"})
+            assert status == 504
+            pool.release(held, "success")
+            await wait_for(lambda: rep.pid not in (None, pid), 30, "restarted", svc.sup.inventory)
+            assert time.monotonic() - t_hang < 20
+            await wait_for(lambda: replica_doc(svc.sup, "primary-1")["ready"], 120, "ready")
+            status, doc, _ = await post(s, f"{svc.url}/v1/embeddings", {"input": "after"})
+            assert status == 200 and len(doc["data"][0]["embedding"]) == 32
+        names = [e.event for e in svc.sup.events.since(0) if e.fields.get("replica") == "primary-1"]
+        assert ev.REPLICA_HUNG in names
+        assert replica_doc(svc.sup, "primary-1")["restart_reason"].startswith("hung: ")
+    finally:
+        await svc.stop()
