@@ -242,7 +242,7 @@ def test_refuses_host_ids_naming_the_replica() -> None:
         render(config_yaml("rocm:3", "rocm:5"), "c", RenderOptions())
     msg = err.value.message
     assert "replica primary-0: device rocm:3 cannot be an allocation ordinal" in msg
-    assert "replica primary-1: device rocm:5" in msg and "ordinals are 0..1" in msg
+    assert "replica primary-1: device rocm:5" in msg and "this config uses 3, 5" in msg
     assert err.value.exit_code == EXIT_DO_NOT_RESTART
     # A gap is a host ID too: two GPUs are 0 and 1.
     with pytest.raises(PlacementError, match=r"replica primary-1: device cuda:2"):

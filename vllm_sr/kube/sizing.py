@@ -2,8 +2,9 @@
 from the CPU budget rules of ``vllm_sr/placement/cpu.py``.
 
 GPU: ``amd.com/gpu`` / ``nvidia.com/gpu`` = the number of distinct ordinals of the pod's one GPU
-platform. Refused (PlacementError, naming the replica): a reference that cannot be an ordinal
-(a host ID) and two GPU platforms in one pod.
+platform (``vllm_sr.placement.allocation.device_ordinals``: ordinals are dense from 0).
+Refused (PlacementError, naming the replica): a reference that cannot be an ordinal (a host
+ID) and two GPU platforms in one pod.
 
 CPU: the pod's CPU budget is its cgroup quota, i.e. its CPU limit, so request = limit = one CPU
 for the service (frontend, supervisor, tokenizing requests) + ``threads`` per CPU worker + one
@@ -15,11 +16,12 @@ shared), which the budget rules check here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from vllm_sr.config.schema import RootConfig
+from vllm_sr.config.schema import RootConfig, device_platform
 from vllm_sr.errors import PlacementError, UsageError
-from vllm_sr.kube.ordinals import allocation_ordinals
+from vllm_sr.placement.allocation import device_ordinals
 from vllm_sr.placement.cpu import THREADS_ENV, CpuBudget, assign_cpu_sets, threads_per_worker
 
 GPU_RESOURCE = {"rocm": "amd.com/gpu", "cuda": "nvidia.com/gpu"}
@@ -54,32 +56,54 @@ class PodSizing:
         return {THREADS_ENV: str(self.threads)} if self.cpu_workers else {}
 
 
+_REF = re.compile(r"^(?P<dep>.+)\.replicas\[(?P<idx>\d+)\]\.device=(?P<dev>\S+)$")
+
+
+def _replica_of(ref: str) -> tuple[str, str]:
+    """``primary.replicas[1].device=rocm:3`` -> (``primary-1``, ``rocm:3``)."""
+    m = _REF.match(ref)
+    return (f"{m['dep']}-{m['idx']}", m["dev"]) if m else (ref, ref)
+
+
+def _first_per_platform(config: RootConfig) -> list[tuple[str, str]]:
+    """(replica, device) of the first GPU replica of each platform, in config order."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, dep in config.deployments.items():
+        for i, r in enumerate(dep.effective_replicas()):
+            if r.device is not None and r.device != "cpu":
+                seen.setdefault(device_platform(r.device), (f"{name}-{i}", r.device))
+    return list(seen.values())
+
+
 def _refuse_host_ids(config: RootConfig) -> dict[str, tuple[int, ...]]:
-    ords = allocation_ordinals(config)
+    ords = device_ordinals(config)
     if ords.not_ordinals:
-        lines = [
-            f"replica {bad.replica}: device {bad.device} cannot be an allocation ordinal "
-            f"({bad.why})"
-            for bad in ords.not_ordinals
-        ]
+        lines = []
+        for ref in ords.not_ordinals:
+            replica, dev = _replica_of(ref)
+            platform = device_platform(dev)
+            used = ", ".join(map(str, ords.ordinals.get(platform, ())))
+            lines.append(
+                f"replica {replica}: device {dev} cannot be an allocation ordinal (a pod given "
+                f"k {platform} GPUs has ordinals 0..k-1; this config uses {used})"
+            )
         raise PlacementError(
             "; ".join(lines) + "; the config names host GPU IDs, which mean nothing inside a "
             "pod; accepted: ordinals 0..k-1 into the GPUs Kubernetes gives the pod (e.g. "
             "replicas: [{device: rocm:0}, {device: rocm:1}] for two GPUs)",
-            replicas=[bad.replica for bad in ords.not_ordinals],
+            replicas=[_replica_of(ref)[0] for ref in ords.not_ordinals],
         )
-    platforms = list(ords.by_platform)
-    if len(platforms) > 1:
-        first = next(r for r in ords.refs if r.platform == platforms[0])
-        other = next(r for r in ords.refs if r.platform != platforms[0])
+    firsts = _first_per_platform(config)
+    if len(firsts) > 1:
+        (first, first_dev), (other, other_dev) = firsts[0], firsts[1]
         raise PlacementError(
-            f"replica {other.replica}: device {other.device} is {other.platform} while replica "
-            f"{first.replica} is {first.platform} ({first.device}); one pod runs one GPU "
-            "platform (one image, one device plugin); accepted: render each platform's "
+            f"replica {other}: device {other_dev} is {device_platform(other_dev)} while "
+            f"replica {first} is {device_platform(first_dev)} ({first_dev}); one pod runs one "
+            "GPU platform (one image, one device plugin); accepted: render each platform's "
             "deployments from their own config",
-            replica=other.replica,
+            replica=other,
         )
-    return dict(ords.by_platform)
+    return dict(ords.ordinals)
 
 
 def size_pod(config: RootConfig, threads: int) -> PodSizing:
