@@ -168,3 +168,22 @@ def test_cpu_ranges_notation() -> None:
 
     assert cpu_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert cpu_ranges([3]) == "3"
+
+
+def test_threads_flag_on_config_apply_and_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--threads N writes the default deployment's threads (config apply and serve alike); the
+    plan caps it at the CPU budget and says so; 0 is a usage error."""
+    p = tmp_path / "config.yaml"
+    code, out, _ = run(["config", "apply", "--threads", "64", "--config", str(p), "--json"], capsys)
+    assert code == 0
+    assert "        threads: 64\n        replicas:\n" in p.read_text()
+    body = json.loads(out)
+    assert any("deployment primary: threads 64 capped at the" in n for n in body["notes"])
+    assert body["replicas"][0]["threads"] < 64
+    code, out, _ = run(["serve", "--threads", "2", "--dry-run", "--config", str(p)], capsys)
+    assert code == 0 and "-        threads: 64\n+        threads: 2\n" in out
+    assert "threads: 64" in p.read_text()  # a dry run writes nothing
+    code, _, err = run(["config", "apply", "--threads", "0", "--config", str(p)], capsys)
+    assert code == EXIT_USAGE and "--threads 0: accepted: a positive integer (>= 1)" in err

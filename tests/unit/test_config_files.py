@@ -281,3 +281,54 @@ def test_write_happens_under_the_directory_lock(
     monkeypatch.setattr(apply_mod, "atomic_write", probing_write)
     apply_scale(p, "primary", 1, env={}, inventory=_inv, cpu_budget=BUDGET)
     assert seen == [True]
+
+
+# --threads: the round-trip write ------------------------------------------------------------
+
+
+def _cpu_copy(tmp_path: Path) -> Path:
+    p = tmp_path / "config.yaml"
+    shutil.copy(GOLDEN / "config_cpu.yaml", p)
+    return p
+
+
+def _threads(p: Path, n: int, **flags: object):  # type: ignore[no-untyped-def]
+    return apply_flags(
+        p,
+        DeploymentFlags(threads=n, **flags),  # type: ignore[arg-type]
+        dry_run=False,
+        env={},
+        inventory=_inv,
+        cpu_budget=BUDGET,
+    )
+
+
+def test_threads_flag_writes_the_deployment_field_round_trip(tmp_path: Path) -> None:
+    """--threads N lands as the default deployment's threads, after its scalar settings and
+    before replicas; comments and every other key stay; the plan uses it."""
+    p = _cpu_copy(tmp_path)
+    result = _threads(p, 4)
+    assert result.written
+    assert p.read_text() == (GOLDEN / "config_cpu.threads-4.yaml").read_text()
+    assert [s.threads for s in result.plan.for_deployment("edge")] == [4, 4]
+    again = _threads(p, 4)  # the same value again: not even rewritten
+    assert not again.changed and not again.written
+    assert p.read_text() == (GOLDEN / "config_cpu.threads-4.yaml").read_text()
+
+
+def test_threads_flag_changes_the_value_in_place(tmp_path: Path) -> None:
+    p = tmp_path / "config.yaml"
+    shutil.copy(GOLDEN / "config_cpu.threads-4.yaml", p)
+    _threads(p, 2, data_parallel_size=1)
+    assert p.read_text() == (GOLDEN / "config_cpu.threads-4-dp1-threads-2.yaml").read_text()
+
+
+def test_threads_flag_on_a_gpu_deployment_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    p = _copy(tmp_path)  # primary runs on rocm
+    before = p.read_bytes()
+    with pytest.raises(ConfigError) as exc:
+        _threads(p, 2)
+    text = "\n".join(exc.value.problems)
+    assert "global.model_catalog.deployments.primary.threads" in text
+    assert "threads 2 applies to CPU workers, but this deployment runs on rocm GPUs" in text
+    assert p.read_bytes() == before

@@ -305,3 +305,40 @@ def test_every_field_has_a_docstring() -> None:
     for model in models:
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
+
+
+@pytest.mark.parametrize(
+    ("body", "wanted"),
+    [
+        (
+            "        threads: 4\n        replicas:\n          - device: cuda:1\n",
+            "config.yaml:6: global.model_catalog.deployments.primary.threads: threads 4 applies "
+            "to CPU workers, but this deployment runs on cuda GPUs (cuda:1); accepted: remove "
+            "threads, or place the deployment on cpu",
+        ),
+        (
+            "        threads: 4\n        endpoint: http://10.0.0.7:8100\n        model: m\n",
+            "config.yaml:6: global.model_catalog.deployments.primary.threads: threads 4 on a "
+            "deployment whose replicas are all attached (endpoint): attached runtimes manage "
+            "their own threads; accepted: remove threads",
+        ),
+        (
+            "        threads: 0\n",
+            "config.yaml:6: global.model_catalog.deployments.primary.threads: 0 is not "
+            "accepted; accepted: an integer >= 1",
+        ),
+    ],
+)
+def test_threads_is_refused_where_it_cannot_apply(body: str, wanted: str) -> None:
+    assert _problems(_dep(body)) == [wanted]
+
+
+def test_threads_on_cpu_workers_and_mixed_attached() -> None:
+    """Accepted on the default (one CPU worker), and where CPU workers sit beside attached
+    runtimes (it sizes only the CPU workers)."""
+    assert parse_config(_dep("        threads: 3\n")).deployments["primary"].threads == 3
+    mixed = (
+        "        threads: 3\n        replicas:\n          - device: cpu\n"
+        "          - endpoint: http://10.0.0.7:8100\n            model: m\n"
+    )
+    assert parse_config(_dep(mixed)).deployments["primary"].threads == 3

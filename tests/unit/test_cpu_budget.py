@@ -14,6 +14,7 @@ from vllm_sr.placement.cpu import (
     CpuBudget,
     assign_cpu_sets,
     cgroup_quota_cpus,
+    deployment_threads,
     measure_cpu_budget,
     threads_per_worker,
 )
@@ -154,3 +155,23 @@ def test_share_when_budget_does_not_allow() -> None:
     sets, note = assign_cpu_sets(_budget(4), workers=3, threads=2)
     assert sets == [None, None, None]
     assert note is not None and "share" in note and "4-CPU budget" in note
+
+
+def test_cpu_sets_of_different_sizes_per_worker() -> None:
+    """Deployments with their own threads: each worker gets a disjoint set of its own size."""
+    sets, note = assign_cpu_sets(_budget(8), workers=3, threads=[3, 3, 2])
+    assert (sets, note) == ([[0, 1, 2], [3, 4, 5], [6, 7]], None)
+    sets, note = assign_cpu_sets(_budget(8), workers=2, threads=[6, 4])
+    assert sets == [None, None]
+    assert note is not None and "2 CPU worker(s) with 10 thread(s) in all exceed" in note
+
+
+def test_deployment_threads_precedence_and_cap() -> None:
+    b = _budget(8)
+    env = {"VLLM_SRUN_CPU_THREADS": "3"}
+    assert deployment_threads(b, None, 3, env) == (3, None)
+    assert deployment_threads(b, 2, 3, env) == (
+        2,
+        "2 thread(s) per CPU worker from its threads setting, over VLLM_SRUN_CPU_THREADS=3",
+    )
+    assert deployment_threads(b, 12, 4, {}) == (8, "threads 12 capped at the 8-CPU budget")

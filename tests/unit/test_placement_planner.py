@@ -433,6 +433,37 @@ def test_bad_thread_env_is_an_error() -> None:
         _plan(SHARED, env={"VLLM_SRUN_CPU_THREADS": "many"})
 
 
+def test_point_threads_at_the_learned_optimum() -> None:
+    """Point --threads at the learned optimum to apply it: a deployment's threads sets its CPU
+    workers' count, wins over VLLM_SRUN_CPU_THREADS for that deployment (the variable still
+    sizes the others), and is capped at the budget like the variable."""
+    text = TWO_DEPLOYMENTS.replace("rocm:0", "cpu").replace(
+        "      primary:\n", "      primary:\n        threads: 2\n"
+    )
+    p = _plan(text, env={"VLLM_SRUN_CPU_THREADS": "3"})
+    assert [(s.id, s.threads, s.env["OMP_NUM_THREADS"]) for s in p.replicas] == [
+        ("embed-0", 3, "3"),
+        ("primary-0", 2, "2"),
+    ]
+    assert (
+        "deployment primary: 2 thread(s) per CPU worker from its threads setting, over "
+        "VLLM_SRUN_CPU_THREADS=3"
+    ) in p.notes
+    # disjoint sets of each worker's own size
+    assert [s.cpus for s in p.replicas] == [(0, 1, 2), (3, 4)]
+    capped = _plan(text.replace("threads: 2", "threads: 64"), env={}).for_deployment("primary")
+    assert [s.threads for s in capped] == [8]
+
+
+def test_threads_change_restarts_only_that_deployment() -> None:
+    """threads is part of a worker's identity: a reload restarts the workers it changes."""
+    text = TWO_DEPLOYMENTS.replace("rocm:0", "cpu")
+    before = _plan(text).replicas
+    after = _plan(text.replace("      primary:\n", "      primary:\n        threads: 1\n")).replicas
+    changed = [a.id for a, b in zip(after, before, strict=True) if a.identity() != b.identity()]
+    assert changed == ["primary-0"]
+
+
 # Resize invariants over many shapes ---------------------------------------------------------
 
 

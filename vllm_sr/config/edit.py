@@ -15,7 +15,7 @@ from ruamel.yaml.tokens import CommentToken
 
 from vllm_sr.config.schema import Replica
 
-__all__ = ["child", "deployment_doc", "set_key", "write_replicas"]
+__all__ = ["child", "deployment_doc", "set_key", "set_threads", "write_replicas"]
 
 # Where a new `replicas` key goes: after the last of these that the deployment has.
 _REPLICAS_AFTER = ("provider", "artifact", "revision", "engine_args", "timeout_ms", "threads")

@@ -36,7 +36,7 @@ DEFAULT_CONFIG_PATH = Path("/etc/vllm-sr/config.yaml")
 # Used when the config file does not exist yet: d3-edge on one CPU worker, Engine mode.
 EMBEDDED_DEFAULT_YAML = """\
 # vllm-sr canonical resource. `vllm-sr config apply` and `vllm-sr serve` flags rewrite
-# `replicas`, `engine_args`, `artifact` and `router.enabled`; everything else is yours.
+# `replicas`, `engine_args`, `threads`, `artifact` and `router.enabled`; the rest is yours.
 global:
   router:
     enabled: false

@@ -42,6 +42,7 @@ class DeploymentFlags:
     device_ids: tuple[int, ...] | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    threads: int | None = None
     config_path: Path = DEFAULT_CONFIG_PATH
     dry_run: bool = False
     json: bool = False
@@ -94,6 +95,14 @@ def add_deployment_flags(parser: argparse.ArgumentParser) -> None:
         help="engine_args.max_num_batched_tokens for every replica",
     )
     parser.add_argument(
+        "--threads",
+        type=_positive("--threads"),
+        metavar="N",
+        help="threads of each CPU worker of the default deployment (writes its threads; e.g. "
+        "the count the adaptive learner reports); capped at the CPU budget, wins over "
+        "VLLM_SRUN_CPU_THREADS; refused on GPU platforms",
+    )
+    parser.add_argument(
         "--config",
         type=Path,
         default=DEFAULT_CONFIG_PATH,
@@ -130,6 +139,7 @@ def flags_from_args(args: argparse.Namespace) -> DeploymentFlags:
         device_ids=device_ids,
         max_num_seqs=getattr(args, "max_num_seqs", None),
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),
+        threads=getattr(args, "threads", None),
         config_path=Path(getattr(args, "config", DEFAULT_CONFIG_PATH)),
         dry_run=bool(getattr(args, "dry_run", False)),
         json=bool(getattr(args, "json", False)),

@@ -24,6 +24,7 @@ NAME_ACCEPTED = "1-63 characters: letters, digits, '_', '.', '-', starting with 
 ENDPOINT_RE = re.compile(r"^(https?://[^\s/]+(/\S*)?|unix:/\S+)$")
 ENDPOINT_ACCEPTED = "http://HOST:PORT, https://HOST:PORT or unix:/path/to.sock"
 MAX_REPLICAS = 64
+MAX_THREADS = 1024
 MAX_EJECTION_MS_LIMIT = 3_600_000
 DEFAULT_TIMEOUT_MS = 30_000
 # Outlier detection defaults: their one home (the pool's settings read them from here).
@@ -161,6 +162,12 @@ class Deployment(_Strict):
     hang_after_ms: int | None = Field(default=None, ge=1000, le=86_400_000)
     """A managed worker whose forward has run longer than this (its own /health says so) is
     hung: the supervisor restarts it. Default: max(3 x timeout_ms, 10000)."""
+
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+    """Intra-op threads of each of this deployment's CPU workers (--threads writes it; point it
+    at the count the adaptive learner reports). Capped at the CPU budget; takes precedence over
+    VLLM_SRUN_CPU_THREADS for this deployment. Unset: VLLM_SRUN_CPU_THREADS, else half the
+    budget. Refused on GPU deployments and on deployments with only attached replicas."""
 
     replicas: list[Replica] | None = Field(default=None, min_length=1, max_length=MAX_REPLICAS)
     """Independent workers, each with its own copy of the weights (at most 64). Not to be
@@ -306,7 +313,42 @@ def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
         )
     problems += _replica_problems(base, replicas)
     problems += _outlier_problems(base, dep.get("outlier_detection"))
+    problems += _threads_problems(base, dep)
     return problems
+
+
+def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[Problem]:
+    """``threads`` sizes vllm-sr's own CPU workers; a GPU worker or an attached runtime has
+    nothing it could apply to, so it is refused rather than silently ignored."""
+    threads = dep.get("threads")
+    if threads is None:
+        return []
+    replicas = dep.get("replicas")
+    if isinstance(replicas, list):
+        devices = [r.get("device") for r in replicas if isinstance(r, dict)]
+    elif dep.get("endpoint") is not None:
+        devices = [None]
+    else:
+        devices = [dep.get("device") or "cpu"]
+    gpu = next((d for d in devices if isinstance(d, str) and d != "cpu"), None)
+    if gpu is not None:
+        return [
+            Problem(
+                (*base, "threads"),
+                f"threads {threads!r} applies to CPU workers, but this deployment runs on "
+                f"{device_platform(gpu)} GPUs ({gpu}); accepted: remove threads, or place the "
+                "deployment on cpu",
+            )
+        ]
+    if "cpu" not in devices:
+        return [
+            Problem(
+                (*base, "threads"),
+                f"threads {threads!r} on a deployment whose replicas are all attached "
+                "(endpoint): attached runtimes manage their own threads; accepted: remove threads",
+            )
+        ]
+    return []
 
 
 def _outlier_problems(base: tuple[str | int, ...], od: Any) -> list[Problem]:

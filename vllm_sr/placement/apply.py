@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_sr.config.edit import child, deployment_doc, set_key, write_replicas
+from vllm_sr.config.edit import child, deployment_doc, set_key, set_threads, write_replicas
 from vllm_sr.config.files import (
     atomic_write,
     directory_lock,
@@ -69,6 +69,7 @@ class _Edit:
     engine: bool = False
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    threads: int | None = None
     placement: PlacementRequest = field(default_factory=PlacementRequest)
 
 
@@ -90,6 +91,8 @@ def _edit_document(
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(edit, key) is not None:
             set_key(child(dep_doc, "engine_args"), key, getattr(edit, key))
+    if edit.threads is not None:
+        set_threads(dep_doc, edit.threads)
     req = edit.placement
     if req.platform is None and req.count is None and req.device_ids is None:
         return []
@@ -157,6 +160,7 @@ def apply_flags(
         engine=flags.engine,
         max_num_seqs=flags.max_num_seqs,
         max_num_batched_tokens=flags.max_num_batched_tokens,
+        threads=flags.threads,
         placement=PlacementRequest(
             platform=flags.platform, count=flags.data_parallel_size, device_ids=flags.device_ids
         ),

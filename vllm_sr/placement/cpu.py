@@ -150,18 +150,40 @@ def threads_per_worker(budget: CpuBudget, env: Mapping[str, str]) -> tuple[int, 
     return asked, f"{asked} thread(s) per CPU worker from {THREADS_ENV}"
 
 
+def deployment_threads(
+    budget: CpuBudget, configured: int | None, default: int, env: Mapping[str, str]
+) -> tuple[int, str | None]:
+    """One deployment's threads per CPU worker and, when its ``threads`` setting decides, why.
+    The setting wins over VLLM_SRUN_CPU_THREADS (it is the more specific of the two) and is
+    capped at the budget like the variable."""
+    if configured is None:
+        return default, None
+    over = f", over {THREADS_ENV}={env[THREADS_ENV].strip()}" if env.get(THREADS_ENV) else ""
+    if configured > budget.cpus:
+        return budget.cpus, f"threads {configured} capped at the {budget.cpus}-CPU budget{over}"
+    return configured, f"{configured} thread(s) per CPU worker from its threads setting{over}"
+
+
 def assign_cpu_sets(
-    budget: CpuBudget, workers: int, threads: int
+    budget: CpuBudget, workers: int, threads: int | Sequence[int]
 ) -> tuple[list[list[int] | None], str | None]:
-    """Disjoint CPU sets, one per CPU worker, when workers x threads fit the budget; else no
-    pinning and a note saying the workers share the budget's CPUs."""
+    """Disjoint CPU sets, one per CPU worker (``threads`` each: one count, or one per worker),
+    when they fit the budget; else no pinning and a note saying the workers share its CPUs."""
     if workers == 0:
         return [], None
+    counts = [threads] * workers if isinstance(threads, int) else list(threads)
     pool = list(budget.affinity)[: budget.cpus]
-    if workers * threads <= len(pool):
-        return [pool[i * threads : (i + 1) * threads] for i in range(workers)], None
+    if sum(counts) <= len(pool):
+        starts = [sum(counts[:i]) for i in range(workers)]
+        return [pool[a : a + n] for a, n in zip(starts, counts, strict=True)], None
+    uniform = len(set(counts)) == 1
+    shape = (
+        f"{workers} CPU worker(s) x {counts[0]} thread(s)"
+        if uniform
+        else (f"{workers} CPU worker(s) with {sum(counts)} thread(s) in all")
+    )
     note = (
-        f"{workers} CPU worker(s) x {threads} thread(s) exceed the {budget.cpus}-CPU budget: "
-        "they share CPUs (not pinned); set VLLM_SRUN_CPU_THREADS lower to give each its own"
+        f"{shape} exceed the {budget.cpus}-CPU budget: they share CPUs (not pinned); set "
+        "VLLM_SRUN_CPU_THREADS (or a deployment's threads) lower to give each its own"
     )
     return [None] * workers, note

@@ -22,7 +22,13 @@ from vllm_sr.placement.allocation import (
     read_allocation,
     worker_env,
 )
-from vllm_sr.placement.cpu import CpuBudget, assign_cpu_sets, measure_cpu_budget, threads_per_worker
+from vllm_sr.placement.cpu import (
+    CpuBudget,
+    assign_cpu_sets,
+    deployment_threads,
+    measure_cpu_budget,
+    threads_per_worker,
+)
 from vllm_sr.placement.gpus import MIB, GpuInfo, query_gpus
 
 InventoryProvider = Callable[[str], list[GpuInfo]]
@@ -166,19 +172,25 @@ def plan(
         for i, r in enumerate(d.effective_replicas())
         if r.device == "cpu"
     ]
-    threads = 1
+    threads: dict[str, int] = {}
     sets: list[list[int] | None] = []
     if cpu_slots:
-        threads, why = threads_per_worker(budget, env)
-        sets, shared = assign_cpu_sets(budget, len(cpu_slots), threads)
+        default, why = threads_per_worker(budget, env)
         notes.append(f"{budget.describe()}; {why}")
+        for name in dict.fromkeys(n for n, _ in cpu_slots):
+            threads[name], own = deployment_threads(
+                budget, config.deployments[name].threads, default, env
+            )
+            if own:
+                notes.append(f"deployment {name}: {own}")
+        sets, shared = assign_cpu_sets(budget, len(cpu_slots), [threads[n] for n, _ in cpu_slots])
         if shared:
             notes.append(shared)
     cpu_of = dict(zip(cpu_slots, sets, strict=True))
     specs: list[ReplicaSpec] = []
     for name, dep in config.deployments.items():
         specs += _deployment_specs(
-            name, dep, env, provider if check_gpus else None, threads, cpu_of, notes
+            name, dep, env, provider if check_gpus else None, threads.get(name, 1), cpu_of, notes
         )
     return Plan(replicas=specs, notes=notes)
 
