@@ -102,6 +102,10 @@ def add_deployment_flags(parser: argparse.ArgumentParser) -> None:
         "the count the adaptive learner reports); capped at the CPU budget, wins over "
         "VLLM_SRUN_CPU_THREADS; refused on GPU platforms",
     )
+    _add_file_flags(parser)
+
+
+def _add_file_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         type=Path,

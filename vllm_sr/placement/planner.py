@@ -296,9 +296,9 @@ def _explicit_ids(req: PlacementRequest, platform: str, env: Mapping[str, str]) 
     if alloc is not None:
         try:
             for i in ids:
-                alloc.check(i, f"--device-ids {i}")
+                alloc.check(i, f"{platform}:{i}")
         except PlacementError as exc:
-            raise UsageError(exc.message) from exc
+            raise UsageError(f"--device-ids {','.join(map(str, ids))}: {exc.message}") from exc
     count = req.count or len(ids)
     if len(ids) > count:
         raise UsageError(
