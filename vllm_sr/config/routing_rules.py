@@ -144,7 +144,7 @@ def _regex_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
                 Problem(
                     (*path, "keywords", j),
                     f"{kw!r} is not a regular expression ({exc}); accepted: a Python regular "
-                    r"expression (escape special characters, e.g. c\+\+), or method: ngram",
+                    r"expression (escape special characters, e.g. \( for a literal parenthesis)",
                 )
             )
     return problems

@@ -102,12 +102,15 @@ class DeploymentQuestions:
     def _classify(self, text: str) -> dict[str, Any]:
         return {"input": [text], "labels": self.labels, "truncate": True}
 
-    def read(self, body: bytes) -> dict[SignalKey, SignalResult]:
-        """A bundle answer -> the deployment's signal results (caches candidates it carries)."""
+    def read(self, body: bytes, *, warm: bool = False) -> dict[SignalKey, SignalResult]:
+        """A bundle answer -> the deployment's signal results (caches candidates it carries).
+        A ``warm`` answer (to :meth:`warm_bundle`) only fills the cache."""
         results = _results_by_id(self.deployment, body)
         if TASK_CANDIDATES in results:
             self.take_candidates(_vectors(self.deployment, results[TASK_CANDIDATES]))
         out: dict[SignalKey, SignalResult] = {}
+        if warm:
+            return out
         if self.embeddings and (TASK_QUERY not in results or self.candidates is None):
             raise SignalAnswerError(
                 f"deployment {self.deployment!r} answered the routing bundle without the "

@@ -104,7 +104,7 @@ class Router:
                 if status != 200:
                     out[dep] = f"http_{status}"
                     continue
-                q.read(answer)
+                q.read(answer, warm=True)
                 out[dep] = None
             except VllmSrError as exc:
                 out[dep] = exc.code

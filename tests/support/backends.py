@@ -1,0 +1,246 @@
+"""Stand-ins for Router mode's neighbours.
+
+- :class:`StandInBackend`: a real OpenAI-compatible HTTP server (aiohttp on a real TCP socket)
+  with ``GET /v1/models`` and ``POST /v1/chat/completions``, streaming (SSE) and not. It
+  records what it received. Streaming can be held between chunks (``gate``) so a test can see
+  the first chunk arrive before the second is even sent (no buffering on the way). A request
+  whose last user message is ``FAIL <status>`` gets that status with an OpenAI-style error;
+  ``PLAIN <status>`` gets a plain-text error body.
+- :class:`FakeWorkerExchange`: the injected ``exchange`` answering ``/v1/bundle`` in the
+  worker's own format: the bundle is parsed and answered by the worker's code
+  (``vllm_sr.worker.surfaces``, ``classify``) over a toy encoder (a hashed bag of words), so
+  texts sharing words are similar. It counts exchanges per deployment and can be told to fail.
+
+``python -m tests.support.backends --port P --name N`` serves a stand-in backend (for
+bench/router.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy
+from aiohttp import web
+
+from vllm_sr.errors import VllmSrError
+from vllm_sr.worker import classify, surfaces
+
+TOY_DIMS = 64
+
+
+# -- the LLM backend ------------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    for msg in reversed(body.get("messages") or []):
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            content = msg.get("content")
+            return content if isinstance(content, str) else json.dumps(content)
+    return ""
+
+
+class StandInBackend:
+    def __init__(self, name: str, *, chunks: int = 3) -> None:
+        self.name = name
+        self.chunks = chunks
+        self.received: list[Received] = []
+        self.healthy = True
+        self.gate: asyncio.Event | None = None  # set: streams wait on it after the first chunk
+        self.app = web.Application()
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self, port: int = 0) -> StandInBackend:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self.healthy:
+            return web.json_response({"error": {"message": "down"}}, status=503)
+        return web.json_response({"object": "list", "data": [{"id": self.name}]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(Received(body, dict(request.headers)))
+        text = last_user_text(body)
+        if text.startswith("FAIL "):
+            status = int(text.split()[1])
+            err = {"error": {"message": f"{self.name} says no", "type": "invalid_request_error"}}
+            return web.json_response(err, status=status)
+        if text.startswith("PLAIN "):
+            return web.Response(text="upstream exploded", status=int(text.split()[1]))
+        reply = f"{self.name} got: {text}"
+        if body.get("stream"):
+            return await self._stream(request, body["model"], reply)
+        return web.json_response(
+            {
+                "id": "chatcmpl-standin",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": reply},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+    async def _stream(self, request: web.Request, model: str, reply: str) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        words = reply.split(" ")
+        step = max(1, len(words) // self.chunks)
+        pieces = [" ".join(words[i : i + step]) for i in range(0, len(words), step)]
+        for i, piece in enumerate(pieces):
+            delta = {"role": "assistant", "content": piece} if i == 0 else {"content": " " + piece}
+            await out.write(_sse(model, delta, None))
+            if i == 0 and self.gate is not None:
+                await self.gate.wait()
+        await out.write(_sse(model, {}, "stop"))
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+
+def _sse(model: str, delta: dict[str, Any], finish: str | None) -> bytes:
+    chunk = {
+        "id": "chatcmpl-standin",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+# -- the worker side: a fake exchange answering in the worker's format ----------------------
+
+
+def toy_embedding(text: str) -> numpy.ndarray:
+    """A hashed bag of words: texts that share words point the same way."""
+    vec = numpy.zeros(TOY_DIMS, dtype=numpy.float32)
+    for word in text.lower().split():
+        word = word.strip(".,?!")
+        rng = numpy.random.default_rng(zlib.crc32(word.encode()))
+        vec += rng.standard_normal(TOY_DIMS).astype(numpy.float32)
+    norm = float(numpy.linalg.norm(vec))
+    return vec / norm if norm else vec
+
+
+def _toy_view() -> surfaces.ModelView:
+    return surfaces.ModelView(
+        name="toy",
+        names=frozenset({"toy"}),
+        dimensions=TOY_DIMS,
+        max_length=10_000,
+        head_labels=None,
+        encode=lambda texts: [[1] * max(1, len(t.split())) for t in texts],
+        truncate=lambda ids, n: ids[:n],
+    )
+
+
+def answer_bundle(body: bytes) -> bytes:
+    """A /v1/bundle answer as the worker gives it (its own parse and finish code)."""
+    view = _toy_view()
+    results = []
+    for task_id, surface, inner in surfaces.parse_bundle(json.loads(body), view):
+        try:
+            results.append({"id": task_id, "status": 200, "body": _answer(view, surface, inner)})
+        except VllmSrError as exc:
+            results.append({"id": task_id, "status": exc.http_status, "body": exc.to_json()})
+    return json.dumps({"object": "bundle", "results": results}, default=_plain).encode()
+
+
+def _answer(view: surfaces.ModelView, surface: str, inner: dict[str, Any]) -> dict[str, Any]:
+    if surface == "embeddings":
+        texts, _, fmt = surfaces.validate_embeddings(inner, view)
+        out = numpy.stack([toy_embedding(t) for t in texts])
+        return surfaces.embeddings_finisher(view, fmt, len(texts))(out)
+    texts, _, key = surfaces.validate_classify(inner, view)
+    assert key is not None
+    examples = numpy.stack([toy_embedding(e) for _, ex in key for e in ex])
+    centroids = classify.centroids_from(examples, key)
+    out = numpy.stack([toy_embedding(t) for t in texts])
+    return surfaces.classify_finisher(view, len(texts), centroids, key)(out)
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, numpy.ndarray):
+        return obj.tolist()
+    if isinstance(obj, numpy.generic):
+        return obj.item()
+    raise TypeError(type(obj).__name__)
+
+
+@dataclass
+class FakeWorkerExchange:
+    """``exchange(deployment, path, body, timeout_ms) -> (status, body)`` for tests."""
+
+    deployments: set[str]
+    calls: Counter[str] = field(default_factory=Counter)
+    bodies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    raise_error: VllmSrError | None = None
+    status: int = 200
+
+    async def __call__(
+        self, deployment: str, path: str, body: bytes, timeout_ms: float | None
+    ) -> tuple[int, bytes]:
+        assert path == "/v1/bundle", path
+        assert deployment in self.deployments, deployment
+        self.calls[deployment] += 1
+        self.bodies.append((deployment, json.loads(body)))
+        if self.raise_error is not None:
+            raise self.raise_error
+        if self.status != 200:
+            return self.status, b'{"error": {"code": "internal_error", "message": "x"}}'
+        return 200, answer_bundle(body)
+
+
+async def _serve(port: int, name: str) -> None:
+    backend = await StandInBackend(name).start(port)
+    print(f"stand-in backend {name} on {backend.endpoint}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a stand-in OpenAI-compatible backend")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", default="standin")
+    args = parser.parse_args()
+    asyncio.run(_serve(args.port, args.name))
+
+
+if __name__ == "__main__":
+    main()

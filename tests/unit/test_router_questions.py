@@ -1,0 +1,171 @@
+"""The questions a request asks: only referenced signals, one bundle per deployment, the
+candidates once per config generation, answers (in the worker's own format) back to signals."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.backends import answer_bundle
+from vllm_sr.config.routing import Routing
+from vllm_sr.router.questions import (
+    TASK_CANDIDATES,
+    TASK_DOMAINS,
+    TASK_QUERY,
+    QuestionPlan,
+    SignalAnswerError,
+    request_text,
+)
+
+ROUTING: dict[str, Any] = {
+    "signals": {
+        "keywords": [
+            {"name": "code", "keywords": ["code"]},
+            {"name": "unused_kw", "keywords": ["x"]},
+        ],
+        "embeddings": [
+            {
+                "name": "billing",
+                "threshold": 0.5,
+                "candidates": ["refund my order", "charged twice"],
+            },
+            {"name": "unused_emb", "threshold": 0.5, "candidates": ["never asked"]},
+            {
+                "name": "elsewhere",
+                "threshold": 0.5,
+                "candidates": ["weather"],
+                "deployment": "side",
+            },
+        ],
+        "domains": [
+            {
+                "name": "math",
+                "description": "solve integral equation",
+                "examples": ["algebra proof"],
+            },
+            {"name": "law", "description": "contract court lawyer"},
+        ],
+    },
+    "decisions": [
+        {
+            "name": "d",
+            "rules": {
+                "operator": "OR",
+                "conditions": [
+                    {"type": "keyword", "name": "code"},
+                    {"type": "embedding", "name": "billing"},
+                    {"type": "embedding", "name": "elsewhere"},
+                    {"type": "domain", "name": "math"},
+                ],
+            },
+            "modelRefs": [{"model": "m"}],
+        }
+    ],
+}
+
+
+def plan() -> QuestionPlan:
+    return QuestionPlan(Routing.model_validate(ROUTING), "primary")
+
+
+def tasks(body: bytes) -> dict[str, dict[str, Any]]:
+    return {t["id"]: t for t in json.loads(body)["tasks"]}
+
+
+def test_only_referenced_signals_are_planned() -> None:
+    p = plan()
+    assert set(p.keywords) == {"code"}
+    assert set(p.deployments) == {"primary", "side"}
+    primary = p.deployments["primary"]
+    assert [s.name for s in primary.embeddings] == ["billing"]
+    # the label set is every domain on the deployment; only referenced ones are reported
+    assert primary.labels == {
+        "math": ["solve integral equation", "algebra proof"],
+        "law": ["contract court lawyer"],
+    }
+    assert primary.referenced_domains == {"math"}
+    assert [s.name for s in p.deployments["side"].embeddings] == ["elsewhere"]
+    assert not p.deployments["side"].asks_domains
+
+
+def test_keyword_only_routing_asks_no_deployment() -> None:
+    routing = {
+        "signals": {"keywords": [{"name": "code", "keywords": ["code"]}]},
+        "decisions": [
+            {
+                "name": "d",
+                "rules": {"operator": "AND", "conditions": [{"type": "keyword", "name": "code"}]},
+                "modelRefs": [{"model": "m"}],
+            }
+        ],
+    }
+    p = QuestionPlan(Routing.model_validate(routing), "primary")
+    assert p.deployments == {}
+    assert p.keyword_results("some code")[("keyword", "code")].matched
+
+
+def test_first_bundle_carries_the_candidates_then_never_again() -> None:
+    q = plan().deployments["primary"]
+    first = tasks(q.bundle("please refund my order"))
+    assert set(first) == {TASK_QUERY, TASK_DOMAINS, TASK_CANDIDATES}
+    assert first[TASK_QUERY]["embeddings"]["input"] == ["please refund my order"]
+    assert first[TASK_CANDIDATES]["embeddings"]["input"] == ["refund my order", "charged twice"]
+    assert first[TASK_DOMAINS]["classify"]["labels"] == q.labels
+    results = q.read(answer_bundle(q.bundle("please refund my order")))
+    assert results[("embedding", "billing")].matched
+    assert q.candidates is not None and q.candidates["billing"].shape[0] == 2
+    second = tasks(q.bundle("solve this integral equation"))
+    assert set(second) == {TASK_QUERY, TASK_DOMAINS}
+    results = q.read(answer_bundle(q.bundle("solve this integral equation")))
+    assert results[("domain", "math")].matched
+    assert not results[("embedding", "billing")].matched
+    assert ("domain", "law") not in results  # in the label set, but no decision asks
+
+
+def test_warm_bundle_fills_the_router_cache() -> None:
+    q = plan().deployments["primary"]
+    warm = q.warm_bundle()
+    assert warm is not None and set(tasks(warm)) == {TASK_CANDIDATES, TASK_DOMAINS}
+    assert q.read(answer_bundle(warm), warm=True) == {}
+    assert q.candidates is not None
+    assert set(tasks(q.bundle("x"))) == {TASK_QUERY, TASK_DOMAINS}
+
+
+def test_a_refused_task_is_a_typed_error() -> None:
+    q = plan().deployments["primary"]
+    answer = {
+        "object": "bundle",
+        "results": [
+            {
+                "id": "query",
+                "status": 400,
+                "body": {"error": {"code": "invalid_request", "message": "m"}},
+            }
+        ],
+    }
+    with pytest.raises(SignalAnswerError, match="invalid_request"):
+        q.read(json.dumps(answer).encode())
+    with pytest.raises(SignalAnswerError):
+        q.read(b"not json")
+
+
+def test_request_text_is_the_last_user_message() -> None:
+    messages = [
+        {"role": "system", "content": "be nice"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "look at"},
+                {"type": "image_url", "image_url": {"url": "data:..."}},
+                {"type": "text", "text": "this code"},
+            ],
+        },
+    ]
+    assert request_text(messages) == "look at\nthis code"
+    assert request_text(messages[:2]) == "first"
+    assert request_text([{"role": "system", "content": "x"}]) == ""
+    assert request_text("nope") == ""
