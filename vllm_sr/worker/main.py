@@ -105,7 +105,7 @@ def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
     artifacts.resolve(opts.artifact)  # fail fast, before any socket exists
     budget = cpu_budget()
     threads = opts.threads if opts.threads is not None else default_threads(budget)
-    policy = policy_from_env(threads, budget, env, emit=_emit)
+    policy = policy_from_env(threads, budget, env, emit=_emit, device=opts.device)
     names = {opts.artifact, opts.artifact.rstrip("/").rsplit("/", 1)[-1], *opts.served_names}
     if opts.result_cache_bytes < 0:
         raise ConfigError(
@@ -381,10 +381,9 @@ def calibrate_for(loaded: artifacts.LoadedArtifact, opts: WorkerOptions) -> cali
     probe = None
     free = None
     if kind != "cpu" and opts.max_num_batched_tokens is None:
-        from vllm_sr.worker.gpu import free_bytes, make_probe
+        from vllm_sr.worker.gpu import torch_probe
 
-        probe = make_probe(loaded)
-        free = free_bytes(loaded.torch_device)
+        probe, free = torch_probe(loaded)
     return calibrate.calibrate(
         device_kind=kind,
         max_length=loaded.max_length,
