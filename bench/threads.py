@@ -168,6 +168,10 @@ async def run_set(args: argparse.Namespace, env: dict[str, str], tag: str) -> li
     for n in counts:
         name = f"{tag}off, {n} threads" + (" (default)" if n == default else "")
         results += await measure(name, n, env, args, learn_first=False)
+    # Mode 2 serves learned counts only where a host record vouches for them: the mode-1 run
+    # writes it (when it learns without a drift) into a directory of this run's own.
+    records = tempfile.mkdtemp(prefix="vsr-threads-records-")
+    env = {**env, "VLLM_SR_THREADS_RECORD_DIR": records}
     mode1 = {**env, "VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1"}
     results += await measure(f"{tag}mode 1, fresh", default, mode1, args, learn_first=False)
     mode2 = {**env, "VLLM_SRUN_CPU_ADAPTIVE_THREADS": "2"}

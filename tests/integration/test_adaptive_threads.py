@@ -61,7 +61,10 @@ def test_mode1_serves_configured_answers_and_reports(tmp_path: Path) -> None:
             ARTIFACT,
             sockets / "learn.sock",
             extra_args=args,
-            env={"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1"},
+            env={
+                "VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1",
+                "VLLM_SR_THREADS_RECORD_DIR": str(tmp_path / "records"),
+            },
         )
     except BaseException:
         stop_worker(off)
@@ -88,10 +91,16 @@ def test_mode1_serves_configured_answers_and_reports(tmp_path: Path) -> None:
             assert "threads drifted" in report["retire_reason"]
             assert "padded tokens" in report["retire_reason"]
             assert "threads_retired" in learn.log()
+            # ... and the host's record says so: mode 2 will not trust this host.
+            (record,) = (tmp_path / "records").glob("threads-*.json")
+            assert json.loads(record.read_text())["result"] == "drifted"
         else:
             assert report["state"] == "learned", report
             assert all(b["best"] in report["allowed"] for b in report["buckets"])
             assert "threads_learned" in learn.log()
+            assert "vllm-sr serve --threads" in learn.log()  # the setting to apply is named
+            (record,) = (tmp_path / "records").glob("threads-*.json")
+            assert json.loads(record.read_text())["result"] == "bit-identical"
         # After learning (or retiring), answers still match the plain worker's.
         for j in range(8):
             assert embed(learn, j) == embed(off, j)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy
@@ -26,6 +27,7 @@ from vllm_sr.worker.learner import (
 )
 from vllm_sr.worker.policy import policy_from_env
 from vllm_sr.worker.threads import ENV_ADAPTIVE, FixedThreads, ThreadContext, batch_tokens
+from vllm_sr.worker.threads_record import ENV_RECORD_DIR, HostFacts, HostRecords
 
 SHORT = [[7] * 10]  # 10 padded tokens: bucket 9-16
 LONG = [[3] * 100, [5] * 100]  # 200 padded tokens: bucket 129-256
@@ -301,9 +303,13 @@ def test_a_slow_count_costs_at_most_the_time_share() -> None:
         ("2", AdaptiveThreads, 2),
     ],
 )
-def test_policy_from_env(value: str | None, kind: type, mode: int | None) -> None:
+def test_policy_from_env(value: str | None, kind: type, mode: int | None, tmp_path: Path) -> None:
     env = {} if value is None else {ENV_ADAPTIVE: value}
-    policy = policy_from_env(2, 4, env)
+    env[ENV_RECORD_DIR] = str(tmp_path)
+    facts = HostFacts("Test CPU", "2.0", "6.1")
+    if value == "2":  # mode 2 needs a record of this host vouching for its counts
+        HostRecords(tmp_path, facts).learned([1, 2, 4], ["9-16"])
+    policy = policy_from_env(2, 4, env, facts=lambda: facts)
     assert isinstance(policy, kind)
     if mode is not None:
         assert isinstance(policy, AdaptiveThreads) and policy.mode == mode

@@ -10,7 +10,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy
 
@@ -22,6 +22,23 @@ from vllm_sr.worker.threads import ENV_ADAPTIVE, Rerun, batch_tokens
 log = logging.getLogger("vllm_sr.worker.threads")
 
 Emit = Callable[..., None]
+
+
+class RecordSink(Protocol):
+    """Where the host's bit-identity record goes (``threads_record.HostRecords``)."""
+
+    def learned(self, counts: list[int], buckets: list[str]) -> None: ...
+
+    def drifted(self, counts: list[int], detail: str) -> None: ...
+
+
+def apply_setting(threads: int) -> str:
+    """The exact setting that pins a count: the deployment's field, or the serve flag."""
+    return (
+        f"threads: {threads} on the deployment in config.yaml "
+        f"(or vllm-sr serve --threads {threads})"
+    )
+
 
 # The learner's documented defaults (docs/adaptive-threads.md explains each).
 WINDOW = 16  # mode 2: consecutive bit-identical matches before a bucket serves its count
@@ -135,6 +152,8 @@ class AdaptiveThreads:
         audit_share: float = AUDIT_SHARE,
         max_shadow_per_s: float = MAX_SHADOW_PER_S,
         margin: float = MARGIN,
+        records: RecordSink | None = None,
+        fallback: str | None = None,
     ) -> None:
         if mode not in (1, 2):
             raise ConfigError(f"{ENV_ADAPTIVE}={mode!r} is not accepted: use 0, 1 or 2")
@@ -146,6 +165,7 @@ class AdaptiveThreads:
         self.share, self.time_share, self.audit_share = share, time_share, audit_share
         self.max_shadow_per_s = max_shadow_per_s
         self._emit, self._clock = emit, clock
+        self._records, self.fallback = records, fallback
         self._lock = threading.Lock()
         self._golden = False
         self._retired: str | None = None
@@ -302,14 +322,20 @@ class AdaptiveThreads:
         bucket.best = best
         switch = self.mode == 2 and best != self.configured
         bucket.phase = "verifying" if switch else "learned"
-        fields = {
+        fields: dict[str, Any] = {
             "bucket": bucket_label(bucket.index),
             "threads": best,
             "median_ms": round(_median(bucket.times[best]) * 1000, 3),
             "ratio": round(bucket.median_ratio(best, self.configured), 3),
             "samples": bucket.samples[best],
         }
+        recommended = self._recommend()
+        if recommended is not None:
+            fields |= {"recommended": recommended, "apply": apply_setting(recommended)}
         self._publish(THREADS_LEARNED, logging.INFO, fields)
+        if self._records is not None and self.mode == 1 and self._state() == "learned":
+            learned = [bucket_label(b.index) for b in self._buckets.values()]
+            self._records.learned(list(self.allowed), learned)
 
     def _matches(
         self, fwd: _Forward, out: numpy.ndarray, count: int, drifting: int | None = None
@@ -330,6 +356,8 @@ class AdaptiveThreads:
         fields = {"threads": drifting, "against_threads": against, "bucket": label}
         fields |= {"tokens": tokens, "rows": len(fwd.rows), "diff": diff}
         self._publish(THREADS_RETIRED, logging.WARNING, fields)
+        if self._records is not None:
+            self._records.drifted(sorted({drifting, against}), self._retired or diff)
         return False
 
     def _publish(self, name: str, level: int, fields: dict[str, Any]) -> None:
@@ -360,6 +388,8 @@ class AdaptiveThreads:
                 "best_threads": recommended,
                 "recommended_threads": recommended,
                 "recommendation": None if recommended is None else f"pin --threads {recommended}",
+                "apply": None if recommended is None else apply_setting(recommended),
+                "fallback": self.fallback,
                 "retire_reason": self._retired,
                 "shadow_passes": self._passes,
                 "shadow_seconds": round(self._shadow_s, 6),
