@@ -153,3 +153,16 @@ def test_mode2_learning_writes_no_bit_identical_record(tmp_path: Path) -> None:
     policy.golden_passed()
     run_until(engine, lambda: policy.report()["state"] != "exploring")  # type: ignore[index]
     assert not records.path.exists()
+
+
+def test_ctl_threads_text_shows_the_setting_and_a_fallback(tmp_path: Path) -> None:
+    from vllm_sr.control.threads_report import format_report
+
+    env = {ENV_ADAPTIVE: "2", ENV_RECORD_DIR: str(tmp_path)}
+    policy = policy_from_env(2, 4, env, facts=lambda: FACTS)
+    text = format_report(policy.report())
+    assert "note: VLLM_SRUN_CPU_ADAPTIVE_THREADS=2 asked" in text and "no record at" in text
+    policy, engine, _ = make(1)
+    policy.golden_passed()
+    run_until(engine, lambda: policy.report()["state"] == "learned")  # type: ignore[index]
+    assert "to apply: threads: 4 on the deployment" in format_report(policy.report())
