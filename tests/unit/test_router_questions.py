@@ -12,7 +12,6 @@ from tests.support.backends import answer_bundle
 from vllm_sr.config.routing import Routing
 from vllm_sr.router.questions import (
     TASK_CANDIDATES,
-    TASK_DOMAINS,
     TASK_QUERY,
     QuestionPlan,
     SignalAnswerError,
@@ -81,13 +80,22 @@ def test_only_referenced_signals_are_planned() -> None:
     primary = p.deployments["primary"]
     assert [s.name for s in primary.embeddings] == ["billing"]
     # the label set is every domain on the deployment; only referenced ones are reported
-    assert primary.labels == {
-        "math": ["solve integral equation", "algebra proof"],
-        "law": ["contract court lawyer"],
-    }
+    assert primary.label_key == (
+        ("math", ("solve integral equation", "algebra proof")),
+        ("law", ("contract court lawyer",)),
+    )
     assert primary.referenced_domains == {"math"}
-    assert [s.name for s in p.deployments["side"].embeddings] == ["elsewhere"]
-    assert not p.deployments["side"].asks_domains
+    # the candidates, then the examples: embedded once per config generation
+    assert primary.texts == [
+        "refund my order",
+        "charged twice",
+        "solve integral equation",
+        "algebra proof",
+        "contract court lawyer",
+    ]
+    side = p.deployments["side"]
+    assert [s.name for s in side.embeddings] == ["elsewhere"]
+    assert side.label_key == () and side.texts == ["weather"]
 
 
 def test_keyword_only_routing_asks_no_deployment() -> None:
@@ -106,31 +114,45 @@ def test_keyword_only_routing_asks_no_deployment() -> None:
     assert p.keyword_results("some code")[("keyword", "code")].matched
 
 
-def test_first_bundle_carries_the_candidates_then_never_again() -> None:
+def test_first_bundle_carries_the_cached_texts_then_one_row_per_request() -> None:
     q = plan().deployments["primary"]
     first = tasks(q.bundle("please refund my order"))
-    assert set(first) == {TASK_QUERY, TASK_DOMAINS, TASK_CANDIDATES}
+    assert set(first) == {TASK_QUERY, TASK_CANDIDATES}
     assert first[TASK_QUERY]["embeddings"]["input"] == ["please refund my order"]
-    assert first[TASK_CANDIDATES]["embeddings"]["input"] == ["refund my order", "charged twice"]
-    assert first[TASK_DOMAINS]["classify"]["labels"] == q.labels
+    assert first[TASK_CANDIDATES]["embeddings"]["input"] == q.texts
     results = q.read(answer_bundle(q.bundle("please refund my order")))
     assert results[("embedding", "billing")].matched
     assert q.candidates is not None and q.candidates["billing"].shape[0] == 2
+    assert q.centroids is not None and q.centroids.shape[0] == 2
     second = tasks(q.bundle("solve this integral equation"))
-    assert set(second) == {TASK_QUERY, TASK_DOMAINS}
+    assert set(second) == {TASK_QUERY}  # one row: the request's text
     results = q.read(answer_bundle(q.bundle("solve this integral equation")))
     assert results[("domain", "math")].matched
+    assert results[("domain", "math")].confidence > 0.5
     assert not results[("embedding", "billing")].matched
     assert ("domain", "law") not in results  # in the label set, but no decision asks
+
+
+def test_domains_agree_with_the_workers_classify() -> None:
+    """The router's domain answer equals what /v1/classify with the same labels answers."""
+    q = plan().deployments["primary"]
+    q.read(answer_bundle(q.warm_bundle() or b""), warm=True)
+    text = "a proof in algebra"
+    ours = q.read(answer_bundle(q.bundle(text)))[("domain", "math")]
+    labels = {name: list(ex) for name, ex in q.label_key}
+    body = {"tasks": [{"id": "c", "classify": {"input": [text], "labels": labels}}]}
+    theirs = json.loads(answer_bundle(json.dumps(body).encode()))["results"][0]["body"]["data"][0]
+    assert ours.matched == (theirs["label"] == "math")
+    assert ours.confidence == pytest.approx(theirs["probabilities"]["math"], abs=1e-5)
 
 
 def test_warm_bundle_fills_the_router_cache() -> None:
     q = plan().deployments["primary"]
     warm = q.warm_bundle()
-    assert warm is not None and set(tasks(warm)) == {TASK_CANDIDATES, TASK_DOMAINS}
+    assert warm is not None and set(tasks(warm)) == {TASK_CANDIDATES}
     assert q.read(answer_bundle(warm), warm=True) == {}
-    assert q.candidates is not None
-    assert set(tasks(q.bundle("x"))) == {TASK_QUERY, TASK_DOMAINS}
+    assert q.cached and q.warm_bundle() is None
+    assert set(tasks(q.bundle("x"))) == {TASK_QUERY}
 
 
 def test_a_refused_task_is_a_typed_error() -> None:

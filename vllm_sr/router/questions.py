@@ -1,19 +1,20 @@
 """The questions a request asks the deployments, and their answers as signal inputs.
 
 Only signals some decision references are evaluated. Per deployment, one request asks ONE
-bundle (``POST /v1/bundle``, see vllm_sr/worker/surfaces.py):
+bundle (``POST /v1/bundle``, see vllm_sr/worker/surfaces.py) with ONE row: task ``query``, the
+request text's embedding (base64 float32). Everything else is computed here from it:
 
-- task ``query``: the request text's embedding (base64 float32), when an embedding signal on
-  the deployment is referenced;
-- task ``domains``: a classification of the request text with ``labels`` = every domain on
-  the deployment ({name: [description, *examples]}), when one of them is referenced. The worker
-  caches each label set's centroids (``CentroidCache``), so the examples are embedded once per
-  worker, not per request;
-- task ``candidates``: the embedding signals' candidate phrases, only while the router has not
-  cached them yet for this config generation (the first request, or :meth:`warm_bundle`).
+- embedding signals: cosine to the candidates' embeddings;
+- domain signals: the labelled classification the worker's ``/v1/classify`` does (the same
+  code, ``vllm_sr.worker.classify``): each domain's centroid is the normalised mean of its
+  examples' embeddings (description + examples), the probabilities are
+  ``softmax(cosine / 0.05)`` over every domain on the deployment, and the label is the best.
 
-Texts are sent with ``truncate: true``: a long prompt is routed on its first tokens rather than
-refused.
+The candidates and the examples are embedded once per config generation (task
+``candidates``, in :meth:`DeploymentQuestions.warm_bundle` or else in the first request's
+bundle) and cached here, so a routed request costs one row of one forward, however many
+signals ask. Texts go with ``truncate: true``: a long prompt is routed on its first tokens
+rather than refused.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ from vllm_sr.router.signals import (
     keyword_matcher,
     normalize_rows,
 )
+from vllm_sr.worker import classify
+from vllm_sr.worker.classify import LabelKey
 
 BUNDLE_PATH = "/v1/bundle"
 TASK_QUERY = "query"
-TASK_DOMAINS = "domains"
 TASK_CANDIDATES = "candidates"
-WARM_TEXT = "warm-up"
 
 
 class SignalAnswerError(VllmSrError):
@@ -56,86 +57,81 @@ class SignalAnswerError(VllmSrError):
 class DeploymentQuestions:
     deployment: str
     embeddings: list[EmbeddingSignal]
-    domains: list[DomainSignal]  # the deployment's whole label set
+    domains: list[DomainSignal]  # the deployment's whole label set ([] when none is referenced)
     referenced_domains: frozenset[str]
-    labels: dict[str, list[str]] = field(default_factory=dict)
-    candidate_texts: list[str] = field(default_factory=list)
+    # Embedded once per config generation: the candidates, then the domains' examples.
+    texts: list[str] = field(default_factory=list)
     slices: dict[str, slice] = field(default_factory=dict)
-    # The candidates' normalised embeddings per signal, once known (this config generation).
+    label_key: LabelKey = ()
+    # Normalised candidate embeddings per signal, and the domain centroids, once known.
     candidates: dict[str, numpy.ndarray] | None = None
+    centroids: numpy.ndarray | None = None
 
     def __post_init__(self) -> None:
-        self.labels = {d.name: d.label_examples() for d in self.domains}
-        start = 0
         for sig in self.embeddings:
-            self.slices[sig.name] = slice(start, start + len(sig.candidates))
-            self.candidate_texts.extend(sig.candidates)
-            start += len(sig.candidates)
-        if not self.embeddings:
-            self.candidates = {}
+            self.slices[sig.name] = slice(len(self.texts), len(self.texts) + len(sig.candidates))
+            self.texts.extend(sig.candidates)
+        self.label_key = tuple((d.name, tuple(d.label_examples())) for d in self.domains)
+        for _, examples in self.label_key:
+            self.texts.extend(examples)
 
     @property
-    def asks_domains(self) -> bool:
-        return bool(self.referenced_domains)
+    def cached(self) -> bool:
+        return self.candidates is not None
 
     def bundle(self, text: str) -> bytes:
-        """The request's bundle (with the candidates while they are not cached)."""
-        tasks: list[dict[str, Any]] = []
-        if self.embeddings:
-            tasks.append({"id": TASK_QUERY, "embeddings": _embed([text])})
-        if self.asks_domains:
-            tasks.append({"id": TASK_DOMAINS, "classify": self._classify(text)})
-        if self.candidates is None:
-            tasks.append({"id": TASK_CANDIDATES, "embeddings": _embed(self.candidate_texts)})
+        """The request's bundle: its text's embedding (and the cached texts while not cached)."""
+        tasks: list[dict[str, Any]] = [{"id": TASK_QUERY, "embeddings": _embed([text])}]
+        if not self.cached:
+            tasks.append({"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)})
         return json.dumps({"tasks": tasks}, ensure_ascii=False).encode()
 
     def warm_bundle(self) -> bytes | None:
-        """What fills both caches before the first request: the candidates' embeddings (kept by
-        the router) and the domains' centroids (kept by the worker that answers)."""
-        tasks: list[dict[str, Any]] = []
-        if self.candidates is None:
-            tasks.append({"id": TASK_CANDIDATES, "embeddings": _embed(self.candidate_texts)})
-        if self.asks_domains:
-            tasks.append({"id": TASK_DOMAINS, "classify": self._classify(WARM_TEXT)})
-        return json.dumps({"tasks": tasks}).encode() if tasks else None
-
-    def _classify(self, text: str) -> dict[str, Any]:
-        return {"input": [text], "labels": self.labels, "truncate": True}
+        """What fills the cache before the first request, or None when it is full."""
+        if self.cached:
+            return None
+        return json.dumps(
+            {"tasks": [{"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)}]}
+        ).encode()
 
     def read(self, body: bytes, *, warm: bool = False) -> dict[SignalKey, SignalResult]:
-        """A bundle answer -> the deployment's signal results (caches candidates it carries).
-        A ``warm`` answer (to :meth:`warm_bundle`) only fills the cache."""
+        """A bundle answer -> the deployment's signal results (caches the texts' embeddings
+        it carries). A ``warm`` answer (to :meth:`warm_bundle`) only fills the cache."""
         results = _results_by_id(self.deployment, body)
         if TASK_CANDIDATES in results:
-            self.take_candidates(_vectors(self.deployment, results[TASK_CANDIDATES]))
-        out: dict[SignalKey, SignalResult] = {}
+            self.take(_vectors(self.deployment, results[TASK_CANDIDATES]))
         if warm:
-            return out
-        if self.embeddings and (TASK_QUERY not in results or self.candidates is None):
+            return {}
+        if TASK_QUERY not in results or self.candidates is None:
             raise SignalAnswerError(
                 f"deployment {self.deployment!r} answered the routing bundle without the "
                 "embeddings it was asked for"
             )
-        if self.embeddings and self.candidates is not None:
-            query = _vectors(self.deployment, results[TASK_QUERY])[0]
-            for sig in self.embeddings:
-                out[("embedding", sig.name)] = embedding_result(
-                    sig, query, self.candidates[sig.name]
-                )
-        if TASK_DOMAINS in results:
-            label, probs = _classification(self.deployment, results[TASK_DOMAINS])
-            for name, res in domain_results(self.domains, label, probs).items():
+        query = _vectors(self.deployment, results[TASK_QUERY])[0]
+        out: dict[SignalKey, SignalResult] = {}
+        for sig in self.embeddings:
+            out[("embedding", sig.name)] = embedding_result(sig, query, self.candidates[sig.name])
+        if self.referenced_domains and self.centroids is not None:
+            names = [name for name, _ in self.label_key]
+            (row,) = classify.by_centroids(normalize_rows(query), self.centroids, names)
+            for name, res in domain_results(
+                self.domains, row["label"], row["probabilities"]
+            ).items():
                 if name in self.referenced_domains:
                     out[("domain", name)] = res
         return out
 
-    def take_candidates(self, vectors: numpy.ndarray) -> None:
-        if vectors.shape[0] != len(self.candidate_texts):
+    def take(self, vectors: numpy.ndarray) -> None:
+        if vectors.shape[0] != len(self.texts):
             raise SignalAnswerError(
-                f"deployment {self.deployment!r} returned {vectors.shape[0]} candidate "
-                f"embeddings for {len(self.candidate_texts)} candidates"
+                f"deployment {self.deployment!r} returned {vectors.shape[0]} embeddings for "
+                f"{len(self.texts)} texts"
             )
         normed = normalize_rows(vectors)
+        if self.label_key:
+            first = sum(sl.stop - sl.start for sl in self.slices.values())
+            # As the worker's classify does: from the examples' embeddings as they came.
+            self.centroids = classify.centroids_from(vectors[first:], self.label_key)
         self.candidates = {name: normed[sl] for name, sl in self.slices.items()}
 
 
@@ -177,14 +173,6 @@ def _vectors(deployment: str, body: Any) -> numpy.ndarray:
         raise SignalAnswerError(f"deployment {deployment!r}: bad embeddings ({exc})") from None
 
 
-def _classification(deployment: str, body: Any) -> tuple[str, dict[str, float]]:
-    try:
-        row = body["data"][0]
-        return str(row["label"]), {str(k): float(v) for k, v in row["probabilities"].items()}
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise SignalAnswerError(f"deployment {deployment!r}: bad classification ({exc})") from None
-
-
 class QuestionPlan:
     """What one config generation asks: the referenced keyword matchers, and per deployment the
     referenced embedding signals and domain label set (with their caches)."""
@@ -214,7 +202,7 @@ class QuestionPlan:
             if not embeddings.get(dep) and not referenced:
                 continue  # only unreferenced domains there: nothing to ask
             self.deployments[dep] = DeploymentQuestions(
-                dep, embeddings.get(dep, []), domains.get(dep, []), referenced
+                dep, embeddings.get(dep, []), domains.get(dep, []) if referenced else [], referenced
             )
 
     def keyword_results(self, text: str) -> dict[SignalKey, SignalResult]:
