@@ -3,7 +3,8 @@ OpenAI-compatible backend (a stand-in from tests/support/backends.py, in its own
 through the router (``model: auto``), interleaved, at c=1 and c=32; printed as p50 / p99 of each
 and the added milliseconds, for keyword-only decisions and for embedding + domain decisions
 (those ask the d3-edge deployment one bundle per chat). At c=1 it also prints one bare
-d3-edge embeddings request (one forward over HTTP) to read the second aim against.
+d3-edge embeddings request straight to the worker (one forward over HTTP), interleaved, to
+read the second aim against.
 
 Aims (issue 15): keyword-only adds under 1 ms p50; embedding + domain add no more than one
 d3-edge forward + 3 ms at c=1.
@@ -25,7 +26,6 @@ import json
 import math
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -258,43 +258,48 @@ def chat_sender(session: aiohttp.ClientSession, url: str, model: str) -> Any:
     return send
 
 
-async def measure(backend: str, router: str, rounds: int, counts: dict[int, int]) -> None:
+async def measure(
+    backend: str, router: str, rounds: int, counts: dict[int, int], uds: Path
+) -> None:
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(uds))) as worker,
+    ):
         direct = chat_sender(session, backend, "general")
         routed = chat_sender(session, router, "auto")
-        await run_load(routed, 4, 40)  # warm both paths
+        forward = embed_sender(worker)
+        await run_load(routed, 4, 40)  # warm every path
         await run_load(direct, 4, 40)
+        await run_load(forward, 1, 20)
         for conc, total in counts.items():
             d_all: list[float] = []
             r_all: list[float] = []
-            for _ in range(rounds):  # interleaved: both see the same background load
+            f_all: list[float] = []
+            for _ in range(rounds):  # interleaved: all see the same background load
                 d_all += await run_load(direct, conc, total)
                 r_all += await run_load(routed, conc, total)
-            d50, d99, r50, r99 = (
-                pct(d_all, 0.5),
-                pct(d_all, 0.99),
-                pct(r_all, 0.5),
-                pct(r_all, 0.99),
-            )
+                if conc == 1:
+                    f_all += await run_load(forward, 1, total)
+            d50, d99 = pct(d_all, 0.5), pct(d_all, 0.99)
+            r50, r99 = pct(r_all, 0.5), pct(r_all, 0.99)
+            extra = f" | one d3-edge forward p50 {pct(f_all, 0.5):6.2f} ms" if f_all else ""
             print(
                 f"  c={conc:<3} direct p50 {d50:7.2f} p99 {d99:7.2f} | routed p50 {r50:7.2f} "
-                f"p99 {r99:7.2f} | added p50 {r50 - d50:+7.2f} ms p99 {r99 - d99:+7.2f} ms",
+                f"p99 {r99:7.2f} | added p50 {r50 - d50:+7.2f} ms p99 {r99 - d99:+7.2f} ms{extra}",
                 flush=True,
             )
 
 
-async def forward_reference(uds: Path, n: int = 100) -> float:
-    """p50 ms of one d3-edge embeddings request (one text) straight to the worker."""
-    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(uds))) as s:
+def embed_sender(worker: aiohttp.ClientSession) -> Any:
+    """One d3-edge embeddings request (one text) straight to the worker: one forward."""
 
-        async def send(i: int) -> None:
-            body = {"input": [TEXTS[i % len(TEXTS)]]}
-            async with s.post("http://worker/v1/embeddings", json=body) as r:
-                await r.read()
+    async def send(i: int) -> None:
+        body = {"input": [TEXTS[i % len(TEXTS)]]}
+        async with worker.post("http://worker/v1/embeddings", json=body) as r:
+            await r.read()
 
-        await run_load(send, 1, 20)
-        return statistics.median(await run_load(send, 1, n)) * 1000.0
+    return send
 
 
 def main() -> None:
@@ -340,9 +345,8 @@ def run(args: argparse.Namespace, procs: Procs, tmp: Path) -> None:
             router = start_standalone(procs, routing, backend_port, uds)
         else:
             router = start_service(procs, routing, backend_port, run_dir)
-        forward = asyncio.run(forward_reference(uds))
-        print(f"{name} ({args.target}; one d3-edge forward, c=1: p50 {forward:.2f} ms):")
-        asyncio.run(measure(backend, router, args.rounds, counts))
+        print(f"{name} ({args.target}):", flush=True)
+        asyncio.run(measure(backend, router, args.rounds, counts, uds))
         procs.stop(procs.procs[-1])
 
 
