@@ -16,7 +16,7 @@ The models run the rules that need nothing outside their own section and raise t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -27,7 +27,9 @@ from vllm_sr.config.routing_rules import (
     routing_local_problems,
     routing_problems,
 )
-from vllm_sr.config.schema import SEMANTIC_ERROR, Problem
+
+if TYPE_CHECKING:  # schema.py imports this module (RootConfig's fields): no import cycle
+    from vllm_sr.config.schema import Problem
 
 __all__ = ["check_routing", "routing_problems"]
 
@@ -42,6 +44,8 @@ class _Strict(BaseModel):
 
 
 def _raise_first(problems: list[Problem]) -> None:
+    from vllm_sr.config.schema import SEMANTIC_ERROR
+
     if problems:
         raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
 

@@ -6,9 +6,10 @@ path, so one run shows every problem. :func:`check_routing` is the entry point;
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vllm_sr.config.schema import Problem
+if TYPE_CHECKING:  # schema.py imports this module (RootConfig's fields): no import cycle
+    from vllm_sr.config.schema import Problem
 
 MAX_RULE_DEPTH = 16
 ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:[0-9]{1,5}$")
@@ -36,7 +37,7 @@ def _duplicates(items: list[Any], base: Path, what: str) -> list[Problem]:
             continue
         if name in seen:
             problems.append(
-                Problem(
+                _problem(
                     (*base, i, "name"),
                     f"{what} name {name!r} is also used by {format_index(base, seen[name])}; "
                     f"accepted: a name not used by another {what}",
@@ -65,7 +66,7 @@ def providers_problems(providers: Any) -> list[Problem]:
     default = _dict(prov.get("defaults")).get("default_model")
     if isinstance(default, str) and names and default not in names:
         problems.append(
-            Problem(
+            _problem(
                 ("providers", "defaults", "default_model"),
                 f"{default!r} names no model; accepted: one of {', '.join(names)}",
             )
@@ -77,7 +78,7 @@ def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:
     endpoint, base_url = ref.get("endpoint"), ref.get("base_url")
     if (endpoint is None) == (base_url is None):
         return [
-            Problem(
+            _problem(
                 path,
                 "a backend ref needs exactly one of endpoint or base_url; accepted: "
                 "{endpoint: HOST:PORT} or {base_url: http(s)://HOST[:PORT]/v1}",
@@ -85,7 +86,7 @@ def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:
         ]
     if isinstance(endpoint, str) and not ENDPOINT_RE.match(endpoint):
         return [
-            Problem(
+            _problem(
                 (*path, "endpoint"),
                 f"{endpoint!r} is not HOST:PORT; accepted: e.g. 127.0.0.1:8000 "
                 "(use base_url for a URL)",
@@ -93,7 +94,7 @@ def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:
         ]
     if isinstance(base_url, str) and not BASE_URL_RE.match(base_url):
         return [
-            Problem(
+            _problem(
                 (*path, "base_url"),
                 f"{base_url!r} is not a URL; accepted: http(s)://HOST[:PORT][/PATH], "
                 "e.g. https://api.example.com/v1",
@@ -117,7 +118,7 @@ def routing_local_problems(routing: Any) -> list[Problem]:
         dom = _dict(sig)
         if not dom.get("description") and not dom.get("examples"):
             problems.append(
-                Problem(
+                _problem(
                     ("routing", "signals", "domains", i),
                     f"domain {dom.get('name')!r} has neither description nor examples; "
                     "accepted: a description and/or a list of example texts",
@@ -141,7 +142,7 @@ def _regex_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
             re.compile(kw)
         except re.error as exc:
             problems.append(
-                Problem(
+                _problem(
                     (*path, "keywords", j),
                     f"{kw!r} is not a regular expression ({exc}); accepted: a Python regular "
                     r"expression (escape special characters, e.g. \( for a literal parenthesis)",
@@ -155,12 +156,14 @@ def _tree_problems(path: Path, node: Any, depth: int) -> list[Problem]:
     if "operator" not in node:
         return []
     if depth > MAX_RULE_DEPTH:
-        return [Problem(path, f"rules nest deeper than {MAX_RULE_DEPTH}; accepted: a flatter tree")]
+        return [
+            _problem(path, f"rules nest deeper than {MAX_RULE_DEPTH}; accepted: a flatter tree")
+        ]
     conditions = _list(node.get("conditions"))
     problems = []
     if node.get("operator") == "NOT" and len(conditions) != 1:
         problems.append(
-            Problem(
+            _problem(
                 (*path, "conditions"),
                 f"NOT has {len(conditions)} conditions; accepted: exactly one (wrap several in "
                 "an AND or OR)",
@@ -217,7 +220,7 @@ def check_routing(
             if kind in known and name not in known[kind]:
                 names = ", ".join(sorted(known[kind])) or f"(no {SIGNAL_LIST[kind]} signals)"
                 problems.append(
-                    Problem(
+                    _problem(
                         (*path, "name"),
                         f"{kind} signal {name!r} is not declared under "
                         f"routing.signals.{SIGNAL_LIST[kind]}; accepted: one of {names}",
@@ -227,7 +230,7 @@ def check_routing(
             model = _dict(ref).get("model")
             if isinstance(model, str) and model not in model_names:
                 problems.append(
-                    Problem(
+                    _problem(
                         ("routing", "decisions", i, "modelRefs", k, "model"),
                         f"{model!r} names no model; accepted: one of "
                         f"{', '.join(model_names) or '(no providers.models)'}",
@@ -247,14 +250,14 @@ def _deployment_problems(
             dep = _dict(sig).get("deployment")
             if isinstance(dep, str) and dep not in deployments:
                 problems.append(
-                    Problem(
+                    _problem(
                         ("routing", "signals", kind, i, "deployment"),
                         f"{dep!r} names no deployment; accepted: one of {accepted}",
                     )
                 )
             elif dep is None and decision_deployment not in deployments and deployments:
                 problems.append(
-                    Problem(
+                    _problem(
                         ("routing", "signals", kind, i),
                         f"the decision model's deployment {decision_deployment!r} does not "
                         f"exist; accepted: set deployment: to one of {accepted}",
@@ -277,7 +280,7 @@ def routing_problems(raw: Any) -> list[Problem]:
     problems = check_routing(raw.get("providers"), raw.get("routing"), deployments, decision)
     if raw.get("routing") is not None and raw.get("providers") is None:
         problems.append(
-            Problem(
+            _problem(
                 ("routing",),
                 "routing without providers; accepted: a providers section with defaults and "
                 "models (the LLMs decisions route to)",
@@ -292,9 +295,15 @@ def routing_problems(raw: Any) -> list[Problem]:
     for i, name in enumerate(auto):
         if name in model_names:
             problems.append(
-                Problem(
+                _problem(
                     ("global", "router", "auto_model_names", i),
                     f"{name!r} is also a providers model name; accepted: a name no model uses",
                 )
             )
     return problems
+
+
+def _problem(path: Path, message: str) -> Problem:
+    from vllm_sr.config.schema import Problem
+
+    return Problem(path, message)
