@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.control_fake import FakeBackend
 from vllm_sr import errors
 from vllm_sr.control.client import AsyncControlClient, ControlClient
-from vllm_sr.control.fake import FakeBackend
 from vllm_sr.control.server import ControlServer
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,6 @@ from vllm_sr_top.widgets import ReplicaTable
 
 from tests.tui.harness import LiveControl, ServerThread, load, make_app, make_backend
 from vllm_sr.clock import FakeClock
-from vllm_sr.control.fake import FakeReplica
 
 
 async def _bench(server: ServerThread, socket: Path, clock: FakeClock, polls: int) -> None:
@@ -70,10 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     clock = FakeClock()
     backend = make_backend(clock, {"primary": []})
-    backend.deployments["primary"] = [
-        FakeReplica(f"primary-{i}", "primary", f"cuda:{i % 8}", 1000 + i)
-        for i in range(args.replicas)
-    ]
+    backend.reset({"primary": [f"cuda:{i % 8}" for i in range(args.replicas)]}, first_pid=1000)
     socket = Path(tempfile.mkdtemp(prefix="vsr-bench-", dir="/tmp")) / "control.sock"
     with ServerThread(LiveControl(backend, socket)) as server:
         asyncio.run(_bench(server, socket, clock, args.polls))

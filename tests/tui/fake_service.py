@@ -1,5 +1,6 @@
 """A stand-in service process for the dashboard's terminal test: the REAL control server on a
-Unix socket with the control package's FakeBackend behind it, and some moving traffic figures.
+Unix socket with the test FakeBackend (the real pool and event bus) behind it, and some moving
+traffic figures.
 
     python -m tests.tui.fake_service SOCKET [--replicas N] [--group NAME]
 
@@ -12,30 +13,34 @@ import asyncio
 import itertools
 import signal
 
+from tests.support.control_fake import FakeBackend
 from vllm_sr import events as ev
-from vllm_sr.control.fake import FakeBackend
 from vllm_sr.control.server import ControlServer
 
 
 def _traffic(backend: FakeBackend, tick: int) -> None:
-    for i, replica in enumerate(r for rs in backend.deployments.values() for r in rs):
-        if replica.state != "ready":
-            replica.inflight, replica.requests_per_s = 0, 0.0
+    for i, rid in enumerate(backend.replica_ids()):
+        replica = backend.replica(rid)
+        if replica.display_state() != "ready":
+            backend.set_traffic(rid, inflight=0, requests_per_s=0.0)
             continue
         wave = (tick + 3 * i) % 12
-        replica.inflight = min(32, 2 * wave + i)
-        replica.outstanding_bytes = 700 * replica.inflight
-        replica.requests_per_s = 20.0 + 5 * wave
-        replica.requests += int(replica.requests_per_s)
-        replica.latency_p50_ms = 4.0 + wave / 2
-        replica.latency_p99_ms = 30.0 + 4 * wave
-        replica.threads = 1
+        inflight = min(32, 2 * wave + i)
+        backend.set_traffic(
+            rid,
+            inflight=inflight,
+            outstanding_bytes=700 * inflight,
+            requests_per_s=20.0 + 5 * wave,
+            requests=replica.requests() + 20 + 5 * wave,
+            latency_p50_ms=4.0 + wave / 2,
+            latency_p99_ms=30.0 + 4 * wave,
+        )
 
 
 async def serve(socket: str, replicas: int, group: str | None) -> None:
     backend = FakeBackend({"primary": ["cpu"] * replicas, "classifier": ["cpu"]})
-    for replica in (r for rs in backend.deployments.values() for r in rs):
-        backend.events.publish(ev.REPLICA_READY, **replica.who())
+    for rid in backend.replica_ids():
+        backend.events.publish(ev.REPLICA_READY, **backend.who(rid), pid=backend.replica(rid).pid)
     server = ControlServer(backend, socket, group=group, heartbeat_s=1.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,5 +1,6 @@
 """The dashboard's test rig: the REAL control server (vllm_sr.control.server) on a real Unix
-socket, with the control package's FakeBackend behind it, so the app speaks the real protocol.
+socket, with the test FakeBackend (the real pool and event bus) behind it, so the app speaks
+the real protocol and sees the real inventory.
 
 ``LiveControl`` runs in the test's own event loop (Pilot tests); ``ServerThread`` runs one on a
 loop of its own, for the synchronous snapshot fixture, which runs the app with ``App.run``."""
@@ -18,9 +19,9 @@ from vllm_sr_top.app import VllmSrTop
 from vllm_sr_top.model import Backoff
 from vllm_sr_top.source import connect
 
+from tests.support.control_fake import FakeBackend
 from vllm_sr.clock import FakeClock
 from vllm_sr.control.auth import AccessPolicy, Peer
-from vllm_sr.control.fake import FakeBackend
 from vllm_sr.control.server import ControlServer
 from vllm_sr.errors import Forbidden
 
@@ -61,15 +62,18 @@ def make_backend(
 
 def load(backend: FakeBackend, seed: int = 0) -> None:
     """Deterministic traffic figures on every replica."""
-    for i, replica in enumerate(r for rs in backend.deployments.values() for r in rs):
+    for i, rid in enumerate(backend.replica_ids()):
         k = i + seed
-        replica.inflight = (k * 7) % 33
-        replica.outstanding_bytes = 1500 * k
-        replica.requests = 100 * k
-        replica.requests_per_s = 10.0 + k
-        replica.latency_p50_ms = 3.0 + k
-        replica.latency_p99_ms = 40.0 + 3 * k
-        replica.threads = 2
+        backend.set_traffic(
+            rid,
+            inflight=(k * 7) % 33,
+            outstanding_bytes=1500 * k,
+            requests=100 * k,
+            requests_per_s=10.0 + k,
+            latency_p50_ms=3.0 + k,
+            latency_p99_ms=40.0 + 3 * k,
+        )
+        backend.replica(rid).threads = 2
 
 
 def make_app(

@@ -15,7 +15,7 @@ from vllm_sr_top.widgets import Banner, EventsPane, HeaderBar, MessageLine, Repl
 
 from tests.tui.harness import HOST, LiveControl, ReadOnlyPolicy, load, make_app, until
 from vllm_sr.clock import FakeClock
-from vllm_sr.control.fake import FakeReplica
+from vllm_sr.errors import Conflict
 
 SIZE = (160, 48)
 
@@ -55,14 +55,14 @@ async def _started(pilot: Pilot[Any]) -> VllmSrTop:
 async def test_shows_the_inventory_and_moves_with_keys(live: LiveControl, clock: FakeClock) -> None:
     load(live.backend)
     ejected = live.backend.replica("primary-1")
-    ejected.state, ejected.ejections, ejected.consecutive_timeouts = "ejected", 2, 3
-    ejected.ejected_until = clock.time() + 25
+    ejected.ejections, ejected.consecutive_timeouts = 2, 3
+    ejected.ejected_until = clock.monotonic() + 25  # the pool's clock
     app = make_app(live.path, clock)
     async with app.run_test(size=SIZE) as pilot:
         await _started(pilot)
         header = _text(app.query_one(HeaderBar))
         assert f"host {HOST}" in header and "up 1h02m" in header and "v0.1.0" in header
-        assert "primary 2/3 degraded" in header and "classifier 1/1 ready" in header
+        assert "primary 3/3 degraded" in header and "classifier 1/1 ready" in header
         rows = _rows(app)
         assert set(rows) == {"primary-0", "primary-1", "primary-2", "classifier-0"}
         assert rows["primary-1"][:5] == ["primary-1", "ejected", "██░░░░░░  7/32", "2 (25s)", "3"]
@@ -135,7 +135,7 @@ async def test_each_action_asks_first_then_shows_the_result_or_refusal(
             assert isinstance(app.screen, ConfirmScreen) and rid in app.screen.question
             assert len(live.backend.commands) == len(sent)  # nothing before the answer
             # The screen behind the dialog keeps refreshing, and the dialog keeps its focus.
-            live.backend.replica(rid).requests_per_s = 99.0
+            live.backend.set_traffic(rid, requests_per_s=99.0)
             await app.poll_once()
             await app._tick()
             assert _rows(app)[rid][5] == "99.0" and isinstance(app.screen, ConfirmScreen)
@@ -146,12 +146,14 @@ async def test_each_action_asks_first_then_shows_the_result_or_refusal(
             await until(pilot, lambda: _rows(app)[rid][1] == state, f"{rid} {state}")
             await until(pilot, lambda: any(f"replica_{verb}" in e for e in _events(app)), verb)
 
-        await act("d", "drain", "primary-1", "draining")
-        await act("e", "eject", "primary-2", "ejected")
+        # Eject before the drain: the pool never ejects the last replica that serves.
+        await act("e", "eject", "primary-1", "ejected")
+        await act("d", "drain", "primary-2", "draining")
         await act("R", "restart", "classifier-0", "ready")
         assert _rows(app)["classifier-0"][9] == "1"  # its restart count
 
-        # The fake supervisor refuses to readmit a replica that is not ejected (409).
+        # The service refuses an action (409).
+        live.backend.refuse = Conflict("replica classifier-0 is not ejected (state ready)")
         await pilot.press("r", "y")
         await until(pilot, lambda: "refused" in _message(app), "the refusal")
         assert "readmit classifier-0 refused: replica classifier-0 is not ejected" in _message(app)
@@ -236,12 +238,7 @@ async def test_sort_filter_and_pause(live: LiveControl, clock: FakeClock) -> Non
 
 
 async def test_64_replicas_update_in_place(live: LiveControl, clock: FakeClock) -> None:
-    live.backend.deployments.pop("classifier")
-    live.backend.deployments["primary"] = []
-    for i in range(64):
-        live.backend.deployments["primary"].append(
-            FakeReplica(f"primary-{i}", "primary", f"cuda:{i % 8}", 1000 + i)
-        )
+    live.backend.reset({"primary": [f"cuda:{i % 8}" for i in range(64)]}, first_pid=1000)
     load(live.backend)
     app = make_app(live.path, clock)
     async with app.run_test(size=(100, 18)) as pilot:

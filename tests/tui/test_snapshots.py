@@ -16,6 +16,7 @@ from vllm_sr_top.app import VllmSrTop
 from vllm_sr_top.model import Backoff
 from vllm_sr_top.widgets import Banner, EventsPane
 
+from tests.support.control_fake import FakeBackend
 from tests.tui.harness import (
     LiveControl,
     ServerThread,
@@ -26,7 +27,6 @@ from tests.tui.harness import (
 )
 from vllm_sr import events as ev
 from vllm_sr.clock import FakeClock
-from vllm_sr.control.fake import FakeBackend
 
 # A fixed path, so that the disconnected banner (which names it) is the same on every run.
 SNAP_SOCKET = Path("/tmp/vllm-sr-top-snap/control.sock")
@@ -52,8 +52,8 @@ def _serve(clock: FakeClock) -> Iterator[ServerThread]:
     backend = make_backend(
         clock, {"primary": ["cuda:0", "cuda:1", "cuda:2"], "classifier": ["cpu"]}
     )
-    for replica in backend.deployments["primary"]:
-        backend.events.publish(ev.REPLICA_READY, **replica.who())
+    for rid in ("primary-0", "primary-1", "primary-2"):
+        backend.events.publish(ev.REPLICA_READY, **backend.who(rid), pid=backend.replica(rid).pid)
         clock.advance(4)
     backend.events.publish(ev.POOL_PUBLISHED, generation=1, deployments=["primary", "classifier"])
     with ServerThread(LiveControl(backend, SNAP_SOCKET)) as thread:
@@ -93,9 +93,14 @@ def _degrade(backend: FakeBackend, clock: FakeClock) -> None:
     """primary-1 timed out three times in a row and is ejected; primary-2 restarted once."""
     ejected = backend.replica("primary-1")
     ejected.consecutive_timeouts, ejected.ejections = 3, 2
-    ejected.state, ejected.ejected_until = "ejected", clock.time() + 42
+    ejected.ejected_until = clock.monotonic() + 42  # the pool's clock
     backend.events.publish(
-        ev.REPLICA_EJECTED, **ejected.who(), timeouts=3, duration_ms=60000, reason="timeouts"
+        ev.REPLICA_EJECTED,
+        **backend.who(ejected.id),
+        pid=ejected.pid,
+        timeouts=3,
+        duration_ms=60000,
+        reason="timeouts",
     )
     clock.advance(3)
     backend.events.publish(
@@ -104,7 +109,9 @@ def _degrade(backend: FakeBackend, clock: FakeClock) -> None:
     )  # fmt: skip
     restarted = backend.replica("primary-2")
     restarted.restarts, restarted.pid = 1, 41_234
-    backend.events.publish(ev.REPLICA_RESTARTED, **restarted.who(), restarts=1, backoff_s=0.5)
+    backend.events.publish(
+        ev.REPLICA_RESTARTED, **backend.who(restarted.id), pid=41_234, restarts=1, backoff_s=0.5
+    )
 
 
 @pytest.mark.parametrize("size", SIZES)

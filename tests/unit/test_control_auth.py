@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.control_fake import FakeBackend
 from vllm_sr import errors
 from vllm_sr.control.auth import AccessPolicy, Peer, read_peer
-from vllm_sr.control.fake import FakeBackend
 from vllm_sr.control.server import ControlServer
 
 PEER_USER = "vsrctl-peer"

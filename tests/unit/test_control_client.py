@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.control_fake import FakeBackend, ThreadedControlServer
 from vllm_sr import errors
 from vllm_sr.control.client import (
     AsyncControlClient,
@@ -23,7 +24,6 @@ from vllm_sr.control.client import (
     connect_error,
     error_from_response,
 )
-from vllm_sr.control.fake import FakeBackend, ThreadedControlServer
 from vllm_sr.control.protocol import RequestTimeout
 
 
@@ -56,20 +56,24 @@ def test_sync_client_every_call(served: ThreadedControlServer) -> None:
     ]
     assert c.health()["status"] == "ready"
     assert "model_catalog" in c.config()["global"]
-    assert c.eject("primary-0", 1500)["duration_ms"] == 1500
+    assert c.eject("primary-0", 1500)["state"] == "ejected"
     assert c.readmit("primary-0")["state"] == "ready"
-    assert c.drain("primary-1")["state"] == "draining"
-    assert c.restart("primary-1")["state"] == "ready"
-    assert c.scale("primary", 1)["replicas"] == 1
+    assert c.drain("primary-1")["inflight"] == 0
+    old_pid = served.call(lambda: served.backend.replica("primary-1").pid)
+    assert c.restart("primary-1")["old_pid"] == old_pid
+    assert c.scale("primary", 1)["retired"] == ["primary-1"]
     assert c.reload()["ok"] is True
     names = [e["event"] for e in c.events()["events"]]
     assert names == [
         "replica_ejected",
         "replica_readmitted",
         "replica_draining",
+        "replica_exited",
         "replica_restarted",
-        "replica_stopped",
+        "replica_ready",
+        "replica_draining",
         "pool_published",
+        "replica_stopped",
         "pool_published",
     ]
     assert [cmd.kind for cmd in served.backend.commands] == [
@@ -84,7 +88,14 @@ def test_sync_client_every_call(served: ThreadedControlServer) -> None:
         c.eject("primary-7")
 
 
-def test_sync_stream_replays_then_follows(served: ThreadedControlServer) -> None:
+def test_sync_stream_replays_then_follows(sock_dir: Path) -> None:
+    # Three replicas: the pool ejects two only while a third still serves.
+    backend = FakeBackend({"primary": ["cpu", "cpu", "cpu"]})
+    with ThreadedControlServer(backend, sock_dir / "c.sock", group=None, heartbeat_s=0.1) as srv:
+        _stream_replays_then_follows(srv)
+
+
+def _stream_replays_then_follows(served: ThreadedControlServer) -> None:
     c = ControlClient(served.path)
     c.eject("primary-0", 1000)
     bus = served.backend.events
@@ -189,7 +200,7 @@ def test_curl_unix_socket(served: ThreadedControlServer) -> None:
     assert inv["deployments"][0]["replicas"][1]["id"] == "primary-1"
     url = "http://localhost/v1/replicas/primary-1/eject"
     ejected = curl("-X", "POST", "-d", '{"duration_ms": 30000}', url)
-    assert (ejected["ok"], ejected["state"], ejected["duration_ms"]) == (True, "ejected", 30000)
-    assert served.call(lambda: served.backend.replica("primary-1").state) == "ejected"
+    assert (ejected["ok"], ejected["state"]) == (True, "ejected")
+    assert served.call(lambda: served.backend.replica("primary-1").display_state()) == "ejected"
     missing = curl("-X", "POST", "http://localhost/v1/replicas/nope/drain")
     assert missing["error"]["code"] == "not_found"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.control_fake import FakeBackend
 from vllm_sr import errors
 from vllm_sr.control.client import AsyncControlClient
-from vllm_sr.control.fake import FakeBackend
 from vllm_sr.control.server import ControlServer
 
 
@@ -149,8 +149,9 @@ async def test_inventory_health_config(client: AsyncControlClient, backend: Fake
     assert [r["id"] for r in inv["deployments"][0]["replicas"]] == ["primary-0", "primary-1"]
     assert inv == json.loads(json.dumps(backend.inventory() | {"service": inv["service"]}))
     assert (await client.health())["status"] == "ready"
-    backend.replica("side-0").state = "failed"
-    assert (await client.health())["deployments"]["side"] == "unavailable"
+    backend.fail("side-0", "exit 78: bad artifact")
+    health = await client.health()
+    assert health["deployments"]["side"] == 0 and health["status"] == "unavailable"
     config = await client.config()
     assert config == backend.effective_config()
 
@@ -193,7 +194,8 @@ async def test_eject_readmit_drain_restart(
     assert replica["state"] == "ejected" and replica["ejections"] == 1
     assert replica["ejected_until"] == pytest.approx(backend.clock.time() + 5, abs=2)
     assert (await client.readmit("primary-0"))["state"] == "ready"
-    assert (await client.drain("primary-1"))["state"] == "draining"
+    assert (await client.drain("primary-1"))["inflight"] == 0
+    assert _replica(await client.inventory(), "primary-1")["state"] == "draining"
     old_pid = backend.replica("side-0").pid
     assert (await client.restart("side-0"))["pid"] != old_pid
     kinds = [(c.kind, c.replica, c.duration_ms) for c in backend.commands]
@@ -215,7 +217,7 @@ async def test_eject_without_duration_uses_the_default(
 
 async def test_scale_and_reload(client: AsyncControlClient, backend: FakeBackend) -> None:
     result = await client.scale("primary", 3)
-    assert result["replicas"] == 3
+    assert result["started"] == ["primary-2"]
     inv = await client.inventory()
     assert inv["deployments"][0]["desired_replicas"] == 3
     generation = inv["service"]["generation"]
@@ -236,8 +238,8 @@ async def test_backend_refusal_comes_back_typed(
     with pytest.raises(errors.PlacementError, match="only 2 GPUs free"):
         await client.scale("primary", 9)
     backend.refuse = None
-    with pytest.raises(errors.Conflict, match="is not ejected"):
-        await client.readmit("primary-0")
+    with pytest.raises(errors.Conflict, match="no other replica of 'side'"):
+        await client.eject("side-0")
 
 
 async def test_backend_crash_is_a_500(client: AsyncControlClient, backend: FakeBackend) -> None:

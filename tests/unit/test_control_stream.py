@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.control_fake import FakeBackend
 from vllm_sr.control.client import AsyncControlClient
-from vllm_sr.control.fake import FakeBackend
 from vllm_sr.control.server import ControlServer
 
 
