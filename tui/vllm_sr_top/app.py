@@ -1,7 +1,7 @@
 """vllm-sr-top: a live Textual dashboard of a vllm-sr host's replicas, ejections and restarts.
 
 It speaks only the control API, through ``vllm_sr.control.client.AsyncControlClient``. All I/O
-runs in Textual workers on the app's event loop (aiohttp, never blocking), so a slow or absent
+runs in Textual workers on the app's event loop (httpx's async client, never blocking), so a slow or absent
 service never freezes the screen."""
 
 from __future__ import annotations

@@ -1,20 +1,21 @@
-"""Clients of the control API: ``ControlClient`` (blocking, for the CLI) and
-``AsyncControlClient`` (aiohttp, for the dashboard). Both raise ``vllm_sr.errors`` types:
-``ServiceNotRunning`` when nothing listens on the socket, ``Forbidden`` when the socket or the
-request is refused, and the server's own error (by its code) otherwise."""
+"""Clients of the control API, one interface with a blocking side (``ControlClient``, for the
+CLI) and an async side (``AsyncControlClient``, for the dashboard), both httpx over the Unix
+socket. ``_Calls`` builds every request once (path, body); each side only sends it. Both raise
+``vllm_sr.errors`` types: ``ServiceNotRunning`` when nothing listens on the socket,
+``Forbidden`` when the socket or the request is refused, ``DeadlineExceeded`` on a timeout, and
+the server's own error (by its code) otherwise."""
 
 from __future__ import annotations
 
 import errno
-import http.client
 import json
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-import aiohttp
+import httpx
 
 from vllm_sr import errors
 from vllm_sr.control.protocol import HEARTBEAT
@@ -26,6 +27,9 @@ DEFAULT_TIMEOUT_S = 30.0
 COMMAND_TIMEOUT_S = 900.0
 # A stream sends a heartbeat every few seconds; this much silence means the service is gone.
 STREAM_IDLE_TIMEOUT_S = 30.0
+# Pooled connections (async side) are dropped well before the server's idle timeout (15 s)
+# would close them, so a request never goes out on a connection the server is closing.
+KEEPALIVE_S = 5.0
 
 
 def _error_classes() -> dict[str, type[VllmSrError]]:
@@ -90,41 +94,135 @@ def connect_error(path: Path, exc: OSError) -> VllmSrError:
     return ServiceNotRunning(f"cannot reach vllm-sr on {path}: {exc}")
 
 
-def _replica_path(replica: str, action: str) -> str:
-    return f"/v1/replicas/{quote(replica, safe='')}/{action}"
+@dataclass(frozen=True)
+class Call:
+    """One request of the control API: method, path (with its query) and JSON body."""
+
+    method: str
+    target: str
+    body: dict[str, Any] | None = None
 
 
-def _scale_path(deployment: str) -> str:
-    return f"/v1/deployments/{quote(deployment, safe='')}/scale"
+def _replica_call(replica: str, action: str, body: dict[str, Any] | None = None) -> Call:
+    return Call("POST", f"/v1/replicas/{quote(replica, safe='')}/{action}", body or {})
 
 
-def _events_path(since: int | None, stream: bool) -> str:
+def _events_target(since: int | None, stream: bool) -> str:
     base = "/v1/events/stream" if stream else "/v1/events"
     return base if since is None else f"{base}?since={int(since)}"
 
 
-def _eject_body(duration_ms: int | None) -> dict[str, Any]:
-    return {} if duration_ms is None else {"duration_ms": int(duration_ms)}
+R = TypeVar("R")
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float | None) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
+class _Calls(Generic[R]):
+    """Every call of the control API, built once; ``_send`` is the side's way to make it
+    (a dict for the blocking client, an awaitable of one for the async client)."""
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self._path))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    def _send(self, call: Call) -> R:
+        raise NotImplementedError
+
+    def request(self, method: str, target: str, body: Any = None) -> R:
+        return self._send(Call(method, target, body))
+
+    def inventory(self) -> R:
+        return self._send(Call("GET", "/v1/inventory"))
+
+    def health(self) -> R:
+        return self._send(Call("GET", "/v1/health"))
+
+    def config(self) -> R:
+        return self._send(Call("GET", "/v1/config"))
+
+    def events(self, since: int | None = None) -> R:
+        return self._send(Call("GET", _events_target(since, stream=False)))
+
+    def drain(self, replica: str) -> R:
+        return self._send(_replica_call(replica, "drain"))
+
+    def eject(self, replica: str, duration_ms: int | None = None) -> R:
+        body = {} if duration_ms is None else {"duration_ms": int(duration_ms)}
+        return self._send(_replica_call(replica, "eject", body))
+
+    def readmit(self, replica: str) -> R:
+        return self._send(_replica_call(replica, "readmit"))
+
+    def restart(self, replica: str) -> R:
+        return self._send(_replica_call(replica, "restart"))
+
+    def scale(self, deployment: str, replicas: int) -> R:
+        target = f"/v1/deployments/{quote(deployment, safe='')}/scale"
+        return self._send(Call("POST", target, {"replicas": int(replicas)}))
+
+    def reload(self) -> R:
+        return self._send(Call("POST", "/v1/reload", {}))
 
 
-class ControlClient:
-    """Blocking client; one connection per call (the CLI makes a handful)."""
+class _Side:
+    """What both sides share: the socket, the timeouts, and turning answers and transport
+    failures into typed errors."""
+
+    def __init__(self, path: str | Path, timeout_s: float, command_timeout_s: float) -> None:
+        self.path = Path(path)
+        self.timeout_s = timeout_s
+        self.command_timeout_s = command_timeout_s
+
+    def _timeout(self, call: Call) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout_s if call.method == "GET" else self.command_timeout_s)
+
+    def _stream_timeout(self, idle_timeout_s: float) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout_s, read=idle_timeout_s)
+
+    @staticmethod
+    def _kwargs(call: Call) -> dict[str, Any]:
+        return {"json": call.body} if call.body is not None else {}
+
+    @staticmethod
+    def _retryable(call: Call, exc: httpx.HTTPError, attempt: int) -> bool:
+        # A read may go again on a fresh connection if a pooled one was closed under it;
+        # a mutation is never sent twice.
+        return call.method == "GET" and attempt == 0 and isinstance(exc, httpx.RemoteProtocolError)
+
+    def _answer(self, response: httpx.Response) -> dict[str, Any]:
+        if response.status_code >= 300:
+            raise error_from_response(response.status_code, response.content)
+        result: dict[str, Any] = json.loads(response.content)
+        return result
+
+    def _failure(self, exc: httpx.HTTPError, idle_timeout_s: float | None = None) -> VllmSrError:
+        if isinstance(exc, httpx.ConnectError):
+            cause = _os_error(exc)
+            if cause is not None:
+                return connect_error(self.path, cause)
+            return ServiceNotRunning(f"vllm-sr is not running: nothing is serving on {self.path}")
+        if isinstance(exc, httpx.ReadTimeout) and idle_timeout_s is not None:
+            return DeadlineExceeded(
+                f"no event or heartbeat from {self.path} for {idle_timeout_s:g} s"
+            )
+        if isinstance(exc, httpx.TimeoutException):
+            return DeadlineExceeded(f"vllm-sr on {self.path} did not answer in time")
+        return ServiceNotRunning(f"vllm-sr on {self.path} closed the connection ({exc})")
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _event(line: str, heartbeats: bool) -> dict[str, Any] | None:
+    if not line.strip():
+        return None
+    event: dict[str, Any] = json.loads(line)
+    return event if heartbeats or event.get("event") != HEARTBEAT else None
+
+
+class ControlClient(_Side, _Calls[dict[str, Any]]):
+    """Blocking client; a connection per call (the CLI makes a handful). ``close()`` or
+    ``with`` releases it."""
 
     def __init__(
         self,
@@ -133,52 +231,40 @@ class ControlClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
     ) -> None:
-        self.path = Path(path)
-        self.timeout_s = timeout_s
-        self.command_timeout_s = command_timeout_s
+        super().__init__(path, timeout_s, command_timeout_s)
+        self._client: httpx.Client | None = None
 
-    def _open(self, method: str, target: str, body: Any, timeout: float | None) -> Any:
-        conn = _UnixHTTPConnection(self.path, timeout)
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        try:
-            conn.request(method, target, body=data, headers=headers)
-            resp = conn.getresponse()
-        except TimeoutError:
-            conn.close()
-            raise DeadlineExceeded(f"vllm-sr on {self.path} did not answer in time") from None
-        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as exc:
-            conn.close()
-            raise ServiceNotRunning(f"vllm-sr on {self.path} closed the connection") from exc
-        except OSError as exc:
-            conn.close()
-            raise connect_error(self.path, exc) from exc
-        if resp.status >= 300:
-            payload = resp.read()
-            conn.close()
-            raise error_from_response(resp.status, payload)
-        return conn, resp
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            # Plain HTTP over a Unix socket: never TLS, so no certificate store to load.
+            transport = httpx.HTTPTransport(
+                uds=str(self.path), verify=False, limits=httpx.Limits(max_keepalive_connections=0)
+            )
+            self._client = httpx.Client(transport=transport, base_url="http://localhost")
+        return self._client
 
-    def request(self, method: str, target: str, body: Any = None) -> dict[str, Any]:
-        timeout = self.timeout_s if method == "GET" else self.command_timeout_s
-        conn, resp = self._open(method, target, body, timeout)
-        try:
-            result: dict[str, Any] = json.loads(resp.read())
-            return result
-        finally:
-            conn.close()
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
-    def inventory(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/inventory")
+    def __enter__(self) -> ControlClient:
+        return self
 
-    def health(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/health")
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    def config(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/config")
-
-    def events(self, since: int | None = None) -> dict[str, Any]:
-        return self.request("GET", _events_path(since, stream=False))
+    def _send(self, call: Call) -> dict[str, Any]:
+        for attempt in range(2):
+            try:
+                response = self._http().request(
+                    call.method, call.target, timeout=self._timeout(call), **self._kwargs(call)
+                )
+                return self._answer(response)
+            except httpx.HTTPError as exc:
+                if not self._retryable(call, exc, attempt):
+                    raise self._failure(exc) from exc
+        raise AssertionError("unreachable")
 
     def stream_events(
         self,
@@ -188,45 +274,24 @@ class ControlClient:
         idle_timeout_s: float = STREAM_IDLE_TIMEOUT_S,
     ) -> Iterator[dict[str, Any]]:
         """Events as they happen (after replaying those past ``since``); ends when the
-        service closes the stream, after yielding its closing line."""
-        conn, resp = self._open("GET", _events_path(since, stream=True), None, idle_timeout_s)
+        service closes the stream, after yielding its closing line (``stream_closed`` or
+        ``stream_dropped``)."""
+        target = _events_target(since, stream=True)
+        timeout = self._stream_timeout(idle_timeout_s)
         try:
-            while True:
-                try:
-                    line = resp.readline()
-                except TimeoutError:
-                    raise DeadlineExceeded(
-                        f"no event or heartbeat from {self.path} for {idle_timeout_s:g} s"
-                    ) from None
-                if not line:
-                    return
-                event = json.loads(line)
-                if heartbeats or event.get("event") != HEARTBEAT:
-                    yield event
-        finally:
-            conn.close()
-
-    def drain(self, replica: str) -> dict[str, Any]:
-        return self.request("POST", _replica_path(replica, "drain"), {})
-
-    def eject(self, replica: str, duration_ms: int | None = None) -> dict[str, Any]:
-        return self.request("POST", _replica_path(replica, "eject"), _eject_body(duration_ms))
-
-    def readmit(self, replica: str) -> dict[str, Any]:
-        return self.request("POST", _replica_path(replica, "readmit"), {})
-
-    def restart(self, replica: str) -> dict[str, Any]:
-        return self.request("POST", _replica_path(replica, "restart"), {})
-
-    def scale(self, deployment: str, replicas: int) -> dict[str, Any]:
-        return self.request("POST", _scale_path(deployment), {"replicas": int(replicas)})
-
-    def reload(self) -> dict[str, Any]:
-        return self.request("POST", "/v1/reload", {})
+            with self._http().stream("GET", target, timeout=timeout) as response:
+                if response.status_code >= 300:
+                    raise error_from_response(response.status_code, response.read())
+                for line in response.iter_lines():
+                    event = _event(line, heartbeats)
+                    if event is not None:
+                        yield event
+        except httpx.HTTPError as exc:
+            raise self._failure(exc, idle_timeout_s) from exc
 
 
-class AsyncControlClient:
-    """aiohttp client over the Unix socket; use ``async with`` or call ``close()``."""
+class AsyncControlClient(_Side, _Calls[Awaitable[dict[str, Any]]]):
+    """Async client with pooled connections; use ``async with`` or call ``close()``."""
 
     def __init__(
         self,
@@ -236,26 +301,21 @@ class AsyncControlClient:
         command_timeout_s: float = COMMAND_TIMEOUT_S,
         limit: int = 16,
     ) -> None:
-        self.path = Path(path)
-        self.timeout_s = timeout_s
-        self.command_timeout_s = command_timeout_s
+        super().__init__(path, timeout_s, command_timeout_s)
         self._limit = limit
-        self._session: aiohttp.ClientSession | None = None
+        self._client: httpx.AsyncClient | None = None
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # Close idle connections well before the server's idle timeout (15 s) would, so a
-            # request never goes out on a connection the server is closing.
-            connector = aiohttp.UnixConnector(
-                path=str(self.path), limit=self._limit, keepalive_timeout=5.0
-            )
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            limits = httpx.Limits(max_connections=self._limit, keepalive_expiry=KEEPALIVE_S)
+            transport = httpx.AsyncHTTPTransport(uds=str(self.path), verify=False, limits=limits)
+            self._client = httpx.AsyncClient(transport=transport, base_url="http://localhost")
+        return self._client
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     async def __aenter__(self) -> AsyncControlClient:
         return self
@@ -263,47 +323,20 @@ class AsyncControlClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _translate(self, exc: BaseException) -> VllmSrError:
-        if isinstance(exc, aiohttp.ClientConnectorError):
-            return connect_error(self.path, exc.os_error)
-        if isinstance(exc, TimeoutError):
-            return DeadlineExceeded(f"vllm-sr on {self.path} did not answer in time")
-        return ServiceNotRunning(f"vllm-sr on {self.path} closed the connection ({exc})")
+    def _send(self, call: Call) -> Awaitable[dict[str, Any]]:
+        return self._exchange(call)
 
-    async def request(self, method: str, target: str, body: Any = None) -> dict[str, Any]:
-        total = self.timeout_s if method == "GET" else self.command_timeout_s
-        timeout = aiohttp.ClientTimeout(total=total)
-        # A read may go again on a fresh connection if a pooled one was closed under it;
-        # a mutation never is sent twice.
-        attempts = 2 if method == "GET" else 1
-        for attempt in range(attempts):
+    async def _exchange(self, call: Call) -> dict[str, Any]:
+        for attempt in range(2):
             try:
-                async with self._get_session().request(
-                    method, f"http://localhost{target}", json=body, timeout=timeout
-                ) as resp:
-                    status, payload = resp.status, await resp.read()
-                break
-            except aiohttp.ServerDisconnectedError as exc:
-                if attempt + 1 == attempts:
-                    raise self._translate(exc) from exc
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise self._translate(exc) from exc
-        if status >= 300:
-            raise error_from_response(status, payload)
-        result: dict[str, Any] = json.loads(payload)
-        return result
-
-    async def inventory(self) -> dict[str, Any]:
-        return await self.request("GET", "/v1/inventory")
-
-    async def health(self) -> dict[str, Any]:
-        return await self.request("GET", "/v1/health")
-
-    async def config(self) -> dict[str, Any]:
-        return await self.request("GET", "/v1/config")
-
-    async def events(self, since: int | None = None) -> dict[str, Any]:
-        return await self.request("GET", _events_path(since, stream=False))
+                response = await self._http().request(
+                    call.method, call.target, timeout=self._timeout(call), **self._kwargs(call)
+                )
+                return self._answer(response)
+            except httpx.HTTPError as exc:
+                if not self._retryable(call, exc, attempt):
+                    raise self._failure(exc) from exc
+        raise AssertionError("unreachable")
 
     async def stream_events(
         self,
@@ -314,36 +347,15 @@ class AsyncControlClient:
     ) -> AsyncIterator[dict[str, Any]]:
         """Events as they happen (after replaying those past ``since``); ends when the
         service closes the stream, after yielding its closing line."""
-        session = self._get_session()
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout_s)
-        url = f"http://localhost{_events_path(since, stream=True)}"
+        target = _events_target(since, stream=True)
+        timeout = self._stream_timeout(idle_timeout_s)
         try:
-            async with session.get(url, timeout=timeout) as resp:
-                if resp.status >= 300:
-                    raise error_from_response(resp.status, await resp.read())
-                async for line in resp.content:
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    if heartbeats or event.get("event") != HEARTBEAT:
+            async with self._http().stream("GET", target, timeout=timeout) as response:
+                if response.status_code >= 300:
+                    raise error_from_response(response.status_code, await response.aread())
+                async for line in response.aiter_lines():
+                    event = _event(line, heartbeats)
+                    if event is not None:
                         yield event
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._translate(exc) from exc
-
-    async def drain(self, replica: str) -> dict[str, Any]:
-        return await self.request("POST", _replica_path(replica, "drain"), {})
-
-    async def eject(self, replica: str, duration_ms: int | None = None) -> dict[str, Any]:
-        return await self.request("POST", _replica_path(replica, "eject"), _eject_body(duration_ms))
-
-    async def readmit(self, replica: str) -> dict[str, Any]:
-        return await self.request("POST", _replica_path(replica, "readmit"), {})
-
-    async def restart(self, replica: str) -> dict[str, Any]:
-        return await self.request("POST", _replica_path(replica, "restart"), {})
-
-    async def scale(self, deployment: str, replicas: int) -> dict[str, Any]:
-        return await self.request("POST", _scale_path(deployment), {"replicas": int(replicas)})
-
-    async def reload(self) -> dict[str, Any]:
-        return await self.request("POST", "/v1/reload", {})
+        except httpx.HTTPError as exc:
+            raise self._failure(exc, idle_timeout_s) from exc
