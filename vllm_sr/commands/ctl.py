@@ -59,6 +59,15 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False, default=str))
 
 
+def print_status(inventory: dict[str, Any]) -> None:
+    """The inventory as `vllm-sr status` shows it (a rich table)."""
+    from rich.console import Console
+
+    from vllm_sr.control.render import status_view
+
+    Console().print(status_view(inventory))
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "ctl",
@@ -105,8 +114,6 @@ def _inventory(args: argparse.Namespace) -> int:
     if args.json:
         print_json(inventory)
         return EXIT_OK
-    from vllm_sr.commands.status import print_status
-
     print_status(inventory)
     return EXIT_OK
 

@@ -5,9 +5,8 @@ Exit codes: 0 shown, 1 failed, 3 the service is not running."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from vllm_sr.commands.ctl import add_common, client_for, print_json
+from vllm_sr.commands.ctl import add_common, client_for, print_json, print_status
 from vllm_sr.errors import EXIT_OK
 
 
@@ -20,14 +19,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_common(p)
     p.set_defaults(func=_run)
-
-
-def print_status(inventory: dict[str, Any]) -> None:
-    from rich.console import Console
-
-    from vllm_sr.control.render import status_view
-
-    Console().print(status_view(inventory))
 
 
 def _run(args: argparse.Namespace) -> int:

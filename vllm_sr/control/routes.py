@@ -7,12 +7,14 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from vllm_sr.control.auth import Peer, read_peer
+from vllm_sr.clock import Clock
+from vllm_sr.control.auth import AccessPolicy, Peer, read_peer
+from vllm_sr.control.commands import Command, CommandKind
 from vllm_sr.control.protocol import (
     HEARTBEAT,
     NDJSON,
@@ -26,15 +28,41 @@ from vllm_sr.errors import (
     RequestTooLarge,
     VllmSrError,
 )
-from vllm_sr.events import Subscription
-from vllm_sr.control.commands import Command, CommandKind
-
-if TYPE_CHECKING:
-    from vllm_sr.control.server import ControlServer
+from vllm_sr.events import EventBus, Subscription
 
 log = logging.getLogger("vllm_sr.control")
 
-SERVER_KEY: web.AppKey[ControlServer] = web.AppKey("control_server")
+
+class ControlBackend(Protocol):
+    """What the server needs from the supervisor (or a fake in tests)."""
+
+    events: EventBus
+
+    def inventory(self) -> dict[str, Any]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def effective_config(self) -> dict[str, Any]: ...
+
+    async def submit(self, command: Command) -> dict[str, Any]: ...
+
+
+class ServerView(Protocol):
+    """The server as its routes see it (``ControlServer``; no import back up to it)."""
+
+    backend: ControlBackend
+    policy: AccessPolicy
+    clock: Clock
+    closing: bool
+    streams: set[EventStream]
+    max_body: int
+    body_timeout_s: float
+    heartbeat_s: float
+    write_timeout_s: float
+    subscriber_queue: int
+
+
+SERVER_KEY: web.AppKey[ServerView] = web.AppKey("control_server")
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -150,7 +178,7 @@ async def _events(request: web.Request) -> web.Response:
 class EventStream:
     """One NDJSON subscriber: replays from ``since``, then live events and heartbeats."""
 
-    def __init__(self, server: ControlServer, request: web.Request, since: int | None) -> None:
+    def __init__(self, server: ServerView, request: web.Request, since: int | None) -> None:
         self.server = server
         self.request = request
         self.since = since

@@ -8,35 +8,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Protocol
 
 from aiohttp import web
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.control import routes
 from vllm_sr.control.auth import AccessPolicy
+from vllm_sr.control.routes import ControlBackend
 from vllm_sr.control.socketfile import bind_socket, remove_if_ours
-from vllm_sr.events import EventBus
-from vllm_sr.control.commands import Command
+
+__all__ = ["ControlBackend", "ControlServer"]
 
 log = logging.getLogger("vllm_sr.control")
 
 DEFAULT_SOCKET = Path("/run/vllm-sr/control.sock")
 MAX_BODY = 64 * 1024
-
-
-class ControlBackend(Protocol):
-    """What the server needs from the supervisor (or a fake in tests)."""
-
-    events: EventBus
-
-    def inventory(self) -> dict[str, Any]: ...
-
-    def health(self) -> dict[str, Any]: ...
-
-    def effective_config(self) -> dict[str, Any]: ...
-
-    async def submit(self, command: Command) -> dict[str, Any]: ...
 
 
 class ControlServer:
