@@ -259,7 +259,7 @@ async def test_backend_crash_is_a_500(client: AsyncControlClient, backend: FakeB
         (b'{"duration_ms": "30s"}', "duration_ms"),
         (b'{"duration_ms": 0}', "duration_ms"),
         (b'{"duration": 5}', "duration: unknown field"),
-        (b"{not json", "not JSON"),
+        (b"{not json", "not valid JSON"),
         (b"[1, 2]", "JSON object"),
     ],
 )

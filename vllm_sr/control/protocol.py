@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from vllm_sr.errors import DeadlineExceeded
+from vllm_sr.jsonbody import RequestTimeout
+
+__all__ = ["HEARTBEAT", "NDJSON", "STREAM_CLOSED", "STREAM_DROPPED", "RequestTimeout"]
 
 NDJSON = "application/x-ndjson"
 HEARTBEAT = "heartbeat"
 STREAM_CLOSED = "stream_closed"  # the service is stopping
 STREAM_DROPPED = "stream_dropped"  # this reader fell too far behind
 
-
-class RequestTimeout(DeadlineExceeded):
-    """The client stalled while sending its request (HTTP 408; the service is fine)."""
-
-    code = "request_timeout"
-    http_status = 408
-    retryable = False
+# RequestTimeout (408: the client stalled sending its body) is the body reader's, shared with
+# the worker; named here too because the clients map the wire code to it.

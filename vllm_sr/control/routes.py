@@ -10,8 +10,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from vllm_sr import jsonbody
 from vllm_sr.clock import Clock
 from vllm_sr.control.auth import AccessPolicy, Peer, read_peer
 from vllm_sr.control.commands import Command, CommandKind
@@ -20,14 +21,8 @@ from vllm_sr.control.protocol import (
     NDJSON,
     STREAM_CLOSED,
     STREAM_DROPPED,
-    RequestTimeout,
 )
-from vllm_sr.errors import (
-    Forbidden,
-    InvalidRequest,
-    RequestTooLarge,
-    VllmSrError,
-)
+from vllm_sr.errors import Forbidden, InvalidRequest, VllmSrError
 from vllm_sr.events import EventBus, Subscription
 
 log = logging.getLogger("vllm_sr.control")
@@ -273,41 +268,13 @@ class _ScaleBody(BaseModel):
 
 async def _read_body(request: web.Request, model: type[_M]) -> _M:
     server = request.app[SERVER_KEY]
-    length = request.content_length
-    if length is not None and length > server.max_body:
-        raise RequestTooLarge(f"request body is {length} bytes; the limit is {server.max_body}")
-    try:
-        raw = await asyncio.wait_for(request.read(), server.body_timeout_s)
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the request body did not arrive within {server.body_timeout_s:g} s"
-        ) from None
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestTooLarge(f"request body over the {server.max_body}-byte limit") from None
-    text = raw.decode("utf-8", errors="replace").strip()
-    try:
-        data = json.loads(text) if text else {}
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(
-            f"request body is not JSON: {exc.msg} at character {exc.pos}"
-        ) from None
-    if not isinstance(data, dict):
-        raise InvalidRequest(f"request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidRequest(_describe(exc)) from None
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        if err["type"] == "extra_forbidden":
-            parts.append(f"{field}: unknown field")
-        else:
-            parts.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
-    return "; ".join(parts)
+    return await jsonbody.read_json(
+        request,
+        model,
+        max_bytes=server.max_body,
+        timeout_s=server.body_timeout_s,
+        allow_empty=True,  # `curl -X POST` with no body is an empty object
+    )
 
 
 def _peer(request: web.Request) -> Peer:
