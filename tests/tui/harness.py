@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 from textual.pilot import Pilot
 from vllm_sr_top.app import VllmSrTop
-from vllm_sr_top.model import Backoff
 from vllm_sr_top.source import connect
 
 from tests.support.control_fake import FakeBackend
+from vllm_sr.backoff import Backoff
 from vllm_sr.clock import FakeClock
 from vllm_sr.control.auth import AccessPolicy, Peer
 from vllm_sr.control.server import ControlServer
@@ -92,7 +92,7 @@ def make_app(
         api=connect(str(socket)),
         clock=clock,
         tz=dt.UTC,
-        backoff=backoff or Backoff(base=0.05, cap=0.2),
+        backoff=backoff or Backoff(0.05, 0.2),
     )
 
 

@@ -199,7 +199,7 @@ async def test_waits_for_the_service_and_reconnects_by_itself(
         await live.stop()
         await until(pilot, lambda: banner.has_class("-disconnected"), "the banner again")
         assert "primary-0" in _rows(app)  # the last data stays on screen
-        await until(pilot, lambda: app.backoff.attempts >= 3, "several retries")
+        await until(pilot, lambda: app.attempts >= 3, "several retries")
         live.backend.replica("primary-0").restarts = 7
         await live.start()
         await until(pilot, lambda: app.connected, "the reconnection", timeout=5)

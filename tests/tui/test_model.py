@@ -1,4 +1,4 @@
-"""The dashboard's pure view logic: formatting, colours, sorting, filtering, backoff."""
+"""The dashboard's pure view logic: formatting, colours, sorting, filtering."""
 
 from __future__ import annotations
 
@@ -6,13 +6,11 @@ import datetime as dt
 
 from vllm_sr_top.model import (
     SORT_KEYS,
-    Backoff,
     ThroughputHistory,
     deployment_title,
     ejection_cell,
     event_line,
     fmt_bytes,
-    fmt_duration,
     inflight_bar,
     next_filter,
     next_sort,
@@ -22,17 +20,19 @@ from vllm_sr_top.model import (
 )
 from vllm_sr_top.source import permission_from_health
 
+from vllm_sr.control.render import format_seconds
+
 
 def test_bytes_and_durations_are_compact() -> None:
     assert fmt_bytes(0) == "0 B"
     assert fmt_bytes(1023) == "1023 B"
     assert fmt_bytes(1536) == "1.5 KiB"
     assert fmt_bytes(5 * 1024 * 1024) == "5.0 MiB"
-    assert fmt_duration(9.9) == "9s"
-    assert fmt_duration(245) == "4m05s"
-    assert fmt_duration(2 * 3600 + 180) == "2h03m"
-    assert fmt_duration(3 * 86400 + 4 * 3600) == "3d04h"
-    assert fmt_duration(None) == "-"
+    assert format_seconds(9.9, whole=True) == "9s"
+    assert format_seconds(245, whole=True) == "4m05s"
+    assert format_seconds(2 * 3600 + 180, whole=True) == "2h03m"
+    assert format_seconds(3 * 86400 + 4 * 3600, whole=True) == "3d04h"
+    assert format_seconds(None, whole=True) == "-"
 
 
 def test_inflight_bar_fills_in_proportion_to_the_limit() -> None:
@@ -90,13 +90,6 @@ def test_filter_cycles_all_then_each_deployment() -> None:
     assert next_filter("b", names) is None
     assert next_filter("gone", names) is None
     assert next_filter(None, []) is None
-
-
-def test_backoff_doubles_to_the_cap_and_resets() -> None:
-    b = Backoff(base=0.5, cap=3.0)
-    assert [b.next_delay() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-    b.reset()
-    assert b.next_delay() == 0.5
 
 
 def test_history_sums_replica_rates_per_deployment() -> None:

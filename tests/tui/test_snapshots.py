@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 from vllm_sr_top.app import VllmSrTop
-from vllm_sr_top.model import Backoff
 from vllm_sr_top.widgets import Banner, EventsPane
 
 from tests.support.control_fake import FakeBackend
@@ -26,6 +25,7 @@ from tests.tui.harness import (
     until,
 )
 from vllm_sr import events as ev
+from vllm_sr.backoff import Backoff
 from vllm_sr.clock import FakeClock
 
 # A fixed path, so that the disconnected banner (which names it) is the same on every run.
@@ -62,7 +62,7 @@ def _serve(clock: FakeClock) -> Iterator[ServerThread]:
 
 def _app(clock: FakeClock) -> VllmSrTop:
     # A long backoff: the disconnected screen shows the first retry's countdown, unmoved.
-    return make_app(SNAP_SOCKET, clock, backoff=Backoff(base=30.0, cap=30.0))
+    return make_app(SNAP_SOCKET, clock, backoff=Backoff(30.0, 30.0))
 
 
 async def _settle(pilot: Pilot[Any], server: ServerThread, polls: int) -> None:

@@ -1,8 +1,8 @@
 """vllm-sr-top: a live Textual dashboard of a vllm-sr host's replicas, ejections and restarts.
 
 It speaks only the control API, through ``vllm_sr.control.client.AsyncControlClient``. All I/O
-runs in Textual workers on the app's event loop (httpx's async client, never blocking), so a slow or absent
-service never freezes the screen."""
+runs in Textual workers on the app's event loop (httpx's async client, never blocking), so a
+slow or absent service never freezes the screen."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from textual.containers import VerticalScroll
 from textual.geometry import Region
 from textual.widgets import Footer
 
+from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr_top.model import SORT_KEYS, Backoff, ThroughputHistory, next_filter, next_sort
+from vllm_sr_top.model import SORT_KEYS, ThroughputHistory, next_filter, next_sort
 from vllm_sr_top.screens import ConfirmScreen, HelpScreen
 from vllm_sr_top.source import (
     DEFAULT_SOCKET,
@@ -39,6 +40,9 @@ from vllm_sr_top.widgets import (
     MessageLine,
     ReplicaTable,
 )
+
+RECONNECT_FIRST_S = 0.5
+RECONNECT_MAX_S = 10.0
 
 ACTIONS: dict[str, str] = {
     "drain": "Drain {rid}? It stops taking requests and finishes the ones it has.",
@@ -91,7 +95,9 @@ class VllmSrTop(App[None]):
         self.api = api or connect(socket)
         self.clock = clock
         self.tz = tz
-        self.backoff = backoff or Backoff()
+        # Reconnects: 0.5 s doubling to 10 s, started over by a successful poll.
+        self.backoff = backoff or Backoff(RECONNECT_FIRST_S, RECONNECT_MAX_S)
+        self.attempts = 0  # failed polls since the last success
         self.inventory: dict[str, Any] | None = None
         self.history = ThroughputHistory()
         self.sort = SORT_KEYS[0]
@@ -180,6 +186,7 @@ class VllmSrTop(App[None]):
         self.connected = True
         self._online.set()
         self.backoff.reset()
+        self.attempts = 0
         self.retry_at = None
         self.inventory = inventory
         self.history.record(inventory)
@@ -192,6 +199,7 @@ class VllmSrTop(App[None]):
         self._online.clear()
         self.last_error = reason
         delay = self.backoff.next_delay()
+        self.attempts += 1
         self.retry_at = self.clock.monotonic() + delay
         self._render_banner()
         self._render_header()
@@ -200,7 +208,7 @@ class VllmSrTop(App[None]):
     async def _event_loop(self) -> None:
         """Follows the event stream; after a break, replays what it missed from the ring."""
         pane = self.events_pane
-        retry = Backoff(base=self.backoff.base, cap=self.backoff.cap)
+        retry = Backoff(self.backoff.initial_s, self.backoff.max_s)
         while True:
             await self._online.wait()
             seen = pane.last_seq
@@ -257,7 +265,7 @@ class VllmSrTop(App[None]):
             banner.show(
                 "disconnected",
                 f"DISCONNECTED: {self.last_error.rstrip('.')}. Retrying in {_seconds(left)} "
-                f"(attempt {self.backoff.attempts}); the data below is stale.",
+                f"(attempt {self.attempts}); the data below is stale.",
             )
         elif self.paused:
             banner.show("paused", "PAUSED: updates stopped; press p to resume")

@@ -12,6 +12,8 @@ from typing import Any
 
 from rich.text import Text
 
+from vllm_sr.control.render import format_seconds
+
 # Colours chosen so that a state reads at a glance: green serves, yellow is on its way back,
 # red is out, grey is gone.
 REPLICA_STATE_STYLES: dict[str, str] = {
@@ -59,20 +61,6 @@ def fmt_bytes(n: float | None) -> str:
     raise AssertionError("unreachable")
 
 
-def fmt_duration(seconds: float | None) -> str:
-    """Compact and stable width: 9s, 4m05s, 2h03m, 3d04h."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
-
-
 def fmt_ms(ms: float | None) -> str:
     if ms is None:
         return "-"
@@ -102,7 +90,7 @@ def ejection_cell(ejections: int, ejected_until: float | None, now: float) -> Te
     """Ejections so far and, while ejected, the time left of the current cool-down."""
     cell = Text(str(ejections))
     if ejected_until is not None and ejected_until > now:
-        cell.append(f" ({fmt_duration(ejected_until - now)})", style="bold red")
+        cell.append(f" ({format_seconds(ejected_until - now, whole=True)})", style="bold red")
     return cell
 
 
@@ -225,23 +213,6 @@ class ThroughputHistory:
         return list(self.series.get(name, ()))
 
 
-@dataclass
-class Backoff:
-    """Retry delays that double from ``base`` to ``cap``; ``reset`` after a success."""
-
-    base: float = 0.5
-    cap: float = 10.0
-    attempts: int = 0
-
-    def next_delay(self) -> float:
-        delay = min(self.cap, self.base * (2**self.attempts))
-        self.attempts += 1
-        return delay
-
-    def reset(self) -> None:
-        self.attempts = 0
-
-
 def fmt_clock(unix: float, tz: dt.tzinfo | None) -> str:
     return dt.datetime.fromtimestamp(unix, tz=tz).strftime("%H:%M:%S")
 
@@ -252,7 +223,7 @@ def _event_detail(event: dict[str, Any]) -> str:
         if key in _SUBJECT_FIELDS or value is None:
             continue
         if key == "duration_ms" and isinstance(value, int | float):
-            parts.append(f"for {fmt_duration(value / 1000)}")
+            parts.append(f"for {format_seconds(value / 1000, whole=True)}")
         else:
             parts.append(f"{key}={value}")
     return " ".join(parts)

@@ -10,12 +10,12 @@ from textual.app import ComposeResult, RenderResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, RichLog, Sparkline, Static
 
+from vllm_sr.control.render import format_seconds
 from vllm_sr_top.model import (
     COLUMNS,
     SortKey,
     deployment_title,
     event_line,
-    fmt_duration,
     pool_state_text,
     replica_cells,
     sort_replicas,
@@ -38,7 +38,7 @@ class HeaderBar(Static):
             return
         svc = inventory.get("service", {})
         line.append(f"  host {svc.get('host', '?')}")
-        line.append(f"  up {fmt_duration(svc.get('uptime_s'))}")
+        line.append(f"  up {format_seconds(svc.get('uptime_s'), whole=True)}")
         line.append(f"  v{svc.get('version', '?')}")
         line.append(f"  gen {svc.get('generation', '?')}")
         line.append(f"  {status}", style="grey70")

@@ -43,15 +43,26 @@ def parse_duration_ms(text: str, flag: str = "--for") -> int:
     return ms
 
 
-def format_seconds(seconds: float) -> str:
-    """A short human duration: 950ms, 12.5s, 3m20s, 2h05m."""
-    if seconds < 1:
+def format_seconds(seconds: float | None, *, whole: bool = False) -> str:
+    """The project's one short human duration (the CLI and vllm-sr-top): 950ms, 12.5s (or with
+    ``whole``, stable width for a live screen: 9s), then 3m20s, 2h05m, 3d04h; None is "-"."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if whole:
+        seconds = float(int(seconds))
+        if seconds < 60:
+            return f"{int(seconds)}s"
+    elif seconds < 1:
         return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
+    elif seconds < 60:
         return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def styled_state(state: str) -> Text:
