@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from vllm_sr.errors import DeadlineExceeded, InvalidRequest, RequestTooLarge
+
+if TYPE_CHECKING:  # the clients import RequestTimeout from here and need no server library
+    from aiohttp import web
 
 M = TypeVar("M", bound=BaseModel)
 Loads = Callable[[str], Any]
@@ -115,6 +117,8 @@ async def read_json(
     """Read ``request``'s body (at most ``max_bytes``, within ``timeout_s``) and parse it as
     ``parse_json`` does. The app's ``client_max_size`` should be ``max_bytes``: aiohttp then
     stops a chunked body at the cap instead of buffering it."""
+    from aiohttp import web
+
     length = request.content_length
     if length is not None and length > max_bytes:
         raise RequestTooLarge(f"body: {length} bytes is over the cap of {max_bytes} bytes")

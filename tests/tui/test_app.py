@@ -10,9 +10,11 @@ from rich.text import Text
 from textual import events
 from textual.pilot import Pilot
 from vllm_sr_top.app import VllmSrTop, build_parser
+from vllm_sr_top.model import COLUMNS
 from vllm_sr_top.screens import ConfirmScreen, HelpScreen
 from vllm_sr_top.widgets import Banner, EventsPane, HeaderBar, MessageLine, ReplicaTable
 
+from tests.support.control_fake import sample_adaptive_threads
 from tests.tui.harness import HOST, LiveControl, ReadOnlyPolicy, load, make_app, until
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import Conflict
@@ -254,6 +256,27 @@ async def test_64_replicas_update_in_place(live: LiveControl, clock: FakeClock) 
         await app.poll_once()
         assert app.selected == "primary-5"  # updated in place: the cursor stays
         assert _rows(app)["primary-5"][5] == "20.0" and _rows(app)["primary-63"][5] == "78.0"
+
+
+async def test_shows_what_each_adaptive_thread_learner_says(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    # What the supervisor does with each worker's /health: the pool's set_adaptive_threads.
+    live.backend.set_adaptive_threads("primary-0", sample_adaptive_threads())
+    live.backend.set_adaptive_threads("primary-1", sample_adaptive_threads("exploring"))
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        rows = _rows(app)
+        thr = COLUMNS.index("THR")
+        assert [rows[r][thr] for r in ("primary-0", "primary-1", "primary-2")] == [
+            "1->1",
+            "1 (exploring)",
+            "1",
+        ]
+        live.backend.set_adaptive_threads("primary-1", sample_adaptive_threads("retired", "x"))
+        await app.poll_once()
+        assert _rows(app)["primary-1"][thr] == "1 (retired)"
 
 
 def test_command_line_checks_the_interval() -> None:

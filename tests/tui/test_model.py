@@ -17,9 +17,11 @@ from vllm_sr_top.model import (
     replica_cells,
     sort_replicas,
     state_text,
+    threads_cell,
 )
 from vllm_sr_top.source import permission_from_health
 
+from tests.support.control_fake import sample_adaptive_threads
 from vllm_sr.control.render import format_seconds
 
 
@@ -144,6 +146,14 @@ def test_replica_row_and_title_render_inventory_fields() -> None:
          "ejected_replicas": 1}
     )  # fmt: skip
     assert title.plain == "primary  1/2 ready  degraded  1 ejected"
+
+
+def test_threads_cell_says_what_the_learner_says() -> None:
+    learned = sample_adaptive_threads()
+    assert threads_cell(2, None) == "2" and threads_cell(None, None) == "-"
+    assert threads_cell(2, learned) == "2->1"
+    assert threads_cell(2, learned | {"state": "exploring"}) == "2 (exploring)"
+    assert threads_cell(2, sample_adaptive_threads("retired", "no gain")) == "2 (retired)"
 
 
 def test_permission_comes_from_health_when_the_service_says() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -211,3 +213,17 @@ def test_default_socket_from_host_settings(tmp_path: Path, monkeypatch: pytest.M
     assert default_socket() == "/tmp/from-settings.sock"
     monkeypatch.setattr(service, "DEFAULT_SERVICE_CONFIG_PATH", tmp_path / "absent.toml")
     assert default_socket() == "/run/vllm-sr/control.sock"
+
+
+def test_the_cli_side_imports_no_worker_numpy_or_server_library() -> None:
+    # `ctl threads` prints the learner's report without the worker (numpy, torch), and the
+    # clients need no aiohttp: a fresh interpreter shows what importing them pulls in.
+    code = (
+        "import sys\n"
+        "from vllm_sr.commands import ctl, status\n"
+        "from vllm_sr.control import client, render\n"
+        "ctl._format_threads(None)\n"
+        "print(sorted(m for m in ('numpy', 'vllm_sr.worker', 'aiohttp') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

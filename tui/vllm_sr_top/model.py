@@ -121,10 +121,23 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
+def threads_cell(threads: Any, adaptive: Any) -> str:
+    """The THR cell: the worker's threads and, with adaptive threads on, what its learner
+    says (``ctl threads`` has the whole report): 2 (exploring), 2->1 (learned, 1 is best),
+    2 (retired)."""
+    text = str(threads) if threads else "-"
+    if not isinstance(adaptive, dict):
+        return text
+    state = str(adaptive.get("state") or "?")
+    best = adaptive.get("recommended_threads")
+    if state == "learned" and best is not None:
+        return f"{text}->{best}"
+    return f"{text} ({state})"
+
+
 def replica_cells(replica: dict[str, Any], now: float) -> list[Text | str]:
     """The table row of one inventory replica, in ``COLUMNS`` order."""
     pid = replica.get("pid")
-    threads = replica.get("threads")
     return [
         str(replica.get("id", "?")),
         state_text(str(replica.get("state", "?"))),
@@ -136,7 +149,7 @@ def replica_cells(replica: dict[str, Any], now: float) -> list[Text | str]:
         fmt_ms(replica.get("latency_p99_ms")),
         fmt_bytes(replica.get("outstanding_bytes") or 0),
         str(replica.get("restarts") or 0),
-        str(threads) if threads else "-",
+        threads_cell(replica.get("threads"), replica.get("adaptive_threads")),
         str(replica.get("device") or replica.get("endpoint") or "-"),
         str(pid) if pid else "-",
     ]

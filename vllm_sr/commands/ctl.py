@@ -193,7 +193,7 @@ def _threads(args: argparse.Namespace) -> int:
 
 
 def _format_threads(report: dict[str, Any] | None) -> str:
-    from vllm_sr.worker.threads import format_report
+    from vllm_sr.control.threads_report import format_report
 
     try:
         return format_report(report)
