@@ -147,7 +147,7 @@ def test_top_in_a_terminal_ejects_and_survives_a_service_restart(
         term.keys("y")
         screen = term.wait(lambda s: "eject primary-1: done" in s, "the result")
         screen = term.wait(lambda s: "replica_ejected primary-1" in s, "the event")
-        term.wait(lambda s: "primary  2/3 ready  degraded  1 ejected" in s, "degraded")
+        term.wait(lambda s: "primary  3/3 ready  degraded  1 ejected" in s, "degraded")
         term.wait(
             lambda s: any(line.startswith(" primary-1  ejected ") for line in s.splitlines()),
             "the ejected row",
