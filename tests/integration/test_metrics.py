@@ -93,3 +93,32 @@ async def test_a_worker_that_does_not_answer_is_absent_not_an_error(tiny_bert_di
     finally:
         os.kill(pid, signal.SIGCONT)
         await svc.stop()
+
+
+async def test_several_replicas_use_worker_caches_and_one_uses_the_frontend_cache(
+    tiny_bert_dir: Path,
+) -> None:
+    """The page: "Single-worker deployments retain the frontend result cache; multiple replicas
+    use independent worker caches"."""
+    for n in (2, 1):
+        plan = fake_plan(n, artifact=str(tiny_bert_dir), timeout_ms=30_000)
+        svc = await start_service(lambda p=plan: p, worker_argv=WORKER_ARGV)  # type: ignore[misc]
+        try:
+            async with aiohttp.ClientSession() as s:
+                for _ in range(6):
+                    async with s.post(f"{svc.url}/v1/embeddings", json={"input": "same"}) as r:
+                        assert r.status == 200
+                        frontend_hit = r.headers.get("X-Cache") == "hit"
+                async with s.get(f"{svc.url}/metrics") as r:
+                    text = await r.text()
+            hits = sum(
+                v
+                for (name, _), v in samples(text).items()
+                if name == "vllm_sr_worker_result_cache_hits_total"
+            )
+            if n == 2:
+                assert hits >= 4 and not frontend_hit  # 6 asks, at most 2 first misses
+            else:
+                assert hits == 0 and frontend_hit
+        finally:
+            await svc.stop()

@@ -6,6 +6,16 @@ from __future__ import annotations
 import argparse
 
 
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 (off) or a positive number of bytes")
+    return value
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -53,6 +63,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--replica-id", metavar="ID", help="replica id, used as the log prefix")
     p.add_argument(
+        "--result-cache-bytes",
+        type=_nonnegative,
+        default=0,
+        metavar="N",
+        help="result cache bound in bytes (default 0: no cache)",
+    )
+    p.add_argument(
+        "--revision", metavar="REV", help="the artifact revision the deployment asks for"
+    )
+    p.add_argument(
         "--served-model-name",
         action="append",
         default=[],
@@ -78,5 +98,7 @@ def _run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         replica_id=args.replica_id,
         served_names=tuple(args.served_model_name),
+        result_cache_bytes=args.result_cache_bytes,
+        revision=args.revision,
     )
     return run(opts)

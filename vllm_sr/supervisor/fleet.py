@@ -135,6 +135,16 @@ class Fleet:
         self.directory.publish(published, default, aliases, self.generation)
 
 
+def size_caches(workers: list[ManagedReplica], plan: ServicePlan, cache_bytes: int) -> None:
+    """The page: "Single-worker deployments retain the frontend result cache; multiple replicas
+    use independent worker caches". A worker is started with its own result cache when its
+    deployment has several replicas (a worker kept across a scale keeps what it started with)."""
+    for rep in workers:
+        dep = plan.deployments.get(rep.spec.deployment)
+        if dep is not None and len(dep.replicas) > 1:
+            rep.result_cache_bytes = cache_bytes
+
+
 def start_in_order(workers: list[ManagedReplica], busy: list[ManagedReplica]) -> list[Any]:
     """Start ``workers``; those placed on the same GPU one after another. Each GPU worker
     calibrates its token budget from the device's free memory at startup, so two starting

@@ -35,6 +35,7 @@ class ProcessOptions:
     backoff_max_s: float = 60.0
     backoff_reset_s: float = 60.0
     health_every_s: float = 1.0  # a ready worker's /health is read this often (threads, hangs)
+    worker_cache_bytes: int = 64 * 1024 * 1024  # each worker's cache when replicas > 1
     hung_grace_s: float = 2.0  # SIGTERM -> SIGKILL for a hung worker (it finishes nothing)
     worker_argv: Sequence[str] | None = None  # tests run another command than `vllm-sr worker`
 
@@ -74,6 +75,7 @@ class ManagedReplica:
         self._life = asyncio.Event()  # set (and replaced) each time a process starts
         self.record: Any = None  # its pool Replica record while published
         self.served_model: str | None = None  # attached runtimes: the name to put in "model"
+        self.result_cache_bytes = 0  # set by the supervisor for multi-replica deployments
         self._backoff = Backoff(
             options.backoff_initial_s,
             options.backoff_max_s,
@@ -178,7 +180,9 @@ class ManagedReplica:
 
     async def _one_life(self, restarted: bool) -> int:
         """Spawn, wait until ready, wait for the exit. Returns the exit code."""
-        argv = worker_command(self.spec, self.socket_path, self.options.worker_argv)
+        argv = worker_command(
+            self.spec, self.socket_path, self.options.worker_argv, self.result_cache_bytes
+        )
         env = dict(getattr(self.spec, "env", None) or {})
         proc = WorkerProcess(
             argv,

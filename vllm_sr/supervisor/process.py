@@ -27,7 +27,9 @@ log = logging.getLogger("vllm_sr.supervisor")
 PARENT_PID_ENV = "VLLM_SR_PARENT_PID"
 
 
-def worker_command(spec: Any, socket_path: str, base: Sequence[str] | None = None) -> list[str]:
+def worker_command(
+    spec: Any, socket_path: str, base: Sequence[str] | None = None, result_cache_bytes: int = 0
+) -> list[str]:
     """The argv that runs ``vllm-sr worker`` for ``spec`` (a placement ReplicaSpec)."""
     argv = list(base) if base else [sys.executable, "-m", "vllm_sr.cli", "worker"]
     argv += [str(spec.artifact), "--uds", socket_path]
@@ -46,6 +48,11 @@ def worker_command(spec: Any, socket_path: str, base: Sequence[str] | None = Non
         value = getattr(spec, attr, None)
         if value is not None:
             argv += [flag, str(value)]
+    revision = getattr(spec, "revision", None)
+    if revision:
+        argv += ["--revision", str(revision)]
+    if result_cache_bytes > 0:  # several replicas: each keeps its own result cache (the page)
+        argv += ["--result-cache-bytes", str(result_cache_bytes)]
     argv += ["--replica-id", str(spec.id)]
     # Requests name the deployment in "model"; the worker must accept that name as its own.
     deployment = getattr(spec, "deployment", None)

@@ -21,7 +21,7 @@ from vllm_sr.control.commands import Command
 from vllm_sr.errors import Conflict, InvalidRequest, VllmSrError
 from vllm_sr.events import EventBus
 from vllm_sr.pool import compat
-from vllm_sr.supervisor.fleet import Fleet, Spawn, start_in_order, who
+from vllm_sr.supervisor.fleet import Fleet, Spawn, size_caches, start_in_order, who
 from vllm_sr.supervisor.managed import ManagedReplica
 from vllm_sr.supervisor.reload import ServicePlan, diff_plans
 
@@ -93,6 +93,7 @@ class Reconfiguration:
         self.task: asyncio.Task[None] | None = None
         self.retiring_tasks: set[asyncio.Task[None]] = set()
         self.starts: list[Any] = []
+        self.cache_bytes = 0  # each new worker's result cache when its deployment has several
 
     @property
     def running(self) -> bool:
@@ -144,6 +145,7 @@ class Reconfiguration:
         diff = diff_plans(running, plan.specs())
         staged = [self.spawn(spec) for spec in diff.start]
         fleet.staged.extend(staged)
+        size_caches(staged, plan, self.cache_bytes)
         self.starts = start_in_order(staged, list(fleet.replicas.values()))
         published = False
         try:

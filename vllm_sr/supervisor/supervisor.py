@@ -32,7 +32,7 @@ from vllm_sr.events import Event, EventBus
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.supervisor.attached import AttachedReplica
-from vllm_sr.supervisor.fleet import Fleet, Spawn, mark_ready, start_in_order, who
+from vllm_sr.supervisor.fleet import Fleet, Spawn, mark_ready, size_caches, start_in_order, who
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
 from vllm_sr.supervisor.reload import ServicePlan
@@ -96,6 +96,7 @@ class Supervisor:
             status=lambda: self._last_status or None,
             on_published=self.place_self,
         )
+        self.reconfiguration.cache_bytes = self.options.worker_cache_bytes
         self.events.add_sink(self._on_event)
 
     # ------------------------------------------------------------------ views
@@ -180,6 +181,7 @@ class Supervisor:
         plan = await asyncio.to_thread(self.planner)
         workers = [self.spawn(spec) for spec in plan.specs()]
         self.fleet.first(plan, workers)
+        size_caches(workers, plan, self.options.worker_cache_bytes)
         self._starts = start_in_order(workers, [])
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
         self.place_self()
