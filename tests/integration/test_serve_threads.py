@@ -48,6 +48,7 @@ async def test_the_learner_reaches_ctl_threads_and_the_inventory(
     control = run / "control.sock"
     log = tmp_path / "serve.log"
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1"}
+    env["VLLM_SR_THREADS_RECORD_DIR"] = str(tmp_path / "records")  # not the runner's home
     env.pop("VLLM_SR_WORKER_ARGV", None)
     argv = [sys.executable, "-m", "vllm_sr.cli", "serve", str(tiny_bert_dir), "-e"]
     argv += ["--platform", "cpu", "--config", str(tmp_path / "config.yaml")]

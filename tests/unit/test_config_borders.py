@@ -53,12 +53,10 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_no_config_module_names_placement_even_lazily() -> None:
-    """Stronger than sys.modules: a function-level import would escape the test above. The
-    transitional alias config/apply.py (see its docstring) is the one allowed exception."""
+    """Stronger than sys.modules: a function-level import would escape the test above."""
     offenders = {
         p.name: sorted(m for m in _imports(p) if m.startswith("vllm_sr.placement"))
         for p in PACKAGE_DIR.glob("*.py")
-        if p.name != "apply.py"
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 

@@ -60,3 +60,12 @@ def test_diff_ignores_env_but_replaces_on_identity_change() -> None:
     changed = diff_plans(running, specs(2, threads=4))
     assert [s.id for s in changed.start] == ["primary-0", "primary-1"]
     assert changed.retire == ["primary-0", "primary-1"]
+
+
+def test_a_json_log_line_gives_its_message_as_the_exit_reason() -> None:
+    from vllm_sr.supervisor.managed import _message_of
+
+    line = '{"time": 1, "level": "ERROR", "message": "golden check failed: cosine 0.2"}'
+    assert _message_of(line) == "golden check failed: cosine 0.2"
+    assert _message_of("plain words") == "plain words"
+    assert _message_of("{not json") == "{not json"

@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     host.add_argument("--control-socket", metavar="PATH", help="control API Unix socket")
     host.add_argument("--runtime-dir", metavar="DIR", help="sockets; workers in DIR/workers/")
     host.add_argument(
+        "--log-format",
+        choices=("auto", "text", "json", "journald"),
+        help="log lines: auto (journald under systemd, else text), text, json (JSON lines on "
+        "stdout, e.g. in a pod) or journald; workers log the same way",
+    )
+    host.add_argument(
         "--ready-timeout", type=float, metavar="S", help="seconds a worker may take to get ready"
     )
     p.set_defaults(func=_run)
@@ -57,7 +63,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     planner = config_planner(config_path)
     planner()  # refuse a bad config or plan before anything starts (exit 78)
-    setup_logging("serve")
+    log_format = args.log_format or settings.log_format
+    if log_format != "auto":
+        os.environ["VLLM_SR_LOG_FORMAT"] = log_format  # the workers inherit it
+    setup_logging("serve", log_format=log_format)
+    _threads_record_dir(settings.state_dir)
     # Tests (and debugging) may run another worker command; the default is `vllm-sr worker`.
     override = os.environ.get(WORKER_ARGV_ENV)
     options = ServeOptions(
@@ -68,6 +78,13 @@ def _run(args: argparse.Namespace) -> int:
     from vllm_sr.aio import run
 
     return run(serve(planner, options, scaler=config_scaler(config_path)))
+
+
+def _threads_record_dir(state_dir: Path) -> None:
+    """Adaptive threads keep their per-host record (mode 2 needs one) in the service's state
+    directory when it is usable, else the worker's default (~/.local/state/vllm-sr)."""
+    if os.access(state_dir, os.W_OK):
+        os.environ.setdefault("VLLM_SR_THREADS_RECORD_DIR", str(state_dir / "threads"))
 
 
 def _apply_flags(args: argparse.Namespace, config_path: Path) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -261,9 +262,17 @@ class ManagedReplica:
         if self.last_error and returncode < 0:
             return self.last_error
         tail = [line for line in self._stderr_tail if line.strip()]
-        last = tail[-1].strip() if tail else ""
+        last = _message_of(tail[-1].strip()) if tail else ""
         if returncode < 0:
             return f"killed by signal {-returncode}"
         if returncode == EXIT_DO_NOT_RESTART:
             return f"exit {returncode} (do not restart): {last}" if last else f"exit {returncode}"
         return f"exit {returncode}: {last}" if last else f"exit {returncode}"
+
+
+def _message_of(line: str) -> str:
+    """A worker's last stderr line as a reason: the message of a JSON log line, else the line."""
+    if line.startswith("{"):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            return str(json.loads(line).get("message") or line)
+    return line

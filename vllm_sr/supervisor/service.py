@@ -67,7 +67,7 @@ def _gpu_probe(platform: str) -> dict[str, dict[str, Any]]:
 
 
 def config_scaler(config_path: Path) -> Scaler:
-    from vllm_sr.config import apply
+    from vllm_sr.placement import apply
 
     def scale(deployment: str, replicas: int) -> None:
         apply.apply_scale(config_path, deployment, replicas)
