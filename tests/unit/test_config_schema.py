@@ -342,3 +342,28 @@ def test_threads_on_cpu_workers_and_mixed_attached() -> None:
         "          - endpoint: http://10.0.0.7:8100\n            model: m\n"
     )
     assert parse_config(_dep(mixed)).deployments["primary"].threads == 3
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "reason"),
+    [
+        ("unix://host/run/w.sock", "a Unix socket has none"),
+        ("https://user:pw@h:8443", "credentials in the URL are not accepted"),
+        ("http://h:70000", "the port is not a number 1-65535"),
+    ],
+)
+def test_an_endpoint_the_client_cannot_serve_is_refused_with_field_and_reason(
+    endpoint: str, reason: str
+) -> None:
+    body = f"        replicas:\n          - endpoint: {endpoint}\n            model: m\n"
+    problems = _problems(_dep(body))
+    hit = [p for p in problems if "replicas[0].endpoint" in p]
+    assert hit and reason in hit[0] and endpoint in hit[0], problems
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["https://h:8443/v1", "unix:/run/w.sock", "unix:///run/w.sock"]
+)
+def test_https_and_unix_endpoints_validate(endpoint: str) -> None:
+    body = f"        replicas:\n          - endpoint: {endpoint}\n            model: m\n"
+    parse_config(_dep(body), "config.yaml")

@@ -17,12 +17,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
+
 DEVICE_RE = re.compile(r"^(cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")
 DEVICE_ACCEPTED = "cpu, rocm:N or cuda:N (N a GPU index, e.g. rocm:0)"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 NAME_ACCEPTED = "1-63 characters: letters, digits, '_', '.', '-', starting with a letter or digit"
-ENDPOINT_RE = re.compile(r"^(https?://[^\s/]+(/\S*)?|unix:/\S+)$")
-ENDPOINT_ACCEPTED = "http://HOST:PORT, https://HOST:PORT or unix:/path/to.sock"
 MAX_REPLICAS = 64
 MAX_THREADS = 1024
 MAX_EJECTION_MS_LIMIT = 3_600_000
@@ -59,11 +59,12 @@ def _check_device(v: str) -> str:
 
 
 def _check_endpoint(v: str) -> str:
-    if not ENDPOINT_RE.match(v):
+    reason = endpoint_problem(v)
+    if reason is not None:
         raise PydanticCustomError(
             "endpoint_grammar",
-            "'{value}' is not an endpoint; accepted: " + ENDPOINT_ACCEPTED,
-            {"value": v},
+            "'{value}' is not an endpoint: {reason}; accepted: " + ENDPOINT_ACCEPTED,
+            {"value": v, "reason": reason},
         )
     return v
 

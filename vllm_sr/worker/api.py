@@ -15,12 +15,12 @@ from typing import Any
 import numpy
 from aiohttp import web
 
+from vllm_sr import jsonbody
 from vllm_sr.errors import (
     InvalidRequest,
     NotFound,
     NotReady,
     Overloaded,
-    RequestTooLarge,
     VllmSrError,
 )
 from vllm_sr.worker import classify, jsonio, surfaces
@@ -38,9 +38,7 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 DEADLINE_HEADER = "X-Request-Timeout-Ms"  # the exchange's milliseconds left (frontend sends it)
 
 
-class RequestTimeout(InvalidRequest):
-    code = "request_timeout"
-    http_status = 408
+RequestTimeout = jsonbody.RequestTimeout
 
 
 @dataclass
@@ -148,30 +146,11 @@ async def timing_and_errors(request: web.Request, handler: Any) -> web.StreamRes
 
 
 async def read_json(request: web.Request, state: WorkerState) -> dict[str, Any]:
-    """The body as a JSON object, or a clear 4xx: over the cap, stalled, not UTF-8, not JSON."""
-    if request.content_length is not None and request.content_length > state.max_body:
-        raise RequestTooLarge(
-            f"body: {request.content_length} bytes is over the cap of {state.max_body} bytes"
-        )
-    try:
-        raw = await asyncio.wait_for(request.read(), state.read_timeout_s)
-    except TimeoutError:
-        raise RequestTimeout(
-            f"body: not received within {state.read_timeout_s:g} s (the client stalled)"
-        ) from None
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestTooLarge(f"body: over the cap of {state.max_body} bytes") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"body: not UTF-8 (bad byte at offset {exc.start})") from None
-    try:
-        body = jsonio.loads(text)
-    except ValueError as exc:
-        raise InvalidRequest(f"body: not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest(f"body: expected a JSON object, got {classify.json_type(body)}")
-    return body
+    """The body as a JSON object, or a clear 4xx: over the cap, stalled, not UTF-8, not JSON
+    (the project's one body reader, ``vllm_sr.jsonbody``)."""
+    return await jsonbody.read_json(
+        request, max_bytes=state.max_body, timeout_s=state.read_timeout_s, loads=jsonio.loads
+    )
 
 
 def deadline_from_header(raw: str | None, now: float) -> float | None:
