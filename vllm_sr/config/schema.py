@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
+from vllm_sr.config.routing_rules import routing_problems
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
 
 DEVICE_RE = re.compile(r"^(cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")
@@ -208,6 +210,11 @@ class Router(_Strict):
     enabled: bool = True
     """Routing consumers on. Engine mode (-e / --engine) writes false."""
 
+    auto_model_names: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_AUTO_MODEL_NAMES), min_length=1, max_length=16
+    )
+    """Chat model names that mean "route this request" (default: vllm-sr/auto, auto)."""
+
 
 class DecisionModel(_Strict):
     deployment: str
@@ -237,7 +244,13 @@ class GlobalSection(_Strict):
 
 class RootConfig(_Strict):
     global_: GlobalSection = Field(alias="global")
-    """The only top-level key."""
+    """Deployments, system models and the router's switches."""
+
+    providers: Providers | None = None
+    """OpenAI-compatible LLM backends that chat requests go to (Router mode)."""
+
+    routing: Routing | None = None
+    """Signals and decisions (Router mode)."""
 
     @model_validator(mode="after")
     def _rules(self) -> RootConfig:
@@ -446,4 +459,4 @@ def semantic_problems(raw: Any) -> list[Problem]:
                 f"{', '.join(names) or '(none declared)'}",
             )
         )
-    return problems
+    return problems + routing_problems(raw)

@@ -21,10 +21,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from vllm_sr.errors import InvalidRequest, Overloaded, RequestTooLarge, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
+from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
 from vllm_sr.frontend.metrics import FrontendCollector
 from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
+from vllm_sr.router.metrics import RouterCollector
 
 log = logging.getLogger("vllm_sr.frontend")
 
@@ -85,6 +87,8 @@ class Service(Protocol):
 
     def health(self) -> dict[str, Any]: ...
 
+    def router_plan(self) -> RouterPlan | None: ...
+
 
 class Frontend:
     def __init__(self, service: Service, *, cache_entries: int = 4096) -> None:
@@ -98,11 +102,15 @@ class Frontend:
         self.registry.register(self.collector)
         self.scraped = ScrapedCollector()
         self.registry.register(self.scraped)
+        self.chat = ChatMount(self.directory)
+        self._chat_generation = -1
+        self.registry.register(RouterCollector(lambda: self.chat.chat))
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/embeddings", self._surface("embeddings"))
         self.app.router.add_post("/v1/classify", self._surface("classify"))
         self.app.router.add_post("/v1/bundle", self._surface("bundle"))
         self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/api/v1/inventory/model-runtime", self.inventory)
         self.app.router.add_get("/metrics", self.metrics)
@@ -111,6 +119,7 @@ class Frontend:
 
     # ------------------------------------------------------------------ serving
     async def start(self, host: str, port: int) -> str:
+        await self.sync_router()
         # handler_cancellation: a caller that hangs up frees its admission slot at once (the
         # pool records "cancelled"); the worker's forward may still finish on its own.
         self._runner = web.AppRunner(
@@ -125,7 +134,19 @@ class Frontend:
         self.address = f"{host}:{bound_port}"
         return self.address
 
+    async def sync_router(self) -> None:
+        """Follow the published generation's router settings (cheap when unchanged)."""
+        generation = self.directory.generation
+        if generation != self._chat_generation:
+            self._chat_generation = generation
+            await self.chat.update(self.service.router_plan())
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        await self.sync_router()
+        return await self.chat.handle_chat(request, self.service.admitting)
+
     async def stop(self) -> None:
+        await self.chat.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -189,13 +210,15 @@ class Frontend:
 
     # ------------------------------------------------------------------ descriptions
     async def models(self, request: web.Request) -> web.Response:
-        data = []
+        await self.sync_router()
+        data = self.chat.models_data()
         for name, pool in self.directory.items():
             inv = pool.inventory()
             data.append(
                 {
                     "id": name,
                     "object": "model",
+                    "kind": "deployment",
                     "owned_by": "vllm-sr",
                     "artifact": pool.artifact,
                     "default": name == self.directory.default,
@@ -211,6 +234,7 @@ class Frontend:
         return web.json_response(doc, status=200 if doc["ready"] else 503)
 
     async def inventory(self, request: web.Request) -> web.Response:
+        await self.sync_router()
         return web.json_response(self.service.inventory())
 
     async def metrics(self, request: web.Request) -> web.Response:

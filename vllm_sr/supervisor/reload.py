@@ -32,6 +32,9 @@ class ServicePlan:
     deployments: dict[str, DeploymentPlan]
     default_deployment: str
     config: dict[str, Any] = field(default_factory=dict)  # the effective config, for /v1/config
+    # Router mode's settings (``vllm_sr.frontend.chat_mount.RouterPlan``); None in tests that
+    # build plans by hand (Engine mode).
+    router: Any = None
 
     def specs(self) -> list[Any]:
         return [spec for d in self.deployments.values() for spec in d.replicas]

@@ -12,6 +12,7 @@ from typing import Any
 
 from vllm_sr.events import log_sink
 from vllm_sr.frontend.app import Frontend
+from vllm_sr.frontend.chat_mount import RouterPlan
 from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.supervisor.managed import ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Scaler
@@ -45,7 +46,14 @@ def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
         )
         for name, dep in config.deployments.items()
     }
-    return ServicePlan(deployments, config.default_deployment(), effective_dict(config))
+    router = RouterPlan(
+        enabled=config.global_.router.enabled,
+        auto_model_names=tuple(config.global_.router.auto_model_names),
+        providers=config.providers,
+        routing=config.routing,
+        decision_deployment=config.default_deployment(),
+    )
+    return ServicePlan(deployments, config.default_deployment(), effective_dict(config), router)
 
 
 def config_planner(config_path: Path) -> Planner:
@@ -96,6 +104,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
     frontend = Frontend(sup)
+    sup.router_view = frontend.chat.inventory
     control = ControlServer(
         sup, settings.control_socket, group=settings.control_group, admin_group=settings.admin_group
     )

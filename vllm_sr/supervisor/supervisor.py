@@ -18,10 +18,9 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from vllm_sr import __version__
 from vllm_sr import events as ev
@@ -37,7 +36,7 @@ from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
 from vllm_sr.supervisor.reload import ServicePlan
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
-from vllm_sr.supervisor.usage import UsageSampler
+from vllm_sr.supervisor.usage import UsageSampler, place_service
 
 log = logging.getLogger("vllm_sr.supervisor")
 
@@ -83,7 +82,10 @@ class Supervisor:
         self._announced_ready = False
         self._last_status = ""
         self._own_cpus: list[int] = []
-        self._starts: list[Any] = []  # GPU workers waiting for a card's earlier worker
+        self._starts: list[Any] = []
+        self.router_view: Callable[[], dict[str, Any] | None] | None = (
+            None  # GPU workers waiting for a card's earlier worker
+        )
         self.reconfiguration = Reconfiguration(
             self.fleet,
             planner,
@@ -133,10 +135,10 @@ class Supervisor:
         now = self.clock.time()
         deployments = []
         for name, pool in list(self.pools.items()):
-            doc = pool.inventory()
-            doc.setdefault("name", name)
-            deployments.append(doc)
-        return {
+            entry = pool.inventory()
+            entry.setdefault("name", name)
+            deployments.append(entry)
+        doc: dict[str, Any] = {
             "service": {
                 "version": __version__,
                 "host": socket.gethostname(),
@@ -147,6 +149,15 @@ class Supervisor:
             },
             "deployments": deployments,
         }
+        view = getattr(self, "router_view", None)  # set by serve: the frontend's chat mount
+        router = view() if view is not None else None
+        if router is not None:
+            doc["router"] = router  # backends and decision counters (Router mode)
+        return doc
+
+    def router_plan(self) -> Any:
+        """Router mode's settings of the published generation (None: Engine mode)."""
+        return self.plan.router if self.plan is not None else None
 
     def health(self) -> dict[str, Any]:
         ready = {name: sum(1 for r in p.replicas() if r.serving) for name, p in self.pools.items()}
@@ -193,20 +204,8 @@ class Supervisor:
         )
 
     def place_self(self) -> None:
-        """Keep the service's own per-request work off the workers' pinned CPUs when some are
-        left over (the page: per-request work small and off the forward's cores)."""
-        if self.plan is None:
-            return
-        specs = [s for s in self.plan.specs() if not getattr(s, "endpoint", None)]
-        if not specs or not all(getattr(s, "cpus", None) for s in specs):
-            return  # an unpinned worker would inherit a narrowed set: leave it all
-        pinned = {c for spec in specs for c in spec.cpus}
-        with contextlib.suppress(psutil.Error, OSError, AttributeError):
-            me = psutil.Process()
-            if not self._own_cpus:
-                self._own_cpus = list(me.cpu_affinity() or [])
-            rest = [c for c in self._own_cpus if c not in pinned]
-            me.cpu_affinity(rest or self._own_cpus)
+        """Keep the service's own per-request work off the workers' pinned CPUs."""
+        self._own_cpus = place_service(self.plan, self._own_cpus)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,117 @@
+"""Router mode on the frontend: ``/v1/chat/completions`` for the current config generation.
+
+Each generation's ``RouterPlan`` (from config.yaml: providers, routing, auto model names) builds
+a ``ChatRouter`` (``vllm_sr/router``) whose questions go through the deployments' pools as
+``routing`` exchanges, on the same admission and per-worker accounting as native requests. A
+reload that changes only signals or decisions builds a new router and keeps every worker and
+the backends (and the decision counters); a change of providers starts new backends and closes
+the old ones after the swap. Engine mode (``-e``) answers chat with a typed 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.errors import NotFound, Unavailable, VllmSrError
+from vllm_sr.pool.directory import PoolDirectory
+from vllm_sr.pool.exchange import exchange
+from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.chat import ChatRouter, build_chat_router, engine_mode_chat, error_response
+
+log = logging.getLogger("vllm_sr.frontend")
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    enabled: bool
+    auto_model_names: tuple[str, ...]
+    providers: Providers | None
+    routing: Routing | None
+    decision_deployment: str
+
+
+class NoProviders(NotFound):
+    code = "no_providers"
+
+
+class ChatMount:
+    def __init__(self, directory: PoolDirectory) -> None:
+        self.directory = directory
+        self.plan: RouterPlan | None = None
+        self.chat: ChatRouter | None = None
+        self._backends: BackendSet | None = None
+        self._warm: asyncio.Task[Any] | None = None
+
+    async def routing_exchange(
+        self, deployment: str, path: str, body: bytes, timeout_ms: float | None
+    ) -> tuple[int, bytes]:
+        answer = await exchange(
+            self.directory.resolve(deployment), path, body, timeout_ms, kind="routing"
+        )
+        return answer.status, answer.body
+
+    async def update(self, plan: RouterPlan | None) -> None:
+        """Take a generation's router settings; rebuild only what changed."""
+        if plan == self.plan:
+            return
+        old_backends = self._backends
+        if plan is None or not plan.enabled or plan.providers is None:
+            self.plan, self.chat, self._backends = plan, None, None
+        else:
+            same_providers = self.plan is not None and self.plan.providers == plan.providers
+            backends = old_backends if same_providers and old_backends else None
+            if backends is None:
+                backends = BackendSet(plan.providers)
+                await backends.start()
+            self.chat = build_chat_router(
+                plan.providers,
+                plan.routing or Routing(),
+                exchange=self.routing_exchange,
+                decision_deployment=plan.decision_deployment,
+                auto_model_names=list(plan.auto_model_names),
+                backends=backends,
+                stats=self.chat.stats if self.chat is not None else None,
+            )
+            self.plan, self._backends = plan, backends
+            self._warm = asyncio.ensure_future(self._warm_up(self.chat))
+        if old_backends is not None and old_backends is not self._backends:
+            await old_backends.close()
+
+    async def _warm_up(self, chat: ChatRouter) -> None:
+        """Candidate and example embeddings for this generation, asked once (the first chat
+        asks for them itself when the decision deployment is not ready yet)."""
+        with contextlib.suppress(VllmSrError):
+            await chat.router.warm()
+
+    async def close(self) -> None:
+        if self._warm is not None:
+            self._warm.cancel()
+        if self._backends is not None:
+            await self._backends.close()
+
+    async def handle_chat(self, request: web.Request, admitting: bool) -> web.StreamResponse:
+        if not admitting:
+            return error_response(Unavailable("the service is stopping", retry_after_s=1.0))
+        if self.plan is None or not self.plan.enabled:
+            return await engine_mode_chat(request)
+        if self.chat is None:
+            return error_response(
+                NoProviders(
+                    "chat completions need LLM backends: Router mode is on but config.yaml has "
+                    "no providers:; accepted: a top-level providers: section (docs/router.md)"
+                )
+            )
+        return await self.chat.handle_chat(request)
+
+    def models_data(self) -> list[dict[str, Any]]:
+        return self.chat.models_data() if self.chat is not None else []
+
+    def inventory(self) -> dict[str, Any] | None:
+        return self.chat.inventory() if self.chat is not None else None
