@@ -69,9 +69,9 @@ class Served:
         self.proc, self.url, self.log = proc, url, log
 
     async def inventory(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as s:
-            async with s.get(self.url + "/api/v1/inventory/model-runtime") as r:
-                return dict(await r.json())
+        url = self.url + "/api/v1/inventory/model-runtime"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            return dict(await r.json())
 
     async def routing_exchanges(self) -> int:
         inv = await self.inventory()
@@ -177,12 +177,12 @@ async def test_engine_mode_answers_chat_with_a_typed_404(
     tmp_path: Path, tiny_bert_dir: Path
 ) -> None:
     config = tmp_path / "config.yaml"
-    async with serve(config, str(tiny_bert_dir), "-e", "--platform", "cpu") as svc:
-        async with aiohttp.ClientSession() as s:
-            body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
-            async with s.post(svc.url + "/v1/chat/completions", json=body) as r:
-                assert r.status == 404
-                assert (await r.json())["error"]["code"] == "engine_mode"
-            async with s.post(svc.url + "/v1/embeddings", json={"input": "still"}) as r:
-                assert r.status == 200
+    flags = (str(tiny_bert_dir), "-e", "--platform", "cpu")
+    async with serve(config, *flags) as svc, aiohttp.ClientSession() as s:
+        body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+        async with s.post(svc.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["code"] == "engine_mode"
+        async with s.post(svc.url + "/v1/embeddings", json={"input": "still"}) as r:
+            assert r.status == 200
     assert "enabled: false" in config.read_text()
