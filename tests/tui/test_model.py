@@ -139,7 +139,7 @@ def test_replica_row_and_title_render_inventory_fields() -> None:
     cells = [c if isinstance(c, str) else c.plain for c in replica_cells(replica, now=0.0)]
     assert cells == [
         "primary-0", "ready", "█░░░░░░░  4/32", "1", "2", "12.5", "3.2", "140", "2.0 KiB",
-        "3", "2", "cpu", "4242",
+        "3", "2", "-", "-", "-", "cpu", "4242",
     ]  # fmt: skip
     title = deployment_title(
         {"name": "primary", "state": "degraded", "desired_replicas": 2, "ready_replicas": 1,
@@ -161,3 +161,25 @@ def test_permission_comes_from_health_when_the_service_says() -> None:
     assert permission_from_health({"caller": {"may_mutate": True}}) is None
     why = "uid 1000 is not in the admin group"
     assert permission_from_health({"caller": {"may_mutate": False, "why": why}}) == why
+
+
+def test_usage_cells_show_cpu_rss_and_gpu_as_htop_and_nvitop_do() -> None:
+    from vllm_sr_top.model import COLUMNS, usage_cells
+
+    usage = {
+        "cpu_percent": 87.4,
+        "rss_bytes": 512 * 1024 * 1024,
+        "gpu": {
+            "memory_used_bytes": 12 * 1024**3,
+            "memory_total_bytes": 64 * 1024**3,
+            "utilization_percent": 45,
+        },
+    }
+    assert usage_cells(usage) == ["87", "512.0 MiB", "12.0GiB/64.0GiB 45%"]
+    assert usage_cells({"cpu_percent": 3.0, "rss_bytes": 2048, "gpu": None}) == [
+        "3",
+        "2.0 KiB",
+        "-",
+    ]
+    assert usage_cells(None) == ["-", "-", "-"]
+    assert COLUMNS.index("CPU%") < COLUMNS.index("DEVICE")

@@ -116,6 +116,9 @@ COLUMNS: tuple[str, ...] = (
     "BYTES",
     "RST",
     "THR",
+    "CPU%",
+    "RSS",
+    "GPU",
     "DEVICE",
     "PID",
 )
@@ -135,6 +138,26 @@ def threads_cell(threads: Any, adaptive: Any) -> str:
     return f"{text} ({state})"
 
 
+def usage_cells(usage: Any) -> list[str]:
+    """CPU % (of one core), resident memory and the GPU's memory and utilisation, as htop and
+    nvitop show them; "-" until the supervisor's first sample."""
+    if not isinstance(usage, dict):
+        return ["-", "-", "-"]
+    cpu = usage.get("cpu_percent")
+    gpu = usage.get("gpu")
+    gpu_text = "-"
+    if isinstance(gpu, dict) and gpu.get("memory_total_bytes"):
+        used = fmt_bytes(gpu.get("memory_used_bytes") or 0).replace(" ", "")
+        total = fmt_bytes(gpu.get("memory_total_bytes")).replace(" ", "")
+        util = gpu.get("utilization_percent")
+        gpu_text = f"{used}/{total}" + (f" {util:.0f}%" if isinstance(util, int | float) else "")
+    return [
+        f"{cpu:.0f}" if isinstance(cpu, int | float) else "-",
+        fmt_bytes(usage.get("rss_bytes")),
+        gpu_text,
+    ]
+
+
 def replica_cells(replica: dict[str, Any], now: float) -> list[Text | str]:
     """The table row of one inventory replica, in ``COLUMNS`` order."""
     pid = replica.get("pid")
@@ -150,6 +173,7 @@ def replica_cells(replica: dict[str, Any], now: float) -> list[Text | str]:
         fmt_bytes(replica.get("outstanding_bytes") or 0),
         str(replica.get("restarts") or 0),
         threads_cell(replica.get("threads"), replica.get("adaptive_threads")),
+        *usage_cells(replica.get("usage")),
         str(replica.get("device") or replica.get("endpoint") or "-"),
         str(pid) if pid else "-",
     ]
