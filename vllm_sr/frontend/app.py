@@ -19,13 +19,14 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from vllm_sr.errors import InvalidRequest, Overloaded, RequestTooLarge, Unavailable, VllmSrError
+from vllm_sr.errors import InvalidRequest, RequestTooLarge, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
 from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
 from vllm_sr.frontend.metrics import FrontendCollector
 from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
+from vllm_sr.router.chat import error_response
 from vllm_sr.router.metrics import RouterCollector
 
 log = logging.getLogger("vllm_sr.frontend")
@@ -35,14 +36,6 @@ TIMEOUT_HEADER = "X-Request-Timeout-Ms"
 RETRY_HEADER = "X-Vsr-Retried"  # "1; from=primary-0": the answer came from a retry elsewhere
 SURFACES = ("embeddings", "classify", "bundle")
 JSON = "application/json"
-
-
-def error_response(exc: VllmSrError) -> web.Response:
-    headers = {}
-    if isinstance(exc, Overloaded | Unavailable):
-        retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
-        headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
-    return web.json_response(exc.to_json(), status=exc.http_status, headers=headers)
 
 
 def caller_timeout_ms(request: web.Request) -> float | None:
