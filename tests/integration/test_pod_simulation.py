@@ -112,7 +112,12 @@ async def test_serve_in_a_simulated_pod_answers_probes_and_drains(tmp_path: Path
     try:
         probes = [container[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe")]
         health = await _wait_status(base + probes[0], 200, 60)
-        assert health["ready"] is True and health["deployments"] == {"primary": 2}
+        assert health["ready"] is True  # ready once every deployment has a ready replica
+        deadline = time.monotonic() + 60
+        while health["deployments"] != {"primary": 2}:  # the second worker follows
+            assert time.monotonic() < deadline, health
+            await asyncio.sleep(0.05)
+            health = await _wait_status(base + probes[0], 200, 5)
         assert container["readinessProbe"]["httpGet"]["path"] == probes[0]
         await _wait_status(base + probes[1], 200, 5)
 
