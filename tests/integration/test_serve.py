@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from tests.integration.test_supervisor_fake import FAKE_MODULE, REPO_ROOT, wait_for
-from vllm_sr.placement.apply import apply_scale
 from vllm_sr.control.client import ControlClient
+from vllm_sr.placement.apply import apply_scale
 
 pytestmark = pytest.mark.slow
 
