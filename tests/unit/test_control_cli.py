@@ -227,3 +227,31 @@ def test_the_cli_side_imports_no_worker_numpy_or_server_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_status_shows_router_backends_and_decisions() -> None:
+    from rich.console import Console
+
+    from vllm_sr.control.render import status_view
+
+    inventory = {
+        "service": {"version": "0", "host": "h", "pid": 1, "uptime_s": 1.0, "generation": 0},
+        "deployments": [],
+        "router": {
+            "backends": [
+                {"model": "coder", "url": "http://127.0.0.1:8001/v1", "state": "healthy",
+                 "requests_per_s": 2.5, "latency_p50_ms": 12.0, "latency_p99_ms": 40.0,
+                 "errors": 1, "last_error": None},
+                {"model": "general", "url": "http://127.0.0.1:8000/v1", "state": "unhealthy",
+                 "requests_per_s": 0, "latency_p50_ms": None, "latency_p99_ms": None,
+                 "errors": 0, "last_error": "connection refused"},
+            ],
+            "stats": {"decisions": [{"decision": "coding", "model": "coder", "count": 7}],
+                      "fallbacks": {"signals:overloaded": 2}},
+        },
+    }  # fmt: skip
+    console = Console(width=140, record=True)
+    console.print(status_view(inventory, now=0.0))
+    text = console.export_text()
+    assert "coder" in text and "connection refused" in text and "2.5" in text
+    assert "decisions: coding->coder 7; fallbacks: signals:overloaded 2" in text

@@ -88,8 +88,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ev.add_argument("--follow", "-f", action="store_true", help="stream new events")
     ev.add_argument("--since", type=int, default=None, metavar="SEQ", help="after event SEQ")
     for name, text in (
-        ("drain", "stop sending work to a replica and let it finish what it has"),
-        ("readmit", "end a replica's ejection now"),
+        ("drain", "stop sending work to a replica and let it finish (readmit undoes it)"),
+        ("readmit", "end a replica's ejection, or undo a drain, now"),
         ("restart", "restart a replica's worker process"),
     ):
         action(name, _replica_action, text).add_argument("replica", metavar="ID")

@@ -144,7 +144,46 @@ def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
         )
     if not deployments:
         parts.append(Text("no deployments"))
+    router = inventory.get("router")
+    if isinstance(router, dict):
+        parts.extend([Text(""), backends_table(router), decisions_line(router)])
     return Group(*parts)
+
+
+def backends_table(router: dict[str, Any]) -> Table:
+    """Router mode's LLM backends: state, requests/s, p50/p99, errors."""
+    table = Table(title=Text("backends", style="bold"), title_justify="left", box=None)
+    for name in ("model", "url", "state", "req/s", "p50 ms", "p99 ms", "errors", "last error"):
+        table.add_column(name)
+    for b in router.get("backends", []):
+        table.add_row(
+            str(b.get("model")),
+            str(b.get("url")),
+            styled_state("ready" if b.get("state") == "healthy" else "failed"),
+            f"{float(b.get('requests_per_s') or 0):.1f}",
+            _ms(b.get("latency_p50_ms")),
+            _ms(b.get("latency_p99_ms")),
+            str(b.get("errors") or 0),
+            str(b.get("last_error") or "-"),
+        )
+    return table
+
+
+def decisions_line(router: dict[str, Any]) -> Text:
+    """``decisions: coding->coder 12, billing->general 3; fallbacks: ...``."""
+    stats = router.get("stats") or {}
+    decided = ", ".join(
+        f"{d['decision']}->{d['model']} {d['count']}" for d in stats.get("decisions", [])
+    )
+    text = f"decisions: {decided or 'none yet'}"
+    fallbacks = stats.get("fallbacks") or {}
+    if fallbacks:
+        text += "; fallbacks: " + ", ".join(f"{k} {v}" for k, v in fallbacks.items())
+    return Text(text)
+
+
+def _ms(value: Any) -> str:
+    return f"{float(value):.1f}" if isinstance(value, int | float) else "-"
 
 
 def event_line(event: dict[str, Any]) -> str:
