@@ -6,13 +6,21 @@ import asyncio
 from typing import Any
 
 import pytest
+from rich.console import Console
 from rich.text import Text
 from textual import events
 from textual.pilot import Pilot
 from vllm_sr_top.app import VllmSrTop, build_parser
 from vllm_sr_top.model import COLUMNS
 from vllm_sr_top.screens import ConfirmScreen, HelpScreen
-from vllm_sr_top.widgets import Banner, EventsPane, HeaderBar, MessageLine, ReplicaTable
+from vllm_sr_top.widgets import (
+    Banner,
+    EventsPane,
+    HeaderBar,
+    MessageLine,
+    ReplicaTable,
+    RouterPanel,
+)
 
 from tests.support.control_fake import sample_adaptive_threads
 from tests.tui.harness import HOST, LiveControl, ReadOnlyPolicy, load, make_app, until
@@ -277,6 +285,44 @@ async def test_shows_what_each_adaptive_thread_learner_says(
         live.backend.set_adaptive_threads("primary-1", sample_adaptive_threads("retired", "x"))
         await app.poll_once()
         assert _rows(app)["primary-1"][thr] == "1 (retired)"
+
+
+async def test_router_mode_shows_backends_and_decision_rates(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    count = {"n": 4}
+
+    def router() -> dict[str, Any]:
+        return {
+            "backends": [
+                {"model": "coder", "url": "http://127.0.0.1:8001/v1", "state": "healthy",
+                 "requests_per_s": 1.5, "latency_p50_ms": 10.0, "latency_p99_ms": 30.0,
+                 "errors": 0, "last_error": None}
+            ],
+            "stats": {"decisions": [{"decision": "coding", "model": "coder", "count": count["n"]}]},
+        }  # fmt: skip
+
+    live.backend.router_view = router
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        panel = app.query_one(RouterPanel)
+        assert panel.display
+        count["n"] = 14
+        clock.advance(2.0)
+        await app.poll_once()
+        console = Console(width=150, record=True)
+        console.print(panel.shown)
+        text = console.export_text()
+        assert "coder" in text and "http://127.0.0.1:8001/v1" in text
+        assert "coding->coder 5.0" in text  # (14 - 4) decisions over 2 s
+
+
+async def test_engine_mode_hides_the_router_panel(live: LiveControl, clock: FakeClock) -> None:
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        assert not app.query_one(RouterPanel).display
 
 
 def test_command_line_checks_the_interval() -> None:

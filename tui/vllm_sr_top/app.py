@@ -22,8 +22,8 @@ from textual.widgets import Footer
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr_top.model import SORT_KEYS, ThroughputHistory, next_filter, next_sort
-from vllm_sr_top.screens import ConfirmScreen, HelpScreen
+from vllm_sr_top.model import SORT_KEYS, DecisionRates, ThroughputHistory, next_filter, next_sort
+from vllm_sr_top.screens import ACTIONS, PAST, ConfirmScreen, HelpScreen
 from vllm_sr_top.source import (
     DEFAULT_SOCKET,
     ActionRefused,
@@ -39,19 +39,13 @@ from vllm_sr_top.widgets import (
     HeaderBar,
     MessageLine,
     ReplicaTable,
+    RouterPanel,
 )
 
 RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 10.0
 
-ACTIONS: dict[str, str] = {
-    "drain": "Drain {rid}? It stops taking requests and finishes the ones it has.",
-    "eject": "Eject {rid} from dispatch for its deployment's base cool-down?",
-    "readmit": "Readmit {rid} into dispatch now?",
-    "restart": "Restart {rid}'s worker process? In-flight requests are drained first.",
-}
 EVENT_BACKLOG = 50
-PAST = {"drain": "draining", "eject": "ejected", "readmit": "readmitted", "restart": "restarting"}
 
 
 class VllmSrTop(App[None]):
@@ -100,6 +94,7 @@ class VllmSrTop(App[None]):
         self.attempts = 0  # failed polls since the last success
         self.inventory: dict[str, Any] | None = None
         self.history = ThroughputHistory()
+        self.decisions = DecisionRates()
         self.sort = SORT_KEYS[0]
         self.filter: str | None = None
         self.paused = False
@@ -122,11 +117,14 @@ class VllmSrTop(App[None]):
         self.header = HeaderBar()
         self.banner = Banner()
         self.deployments = VerticalScroll(id="deployments")
+        self.router_panel = RouterPanel(id="router")
+        self.router_panel.display = False
         self.events_pane = EventsPane(self.tz)
         self.message = MessageLine()
         yield self.header
         yield self.banner
         yield self.deployments
+        yield self.router_panel
         yield self.events_pane
         yield self.message
         yield Footer(compact=True)
@@ -301,6 +299,8 @@ class VllmSrTop(App[None]):
             )
             panels = {p.deployment: p for p in container.query(DeploymentPanel)}
         now = self.clock.time()
+        router = self.inventory.get("router")
+        self.router_panel.show(router, self.decisions.update(router, now))
         for dep in deps:
             name = str(dep.get("name"))
             panels[name].show(dep, self.history.samples(name), self.sort, now)

@@ -291,3 +291,38 @@ def deployment_title(dep: dict[str, Any]) -> Text:
     if ejected:
         title.append(f"  {ejected} ejected", style="red")
     return title
+
+
+class DecisionRates:
+    """Router mode's decisions per second, from the counters of two successive inventories."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, dict[tuple[str, str], int]] | None = None
+        self.rates: dict[tuple[str, str], float] = {}
+
+    def update(self, router: dict[str, Any] | None, now: float) -> dict[tuple[str, str], float]:
+        stats = (router or {}).get("stats") or {}
+        counts = {
+            (str(d.get("decision")), str(d.get("model"))): int(d.get("count") or 0)
+            for d in stats.get("decisions", [])
+        }
+        if self._last is not None and now > self._last[0]:
+            then, before = self._last
+            self.rates = {k: max(0, n - before.get(k, 0)) / (now - then) for k, n in counts.items()}
+        self._last = (now, counts)
+        return self.rates
+
+
+def decisions_text(router: dict[str, Any], rates: dict[tuple[str, str], float]) -> Text:
+    """``decisions/s  coding->coder 2.5  billing->general 0.0``, then fallbacks if any."""
+    line = Text("decisions/s ", style="bold")
+    stats = router.get("stats") or {}
+    for d in stats.get("decisions", []):
+        key = (str(d.get("decision")), str(d.get("model")))
+        line.append(f" {key[0]}->{key[1]} {rates.get(key, 0.0):.1f}")
+    if not stats.get("decisions"):
+        line.append(" none yet")
+    fallbacks = stats.get("fallbacks") or {}
+    if fallbacks:
+        line.append("  fallbacks " + ", ".join(f"{k} {v}" for k, v in fallbacks.items()), "red")
+    return line

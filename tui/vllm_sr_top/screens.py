@@ -25,6 +25,16 @@ group); a read-only user sees them disabled, with the reason.
 Press any key to close."""
 
 
+# The confirmation asked before each action, and what the message line says once done.
+ACTIONS: dict[str, str] = {
+    "drain": "Drain {rid}? It stops taking requests and finishes the ones it has.",
+    "eject": "Eject {rid} from dispatch for its deployment's base cool-down?",
+    "readmit": "Readmit {rid} into dispatch now (ends an ejection or undoes a drain)?",
+    "restart": "Restart {rid}'s worker process? In-flight requests are drained first.",
+}
+PAST = {"drain": "draining", "eject": "ejected", "readmit": "readmitted", "restart": "restarting"}
+
+
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }

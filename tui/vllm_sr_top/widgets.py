@@ -5,15 +5,17 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult, RenderResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, RichLog, Sparkline, Static
 
-from vllm_sr.control.render import format_seconds
+from vllm_sr.control.render import backends_table, format_seconds
 from vllm_sr_top.model import (
     COLUMNS,
     SortKey,
+    decisions_text,
     deployment_title,
     event_line,
     pool_state_text,
@@ -170,6 +172,19 @@ class DeploymentPanel(Vertical):
         # a few first samples are not stretched over the whole width.
         self.query_one(ThroughputSparkline).data = list(history)
         self.table.show(list(dep.get("replicas", [])), sort, now)
+
+
+class RouterPanel(Static):
+    """Router mode: the LLM backends (state, requests/s, p50/p99, errors) and decision rates.
+    Hidden in Engine mode."""
+
+    shown: Group | None = None
+
+    def show(self, router: dict[str, Any] | None, rates: dict[tuple[str, str], float]) -> None:
+        self.display = router is not None
+        if router is not None:
+            self.shown = Group(backends_table(router), decisions_text(router, rates))
+            self.update(self.shown)
 
 
 class EventsPane(RichLog):
