@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from vllm_sr.config.files import line_of, parse_document, to_plain
+from vllm_sr.config.problems import format_path
 from vllm_sr.config.routing import (
     AutoModelNames,
     KeywordSignal,
@@ -18,7 +19,6 @@ from vllm_sr.config.routing import (
     check_routing,
     routing_problems,
 )
-from vllm_sr.config.schema import format_path
 
 CONFIG = textwrap.dedent(
     """\

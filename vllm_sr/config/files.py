@@ -22,13 +22,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from vllm_sr.config.schema import (
-    SEMANTIC_ERROR,
-    Problem,
-    RootConfig,
-    format_path,
-    semantic_problems,
-)
+from vllm_sr.config.problems import SEMANTIC_ERROR, Problem, format_path
+from vllm_sr.config.schema import RootConfig, semantic_problems
 from vllm_sr.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/vllm-sr/config.yaml")

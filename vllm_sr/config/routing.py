@@ -28,8 +28,8 @@ from vllm_sr.config.routing_rules import (
     routing_problems,
 )
 
-if TYPE_CHECKING:  # schema.py imports this module (RootConfig's fields): no import cycle
-    from vllm_sr.config.schema import Problem
+if TYPE_CHECKING:
+    from vllm_sr.config.problems import Problem
 
 __all__ = ["check_routing", "routing_problems"]
 
@@ -44,7 +44,7 @@ class _Strict(BaseModel):
 
 
 def _raise_first(problems: list[Problem]) -> None:
-    from vllm_sr.config.schema import SEMANTIC_ERROR
+    from vllm_sr.config.problems import SEMANTIC_ERROR
 
     if problems:
         raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # schema.py imports this module (RootConfig's fields): no import cycle
-    from vllm_sr.config.schema import Problem
+if TYPE_CHECKING:
+    from vllm_sr.config.problems import Problem
 
 MAX_RULE_DEPTH = 16
 ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:[0-9]{1,5}$")
@@ -304,6 +304,6 @@ def routing_problems(raw: Any) -> list[Problem]:
 
 
 def _problem(path: Path, message: str) -> Problem:
-    from vllm_sr.config.schema import Problem
+    from vllm_sr.config.problems import Problem
 
     return Problem(path, message)

@@ -11,12 +11,12 @@ the same checks.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from vllm_sr.config.problems import SEMANTIC_ERROR, Problem
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
 from vllm_sr.config.routing_rules import routing_problems
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
@@ -34,7 +34,6 @@ DEFAULT_CONSECUTIVE_TIMEOUTS = 3
 DEFAULT_BASE_EJECTION_MS = 30_000
 DEFAULT_MAX_EJECTION_PERCENT = 50
 DEFAULT_ARTIFACT = "vllm-sr/d3-edge"
-SEMANTIC_ERROR = "vllm_sr_rule"
 
 Platform = Literal["cpu", "rocm", "cuda"]
 
@@ -269,27 +268,6 @@ class RootConfig(_Strict):
         if dm is not None:
             return dm.deployment
         return next(iter(self.deployments))
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One problem at one YAML path; files.py adds the line number."""
-
-    path: tuple[str | int, ...]
-    message: str
-
-    def render_plain(self) -> str:
-        return f"{format_path(self.path)}: {self.message}"
-
-
-def format_path(path: tuple[str | int, ...]) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
 
 
 def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:

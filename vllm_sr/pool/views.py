@@ -3,12 +3,25 @@ only; built on demand, so the request path pays nothing for them)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vllm_sr.clock import Clock
+from vllm_sr.pool.replica import Replica
+from vllm_sr.pool.settings import PoolSettings
 
-if TYPE_CHECKING:
-    from vllm_sr.pool.pool import ReplicaPool
+
+class ReplicaPool(Protocol):
+    """What the reports read of a ``vllm_sr.pool.pool.ReplicaPool``."""
+
+    deployment: str
+    artifact: str
+    desired_replicas: int | None
+    settings: PoolSettings
+    withheld: dict[str, int]
+    rejected: dict[str, int]
+    retries: int
+
+    def replicas(self) -> list[Replica]: ...
 
 
 def inventory(pool: ReplicaPool, clock: Clock) -> dict[str, Any]:
