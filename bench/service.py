@@ -40,7 +40,7 @@ INPUTS = {"short": SHORT, "long": LONG}
 
 
 # ---------------------------------------------------------------------- the ceiling loops
-def ceiling_loop() -> None:
+def ceiling_loop(cpu: int | None) -> None:
     """A child: load d3-edge with one thread, then answer commands on stdin, one JSON line each:
     {"texts": "short", "seconds": S} -> {"rows_s", "batch", "batch1_ms", "full_ms"}."""
     import torch
@@ -48,6 +48,8 @@ def ceiling_loop() -> None:
     from bench.worker import best_batch, forward_rate
     from vllm_sr.worker.artifacts import D3_EDGE, load, resolve
 
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
     loaded = load(resolve(D3_EDGE), "cpu")
     batches: dict[str, int] = {}
@@ -81,9 +83,18 @@ class Ceiling:
 
     def __init__(self) -> None:
         argv = [sys.executable, str(Path(__file__).resolve()), "--ceiling-loop"]
+        # Placed like the service's two workers: one CPU each, one OpenMP/MKL thread.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        cpus = sorted(os.sched_getaffinity(0))
         self.procs = [
-            subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for _ in range(2)
+            subprocess.Popen(
+                [*argv, "--cpu", str(cpus[i % len(cpus)])],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for i in range(2)
         ]
         for p in self.procs:
             assert p.stdout is not None
@@ -218,9 +229,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=6.0, help="window per cell")
     p.add_argument("--ceiling-loop", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cpu", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.ceiling_loop:
-        ceiling_loop()
+        ceiling_loop(args.cpu)
         return
     tmp = Path(tempfile.mkdtemp(prefix="vsr-bench-service-"))
     proc, port = start_service(tmp)
