@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ from bench.worker import LONG, SHORT, thread_cpu  # noqa: E402
 CONCURRENCY = (1, 8, 32, 64)
 TARGETS = {"short": 0.85, "long": 0.95}
 INPUTS = {"short": SHORT, "long": LONG}
+REQUEST_NUMBERS = itertools.count(1)
 
 
 # ---------------------------------------------------------------------- the ceiling loops
@@ -180,13 +182,13 @@ class Conn:
 async def load(port: int, texts: list[str], concurrency: int, seconds: float) -> dict[str, float]:
     conns = [Conn(*await asyncio.open_connection("127.0.0.1", port)) for _ in range(concurrency)]
     latencies: list[float] = []
-    counter = [0]
     stop_at = 0.0
 
     async def client(conn: Conn) -> None:
         while time.perf_counter() < stop_at:
-            counter[0] += 1
-            n = counter[0]
+            # Distinct across the whole run: a text sent in an earlier cell would be answered
+            # from the workers' result caches (two replicas keep them).
+            n = next(REQUEST_NUMBERS)
             body = json.dumps({"input": f"{texts[n % len(texts)]} #{n}"}).encode()
             t0 = time.perf_counter()
             if await conn.post(body) != 200:
