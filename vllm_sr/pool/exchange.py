@@ -43,9 +43,6 @@ class Answer:
     retries: int = 0
     retried_from: str | None = None
 
-    def json(self) -> Any:
-        return json.loads(self.body)
-
 
 def outcome_of(status: int) -> Outcome:
     if status == 429:

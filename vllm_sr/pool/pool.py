@@ -28,7 +28,7 @@ The pool emits only what it decides: ``replica_ejected``, ``replica_readmitted``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,7 +140,7 @@ class ReplicaPool(Lifecycle):
         nbytes: int,
         replica_id: str | None = None,
         *,
-        exclude: Iterable[str] = (),
+        exclude: Collection[str] = (),
         kind: str = "native",
     ) -> Lease:
         """Admit one exchange of ``nbytes`` request bytes and pick its replica.
@@ -154,12 +154,13 @@ class ReplicaPool(Lifecycle):
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         now = self._clock.monotonic()
         self._advance(now)
-        skip = set(exclude)
-        candidates: Iterable[Replica] = (
-            [r for r in self._replicas.values() if r.id not in skip]
-            if replica_id is None
-            else [self._get(replica_id)]
-        )
+        candidates: Iterable[Replica]
+        if replica_id is not None:
+            candidates = [self._get(replica_id)]
+        elif exclude:  # a retry: never the replica that just failed
+            candidates = [r for r in self._replicas.values() if r.id not in exclude]
+        else:  # the hot path: no copy
+            candidates = self._replicas.values()
         best = self._pick(now, candidates)
         if best is None and self._restore_if_none_serve():
             best = self._pick(now, candidates)
