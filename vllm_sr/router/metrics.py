@@ -4,7 +4,7 @@ routing fallbacks by reason, and each backend's requests, errors and health."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -25,36 +25,40 @@ class RouterCollector(Collector):
         if chat is None:
             return
         stats = chat.stats
-        decisions = CounterMetricFamily(
+        yield _counter(
             "vllm_sr_router_decisions",
             "Routed chat requests by decision and model ((default): no decision matched)",
-            labels=["decision", "model"],
+            ["decision", "model"],
+            {(d, m): n for (d, m), n in stats.decisions.items()},
         )
-        for (decision, model), n in sorted(stats.decisions.items()):
-            decisions.add_metric([decision, model], n)
-        signals = CounterMetricFamily(
+        yield _counter(
             "vllm_sr_router_signal_matches",
             "Routed chat requests on which a signal matched",
-            labels=["signal"],
+            ["signal"],
+            {(k,): n for k, n in stats.signals.items()},
         )
-        for sig, n in sorted(stats.signals.items()):
-            signals.add_metric([sig], n)
-        fallbacks = CounterMetricFamily(
+        yield _counter(
             "vllm_sr_router_fallbacks",
             "Routed chat requests sent to the default model because routing could not decide",
-            labels=["reason"],
+            ["reason"],
+            {(k,): n for k, n in stats.fallbacks.items()},
         )
-        for reason, n in sorted(stats.fallbacks.items()):
-            fallbacks.add_metric([reason], n)
-        direct = CounterMetricFamily(
+        yield _counter(
             "vllm_sr_router_direct",
             "Chat requests that named a model (no routing)",
-            labels=["model"],
+            ["model"],
+            {(k,): n for k, n in stats.direct.items()},
         )
-        for model, n in sorted(stats.direct.items()):
-            direct.add_metric([model], n)
-        yield from (decisions, signals, fallbacks, direct)
         yield from backend_families(chat)
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], values: Mapping[tuple[str, ...], int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, n in sorted(values.items()):
+        family.add_metric(list(key), n)
+    return family
 
 
 def backend_families(chat: ChatRouter) -> Iterator[Metric]:
