@@ -109,11 +109,12 @@ def _edit_and_finish(
     edit: _Edit,
     *,
     dry_run: bool,
-    env: Mapping[str, str],
+    env: Mapping[str, str] | None,
     inventory: InventoryProvider | None,
     cpu_budget: CpuBudget | None,
 ) -> ApplyResult:
     path = Path(config_path)
+    env = os.environ if env is None else env
     provider = inventory or real_inventory(env)
     with directory_lock(path.parent, exclusive=not dry_run):
         old_text, existed = read_config_text(path)
@@ -169,7 +170,7 @@ def apply_flags(
         config_path,
         edit,
         dry_run=dry_run,
-        env=os.environ if env is None else env,
+        env=env,
         inventory=inventory,
         cpu_budget=cpu_budget,
     )
@@ -193,7 +194,7 @@ def apply_scale(
         config_path,
         edit,
         dry_run=dry_run,
-        env=os.environ if env is None else env,
+        env=env,
         inventory=inventory,
         cpu_budget=cpu_budget,
     )
