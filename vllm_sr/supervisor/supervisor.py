@@ -30,13 +30,14 @@ from vllm_sr.errors import Conflict, NotFound, VllmSrError
 from vllm_sr.events import Event, EventBus
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.pool import ReplicaPool
+from vllm_sr.supervisor.affinity import place_service
 from vllm_sr.supervisor.attached import AttachedReplica
 from vllm_sr.supervisor.fleet import Fleet, Spawn, mark_ready, size_caches, start_in_order, who
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
 from vllm_sr.supervisor.reload import ServicePlan
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
-from vllm_sr.supervisor.usage import UsageSampler, place_service
+from vllm_sr.supervisor.usage import UsageSampler
 
 log = logging.getLogger("vllm_sr.supervisor")
 

@@ -1,12 +1,10 @@
-"""Where the service runs, and what each worker process uses as htop shows it: CPU % (of one
-core) and resident memory, sampled by the supervisor every few seconds in a thread (psutil reads
-/proc; never on the event loop). GPU memory and utilisation come from the inventory tools
-when a probe is given."""
+"""What each worker process uses as htop shows it: CPU % (of one core) and resident memory,
+sampled by the supervisor every few seconds in a thread (psutil reads /proc; never on the event
+loop). GPU memory and utilisation come from the inventory tools when a probe is given."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -85,22 +83,3 @@ def _gpu_of(worker: Any) -> str | None:
     if isinstance(host, int):
         return f"{device.split(':')[0]}:{host}"
     return str(host) if host else device
-
-
-def place_service(plan: Any, own_cpus: list[int]) -> list[int]:
-    """Keep the service's own per-request work off the workers' pinned CPUs when some are
-    left over (the page: per-request work small and off the forward's cores). Returns the
-    CPU set the service started with (remembered across reloads)."""
-    if plan is None:
-        return own_cpus
-    specs = [s for s in plan.specs() if not getattr(s, "endpoint", None)]
-    if not specs or not all(getattr(s, "cpus", None) for s in specs):
-        return own_cpus  # an unpinned worker would inherit a narrowed set: leave it all
-    pinned = {c for spec in specs for c in spec.cpus}
-    with contextlib.suppress(psutil.Error, OSError, AttributeError):
-        me = psutil.Process()
-        if not own_cpus:
-            own_cpus = list(me.cpu_affinity() or [])
-        rest = [c for c in own_cpus if c not in pinned]
-        me.cpu_affinity(rest or own_cpus)
-    return own_cpus
