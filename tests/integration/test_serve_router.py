@@ -65,8 +65,10 @@ global:
 
 
 class Served:
-    def __init__(self, proc: asyncio.subprocess.Process, url: str, log: Path) -> None:
-        self.proc, self.url, self.log = proc, url, log
+    def __init__(
+        self, proc: asyncio.subprocess.Process, url: str, log: Path, control: Path
+    ) -> None:
+        self.proc, self.url, self.log, self.control = proc, url, log, control
 
     async def inventory(self) -> dict[str, Any]:
         url = self.url + "/api/v1/inventory/model-runtime"
@@ -81,18 +83,21 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(config: Path, *flags: str) -> AsyncIterator[Served]:
+async def serve(
+    config: Path, *flags: str, env: dict[str, str] | None = None
+) -> AsyncIterator[Served]:
+    """A real `vllm-sr serve` with the real worker, until every replica is ready."""
     port = free_port()
     run = Path("/tmp") / f"vsr-router-{os.getpid()}-{port}"
     log = config.with_suffix(".log")
     argv = [sys.executable, "-m", "vllm_sr.cli", "serve", *flags, "--config", str(config)]
     argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
     argv += ["--control-socket", str(run / "c")]
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    env.pop("VLLM_SR_WORKER_ARGV", None)
+    full_env = {**os.environ, "PYTHONPATH": REPO_ROOT, **(env or {})}
+    full_env.pop("VLLM_SR_WORKER_ARGV", None)
     with open(log, "wb") as out:
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out, env=env)
-    served = Served(proc, f"http://127.0.0.1:{port}", log)
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out, env=full_env)
+    served = Served(proc, f"http://127.0.0.1:{port}", log, run / "c")
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
