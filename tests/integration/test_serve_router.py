@@ -142,6 +142,10 @@ async def test_router_mode_on_a_real_serve(tmp_path: Path, tiny_bert_dir: Path) 
             # An embedding signal is referenced: the chat cost exactly one exchange on the
             # decision deployment, counted apart from native requests.
             assert await svc.routing_exchanges() == before + 1
+            async with aiohttp.ClientSession() as s, s.get(svc.url + "/metrics") as r:
+                metrics = await r.text()
+            assert 'vllm_sr_router_decisions_total{decision="coding",model="coder"} 1.0' in metrics
+            assert 'vllm_sr_router_signal_matches_total{signal="keyword:code"}' in metrics
 
             stream = await client.chat.completions.create(
                 model="auto", messages=[{"role": "user", "content": "hello there"}], stream=True
