@@ -349,4 +349,3 @@ async def test_systemd_hears_ready_once_status_reload_and_stopping() -> None:
     finally:
         await svc.stop()
     assert notifier.kinds()[-1] == "stopping" and notifier.kinds().count("ready") == 2
-
