@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tests.support.fakes import FakeRunner, RecordingPolicy, expected_output
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import InvalidRequest, NotReady, Overloaded
-from vllm_sr.worker.engine import Engine, Faults, ForwardFailed, Job, Limits, pack
+from vllm_sr.worker.engine import Engine, Faults, ForwardFailed, Job, Limits
+from vllm_sr.worker.forming import pack
 from vllm_sr.worker.threads import ThreadContext
 
 

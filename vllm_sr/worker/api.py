@@ -358,6 +358,7 @@ def health_body(state: WorkerState) -> dict[str, Any]:
         "revision": state.revision,
         "capabilities": state.capabilities,
         "forward_running_s": round(state.engine.forward_running_s, 3) if state.engine else 0.0,
+        "forward_costs": state.engine.costs.to_json() if state.engine else None,
     }
 
 

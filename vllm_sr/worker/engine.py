@@ -1,9 +1,10 @@
 """The batching engine: rows of concurrent requests share forwards on one dedicated thread.
 
 A *job* is one unit of submission (a request, or a whole bundle): its rows enter the queue
-together and its outputs come back in row order. The forward thread packs queued rows into a
-forward of at most ``max_num_seqs`` rows and ``max_num_batched_tokens`` padded tokens, taking
-rows of similar length around the oldest one so padding stays small and no row starves.
+together and its outputs come back in row order. The forward thread forms each forward from
+queued rows (at most ``max_num_seqs`` rows and ``max_num_batched_tokens`` padded tokens): the
+oldest row always, and rows of similar length around it while that is cheaper than running
+them later, judged on what forwards of each size have cost here (``forming``).
 Nothing here knows about HTTP or torch: a ``Runner`` turns token rows into an output matrix.
 """
 
@@ -14,7 +15,7 @@ import ctypes
 import logging
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,7 @@ import numpy
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import DeadlineExceeded, InvalidRequest, NotReady, Overloaded, VllmSrError
+from vllm_sr.worker.forming import ForwardCosts, form
 from vllm_sr.worker.threads import FixedThreads, ThreadContext, ThreadPolicy, batch_tokens
 
 log = logging.getLogger("vllm_sr.worker.engine")
@@ -122,39 +124,6 @@ class _Row:
         self.length = len(job.rows[index])
 
 
-def padded_tokens(lengths: Sequence[int]) -> int:
-    return len(lengths) * max(lengths) if lengths else 0
-
-
-def pack(lengths: Sequence[int], limits: Limits) -> list[int]:
-    """Choose which queued rows (given by their lengths, oldest first) go into the next forward.
-
-    The oldest row always goes. Among rows sorted by length we grow a window around it: first
-    towards shorter rows (they do not raise the padded width), then towards longer ones, while
-    both limits hold. Returns the chosen indices in queue order."""
-    n = len(lengths)
-    if n == 0:
-        return []
-    cap = limits.max_num_seqs
-    budget = limits.max_num_batched_tokens
-    if n <= cap and n * max(lengths) <= budget:
-        return list(range(n))
-    order = sorted(range(n), key=lambda i: (lengths[i], i))
-    head = order.index(0)
-    lo = hi = head
-    width = lengths[order[head]]
-    while lo > 0 and (hi - lo + 2) <= cap and (hi - lo + 2) * width <= budget:
-        lo -= 1
-    while hi + 1 < n:
-        new_width = lengths[order[hi + 1]]
-        count = hi - lo + 2
-        if count > cap or count * new_width > budget:
-            break
-        hi += 1
-        width = new_width
-    return sorted(order[lo : hi + 1])
-
-
 class Faults:
     """Fault injection for tests (only when the worker was started with faults enabled)."""
 
@@ -196,6 +165,7 @@ class Engine:
         max_queue_rows: int | None = None,
         faults: Faults | None = None,
         deliver: Deliver = _call_each,
+        costs: ForwardCosts | None = None,
     ) -> None:
         self.runner = runner
         self.limits = limits
@@ -206,6 +176,7 @@ class Engine:
         self.max_queue_rows = max_queue_rows or max(16 * limits.max_num_seqs, 1024)
         self.faults = faults or Faults()
         self.deliver = deliver
+        self.costs = costs if costs is not None else ForwardCosts()
         self._cond = threading.Condition()
         self._pending: list[_Row] = []
         self._busy = False
@@ -347,7 +318,7 @@ class Engine:
 
     def _take(self) -> list[_Row]:
         pending = self._pending
-        chosen = pack([r.length for r in pending], self.limits)
+        chosen = form([r.length for r in pending], self.limits, self.costs)
         if len(chosen) == len(pending):
             self._pending = []
             return pending
@@ -364,8 +335,7 @@ class Engine:
                 r.job.first_forward_at = started
         try:
             self._inject_delay()
-            with self.context.forward(threads=threads):
-                output = self.runner.forward(rows)
+            output = self.measure(rows, threads)
             if len(output) != len(rows):
                 raise ForwardFailed(f"the model returned {len(output)} rows for {len(rows)}")
         except Exception as exc:
@@ -379,6 +349,18 @@ class Engine:
             self.metrics.observe_forward(len(rows), batch_tokens(rows), seconds)
         self.deliver(self._distribute(batch, output))
         self._after(rows, output, threads, seconds)
+
+    def measure(self, rows: list[list[int]], threads: int | None = None) -> numpy.ndarray:
+        """One forward of ``rows`` (at the policy's count unless ``threads`` is given), its
+        time recorded in ``costs``. Called on the forward thread, or before ``start`` (the
+        startup probes)."""
+        if threads is None:
+            threads = self.policy.threads_for(batch_tokens(rows))
+        started = self.clock.monotonic()
+        with self.context.forward(threads=threads):
+            output = self.runner.forward(rows)
+        self.costs.observe(batch_tokens(rows), self.clock.monotonic() - started)
+        return output
 
     def _inject_delay(self) -> None:
         delay = self.faults.forward_delay_s

@@ -27,6 +27,7 @@ from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
 from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Job
+from vllm_sr.worker.forming import PROBE_WIDTH, ForwardCosts, probe_shapes
 from vllm_sr.worker.policy import policy_from_env
 from vllm_sr.worker.result_cache import ResultCache
 from vllm_sr.worker.threads import process_context
@@ -301,7 +302,9 @@ def load_and_check(
     loaded = artifacts.load(spec, opts.device, opts.revision)
     if loaded.revision_note:
         log.warning("revision: %s", loaded.revision_note)
-    state.set_status("warming", "calibrating limits and running the golden check")
+    state.set_status(
+        "warming", "calibrating limits, measuring forward costs and running the golden check"
+    )
     cal = calibrate_for(loaded, opts)
     state.limits = cal.limits
     state.limit_source = cal.source
@@ -314,9 +317,10 @@ def load_and_check(
         faults=state.faults,
         deliver=deliver_to_loop(loop),
     )
+    max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
+    measure_forward_costs(loaded, engine, opts.device.partition(":")[0], max_len)
     engine.start()
     state.engine = engine
-    max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
     state.view = surfaces.ModelView(
         name=opts.artifact,
         names=state.served_names,
@@ -391,6 +395,42 @@ def calibrate_for(loaded: artifacts.LoadedArtifact, opts: WorkerOptions) -> cali
         max_num_batched_tokens=opts.max_num_batched_tokens,
         probe=probe,
         free_bytes=free,
+    )
+
+
+CPU_PROBE_TOKENS = 512  # probe forwards up to this size on CPU (about half a second here)
+GPU_PROBE_TOKENS = 16384
+
+
+def measure_forward_costs(
+    loaded: artifacts.LoadedArtifact, engine: Engine, kind: str, max_length: int
+) -> None:
+    """Probe forwards of doubling sizes (before the engine starts), so that the first real
+    forwards are formed on measured costs; every forward after keeps them current."""
+    ceiling = CPU_PROBE_TOKENS if kind == "cpu" else GPU_PROBE_TOKENS
+    limits = engine.limits
+    ceiling = min(ceiling, limits.max_num_batched_tokens)
+    text = " ".join(goldens.GOLDEN_INPUTS)
+    base = loaded.tokenizer.encode([text])[0]
+    while len(base) < PROBE_WIDTH:
+        text = f"{text} {text}"
+        base = loaded.tokenizer.encode([text])[0]
+    started = time.perf_counter()
+    shapes = [
+        (rows, width)
+        for rows, width in probe_shapes(ceiling)
+        if rows <= limits.max_num_seqs and width <= max_length
+    ]
+    if shapes:
+        rows, width = shapes[-1]
+        engine.measure([loaded.tokenizer.truncate(base, width)] * rows)  # warm-up, not kept
+        engine.costs = ForwardCosts()
+    for rows, width in shapes:
+        engine.measure([loaded.tokenizer.truncate(base, width)] * rows)
+    log.info(
+        "forward costs measured in %.2f s: %s",
+        time.perf_counter() - started,
+        engine.costs.to_json()["ms_per_1k_tokens"],
     )
 
 
