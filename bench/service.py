@@ -1,13 +1,21 @@
 """Service benchmark (`make bench-service`): the real `vllm-sr serve -dp 2` (d3-edge on CPU)
-against the raw 2-core ceiling, interleaved (ceiling, service, ceiling, ...) so both see the same
-background load, at concurrency 1, 8, 32 and 64 with one-row requests of distinct short (~13
-tokens) and long (~106 tokens) texts.
+against the raw 2-core ceiling, interleaved (each cell's ceiling is the mean of the one measured
+just before and the one just after its service window) so both see the same background load,
+at concurrency 1, 8, 32 and 64 with one-row requests of distinct short (~17 tokens) and long
+(~108 tokens) texts.
 
 The ceiling is two bare 1-thread forward loops run at once (two processes, same model, each at
-its best batch size, no HTTP). For each cell it prints rows/s, p50, p99, the ratio to the
+its best batch size, no HTTP), forwarding texts made like the service's (the same texts with
+the same kind of " #NNNNN" suffix that keeps the service's texts distinct, so both forward the
+same number of tokens per row). For each cell it prints rows/s, p50, p99, the ratio to the
 ceiling, and where the CPU went (from /proc): the frontend process, and each worker's forward
 thread and its other threads. It also prints c=1 p50 against a bare batch-of-one forward and
 c=64 p99 against the median forward of a full batch (issue 16's targets).
+
+A mixed cell (short and long texts alternating, c = 32 and 64) measures padding: padded tokens
+per row in the workers' forwards (from their /metrics) against the real tokens per row sent;
+its ceiling is the padding-free one, short and long rows forwarded apart at their best batch
+sizes (1 / (0.5 / short ceiling + 0.5 / long ceiling)).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import signal
 import socket
@@ -36,15 +45,25 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from bench.worker import LONG, SHORT, thread_cpu  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
+MIXED_CONCURRENCY = (32, 64)
 TARGETS = {"short": 0.85, "long": 0.95}
 INPUTS = {"short": SHORT, "long": LONG}
-REQUEST_NUMBERS = itertools.count(1)
+MIXED = [text for pair in zip(SHORT, LONG, strict=True) for text in pair]
+# Five-digit request numbers from the start, so every text carries a suffix of one size (the
+# ceiling's texts carry numbers of the same size).
+FIRST_NUMBER = 10_000
+REQUEST_NUMBERS = itertools.count(FIRST_NUMBER)
+
+
+def numbered(texts: list[str], n: int) -> str:
+    return f"{texts[n % len(texts)]} #{n}"
 
 
 # ---------------------------------------------------------------------- the ceiling loops
 def ceiling_loop(cpu: int | None) -> None:
     """A child: load d3-edge with one thread, then answer commands on stdin, one JSON line each:
-    {"texts": "short", "seconds": S} -> {"rows_s", "batch", "batch1_ms", "full_ms"}."""
+    {"texts": "short", "seconds": S} -> {"rows_s", "batch", "row_tokens", "full_ms"};
+    {"batch1": "short"} -> {"batch1_ms"}."""
     import torch
 
     from bench.worker import best_batch, forward_rate
@@ -58,26 +77,35 @@ def ceiling_loop(cpu: int | None) -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
-        texts = INPUTS[cmd["texts"]]
+        if "batch1" in cmd:
+            print(json.dumps({"batch1_ms": _batch1_ms(loaded, INPUTS[cmd["batch1"]])}), flush=True)
+            continue
+        texts = [numbered(INPUTS[cmd["texts"]], FIRST_NUMBER + i) for i in range(64)]
         if cmd["texts"] not in batches:
             batches[cmd["texts"]] = best_batch(loaded, texts, 0.5)
         batch = batches[cmd["texts"]]
         rate = forward_rate(loaded, texts, batch, cmd["seconds"])
-        print(
-            json.dumps({"rows_s": rate, "batch": batch, **_forward_ms(loaded, texts)}), flush=True
-        )
+        tokens = statistics.mean(map(len, loaded.tokenizer.encode(texts)))
+        answer = {"rows_s": rate, "batch": batch, "row_tokens": tokens}
+        print(json.dumps({**answer, "full_ms": _full_ms(loaded, texts)}), flush=True)
 
 
-def _forward_ms(loaded: Any, texts: list[str]) -> dict[str, float]:
-    one = loaded.tokenizer.encode([texts[0]])
-    full = loaded.tokenizer.encode([texts[i % len(texts)] for i in range(64)])
-    times: dict[str, list[float]] = {"batch1_ms": [], "full_ms": []}
-    for _ in range(5):
-        for key, rows in (("batch1_ms", one), ("full_ms", full)):
-            t0 = time.perf_counter()
-            loaded.runner.forward(rows)
-            times[key].append((time.perf_counter() - t0) * 1000)
-    return {k: statistics.median(v) for k, v in times.items()}
+def _full_ms(loaded: Any, texts: list[str]) -> float:
+    """Median time of a bare forward of a full batch (64 rows)."""
+    full = loaded.tokenizer.encode([numbered(texts, FIRST_NUMBER + i) for i in range(64)])
+    return statistics.median(_timed(loaded, full) for _ in range(5))
+
+
+def _batch1_ms(loaded: Any, texts: list[str]) -> float:
+    """Median time of a bare batch-of-one forward, a distinct text each time (as at c=1)."""
+    ones = [loaded.tokenizer.encode([numbered(texts, FIRST_NUMBER + i)]) for i in range(40)]
+    return statistics.median(_timed(loaded, rows) for rows in ones)
+
+
+def _timed(loaded: Any, rows: list[list[int]]) -> float:
+    t0 = time.perf_counter()
+    loaded.runner.forward(rows)
+    return (time.perf_counter() - t0) * 1000
 
 
 class Ceiling:
@@ -108,16 +136,41 @@ class Ceiling:
             p.stdin.write(json.dumps({"texts": texts, "seconds": seconds}) + "\n")
             p.stdin.flush()
         answers = [json.loads(p.stdout.readline()) for p in self.procs if p.stdout]
+        # The batch-of-one forward alone (the other loop idle), as the service runs c=1.
+        one = self.procs[0]
+        assert one.stdin is not None and one.stdout is not None
+        one.stdin.write(json.dumps({"batch1": texts}) + "\n")
+        one.stdin.flush()
         return {
             "rows_s": sum(a["rows_s"] for a in answers),
-            "batch1_ms": statistics.mean(a["batch1_ms"] for a in answers),
+            "batch1_ms": json.loads(one.stdout.readline())["batch1_ms"],
             "full_ms": statistics.mean(a["full_ms"] for a in answers),
+            "row_tokens": answers[0]["row_tokens"],
+            "batches": [a["batch"] for a in answers],
         }
+
+    def mixed(self, seconds: float) -> dict[str, float]:
+        """The padding-free ceiling of a half-short, half-long load: each kind forwarded apart
+        at its best batch size."""
+        short, long = self.run("short", seconds / 2), self.run("long", seconds / 2)
+        return {
+            "rows_s": 1 / (0.5 / short["rows_s"] + 0.5 / long["rows_s"]),
+            "row_tokens": (short["row_tokens"] + long["row_tokens"]) / 2,
+            "full_ms": math.nan,
+            "batch1_ms": math.nan,
+        }
+
+    def measure(self, name: str, seconds: float) -> dict[str, float]:
+        return self.mixed(seconds) if name == "mixed" else self.run(name, seconds)
 
     def close(self) -> None:
         for p in self.procs:
             p.kill()
             p.wait()
+
+
+def average(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {k: (a[k] + b[k]) / 2 if isinstance(a[k], float) else a[k] for k in a}
 
 
 # ---------------------------------------------------------------------- the service
@@ -189,7 +242,7 @@ async def load(port: int, texts: list[str], concurrency: int, seconds: float) ->
             # Distinct across the whole run: a text sent in an earlier cell would be answered
             # from the workers' result caches (two replicas keep them).
             n = next(REQUEST_NUMBERS)
-            body = json.dumps({"input": f"{texts[n % len(texts)]} #{n}"}).encode()
+            body = json.dumps({"input": numbered(texts, n)}).encode()
             t0 = time.perf_counter()
             if await conn.post(body) != 200:
                 raise RuntimeError("the service answered an error")
@@ -212,12 +265,33 @@ async def load(port: int, texts: list[str], concurrency: int, seconds: float) ->
     }
 
 
+def forward_totals(port: int) -> dict[str, float]:
+    """Sums over both workers (from the frontend's merged /metrics): forwards, rows in them
+    and padded tokens in them."""
+    names = {
+        "vllm_sr_worker_forward_rows_count": "forwards",
+        "vllm_sr_worker_forward_rows_sum": "rows",
+        "vllm_sr_worker_forward_padded_tokens_sum": "padded",
+    }
+    out = dict.fromkeys(names.values(), 0.0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in names:
+                out[names[name]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def service_cell(proc: Any, port: int, texts: list[str], c: int, seconds: float) -> dict[str, Any]:
     pids = worker_pids(port)
     before = (proc_cpu(proc.pid), [thread_cpu(p) for p in pids])
+    forwards_before = forward_totals(port)
     t0 = time.perf_counter()
     result: dict[str, Any] = asyncio.run(load(port, texts, c, seconds))
     wall = time.perf_counter() - t0
+    forwards = {k: v - forwards_before[k] for k, v in forward_totals(port).items()}
+    result["rows_per_forward"] = forwards["rows"] / max(forwards["forwards"], 1)
+    result["padded_per_row"] = forwards["padded"] / max(forwards["rows"], 1)
     after = (proc_cpu(proc.pid), [thread_cpu(p) for p in pids])
     result["cpu_frontend"] = (after[0] - before[0]) / wall
     result["cpu_workers"] = [
@@ -242,20 +316,26 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     try:
         print(f"{'input':<6}{'c':>4}{'ceiling':>9}{'service':>9}{'ratio':>7}{'p50 ms':>9}"
-              f"{'p99 ms':>9}   cpu: frontend | w0 fwd+rest | w1 fwd+rest", flush=True)  # fmt: skip
-        for name, texts in INPUTS.items():
-            for c in CONCURRENCY:
-                ceil = ceiling.run(name, args.seconds / 2)
-                cell = service_cell(proc, port, texts, c, args.seconds)
-                cell.update(input=name, c=c, ceiling=ceil)
-                rows.append(cell)
-                w = " | ".join(f"{x['forward']:.2f}+{x['rest']:.2f}" for x in cell["cpu_workers"])
-                print(
-                    f"{name:<6}{c:>4}{ceil['rows_s']:>9.1f}{cell['rows_s']:>9.1f}"
-                    f"{cell['rows_s'] / ceil['rows_s']:>7.2f}{cell['p50_ms']:>9.1f}"
-                    f"{cell['p99_ms']:>9.1f}   {cell['cpu_frontend']:.2f} | {w}",
-                    flush=True,
-                )
+              f"{'p99 ms':>9}{'rows/fwd':>9}{'pad/row':>8}"
+              f"   cpu: frontend | w0 fwd+rest | w1 fwd+rest", flush=True)  # fmt: skip
+        cells = [(name, c) for name in INPUTS for c in CONCURRENCY]
+        cells += [("mixed", c) for c in MIXED_CONCURRENCY]
+        for name, c in cells:
+            texts = MIXED if name == "mixed" else INPUTS[name]
+            # The ceiling just before and just after the service's window, averaged.
+            ceil = ceiling.measure(name, args.seconds / 2)
+            cell = service_cell(proc, port, texts, c, args.seconds)
+            ceil = average(ceil, ceiling.measure(name, args.seconds / 2))
+            cell.update(input=name, c=c, ceiling=ceil)
+            rows.append(cell)
+            w = " | ".join(f"{x['forward']:.2f}+{x['rest']:.2f}" for x in cell["cpu_workers"])
+            print(
+                f"{name:<6}{c:>4}{ceil['rows_s']:>9.1f}{cell['rows_s']:>9.1f}"
+                f"{cell['rows_s'] / ceil['rows_s']:>7.2f}{cell['p50_ms']:>9.1f}"
+                f"{cell['p99_ms']:>9.1f}{cell['rows_per_forward']:>9.1f}"
+                f"{cell['padded_per_row']:>8.1f}   {cell['cpu_frontend']:.2f} | {w}",
+                flush=True,
+            )
     finally:
         ceiling.close()
         proc.send_signal(signal.SIGTERM)
@@ -279,6 +359,14 @@ def summary(rows: list[dict[str, Any]]) -> None:
             f"= {p99_x:.2f} x a full batch's forward ({top['ceiling']['full_ms']:.0f} ms, "
             f"target <= 1.3); c1 p50 {one['p50_ms']:.1f} ms = batch-of-one forward "
             f"{one['ceiling']['batch1_ms']:.1f} ms + {added:.1f} ms (target <= 2 ms)"
+        )
+    for top in (r for r in rows if r["input"] == "mixed"):
+        real = top["ceiling"]["row_tokens"]
+        print(
+            f"mixed c{top['c']}: {top['padded_per_row']:.1f} padded tokens per row for {real:.1f} "
+            f"real (padding {top['padded_per_row'] / real:.2f} x), "
+            f"{top['rows_per_forward']:.1f} rows per forward; "
+            f"ratio to the padding-free ceiling {top['rows_s'] / top['ceiling']['rows_s']:.2f}"
         )
 
 

@@ -123,7 +123,9 @@ async def read_json(
     if length is not None and length > max_bytes:
         raise RequestTooLarge(f"body: {length} bytes is over the cap of {max_bytes} bytes")
     try:
-        raw = await asyncio.wait_for(request.read(), timeout_s)
+        # asyncio.timeout, not wait_for: no task per request (this is every request's path).
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
     except TimeoutError:
         raise RequestTimeout(
             f"body: not received within {timeout_s:g} s (the client stalled)"

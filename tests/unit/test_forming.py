@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+import threading
 
+import numpy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_sr.worker.engine import Limits
-from vllm_sr.worker.forming import ForwardCosts, form, pack
+from tests.support.fakes import FakeRunner, expected_output
+from vllm_sr.clock import FakeClock
+from vllm_sr.worker.engine import Engine, Limits
+from vllm_sr.worker.forming import ForwardCosts, form, pack, probe_shapes
 
 FIXED_S = 0.003  # what one forward costs before its first token (a CPU's shape)
 PER_TOKEN_S = 0.00023
-SWEET_TOKENS = 256  # past this a token costs more (caches)
+SWEET_TOKENS = 256  # past this a token costs a little more (caches), as on a 1-thread CPU
 
 
 def cpu_like(tokens: int) -> float:
@@ -44,38 +48,58 @@ def model_seconds(forwards: list[list[int]]) -> float:
     return sum(cpu_like(len(f) * max(f)) for f in forwards)
 
 
-# -- the cost table -------------------------------------------------------------------------
+# -- the cost model ------------------------------------------------------------------------
 
 
-def test_rates_are_interpolated_between_measured_sizes() -> None:
+def test_the_line_is_fitted_to_what_forwards_of_each_size_took() -> None:
+    costs = measured()
+    assert costs.fixed_s == pytest.approx(FIXED_S, rel=0.25)
+    assert costs.per_token_s == pytest.approx(PER_TOKEN_S, rel=0.25)
+    assert costs.cost(1000) == pytest.approx(cpu_like(1000), rel=0.1)
+    assert costs.to_json()["by_size"]["256"] == {"ms": round(cpu_like(256) * 1e3, 3), "forwards": 1}
+
+
+def test_one_size_is_not_enough_to_fit_a_line() -> None:
     costs = ForwardCosts()
-    costs.observe(64, 0.064)  # 1 ms per token
-    costs.observe(256, 0.128)  # 0.5 ms per token
-    assert costs.rate(128) == pytest.approx(0.00075)  # halfway in log2
-    assert costs.cost(128) == pytest.approx(0.096)
-    assert costs.cost(16) == pytest.approx(0.064)  # below: no cheaper than the smallest
-    assert costs.best_tokens == 256
+    costs.observe(64, 0.02)
+    assert not costs.known
+    costs.observe(64, 0.02)
+    assert not costs.known
+    costs.observe(256, 0.05)
+    assert costs.known
+    assert costs.fixed_s == pytest.approx(0.01)
+    assert costs.per_token_s == pytest.approx(0.04 / 192 * 0.75)
 
 
-def test_an_unmeasured_bigger_size_counts_at_the_best_rate_until_measured() -> None:
-    costs = ForwardCosts()
-    costs.observe(32, 0.032)
-    costs.observe(64, 0.032)  # 0.5 ms per token, the best
-    assert costs.rate(4096) == pytest.approx(0.0005)
-    costs.observe(4096, 4.096)  # measured: 1 ms per token
-    assert costs.rate(4096) == pytest.approx(0.001)
-    assert costs.best_tokens == 64
-
-
-def test_each_size_keeps_a_moving_mean_and_ignores_nonsense() -> None:
+def test_each_size_keeps_moving_means_and_ignores_nonsense() -> None:
     costs = ForwardCosts(alpha=0.5)
     costs.observe(100, 0.1)
     costs.observe(100, 0.3)
-    assert costs.rate(128) == pytest.approx(0.002)
+    assert costs.to_json()["by_size"]["128"] == {"ms": 200.0, "forwards": 2}
     costs.observe(100, math.nan)
     costs.observe(0, 1.0)
-    assert costs.rate(128) == pytest.approx(0.002)
-    assert costs.to_json()["forwards"] == {"128": 2}
+    assert costs.to_json()["by_size"] == {"128": {"ms": 200.0, "forwards": 2}}
+
+
+def test_costs_never_go_negative() -> None:
+    costs = ForwardCosts()
+    costs.observe(8, 0.010)
+    costs.observe(512, 0.008)  # a bigger forward measured faster (noise): all fixed cost
+    assert costs.per_token_s == 0.0
+    assert costs.fixed_s > 0
+    steep = ForwardCosts()
+    steep.observe(8, 0.0001)
+    steep.observe(512, 0.5)  # no fixed cost to see: a line through zero
+    assert steep.fixed_s == 0.0
+    assert steep.per_token_s > 0
+
+
+def test_rows_left_for_later_cost_as_many_forwards_as_the_limits_need() -> None:
+    costs = measured()
+    one = costs.later(10, 20, Limits(64, 8192))
+    assert one == pytest.approx(costs.fixed_s + costs.per_token_s * 200)
+    three = costs.later(10, 20, Limits(4, 8192))
+    assert three == pytest.approx(3 * costs.fixed_s + costs.per_token_s * 200)
 
 
 def test_alpha_outside_zero_one_is_refused() -> None:
@@ -96,13 +120,11 @@ def test_a_few_rows_of_one_length_share_one_forward() -> None:
     assert form([17, 17, 18], Limits(64, 8192), measured()) == [0, 1, 2]
 
 
-def test_rows_of_one_length_grow_a_forward_to_the_cheapest_size_not_past_it() -> None:
-    chosen = form([17] * 64, Limits(64, 8192), measured())
+def test_rows_of_one_length_share_one_forward_up_to_the_limits() -> None:
+    assert form([17] * 64, Limits(64, 8192), measured()) == list(range(64))
+    chosen = form([17] * 64, Limits(16, 8192), measured())
+    assert len(chosen) == 16
     assert 0 in chosen
-    padded = len(chosen) * 17
-    assert SWEET_TOKENS / 2 <= padded <= SWEET_TOKENS * 2
-    # and the whole queue drains cheaper than in one forward of all 64
-    assert model_seconds(drain([17] * 64, Limits(64, 8192), measured())) < cpu_like(64 * 17)
 
 
 def test_short_rows_are_not_padded_into_a_long_oldest_rows_forward() -> None:
@@ -129,6 +151,7 @@ def test_where_every_forward_costs_the_same_per_token_rows_still_share_forwards(
     # A fake runner on a fake clock measures 0 s: nothing to gain by splitting, so nothing is.
     costs = ForwardCosts()
     costs.observe(64, 0.0)
+    costs.observe(512, 0.0)
     assert form([5, 9, 5, 9], Limits(64, 8192), costs) == [0, 1, 2, 3]
 
 
@@ -155,3 +178,46 @@ def test_draining_by_cost_is_never_much_slower_than_by_limits_alone(lengths: lis
     by_cost = model_seconds(drain(lengths, limits, measured()))
     by_limits = model_seconds(drain(lengths, limits, None))
     assert by_cost <= by_limits * 1.02
+
+
+# -- the engine forms forwards on what its own forwards cost ---------------------------------
+
+
+class TimedRunner(FakeRunner):
+    """A fake model whose forwards take ``cpu_like(padded tokens)`` on a fake clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def forward(self, rows: list[list[int]]) -> numpy.ndarray:
+        self.clock.advance(cpu_like(len(rows) * max(map(len, rows))))
+        return super().forward(rows)
+
+
+def test_an_engine_learns_its_costs_and_keeps_long_rows_out_of_short_forwards() -> None:
+    clock = FakeClock()
+    runner = TimedRunner(clock)
+    engine = Engine(runner, Limits(64, 8192), clock=clock)
+    for rows, width in probe_shapes(512):  # what a worker does before it starts
+        engine.measure([[7] * width] * rows)
+    assert engine.costs.fixed_s == pytest.approx(FIXED_S, rel=0.25)
+    runner.forwards.clear()
+    jobs_rows = [[[i + 1] * (17 if i % 2 else 108)] for i in range(32)]
+    done = threading.Semaphore(0)
+    jobs = [engine.submit(rows, lambda _j: done.release()) for rows in jobs_rows]
+    engine.start()
+    try:
+        for _ in jobs:
+            assert done.acquire(timeout=10)
+    finally:
+        engine.stop(drain_timeout=1)
+    for forward in runner.forwards:
+        assert len({len(r) for r in forward}) == 1  # one length per forward: no padding
+    for job, rows in zip(jobs, jobs_rows, strict=True):
+        numpy.testing.assert_array_equal(job.result(), [expected_output(r) for r in rows])
+    padded = sum(len(f) * max(map(len, f)) for f in runner.forwards)
+    assert padded == sum(len(r[0]) for r in jobs_rows)
+    by_size = engine.costs.to_json()["by_size"]
+    assert by_size["256"]["forwards"] == 2  # the probe's, and the 16 short rows' forward
+    assert by_size["2048"]["forwards"] == 1  # the 16 long rows' forward

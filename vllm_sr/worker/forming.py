@@ -1,30 +1,35 @@
-"""Which queued rows form the next forward, from what forwards of each size cost here.
+"""Which queued rows form the next forward, from what forwards cost on this worker.
 
-Pure logic: no torch, no threads. ``ForwardCosts`` keeps the seconds per padded token of a
-forward by size, measured (probe forwards at startup, then every real forward). ``form`` picks
-the next forward's rows:
+Pure logic: no torch, no threads. ``ForwardCosts`` models a forward's seconds as a fixed cost
+plus a cost per padded token, fitted to what forwards of each size took here (probe forwards
+at startup, then every real forward). ``form`` picks the next forward's rows:
 
 - The oldest queued row always goes, so each forward takes the head of the queue and no row
   waits for more forwards than there are rows queued before it.
 - Among the rows sorted by length, the forward grows around the oldest one, a row at a time
-  (the next shorter or the next longer), while that lowers the estimated cost of the whole
-  queue: this forward, plus the rows left out run later (shorter ones together, longer ones
-  together). Rows of one length so grow a forward up to the size where a token is cheapest on
-  this worker; a long row is not padded into a forward of short ones (nor short rows into a
-  long one's) when that padding costs more than a forward of their own.
+  (the next shorter or the next longer), to the limits, and keeps the window that gives the
+  lowest estimated cost of the whole queue: this forward, plus the rows left out run later
+  (the shorter ones together, the longer ones together). Rows of one length so share one
+  forward up to the limits (another forward would only add its fixed cost); a long row is
+  not padded into a forward of short ones, nor short rows into a long one's, when that
+  padding costs more than a forward of their own.
 
-Sizes never measured count at the best rate seen (so a size not seen yet is tried, once, and
-then known); with nothing measured yet ``form`` falls back to ``pack`` (limits alone).
+Until two sizes have been measured ``form`` falls back to ``pack`` (the limits alone).
+
+Why a straight line and not a curve per size: on a 1-thread CPU a token costs a few per cent
+more in forwards past a few hundred tokens, but a forward's time inside a busy worker varies
+by more than that (the HTTP thread and other processes share the core), and a table per size
+chased that noise (it once grew forwards to 4096 tokens on a lucky measurement). The fixed
+cost and the per-token cost are what padding decisions need, and they are stable.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-EWMA_ALPHA = 0.2  # weight of the newest forward in its size's rate
+EWMA_ALPHA = 0.2  # weight of the newest forward in its size's means
 
 
 class Limits(Protocol):
@@ -36,82 +41,87 @@ class Limits(Protocol):
 
 
 class ForwardCosts:
-    """Seconds per padded token of a forward, by size (log2 buckets of padded tokens): each
-    bucket keeps an exponentially weighted mean of what forwards of about that size took.
-    Between measured sizes the rate is interpolated (in log2 of the size); below the smallest
-    a forward costs what the smallest did; above the largest, a token costs the best rate
-    seen."""
+    """A forward's seconds as ``fixed_s + per_token_s x padded tokens``. Forwards are grouped
+    by size (log2 buckets of padded tokens); each bucket keeps moving means of its forwards'
+    tokens and seconds, and the line is fitted to the buckets' means, each weighted by the
+    inverse of its square (relative error, so small forwards count as much as big ones)."""
 
     def __init__(self, alpha: float = EWMA_ALPHA) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha: {alpha!r} is not in (0, 1]")
         self.alpha = alpha
-        self._rate: dict[int, float] = {}  # bucket exponent -> seconds per padded token
-        self._keys: list[int] = []
+        self._means: dict[int, tuple[float, float]] = {}  # bucket -> (tokens, seconds)
         self._samples: dict[int, int] = {}
-        self.best_rate = 0.0
-        self.best_tokens = 0
+        self.fixed_s = 0.0
+        self.per_token_s = 0.0
 
     @property
     def known(self) -> bool:
-        return bool(self._rate)
+        """Two sizes or more measured: the line is fitted."""
+        return len(self._means) >= 2
 
     def observe(self, padded: int, seconds: float) -> None:
         """One forward of ``padded`` tokens took ``seconds``."""
         if padded < 1 or not math.isfinite(seconds):
             return
-        rate = max(0.0, seconds) / padded
+        seconds = max(0.0, seconds)
         k = round(math.log2(padded))
-        old = self._rate.get(k)
+        old = self._means.get(k)
         if old is None:
-            self._rate[k] = rate
-            bisect.insort(self._keys, k)
+            self._means[k] = (float(padded), seconds)
         else:
-            self._rate[k] = old + self.alpha * (rate - old)
+            a = self.alpha
+            self._means[k] = (old[0] + a * (padded - old[0]), old[1] + a * (seconds - old[1]))
         self._samples[k] = self._samples.get(k, 0) + 1
-        best = min(self._keys, key=lambda key: (self._rate[key], -key))
-        self.best_rate = self._rate[best]
-        self.best_tokens = 1 << best
+        self._fit()
 
-    def rate(self, padded: int) -> float:
-        keys = self._keys
-        if not keys:
-            return 0.0
-        x = math.log2(max(padded, 1))
-        i = bisect.bisect_left(keys, x)
-        if i == 0:
-            # Below the smallest size measured a forward costs no less than that one did (what
-            # a forward costs before its first token dominates there).
-            smallest = keys[0]
-            return self._rate[smallest] * (1 << smallest) / max(padded, 1)
-        if i == len(keys):
-            return self.best_rate
-        lo, hi = keys[i - 1], keys[i]
-        r_lo, r_hi = self._rate[lo], self._rate[hi]
-        return r_lo + (r_hi - r_lo) * (x - lo) / (hi - lo)
+    def _fit(self) -> None:
+        points = list(self._means.values())
+        if len(points) < 2:
+            return
+        # Weighted least squares of c = a + b t, weights 1 / c^2.
+        sw = st = sc = stt = stc = 0.0
+        for t, c in points:
+            w = 1.0 / (c * c) if c > 0 else 1.0
+            sw += w
+            st += w * t
+            sc += w * c
+            stt += w * t * t
+            stc += w * t * c
+        det = sw * stt - st * st
+        if det <= 0:
+            return
+        b = (sw * stc - st * sc) / det
+        a = (sc - b * st) / sw
+        if b < 0:  # bigger forwards no dearer: all fixed cost
+            a, b = sc / sw, 0.0
+        elif a < 0:  # no fixed cost seen: a line through zero
+            a, b = 0.0, stc / stt
+        self.fixed_s, self.per_token_s = a, b
 
     def cost(self, padded: int) -> float:
-        """Estimated seconds of one forward of ``padded`` tokens."""
-        return padded * self.rate(padded) if padded > 0 else 0.0
+        """Estimated seconds of one forward of ``padded`` tokens (0 for none)."""
+        return self.fixed_s + self.per_token_s * padded if padded > 0 else 0.0
 
-    def later(self, rows: int, width: int) -> float:
-        """Estimated seconds to run ``rows`` rows padded to ``width`` in later forwards: one
-        forward if that is no bigger than the cheapest size, else forwards of that size."""
-        tokens = rows * width
-        if tokens <= 0:
+    def later(self, rows: int, width: int, limits: Limits) -> float:
+        """Estimated seconds to run ``rows`` rows padded to ``width`` in as few forwards as
+        the limits allow."""
+        if rows <= 0:
             return 0.0
-        if tokens <= self.best_tokens:
-            return self.cost(tokens)
-        return tokens * self.best_rate
+        per_forward = max(1, min(limits.max_num_seqs, limits.max_num_batched_tokens // width))
+        forwards = -(-rows // per_forward)
+        return forwards * self.fixed_s + self.per_token_s * rows * width
 
     def to_json(self) -> dict[str, Any]:
         # Copies first: the forward thread may add a size while another thread reads.
-        rates, samples = dict(self._rate), dict(self._samples)
+        means, samples = dict(self._means), dict(self._samples)
         return {
-            "best_tokens": self.best_tokens,
-            "best_ms_per_1k_tokens": round(self.best_rate * 1e6, 3),
-            "ms_per_1k_tokens": {str(1 << k): round(rates[k] * 1e6, 3) for k in sorted(rates)},
-            "forwards": {str(1 << k): samples.get(k, 0) for k in sorted(rates)},
+            "fixed_ms": round(self.fixed_s * 1e3, 3),
+            "ms_per_1k_tokens": round(self.per_token_s * 1e6, 3),
+            "by_size": {
+                str(1 << k): {"ms": round(means[k][1] * 1e3, 3), "forwards": samples.get(k, 0)}
+                for k in sorted(means)
+            },
         }
 
 
@@ -178,13 +188,13 @@ def form(lengths: Sequence[int], limits: Limits, costs: ForwardCosts | None) -> 
         # this forward + the shorter rows left out + the longer rows left out
         return (
             costs.cost((hi - lo + 1) * width)
-            + (costs.later(lo, sorted_len[lo - 1]) if lo > 0 else 0.0)
-            + (costs.later(n - 1 - hi, longest) if hi < n - 1 else 0.0)
+            + (costs.later(lo, sorted_len[lo - 1], limits) if lo > 0 else 0.0)
+            + (costs.later(n - 1 - hi, longest, limits) if hi < n - 1 else 0.0)
         )
 
     # Grow one row at a time towards whichever side costs less, to the limits, and keep the
-    # cheapest window seen: the total is not monotone along the way (two forwards of two rows
-    # can look cheaper than three and one, while one of four is cheaper still).
+    # cheapest window seen: the total is not monotone along the way (a long row next in line
+    # raises it; the rows after it, as long, bring it down again).
     current = total(lo, hi, width)
     chosen = (current, lo, hi)
     while hi - lo + 1 < cap:
@@ -201,7 +211,8 @@ def form(lengths: Sequence[int], limits: Limits, costs: ForwardCosts | None) -> 
         if step is None:
             break
         current, lo, hi, width = step
-        # Ties join: a forward has a fixed cost the per-token rates may not show.
+        # Ties join (rows of one length cost the same in one forward or later with no fixed
+        # cost measured): fewer forwards.
         if current <= chosen[0] + 1e-9 * abs(chosen[0]):
             chosen = (current, lo, hi)
         elif costs.cost((hi - lo + 1) * width) > chosen[0]:
