@@ -199,8 +199,8 @@ def test_an_engine_learns_its_costs_and_keeps_long_rows_out_of_short_forwards() 
     clock = FakeClock()
     runner = TimedRunner(clock)
     engine = Engine(runner, Limits(64, 8192), clock=clock)
-    for rows, width in probe_shapes(512):  # what a worker does before it starts
-        engine.measure([[7] * width] * rows)
+    for n_rows, width in probe_shapes(512):  # what a worker does before it starts
+        engine.measure([[7] * width] * n_rows)
     assert engine.costs.fixed_s == pytest.approx(FIXED_S, rel=0.25)
     runner.forwards.clear()
     jobs_rows = [[[i + 1] * (17 if i % 2 else 108)] for i in range(32)]
