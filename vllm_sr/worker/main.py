@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, VllmSrError
+from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, NotReady, VllmSrError
 from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
 from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
@@ -163,9 +163,10 @@ async def serve(opts: WorkerOptions, state: WorkerState, parent: int | None = No
     site = await bind(runner, opts)
     log.info("listening on %s", opts.uds or f"{opts.host}:{opts.port}")
     loaded: asyncio.Future[None] = loop.create_future()
-    threading.Thread(
+    loader = threading.Thread(
         target=_load_thread, args=(opts, state, loop, loaded), name="vllm-sr-loader", daemon=True
-    ).start()
+    )
+    loader.start()
     stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
     try:
         waiters: set[asyncio.Future[Any]] = {loaded, stopper}
@@ -183,7 +184,7 @@ async def serve(opts: WorkerOptions, state: WorkerState, parent: int | None = No
     finally:
         watcher.cancel()
         stopper.cancel()
-        await shutdown(state, site, runner, opts)
+        await shutdown(state, site, runner, opts, loader)
     return EXIT_OK
 
 
@@ -216,14 +217,23 @@ def _remove_stale_socket(path: Path) -> None:
 
 
 async def shutdown(
-    state: WorkerState, site: web.BaseSite, runner: web.AppRunner, opts: WorkerOptions
+    state: WorkerState,
+    site: web.BaseSite,
+    runner: web.AppRunner,
+    opts: WorkerOptions,
+    loader: threading.Thread | None = None,
 ) -> None:
     await site.stop()  # no new connections
     engine = state.engine
     if engine is not None:
         # Queued and running forwards get the grace; a forward held longer by an injected
         # delay is cut when it ends (the delay waits on the engine's shutdown event).
-        await asyncio.get_running_loop().run_in_executor(None, engine.stop, DRAIN_GRACE_S)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, engine.stop, DRAIN_GRACE_S)
+        if loader is not None:
+            # Still warming: the loader stops after the probe or golden forward it runs (the
+            # process must not exit under a forward: torch aborts then).
+            await loop.run_in_executor(None, loader.join, DRAIN_GRACE_S)
     await runner.cleanup()
     if opts.uds:
         with contextlib.suppress(OSError):
@@ -317,10 +327,10 @@ def load_and_check(
         faults=state.faults,
         deliver=deliver_to_loop(loop),
     )
+    state.engine = engine  # from here SIGTERM stops the engine, and the probes with it
     max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
     measure_forward_costs(loaded, engine, opts.device.partition(":")[0], max_len)
     engine.start()
-    state.engine = engine
     state.view = surfaces.ModelView(
         name=opts.artifact,
         names=state.served_names,
@@ -426,6 +436,8 @@ def measure_forward_costs(
         engine.measure([loaded.tokenizer.truncate(base, width)] * rows)  # warm-up, not kept
         engine.costs = ForwardCosts()
     for rows, width in shapes:
+        if engine.stopping:
+            raise NotReady("the worker stopped while measuring forward costs")
         engine.measure([loaded.tokenizer.truncate(base, width)] * rows)
     log.info(
         "forward costs measured in %.2f s: %s",
