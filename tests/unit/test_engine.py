@@ -8,72 +8,16 @@ import time
 
 import numpy
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tests.support.fakes import FakeRunner, RecordingPolicy, expected_output
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import InvalidRequest, NotReady, Overloaded
 from vllm_sr.worker.engine import Engine, Faults, ForwardFailed, Job, Limits
-from vllm_sr.worker.forming import pack
 from vllm_sr.worker.threads import ThreadContext
 
 
 def rows_of(*lengths: int, start: int = 1) -> list[list[int]]:
     return [[start + i] * n for i, n in enumerate(lengths)]
-
-
-# -- pack (pure) ---------------------------------------------------------------------------
-
-
-def test_pack_takes_everything_that_fits() -> None:
-    assert pack([5, 7, 3], Limits(8, 100)) == [0, 1, 2]
-
-
-def test_pack_stops_at_max_num_seqs() -> None:
-    chosen = pack([5] * 10, Limits(4, 10_000))
-    assert len(chosen) == 4
-    assert 0 in chosen
-
-
-def test_pack_stops_at_padded_token_budget() -> None:
-    chosen = pack([10] * 10, Limits(64, 35))
-    assert len(chosen) == 3  # 3 x 10 = 30 <= 35 < 40
-
-
-def test_pack_groups_rows_of_similar_length_around_the_oldest() -> None:
-    lengths = [10, 50, 11, 49, 12]
-    assert pack(lengths, Limits(3, 10_000)) == [0, 2, 4]
-
-
-def test_pack_always_takes_the_oldest_row_even_when_long() -> None:
-    lengths = [100, 5, 5, 5, 5]
-    chosen = pack(lengths, Limits(8, 200))
-    assert 0 in chosen
-    assert len(chosen) * max(lengths[i] for i in chosen) <= 200
-    assert len(chosen) == 2
-
-
-def test_pack_prefers_shorter_rows_that_do_not_widen_the_batch() -> None:
-    # Head is 20 tokens; the 19s fit without raising the padded width, the 30 would.
-    chosen = pack([20, 30, 19, 19], Limits(3, 60))
-    assert chosen == [0, 2, 3]
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.integers(1, 64), min_size=1, max_size=80),
-    st.integers(1, 16),
-    st.integers(64, 600),
-)
-def test_pack_respects_both_limits_and_keeps_the_head(
-    lengths: list[int], seqs: int, budget: int
-) -> None:
-    chosen = pack(lengths, Limits(seqs, budget))
-    assert 0 in chosen
-    assert chosen == sorted(set(chosen))
-    assert len(chosen) <= seqs
-    assert len(chosen) * max(lengths[i] for i in chosen) <= budget
 
 
 # -- the engine ----------------------------------------------------------------------------

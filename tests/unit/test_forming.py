@@ -107,6 +107,43 @@ def test_alpha_outside_zero_one_is_refused() -> None:
         ForwardCosts(alpha=0)
 
 
+# -- pack: the limits alone (nothing measured yet) ------------------------------------------
+
+
+def test_pack_takes_everything_that_fits() -> None:
+    assert pack([5, 7, 3], Limits(8, 100)) == [0, 1, 2]
+
+
+def test_pack_stops_at_max_num_seqs() -> None:
+    chosen = pack([5] * 10, Limits(4, 10_000))
+    assert len(chosen) == 4
+    assert 0 in chosen
+
+
+def test_pack_stops_at_padded_token_budget() -> None:
+    chosen = pack([10] * 10, Limits(64, 35))
+    assert len(chosen) == 3  # 3 x 10 = 30 <= 35 < 40
+
+
+def test_pack_groups_rows_of_similar_length_around_the_oldest() -> None:
+    lengths = [10, 50, 11, 49, 12]
+    assert pack(lengths, Limits(3, 10_000)) == [0, 2, 4]
+
+
+def test_pack_always_takes_the_oldest_row_even_when_long() -> None:
+    lengths = [100, 5, 5, 5, 5]
+    chosen = pack(lengths, Limits(8, 200))
+    assert 0 in chosen
+    assert len(chosen) * max(lengths[i] for i in chosen) <= 200
+    assert len(chosen) == 2
+
+
+def test_pack_prefers_shorter_rows_that_do_not_widen_the_batch() -> None:
+    # Head is 20 tokens; the 19s fit without raising the padded width, the 30 would.
+    chosen = pack([20, 30, 19, 19], Limits(3, 60))
+    assert chosen == [0, 2, 3]
+
+
 # -- forming ----------------------------------------------------------------------------------
 
 
@@ -160,11 +197,13 @@ def test_where_every_forward_costs_the_same_per_token_rows_still_share_forwards(
     st.lists(st.integers(1, 128), min_size=1, max_size=100),
     st.integers(1, 64),
     st.integers(128, 8192),
+    st.booleans(),
 )
 def test_every_forward_keeps_the_oldest_row_and_both_limits(
-    lengths: list[int], seqs: int, budget: int
+    lengths: list[int], seqs: int, budget: int, known: bool
 ) -> None:
-    chosen = form(lengths, Limits(seqs, budget), measured())
+    limits = Limits(seqs, budget)
+    chosen = form(lengths, limits, measured()) if known else pack(lengths, limits)
     assert 0 in chosen  # so a row waits for at most as many forwards as rows before it
     assert chosen == sorted(set(chosen))
     assert len(chosen) <= seqs
