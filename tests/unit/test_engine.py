@@ -1,4 +1,4 @@
-"""The batching engine with a fake model: packing under both limits, order of results,
+"""The batching engine with a fake model: forwards under both limits, order of results,
 shared forwards, failures, overload, the thread context and the fault delay."""
 
 from __future__ import annotations
