@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast test-slow test-system lint bench bench-worker bench-frontend bench-threads bench-chaos bench-service deb clean
+.PHONY: install run test test-fast test-slow test-system lint bench bench-worker bench-frontend bench-threads bench-chaos bench-service bench-forward-sizes deb clean
 
 install: $(STAMP)
 
@@ -59,6 +59,9 @@ bench-chaos: install
 
 bench-service: install
 	$(PY) bench/service.py
+
+bench-forward-sizes: install
+	$(PY) bench/forward_sizes.py
 
 deb: install
 	bash packaging/deb/build.sh

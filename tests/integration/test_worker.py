@@ -31,6 +31,7 @@ from tests.support.workers import (
     worker_argv,
     worker_env,
 )
+from vllm_sr.worker.forming import CPU_FORWARD_TOKENS_PER_THREAD
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +102,10 @@ def test_d3_edge_model_card_and_health(d3: WorkerHandle) -> None:
     assert body["status"] == "ready"
     assert body["limits"]["max_num_seqs"] >= 1
     assert body["threads"] >= 1
+    # CPU forwards are formed to the CPU target per thread, within the limits.
+    assert body["forward_tokens"] == min(
+        CPU_FORWARD_TOKENS_PER_THREAD * body["threads"], body["limits"]["max_num_batched_tokens"]
+    )
     card = d3.get("/v1/models").json()["data"][0]
     assert card["artifact"] == "vllm-sr/d3-edge"
     assert card["dimensions"] == 384

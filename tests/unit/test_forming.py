@@ -260,3 +260,51 @@ def test_an_engine_learns_its_costs_and_keeps_long_rows_out_of_short_forwards() 
     by_size = engine.costs.to_json()["by_size"]
     assert by_size["256"]["forwards"] == 2  # the probe's, and the 16 short rows' forward
     assert by_size["2048"]["forwards"] == 1  # the 16 long rows' forward
+
+
+def test_an_engine_with_a_forward_target_forms_forwards_to_it_within_the_limits() -> None:
+    clock = FakeClock()
+    runner = TimedRunner(clock)
+    engine = Engine(runner, Limits(64, 8192), clock=clock, forward_tokens=512)
+    assert engine.forming_limits.to_json() == {"max_num_seqs": 64, "max_num_batched_tokens": 512}
+    assert engine.limits.max_num_batched_tokens == 8192  # what the worker reports is kept
+    for n_rows, width in probe_shapes(512):
+        engine.measure([[7] * width] * n_rows)
+    runner.forwards.clear()
+    jobs_rows = [[[i + 1] * 108] for i in range(16)] + [[[7] * 600]]
+    done = threading.Semaphore(0)
+    jobs = [engine.submit(rows, lambda _j: done.release()) for rows in jobs_rows]
+    engine.start()
+    try:
+        for _ in jobs:
+            assert done.acquire(timeout=10)
+    finally:
+        engine.stop(drain_timeout=1)
+    sizes = sorted(len(f) * max(map(len, f)) for f in runner.forwards)
+    # Four 108-token rows per forward (432 padded tokens); the 600-token row, over the target,
+    # still runs, alone.
+    assert sizes == [432, 432, 432, 432, 600]
+    for job, rows in zip(jobs, jobs_rows, strict=True):
+        numpy.testing.assert_array_equal(job.result(), [expected_output(r) for r in rows])
+
+
+@pytest.mark.parametrize("target", [None, 8192, 100_000])
+def test_a_forward_target_at_or_over_the_limits_changes_nothing(target: int | None) -> None:
+    limits = Limits(64, 8192)
+    assert Engine(FakeRunner(), limits, forward_tokens=target).forming_limits is limits
+
+
+@pytest.mark.parametrize("target", [0, -512])
+def test_a_forward_target_below_one_is_refused(target: int) -> None:
+    with pytest.raises(ValueError, match=f"forward_tokens: {target}"):
+        Engine(FakeRunner(), Limits(64, 8192), forward_tokens=target)
+
+
+def test_cpu_workers_form_to_the_cpu_target_per_thread_and_gpus_to_their_limits() -> None:
+    from vllm_sr.worker.forming import CPU_FORWARD_TOKENS_PER_THREAD
+    from vllm_sr.worker.main import forward_tokens
+
+    assert forward_tokens("cpu", 1) == CPU_FORWARD_TOKENS_PER_THREAD
+    assert forward_tokens("cpu", 3) == 3 * CPU_FORWARD_TOKENS_PER_THREAD
+    assert forward_tokens("cuda:0", 1) is None
+    assert forward_tokens("rocm:1", 4) is None

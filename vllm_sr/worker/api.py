@@ -359,6 +359,9 @@ def health_body(state: WorkerState) -> dict[str, Any]:
         "capabilities": state.capabilities,
         "forward_running_s": round(state.engine.forward_running_s, 3) if state.engine else 0.0,
         "forward_costs": state.engine.costs.to_json() if state.engine else None,
+        "forward_tokens": (
+            state.engine.forming_limits.max_num_batched_tokens if state.engine else None
+        ),
     }
 
 

@@ -166,9 +166,19 @@ class Engine:
         faults: Faults | None = None,
         deliver: Deliver = _call_each,
         costs: ForwardCosts | None = None,
+        forward_tokens: int | None = None,
     ) -> None:
         self.runner = runner
         self.limits = limits
+        if forward_tokens is not None and forward_tokens < 1:
+            raise ValueError(f"forward_tokens: {forward_tokens!r} is not a positive integer")
+        # What forwards are formed to: the limits, with the padded tokens capped further at
+        # ``forward_tokens`` when given (a CPU's best forward size; see forming.py).
+        self.forming_limits = (
+            limits
+            if forward_tokens is None or forward_tokens >= limits.max_num_batched_tokens
+            else Limits(limits.max_num_seqs, forward_tokens)
+        )
         self.clock = clock
         self.policy: ThreadPolicy = policy or FixedThreads(1)
         self.context = context or ThreadContext(lambda: 0, lambda n: None)
@@ -318,7 +328,7 @@ class Engine:
 
     def _take(self) -> list[_Row]:
         pending = self._pending
-        chosen = form([r.length for r in pending], self.limits, self.costs)
+        chosen = form([r.length for r in pending], self.forming_limits, self.costs)
         if len(chosen) == len(pending):
             self._pending = []
             return pending

@@ -20,7 +20,9 @@ Why a straight line and not a curve per size: on a 1-thread CPU a token costs a 
 more in forwards past a few hundred tokens, but a forward's time inside a busy worker varies
 by more than that (the HTTP thread and other processes share the core), and a table per size
 chased that noise (it once grew forwards to 4096 tokens on a lucky measurement). The fixed
-cost and the per-token cost are what padding decisions need, and they are stable.
+cost and the per-token cost are what padding decisions need, and they are stable. The size
+past which a CPU token costs more is set instead (``CPU_FORWARD_TOKENS_PER_THREAD``): the
+engine forms CPU forwards to that many padded tokens per thread, within the limits.
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ class ForwardCosts:
 
 
 PROBE_WIDTH = 64  # tokens per probe row (rows of real requests are mostly shorter)
+# A CPU forward is formed to at most this many padded tokens per thread (the limits still
+# apply). Measured on d3-edge with one thread: a token costs least in forwards of about 250 to
+# 550 padded tokens (243-247 us), 6-13 % more from 650 to 7000 (262-281 us), as activations
+# outgrow the core's caches; bench/forward_sizes.py prints the curve of any machine.
+CPU_FORWARD_TOKENS_PER_THREAD = 512
 
 
 def probe_shapes(max_tokens: int, smallest: int = 8) -> list[tuple[int, int]]:

@@ -22,12 +22,18 @@ from typing import Any
 
 from aiohttp import web
 
+from vllm_sr import aio
 from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, NotReady, VllmSrError
 from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
 from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Job
-from vllm_sr.worker.forming import PROBE_WIDTH, ForwardCosts, probe_shapes
+from vllm_sr.worker.forming import (
+    CPU_FORWARD_TOKENS_PER_THREAD,
+    PROBE_WIDTH,
+    ForwardCosts,
+    probe_shapes,
+)
 from vllm_sr.worker.policy import policy_from_env
 from vllm_sr.worker.result_cache import ResultCache
 from vllm_sr.worker.threads import process_context
@@ -140,7 +146,7 @@ def _emit(name: str, **fields: Any) -> None:
 def run(opts: WorkerOptions, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     state = build_state(opts, env)
-    return asyncio.run(serve(opts, state, expected_parent(env)))
+    return aio.run(serve(opts, state, expected_parent(env)))
 
 
 def _limit_interop_threads() -> None:
@@ -326,6 +332,7 @@ def load_and_check(
         metrics=state.metrics,
         faults=state.faults,
         deliver=deliver_to_loop(loop),
+        forward_tokens=forward_tokens(opts.device, state.threads),
     )
     state.engine = engine  # from here SIGTERM stops the engine, and the probes with it
     max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
@@ -410,6 +417,12 @@ def calibrate_for(loaded: artifacts.LoadedArtifact, opts: WorkerOptions) -> cali
 
 CPU_PROBE_TOKENS = 512  # probe forwards up to this size on CPU (about half a second here)
 GPU_PROBE_TOKENS = 16384
+
+
+def forward_tokens(device: str, threads: int) -> int | None:
+    """The padded tokens forwards are formed to: on CPU ``CPU_FORWARD_TOKENS_PER_THREAD`` per
+    thread (past it a token costs more, see forming.py); on a GPU only the limits."""
+    return CPU_FORWARD_TOKENS_PER_THREAD * threads if device.partition(":")[0] == "cpu" else None
 
 
 def measure_forward_costs(
