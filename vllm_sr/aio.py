@@ -1,6 +1,7 @@
-"""The event loop the processes run on: uvloop (libuv, as uvicorn uses) when installed, else
-asyncio's own. The frontend's and the workers' HTTP loops do per-request Python work on the same
-cores as the forwards; uvloop's transports and callbacks cost less of it."""
+"""The event loop ``serve`` runs on: uvloop (libuv, as uvicorn uses) when installed, else
+asyncio's own. The frontend's HTTP loop does per-request Python work on the same cores as the
+forwards; uvloop's transports and callbacks cost less of it. (Workers stay on asyncio's loop;
+docs/internals.md says why.)"""
 
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from aiohttp import web
 
-from vllm_sr import aio
 from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, NotReady, VllmSrError
 from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
@@ -146,7 +145,7 @@ def _emit(name: str, **fields: Any) -> None:
 def run(opts: WorkerOptions, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     state = build_state(opts, env)
-    return aio.run(serve(opts, state, expected_parent(env)))
+    return asyncio.run(serve(opts, state, expected_parent(env)))
 
 
 def _limit_interop_threads() -> None:
