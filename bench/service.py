@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -180,9 +181,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_service(tmp: Path, run: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``vllm-sr serve -dp 2`` with its sockets under ``run`` (a short path: Unix socket paths
+    are limited to 107 bytes); its log goes to ``tmp``."""
     port = free_port()
-    run = Path(tempfile.mkdtemp(prefix="vsr-bench-", dir="/tmp"))
     argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "vllm-sr/d3-edge", "-e"]
     argv += ["--platform", "cpu", "-dp", "2", "--config", str(tmp / "config.yaml")]
     argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
@@ -311,7 +313,8 @@ def main() -> None:
         ceiling_loop(args.cpu)
         return
     tmp = Path(tempfile.mkdtemp(prefix="vsr-bench-service-"))
-    proc, port = start_service(tmp)
+    run = Path(tempfile.mkdtemp(prefix="vsr-bench-", dir="/tmp"))
+    proc, port = start_service(tmp, run)
     ceiling = Ceiling()
     rows: list[dict[str, Any]] = []
     try:
@@ -340,6 +343,7 @@ def main() -> None:
         ceiling.close()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+        shutil.rmtree(run, ignore_errors=True)
     summary(rows)
     out = tmp / "service.json"
     out.write_text(json.dumps(rows, indent=2))
