@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.support.fakes import FakeRunner, expected_output
 from vllm_sr.clock import FakeClock
-from vllm_sr.worker.engine import Engine, Limits
+from vllm_sr.worker.engine import Engine, Job, Limits
 from vllm_sr.worker.forming import ForwardCosts, form, pack, probe_shapes
 
 FIXED_S = 0.003  # what one forward costs before its first token (a CPU's shape)
@@ -234,6 +234,19 @@ class TimedRunner(FakeRunner):
         return super().forward(rows)
 
 
+def run_all(engine: Engine, jobs_rows: list[list[list[int]]]) -> list[Job]:
+    """Queue every job, start the engine, wait for all of them, stop it."""
+    done = threading.Semaphore(0)
+    jobs = [engine.submit(rows, lambda _j: done.release()) for rows in jobs_rows]
+    engine.start()
+    try:
+        for _ in jobs:
+            assert done.acquire(timeout=10)
+    finally:
+        engine.stop(drain_timeout=1)
+    return jobs
+
+
 def test_an_engine_learns_its_costs_and_keeps_long_rows_out_of_short_forwards() -> None:
     clock = FakeClock()
     runner = TimedRunner(clock)
@@ -243,14 +256,7 @@ def test_an_engine_learns_its_costs_and_keeps_long_rows_out_of_short_forwards() 
     assert engine.costs.fixed_s == pytest.approx(FIXED_S, rel=0.25)
     runner.forwards.clear()
     jobs_rows = [[[i + 1] * (17 if i % 2 else 108)] for i in range(32)]
-    done = threading.Semaphore(0)
-    jobs = [engine.submit(rows, lambda _j: done.release()) for rows in jobs_rows]
-    engine.start()
-    try:
-        for _ in jobs:
-            assert done.acquire(timeout=10)
-    finally:
-        engine.stop(drain_timeout=1)
+    jobs = run_all(engine, jobs_rows)
     for forward in runner.forwards:
         assert len({len(r) for r in forward}) == 1  # one length per forward: no padding
     for job, rows in zip(jobs, jobs_rows, strict=True):
@@ -272,14 +278,7 @@ def test_an_engine_with_a_forward_target_forms_forwards_to_it_within_the_limits(
         engine.measure([[7] * width] * n_rows)
     runner.forwards.clear()
     jobs_rows = [[[i + 1] * 108] for i in range(16)] + [[[7] * 600]]
-    done = threading.Semaphore(0)
-    jobs = [engine.submit(rows, lambda _j: done.release()) for rows in jobs_rows]
-    engine.start()
-    try:
-        for _ in jobs:
-            assert done.acquire(timeout=10)
-    finally:
-        engine.stop(drain_timeout=1)
+    jobs = run_all(engine, jobs_rows)
     sizes = sorted(len(f) * max(map(len, f)) for f in runner.forwards)
     # Four 108-token rows per forward (432 padded tokens); the 600-token row, over the target,
     # still runs, alone.
