@@ -25,7 +25,8 @@ ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 64)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--seconds", type=float, default=1.0, help="time per size")
+    p.add_argument("--seconds", type=float, default=3.0, help="time per size, all rounds")
+    p.add_argument("--rounds", type=int, default=6, help="turns each size takes")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     import torch
@@ -38,20 +39,29 @@ def main() -> None:
     loaded = load(resolve(D3_EDGE), "cpu")
     print(f"{'input':<6}{'rows':>5}{'tokens':>8}{'forward ms':>12}{'rows/s':>9}{'us/token':>10}")
     for name, texts in (("short", SHORT), ("long", LONG)):
-        best: tuple[float, int] | None = None
-        for rows in ROWS:
-            batch = loaded.tokenizer.encode(
+        batches = {
+            rows: loaded.tokenizer.encode(
                 [f"{texts[i % len(texts)]} #{10000 + i}" for i in range(rows)]
             )
+            for rows in ROWS
+        }
+        times: dict[int, list[float]] = {rows: [] for rows in ROWS}
+        # Sizes take turns, round after round, so a drift in the machine's speed (other
+        # tenants) falls on every size alike; each size's figure is the median of its rounds.
+        for _ in range(args.rounds):
+            for rows, batch in batches.items():
+                loaded.runner.forward(batch)  # warm
+                stop = time.perf_counter() + args.seconds / args.rounds
+                while True:
+                    t0 = time.perf_counter()
+                    loaded.runner.forward(batch)
+                    times[rows].append(time.perf_counter() - t0)
+                    if time.perf_counter() >= stop:
+                        break
+        best: tuple[float, int] | None = None
+        for rows, batch in batches.items():
             padded = rows * max(map(len, batch))
-            loaded.runner.forward(batch)  # warm
-            times = []
-            stop = time.perf_counter() + args.seconds
-            while time.perf_counter() < stop or len(times) < 3:
-                t0 = time.perf_counter()
-                loaded.runner.forward(batch)
-                times.append(time.perf_counter() - t0)
-            median = statistics.median(times)
+            median = statistics.median(times[rows])
             per_token = median / padded
             best = min(best or (per_token, padded), (per_token, padded))
             print(
