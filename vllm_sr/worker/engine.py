@@ -338,14 +338,15 @@ class Engine:
 
     def run_batch(self, batch: list[_Row]) -> None:
         rows = [r.job.rows[r.index] for r in batch]
-        threads = self.policy.threads_for(batch_tokens(rows))
+        padded = batch_tokens(rows)
+        threads = self.policy.threads_for(padded)
         started = self.clock.monotonic()
         for r in batch:
             if r.job.first_forward_at is None:
                 r.job.first_forward_at = started
         try:
             self._inject_delay()
-            output = self.measure(rows, threads)
+            output = self._timed_forward(rows, threads, padded)
             if len(output) != len(rows):
                 raise ForwardFailed(f"the model returned {len(output)} rows for {len(rows)}")
         except Exception as exc:
@@ -356,7 +357,7 @@ class Engine:
         seconds = self.clock.monotonic() - started
         self.forwards += 1
         if self.metrics is not None:
-            self.metrics.observe_forward(len(rows), batch_tokens(rows), seconds)
+            self.metrics.observe_forward(len(rows), padded, seconds)
         self.deliver(self._distribute(batch, output))
         self._after(rows, output, threads, seconds)
 
@@ -364,12 +365,16 @@ class Engine:
         """One forward of ``rows`` (at the policy's count unless ``threads`` is given), its
         time recorded in ``costs``. Called on the forward thread, or before ``start`` (the
         startup probes)."""
+        padded = batch_tokens(rows)
         if threads is None:
-            threads = self.policy.threads_for(batch_tokens(rows))
+            threads = self.policy.threads_for(padded)
+        return self._timed_forward(rows, threads, padded)
+
+    def _timed_forward(self, rows: list[list[int]], threads: int, padded: int) -> numpy.ndarray:
         started = self.clock.monotonic()
         with self.context.forward(threads=threads):
             output = self.runner.forward(rows)
-        self.costs.observe(batch_tokens(rows), self.clock.monotonic() - started)
+        self.costs.observe(padded, self.clock.monotonic() - started)
         return output
 
     def _inject_delay(self) -> None:

@@ -321,6 +321,7 @@ def load_and_check(
         "warming", "calibrating limits, measuring forward costs and running the golden check"
     )
     cal = calibrate_for(loaded, opts)
+    kind = opts.device.partition(":")[0]  # cpu, cuda or rocm
     state.limits = cal.limits
     state.limit_source = cal.source
     engine = Engine(
@@ -331,11 +332,11 @@ def load_and_check(
         metrics=state.metrics,
         faults=state.faults,
         deliver=deliver_to_loop(loop),
-        forward_tokens=forward_tokens(opts.device, state.threads),
+        forward_tokens=forward_tokens(kind, state.threads),
     )
     state.engine = engine  # from here SIGTERM stops the engine, and the probes with it
     max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
-    measure_forward_costs(loaded, engine, opts.device.partition(":")[0], max_len)
+    measure_forward_costs(loaded, engine, kind, max_len)
     engine.start()
     state.view = surfaces.ModelView(
         name=opts.artifact,
@@ -418,10 +419,11 @@ CPU_PROBE_TOKENS = 512  # probe forwards up to this size on CPU (about half a se
 GPU_PROBE_TOKENS = 16384
 
 
-def forward_tokens(device: str, threads: int) -> int | None:
-    """The padded tokens forwards are formed to: on CPU ``CPU_FORWARD_TOKENS_PER_THREAD`` per
-    thread (past it a token costs more, see forming.py); on a GPU only the limits."""
-    return CPU_FORWARD_TOKENS_PER_THREAD * threads if device.partition(":")[0] == "cpu" else None
+def forward_tokens(kind: str, threads: int) -> int | None:
+    """The padded tokens forwards are formed to on a device of ``kind`` (cpu, cuda, rocm): on
+    CPU ``CPU_FORWARD_TOKENS_PER_THREAD`` per thread (past it a token costs more, see
+    forming.py); on a GPU only the limits."""
+    return CPU_FORWARD_TOKENS_PER_THREAD * threads if kind == "cpu" else None
 
 
 def measure_forward_costs(
