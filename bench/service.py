@@ -63,7 +63,8 @@ def numbered(texts: list[str], n: int) -> str:
 # ---------------------------------------------------------------------- the ceiling loops
 def ceiling_loop(cpu: int | None) -> None:
     """A child: load d3-edge with one thread, then answer commands on stdin, one JSON line each:
-    {"texts": "short", "seconds": S} -> {"rows_s", "batch", "row_tokens", "full_ms"};
+    {"texts": "short", "seconds": S, "full": bool} -> {"rows_s", "batch", "row_tokens",
+    "full_ms"} (``full_ms`` only when asked: a full batch of long rows takes seconds);
     {"batch1": "short"} -> {"batch1_ms"}."""
     import torch
 
@@ -88,7 +89,8 @@ def ceiling_loop(cpu: int | None) -> None:
         rate = forward_rate(loaded, texts, batch, cmd["seconds"])
         tokens = statistics.mean(map(len, loaded.tokenizer.encode(texts)))
         answer = {"rows_s": rate, "batch": batch, "row_tokens": tokens}
-        print(json.dumps({**answer, "full_ms": _full_ms(loaded, texts)}), flush=True)
+        full = _full_ms(loaded, texts) if cmd.get("full") else math.nan
+        print(json.dumps({**answer, "full_ms": full}), flush=True)
 
 
 def _full_ms(loaded: Any, texts: list[str]) -> float:
@@ -131,20 +133,26 @@ class Ceiling:
             assert p.stdout is not None
             json.loads(p.stdout.readline())
 
-    def run(self, texts: str, seconds: float) -> dict[str, float]:
+    def run(
+        self, texts: str, seconds: float, *, batch1: bool = False, full: bool = False
+    ) -> dict[str, float]:
+        """Rows/s of both loops at once; ``batch1`` and ``full`` add the forward times the
+        c=1 and c=64 targets compare with (only those cells ask: they cost seconds)."""
         for p in self.procs:
             assert p.stdin is not None
-            p.stdin.write(json.dumps({"texts": texts, "seconds": seconds}) + "\n")
+            p.stdin.write(json.dumps({"texts": texts, "seconds": seconds, "full": full}) + "\n")
             p.stdin.flush()
         answers = [json.loads(p.stdout.readline()) for p in self.procs if p.stdout]
-        # The batch-of-one forward alone (the other loop idle), as the service runs c=1.
-        one = self.procs[0]
-        assert one.stdin is not None and one.stdout is not None
-        one.stdin.write(json.dumps({"batch1": texts}) + "\n")
-        one.stdin.flush()
+        one_ms = math.nan
+        if batch1:  # the batch-of-one forward alone (the other loop idle), as at c=1
+            one = self.procs[0]
+            assert one.stdin is not None and one.stdout is not None
+            one.stdin.write(json.dumps({"batch1": texts}) + "\n")
+            one.stdin.flush()
+            one_ms = json.loads(one.stdout.readline())["batch1_ms"]
         return {
             "rows_s": sum(a["rows_s"] for a in answers),
-            "batch1_ms": json.loads(one.stdout.readline())["batch1_ms"],
+            "batch1_ms": one_ms,
             "full_ms": statistics.mean(a["full_ms"] for a in answers),
             "row_tokens": answers[0]["row_tokens"],
             "batches": [a["batch"] for a in answers],
@@ -161,8 +169,10 @@ class Ceiling:
             "batch1_ms": math.nan,
         }
 
-    def measure(self, name: str, seconds: float) -> dict[str, float]:
-        return self.mixed(seconds) if name == "mixed" else self.run(name, seconds)
+    def measure(self, name: str, seconds: float, c: int) -> dict[str, float]:
+        if name == "mixed":
+            return self.mixed(seconds)
+        return self.run(name, seconds, batch1=c == 1, full=c == max(CONCURRENCY))
 
     def close(self) -> None:
         for p in self.procs:
@@ -326,9 +336,9 @@ def main() -> None:
         for name, c in cells:
             texts = MIXED if name == "mixed" else INPUTS[name]
             # The ceiling just before and just after the service's window, averaged.
-            ceil = ceiling.measure(name, args.seconds / 2)
+            ceil = ceiling.measure(name, args.seconds / 2, c)
             cell = service_cell(proc, port, texts, c, args.seconds)
-            ceil = average(ceil, ceiling.measure(name, args.seconds / 2))
+            ceil = average(ceil, ceiling.measure(name, args.seconds / 2, c))
             cell.update(input=name, c=c, ceiling=ceil)
             rows.append(cell)
             w = " | ".join(f"{x['forward']:.2f}+{x['rest']:.2f}" for x in cell["cpu_workers"])
