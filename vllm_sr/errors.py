@@ -56,6 +56,13 @@ class NotFound(VllmSrError):
     http_status = 404
 
 
+class MethodNotAllowed(VllmSrError):
+    """The path exists but not for this method; ``details["allowed"]`` lists those it takes."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
 class Forbidden(VllmSrError):
     code = "forbidden"
     http_status = 403

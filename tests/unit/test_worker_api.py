@@ -1,4 +1,4 @@
-"""The worker's HTTP API in-process (aiohttp test server, real TCP socket) over the real engine
+"""The worker's HTTP API in-process (its real server on a real TCP socket) over the real engine
 with a fake model: every surface, every bad input, Server-Timing, metrics, overload."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import numpy
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from tests.support.fakes import FakeRunner, RecordingPolicy, expected_output, word_ids
+from tests.support.local_http import LocalClient
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
+from vllm_sr.httpserver import HttpServer
+from vllm_sr.worker.api import WorkerState, build_server, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Limits
 from vllm_sr.worker.surfaces import MAX_ROWS_PER_REQUEST, ModelView
 
@@ -26,10 +27,11 @@ TIMING_PARTS = ("parse", "tokenize", "queue", "forward", "post", "total")
 
 @dataclass
 class Served:
-    client: TestClient
+    client: LocalClient
     state: WorkerState
     runner: FakeRunner
     engine: Engine
+    server: HttpServer
 
 
 def truncate(ids: list[int], n: int) -> list[int]:
@@ -84,9 +86,9 @@ async def serve(
         state.set_status("ready", None)
     else:
         state.set_status("loading", "loading test/fake")
-    client = TestClient(TestServer(build_app(state)))
-    await client.start_server()
-    return Served(client, state, runner, engine)
+    server = build_server(state)
+    client = LocalClient(*await server.listen_tcp("127.0.0.1", 0))
+    return Served(client, state, runner, engine, server)
 
 
 @pytest.fixture
@@ -101,6 +103,7 @@ async def stop(s: Served) -> None:
         s.runner.gate.set()
     await asyncio.get_running_loop().run_in_executor(None, s.engine.stop, 1.0)
     await s.client.close()
+    await s.server.close(1.0)
 
 
 def timing_parts(header: str) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""The worker's HTTP API (aiohttp). Handlers stay small: parse, tokenize, hand rows to the
-engine, await the forward thread's answer, write JSON. Every response carries Server-Timing."""
+"""The worker's HTTP API, served by ``vllm_sr.httpserver``. Handlers stay small: parse, tokenize,
+hand rows to the engine, await the forward thread's answer, write JSON. Every response carries
+Server-Timing."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ import logging
 import math
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
-from aiohttp import web
 
 from vllm_sr import jsonbody
 from vllm_sr.errors import (
     InvalidRequest,
+    MethodNotAllowed,
     NotFound,
     NotReady,
     Overloaded,
     VllmSrError,
 )
+from vllm_sr.httpserver import HttpServer, Request, Response
 from vllm_sr.worker import classify, jsonio, surfaces
 from vllm_sr.worker.classify import CentroidCache
 from vllm_sr.worker.engine import Engine, Faults, Job, Limits
@@ -36,6 +39,7 @@ API_VERSION = "1"
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 30.0
 DEADLINE_HEADER = "X-Request-Timeout-Ms"  # the exchange's milliseconds left (frontend sends it)
+DEADLINE_HEADER_KEY = DEADLINE_HEADER.lower()  # as the server keys headers
 
 
 RequestTimeout = jsonbody.RequestTimeout
@@ -75,11 +79,14 @@ class WorkerState:
 
 
 class Timing:
-    __slots__ = ("marks", "start")
+    """One request's Server-Timing marks, and the rows it sent to the engine (for metrics)."""
+
+    __slots__ = ("marks", "rows", "start")
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.marks: dict[str, float] = {}
+        self.rows = 0
 
     def lap(self, name: str, since: float) -> float:
         now = time.perf_counter()
@@ -93,22 +100,20 @@ class Timing:
         return ", ".join(parts)
 
 
-def _json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=jsonio.dumps(body), status=status, content_type="application/json")
+def _json_response(body: Any, status: int = 200) -> Response:
+    return Response(jsonio.dumps(body), status)
 
 
-def _error_response(exc: VllmSrError) -> web.Response:
+def _error_response(exc: VllmSrError) -> Response:
     resp = _json_response(exc.to_json(), exc.http_status)
     if isinstance(exc, Overloaded):
         resp.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    if isinstance(exc, MethodNotAllowed):
+        resp.headers["Allow"] = ", ".join(exc.details["allowed"])
     return resp
 
 
-STATE: web.AppKey[WorkerState] = web.AppKey("state", WorkerState)
-# Per-request storage keys (aiohttp >= 3.12 has typed keys; older ones take strings).
-_RequestKey: Any = getattr(web, "RequestKey", None)
-TIMING: Any = _RequestKey("timing", Timing) if _RequestKey else "timing"
-ROWS: Any = _RequestKey("rows", int) if _RequestKey else "rows"
+Route = Callable[[WorkerState, Request, Timing], Awaitable[Response]]
 
 SURFACE_BY_PATH = {
     "/v1/embeddings": "embeddings",
@@ -117,40 +122,47 @@ SURFACE_BY_PATH = {
 }
 
 
-@web.middleware
-async def timing_and_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+def resolve(routes: dict[str, dict[str, Route]], request: Request) -> Route:
+    """The route for the request's path and method (HEAD is GET without a body)."""
+    by_method = routes.get(request.path)
+    if by_method is None:
+        raise NotFound(f"{request.path}: no such path on the worker")
+    method = "GET" if request.method == "HEAD" else request.method
+    route = by_method.get(method)
+    if route is None:
+        allowed = sorted(by_method)
+        raise MethodNotAllowed(
+            f"{request.method} {request.path}: not allowed; use {' or '.join(allowed)}",
+            allowed=allowed,
+        )
+    return route
+
+
+async def dispatch(
+    state: WorkerState, routes: dict[str, dict[str, Route]], request: Request
+) -> Response:
+    """Every request: its route, errors as JSON, Server-Timing, the request counter."""
     timing = Timing()
-    request[TIMING] = timing
     try:
-        resp = await handler(request)
+        if request.error is not None:  # the body was over the cap or did not come in time
+            raise request.error
+        resp = await resolve(routes, request)(state, request, timing)
     except VllmSrError as exc:
         resp = _error_response(exc)
-    except web.HTTPException as exc:
-        code = "not_found" if exc.status == 404 else "invalid_request"
-        if exc.status == 405:
-            code = "method_not_allowed"
-        body = {"error": {"code": code, "message": exc.reason, "retryable": False}}
-        resp = _json_response(body, exc.status)
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        body = {
-            "error": {"code": "internal_error", "message": "internal error", "retryable": False}
-        }
-        resp = _json_response(body, 500)
+        resp = _error_response(VllmSrError("internal error"))
     resp.headers["Server-Timing"] = timing.header()
     surface = SURFACE_BY_PATH.get(request.path)
     if surface is not None:
-        state: WorkerState = request.app[STATE]
-        state.metrics.count_request(surface, resp.status, request.get(ROWS, 0))
+        state.metrics.count_request(surface, resp.status, timing.rows)
     return resp
 
 
-async def read_json(request: web.Request, state: WorkerState) -> dict[str, Any]:
-    """The body as a JSON object, or a clear 4xx: over the cap, stalled, not UTF-8, not JSON
-    (the project's one body reader, ``vllm_sr.jsonbody``)."""
-    return await jsonbody.read_json(
-        request, max_bytes=state.max_body, timeout_s=state.read_timeout_s, loads=jsonio.loads
-    )
+def read_json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, or a clear 400: not UTF-8, not JSON, not an object (the
+    server has already refused bodies over the cap or too slow to come)."""
+    return jsonbody.parse_json(request.body, loads=jsonio.loads)
 
 
 def deadline_from_header(raw: str | None, now: float) -> float | None:
@@ -258,14 +270,14 @@ async def prepare(
     )
 
 
-async def handle_surface(request: web.Request) -> web.Response:
-    state: WorkerState = request.app[STATE]
-    timing: Timing = request[TIMING]
+async def handle_surface(state: WorkerState, request: Request, timing: Timing) -> Response:
     surface = SURFACE_BY_PATH[request.path]
     engine, _ = ready_parts(state)
-    deadline = deadline_from_header(request.headers.get(DEADLINE_HEADER), engine.clock.monotonic())
+    deadline = deadline_from_header(
+        request.headers.get(DEADLINE_HEADER_KEY), engine.clock.monotonic()
+    )
     t = time.perf_counter()
-    body = await read_json(request, state)
+    body = read_json(request)
     t = timing.lap("parse", t)
     cache = state.result_cache
     key = cache_key(surface, state.revision or "", body) if cache.enabled else None
@@ -274,13 +286,13 @@ async def handle_surface(request: web.Request) -> web.Response:
         state.metrics.observe_cache(hit is not None, 0, cache.bytes)
         if hit is not None:
             timing.lap("cache", t)
-            return web.Response(body=hit, content_type="application/json")
+            return Response(hit)
     if surface == "bundle":
-        out, cacheable = await answer_bundle(request, state, body, timing, deadline)
+        out, cacheable = await answer_bundle(state, body, timing, deadline)
         t = time.perf_counter()
     else:
         task = await prepare(state, surface, body, timing)
-        request[ROWS] = len(task.rows)
+        timing.rows = len(task.rows)
         job = await run_rows(engine, task.rows, deadline)
         record_job(timing, job)
         t = time.perf_counter()
@@ -289,7 +301,7 @@ async def handle_surface(request: web.Request) -> web.Response:
     if key is not None and cacheable:
         evicted = cache.put(key, data)
         state.metrics.observe_cache(None, evicted, cache.bytes)
-    resp = web.Response(body=data, content_type="application/json")
+    resp = Response(data)
     timing.lap("post", t)
     return resp
 
@@ -301,7 +313,6 @@ def record_job(timing: Timing, job: Job) -> None:
 
 
 async def answer_bundle(
-    request: web.Request,
     state: WorkerState,
     body: dict[str, Any],
     timing: Timing,
@@ -320,7 +331,7 @@ async def answer_bundle(
     for p in prepared:
         if isinstance(p, surfaces.Prepared):
             rows.extend(p.rows)
-    request[ROWS] = len(rows)
+    timing.rows = len(rows)
     outputs = None
     if rows:
         # The whole bundle is one job: its rows enter the queue together.
@@ -365,17 +376,15 @@ def health_body(state: WorkerState) -> dict[str, Any]:
     }
 
 
-async def handle_health(request: web.Request) -> web.Response:
-    state: WorkerState = request.app[STATE]
+async def handle_health(state: WorkerState, request: Request, timing: Timing) -> Response:
     return _json_response(health_body(state), 200 if state.status == "ready" else 503)
 
 
-async def handle_live(request: web.Request) -> web.Response:
+async def handle_live(state: WorkerState, request: Request, timing: Timing) -> Response:
     return _json_response({"status": "alive", "pid": os.getpid()})
 
 
-async def handle_models(request: web.Request) -> web.Response:
-    state: WorkerState = request.app[STATE]
+async def handle_models(state: WorkerState, request: Request, timing: Timing) -> Response:
     card = {
         "id": state.artifact,
         "object": "model",
@@ -392,18 +401,14 @@ async def handle_models(request: web.Request) -> web.Response:
     return _json_response({"object": "list", "data": [card]})
 
 
-async def handle_metrics(request: web.Request) -> web.Response:
-    state: WorkerState = request.app[STATE]
-    resp = web.Response(body=state.metrics.render())
-    resp.headers["Content-Type"] = CONTENT_TYPE
-    return resp
+async def handle_metrics(state: WorkerState, request: Request, timing: Timing) -> Response:
+    return Response(state.metrics.render(), content_type=CONTENT_TYPE)
 
 
-async def handle_faults(request: web.Request) -> web.Response:
-    state: WorkerState = request.app[STATE]
+async def handle_faults(state: WorkerState, request: Request, timing: Timing) -> Response:
     if not state.faults.enabled:
         raise NotFound("fault injection is off (start the worker with VLLM_SR_ENABLE_FAULTS=1)")
-    body = await read_json(request, state)
+    body = read_json(request)
     delay = body.get("forward_delay_ms")
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
         raise InvalidRequest(
@@ -414,16 +419,21 @@ async def handle_faults(request: web.Request) -> web.Response:
     return _json_response({"ok": True, "forward_delay_ms": delay})
 
 
-def build_app(state: WorkerState) -> web.Application:
-    # The body cap is enforced in read_json with our own error; aiohttp's cap sits just above
-    # it so chunked bodies cannot grow without bound either.
-    app = web.Application(middlewares=[timing_and_errors], client_max_size=state.max_body + 1)
-    app[STATE] = state
-    app.router.add_get("/health", handle_health)
-    app.router.add_get("/health/live", handle_live)
-    app.router.add_get("/v1/models", handle_models)
-    app.router.add_get("/metrics", handle_metrics)
-    for path in SURFACE_BY_PATH:
-        app.router.add_post(path, handle_surface)
-    app.router.add_post("/debug/faults", handle_faults)
-    return app
+ROUTES: dict[str, dict[str, Route]] = {
+    "/health": {"GET": handle_health},
+    "/health/live": {"GET": handle_live},
+    "/v1/models": {"GET": handle_models},
+    "/metrics": {"GET": handle_metrics},
+    **{path: {"POST": handle_surface} for path in SURFACE_BY_PATH},
+    "/debug/faults": {"POST": handle_faults},
+}
+
+
+def build_server(state: WorkerState) -> HttpServer:
+    """The worker's server: ``ROUTES`` through ``dispatch``, bodies capped at the state's
+    ``max_body`` and read within its ``read_timeout_s``."""
+
+    async def handler(request: Request) -> Response:
+        return await dispatch(state, ROUTES, request)
+
+    return HttpServer(handler, max_body=state.max_body, read_timeout_s=state.read_timeout_s)

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, NotReady, VllmSrError
 from vllm_sr.events import Event, log_sink
+from vllm_sr.httpserver import HttpServer
 from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
-from vllm_sr.worker.api import WorkerState, build_app, deliver_to_loop
+from vllm_sr.worker.api import WorkerState, build_server, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Job
 from vllm_sr.worker.forming import (
     CPU_FORWARD_TOKENS_PER_THREAD,
@@ -161,11 +160,8 @@ async def serve(opts: WorkerOptions, state: WorkerState, parent: int | None = No
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(watch_parent(stop, parent))
-    runner = web.AppRunner(
-        build_app(state), handle_signals=False, access_log=None, shutdown_timeout=DRAIN_GRACE_S
-    )
-    await runner.setup()
-    site = await bind(runner, opts)
+    server = build_server(state)
+    await bind(server, opts)
     log.info("listening on %s", opts.uds or f"{opts.host}:{opts.port}")
     loaded: asyncio.Future[None] = loop.create_future()
     loader = threading.Thread(
@@ -189,19 +185,18 @@ async def serve(opts: WorkerOptions, state: WorkerState, parent: int | None = No
     finally:
         watcher.cancel()
         stopper.cancel()
-        await shutdown(state, site, runner, opts, loader)
+        await shutdown(state, server, opts, loader)
     return EXIT_OK
 
 
-async def bind(runner: web.AppRunner, opts: WorkerOptions) -> web.BaseSite:
-    site: web.BaseSite
+async def bind(server: HttpServer, opts: WorkerOptions) -> None:
     if opts.uds:
         _remove_stale_socket(Path(opts.uds))
-        site = web.UnixSite(runner, opts.uds)
+        await server.listen_unix(opts.uds)
+    elif opts.port is not None:
+        await server.listen_tcp(opts.host, opts.port)
     else:
-        site = web.TCPSite(runner, opts.host, opts.port, reuse_address=True)
-    await site.start()
-    return site
+        raise ConfigError("the worker needs a Unix socket (--uds PATH) or a port (--port N)")
 
 
 def _remove_stale_socket(path: Path) -> None:
@@ -223,12 +218,11 @@ def _remove_stale_socket(path: Path) -> None:
 
 async def shutdown(
     state: WorkerState,
-    site: web.BaseSite,
-    runner: web.AppRunner,
+    server: HttpServer,
     opts: WorkerOptions,
     loader: threading.Thread | None = None,
 ) -> None:
-    await site.stop()  # no new connections
+    server.stop_accepting()  # no new connections; those open are still answered
     engine = state.engine
     if engine is not None:
         # Queued and running forwards get the grace; a forward held longer by an injected
@@ -239,7 +233,7 @@ async def shutdown(
             # Still warming: the loader stops after the probe or golden forward it runs (the
             # process must not exit under a forward: torch aborts then).
             await loop.run_in_executor(None, loader.join, DRAIN_GRACE_S)
-    await runner.cleanup()
+    await server.close(DRAIN_GRACE_S)
     if opts.uds:
         with contextlib.suppress(OSError):
             Path(opts.uds).unlink()

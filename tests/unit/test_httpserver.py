@@ -1,0 +1,313 @@
+"""HttpServer on real sockets, driven by raw bytes: keep-alive, pipelining, chunked bodies, the
+body cap, stalled clients, bad bytes, HEAD, Expect, and a graceful close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from vllm_sr.errors import VllmSrError
+from vllm_sr.httpserver import MAX_HEAD_BYTES, HttpServer, Request, Response
+
+
+@dataclass
+class Echo:
+    """A handler that answers each request with what it saw; ``gate`` holds answers back."""
+
+    seen: list[Request] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, request: Request) -> Response:
+        self.seen.append(request)
+        self.entered.set()
+        if request.error is not None:
+            err = request.error
+            return Response(json.dumps(err.to_json()).encode(), err.http_status)
+        if request.path == "/boom":
+            raise RuntimeError("handler bug")
+        if self.gate is not None:
+            await self.gate.wait()
+        body = {
+            "method": request.method,
+            "path": request.path,
+            "query": request.query,
+            "body": request.body.decode(),
+            "x": request.headers.get("x-thing"),
+        }
+        return Response(json.dumps(body).encode(), headers={"X-Answer": "yes"})
+
+
+@dataclass
+class Running:
+    server: HttpServer
+    echo: Echo
+    port: int
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", self.port)
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Running]:
+    echo = Echo()
+    server = HttpServer(echo, max_body=100, read_timeout_s=0.5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    yield Running(server, echo, port)
+    await server.close(1.0)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+def post(path: bytes, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        path,
+        len(body),
+        extra,
+        body,
+    )
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    """True when the server has closed the connection (EOF within a deadline)."""
+    return await asyncio.wait_for(reader.read(), 10) == b""
+
+
+async def test_keep_alive_answers_requests_in_turn(running: Running) -> None:
+    reader, writer = await running.connect()
+    for i in range(3):
+        writer.write(post(b"/a?n=%d" % i, b'{"i": %d}' % i, b"X-Thing: t\r\n"))
+        status, headers, body = await read_answer(reader)
+        answer = json.loads(body)
+        assert status == 200 and headers["x-answer"] == "yes"
+        assert answer == {
+            "method": "POST",
+            "path": "/a",
+            "query": f"n={i}",
+            "body": f'{{"i": {i}}}',
+            "x": "t",
+        }
+    writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order(running: Running) -> None:
+    running.echo.gate = asyncio.Event()
+    reader, writer = await running.connect()
+    writer.write(b"".join(post(b"/%d" % i, b"x") for i in range(4)))
+    await asyncio.wait_for(running.echo.entered.wait(), 10)
+    assert len(running.echo.seen) == 1  # one at a time per connection
+    (conn,) = running.server.connections
+    assert conn.transport is not None and not conn.transport.is_reading()  # no more buffered
+    running.echo.gate.set()
+    paths = [json.loads((await read_answer(reader))[2])["path"] for _ in range(4)]
+    assert paths == ["/0", "/1", "/2", "/3"]
+    assert conn.transport.is_reading()  # answered: reading on
+    writer.close()
+
+
+async def test_connection_close_and_http_1_0_end_the_connection(running: Running) -> None:
+    for request in (
+        post(b"/c", b"x", b"Connection: close\r\n"),
+        b"GET /old HTTP/1.0\r\nHost: t\r\n\r\n",
+    ):
+        reader, writer = await running.connect()
+        writer.write(request)
+        status, headers, _ = await read_answer(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert await closed(reader)
+        writer.close()
+
+
+async def test_a_chunked_body_is_read_whole(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(
+        b"POST /chunks HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n"
+    )
+    _, _, body = await read_answer(reader)
+    assert json.loads(body)["body"] == "abcdefg"
+    writer.close()
+
+
+async def test_head_gets_the_headers_without_the_body(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(b"HEAD /h HTTP/1.1\r\nHost: t\r\n\r\nGET /g HTTP/1.1\r\nHost: t\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head
+    # The next bytes are the GET's answer: the HEAD's carried no body.
+    status, _, body = await read_answer(reader)
+    assert status == 200 and json.loads(body)["method"] == "GET"
+    assert [r.method for r in running.echo.seen] == ["HEAD", "GET"]
+    writer.close()
+
+
+async def test_expect_100_continue_is_answered(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(
+        b"POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+    )
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"ok")
+    status, _, body = await read_answer(reader)
+    assert status == 200 and json.loads(body)["body"] == "ok"
+    writer.close()
+
+
+async def test_a_declared_body_over_the_cap_is_refused_before_it_is_sent(
+    running: Running,
+) -> None:
+    reader, writer = await running.connect()
+    writer.write(b"POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n" + b"x" * 10)
+    status, headers, body = await read_answer(reader)  # without the other 4990 bytes
+    assert status == 413 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+    assert "5000 bytes" in json.loads(body)["error"]["message"]
+    # The rest of the refused body is read and dropped (the connection stays open for it, so
+    # a client still sending is not reset); then the connection closes.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.read(1), 0.2)
+    writer.write(b"x" * 4990)
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_a_chunked_body_crossing_the_cap_is_refused(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(b"POST /big HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+    writer.write(b"40\r\n" + b"x" * 64 + b"\r\n")
+    writer.write(b"40\r\n" + b"x" * 64 + b"\r\n")
+    status, _, _ = await read_answer(reader)
+    assert status == 413
+    assert running.echo.seen[-1].body == b""  # nothing of it was kept
+    writer.write(b"40\r\n" + b"x" * 64 + b"\r\n0\r\n\r\n")
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_a_stalled_request_gets_408_and_others_are_served(running: Running) -> None:
+    stalled_reader, stalled = await running.connect()
+    stalled.write(b"POST /s HTTP/1.1\r\nHost: t\r\nContent-Length: 50\r\n\r\nhalf")
+    reader, writer = await running.connect()
+    writer.write(post(b"/meanwhile", b"x"))
+    assert (await read_answer(reader))[0] == 200
+    status, _, body = await read_answer(stalled_reader)
+    assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout"
+    assert await closed(stalled_reader)
+    stalled.close()
+    writer.close()
+
+
+async def test_bad_bytes_get_400_and_a_closed_connection(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    status, _, body = await read_answer(reader)
+    assert status == 400 and "malformed" in json.loads(body)["error"]["message"]
+    assert await closed(reader)
+    assert running.echo.seen == []
+    writer.close()
+
+
+async def test_a_head_over_the_cap_is_refused(running: Running) -> None:
+    reader, writer = await running.connect()
+    pad = b"X-Pad: " + b"a" * (MAX_HEAD_BYTES + 10) + b"\r\n"
+    writer.write(b"GET /h HTTP/1.1\r\nHost: t\r\n" + pad + b"\r\n")
+    status, _, body = await read_answer(reader)
+    assert status == 413 and "request head" in json.loads(body)["error"]["message"]
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_a_handler_that_raises_answers_500_and_the_connection_serves_on(
+    running: Running,
+) -> None:
+    reader, writer = await running.connect()
+    writer.write(post(b"/boom", b""))
+    status, _, body = await read_answer(reader)
+    assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"
+    writer.write(post(b"/after", b""))
+    assert (await read_answer(reader))[0] == 200
+    writer.close()
+
+
+async def test_a_client_gone_mid_request_leaves_the_server_serving(running: Running) -> None:
+    running.echo.gate = asyncio.Event()
+    _, gone = await running.connect()
+    gone.write(post(b"/slow", b"x"))
+    await asyncio.wait_for(running.echo.entered.wait(), 10)
+    gone.close()
+    running.echo.gate.set()
+    reader, writer = await running.connect()
+    writer.write(post(b"/next", b"x"))
+    assert (await read_answer(reader))[0] == 200
+    writer.close()
+
+
+async def test_close_answers_what_is_in_hand_and_closes_idle_connections() -> None:
+    echo = Echo(gate=asyncio.Event())
+    server = HttpServer(echo, max_body=100, read_timeout_s=5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    idle_reader, idle = await asyncio.open_connection("127.0.0.1", port)
+    busy_reader, busy = await asyncio.open_connection("127.0.0.1", port)
+    busy.write(post(b"/in-hand", b"x"))
+    await asyncio.wait_for(echo.entered.wait(), 10)
+    closing = asyncio.ensure_future(server.close(10))
+    assert await closed(idle_reader)
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+    echo.gate.set()  # type: ignore[union-attr]
+    status, headers, _ = await read_answer(busy_reader)
+    assert status == 200 and headers["connection"] == "close"
+    await asyncio.wait_for(closing, 10)
+    assert server.connections == set()
+    idle.close()
+    busy.close()
+
+
+async def test_close_cuts_connections_still_busy_after_the_grace() -> None:
+    echo = Echo(gate=asyncio.Event())
+    server = HttpServer(echo, max_body=100, read_timeout_s=5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"/never", b"x"))
+    await asyncio.wait_for(echo.entered.wait(), 10)
+    await asyncio.wait_for(server.close(0.2), 10)
+    assert server.connections == set()
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
+    echo.gate.set()  # type: ignore[union-attr]
+
+
+def test_bad_settings_are_refused() -> None:
+    async def handler(request: Request) -> Response:
+        return Response()
+
+    with pytest.raises(ValueError, match="max_body"):
+        HttpServer(handler, max_body=-1, read_timeout_s=1)
+    with pytest.raises(ValueError, match="read_timeout_s"):
+        HttpServer(handler, max_body=1, read_timeout_s=0)
+
+
+def test_errors_render_as_the_project_s_json() -> None:
+    from vllm_sr.httpserver import error_response, render
+
+    wire = render(error_response(VllmSrError("x")), head_only=False, close=True)
+    head, _, body = wire.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 500 Internal Server Error")
+    assert b"Connection: close" in head and b"Content-Length: %d" % len(body) in head
+    assert json.loads(body)["error"]["code"] == "internal_error"

@@ -1,0 +1,384 @@
+"""HttpServer: the worker's HTTP/1.1 server, requests parsed by ``httptools`` (llhttp, the parser
+uvicorn uses) fed straight from an asyncio protocol.
+
+A worker answers every request the frontend forwards, on the same core as its forwards, so the
+Python work per request is worth keeping small: no URL objects, header multidicts, middleware
+chains or per-request streams. The whole body is read before the handler runs (bodies are small
+and capped), and each answer goes out in one write with a ``Content-Length``.
+
+What it does, and what the tests pin down:
+- keep-alive (HTTP/1.1 by default, ``Connection: close`` and HTTP/1.0 honoured), requests
+  pipelined on one connection answered in order, ``Content-Length`` and chunked bodies,
+  ``Expect: 100-continue``, HEAD answered like GET without a body;
+- a body over ``max_body`` is refused (413) as soon as it is known to be: at once when its
+  ``Content-Length`` says so, when a chunked body crosses the cap otherwise. What the client
+  still sends of that request is read and dropped, then the connection closes, so the client
+  reads the 413 rather than a reset;
+- a request not whole ``read_timeout_s`` after its first byte is answered 408 and its
+  connection closed (other connections are not held up);
+- a request head (request line and headers) over ``MAX_HEAD_BYTES`` is refused (413) and bytes
+  that are not HTTP get 400; both close the connection.
+
+Errors found while reading (413, 408) reach the handler as ``Request.error`` rather than being
+answered here, so the application answers them like any other error (its headers, its
+metrics). ``close(grace_s)`` stops accepting, closes idle connections, lets requests being
+handled finish within the grace and then closes the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httptools
+
+from vllm_sr.errors import InvalidRequest, RequestTooLarge, VllmSrError
+from vllm_sr.jsonbody import RequestTimeout
+
+log = logging.getLogger("vllm_sr.httpserver")
+
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
+
+
+class Request:
+    """One request, read whole. ``headers`` has lower-case names (repeated ones joined with
+    ", "); ``error`` is set when the request could not be read (its body is then empty)."""
+
+    __slots__ = ("body", "error", "headers", "method", "path", "query")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        error: VllmSrError | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.error = error
+
+
+class Response:
+    __slots__ = ("body", "content_type", "headers", "status")
+
+    def __init__(
+        self,
+        body: bytes = b"",
+        status: int = 200,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.body = body
+        self.status = status
+        self.content_type = content_type
+        self.headers = headers if headers is not None else {}
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def error_response(exc: VllmSrError) -> Response:
+    """The plain JSON answer for an error found before any handler could run."""
+    return Response(json.dumps(exc.to_json()).encode(), exc.http_status)
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b"Unknown"
+
+
+def render(response: Response, *, head_only: bool, close: bool) -> bytes:
+    """The bytes of one answer: status line, headers, and the body unless ``head_only``."""
+    lines = [
+        b"HTTP/1.1 %d %s" % (response.status, _reason(response.status)),
+        b"Content-Type: " + response.content_type.encode("latin-1"),
+        b"Content-Length: %d" % len(response.body),
+    ]
+    lines.extend(f"{k}: {v}".encode("latin-1") for k, v in response.headers.items())
+    if close:
+        lines.append(b"Connection: close")
+    lines.append(b"\r\n")
+    head = b"\r\n".join(lines)
+    return head if head_only else head + response.body
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs them through the handler one at a time
+    (in the order they came), writes each answer."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.pending: deque[tuple[Request, bool]] = deque()  # read, not yet handled
+        self.handling: asyncio.Task[None] | None = None
+        self.closing = False  # answer what is being handled, then close
+        self.dropping = False  # the current request was refused: read its bytes, keep none
+        # The request being read.
+        self.reading = False
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.size = 0
+        self.head_size = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.forget(self)
+        self._cancel_timer()
+        self.transport = None
+        self.pending.clear()
+        # A request being handled runs to its end (its forward is already queued); the
+        # answer has nowhere to go and is dropped.
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.closing = True  # no protocol switches here; answer what was read, then close
+        except httptools.HttpParserError as exc:
+            if self.head_size > MAX_HEAD_BYTES:
+                cap = MAX_HEAD_BYTES
+                self._refuse(RequestTooLarge(f"request head: over the cap of {cap} bytes"))
+            else:
+                self._refuse(InvalidRequest(f"malformed HTTP request: {exc}"))
+
+    # -- httptools callbacks
+    def on_message_begin(self) -> None:
+        self.reading = True
+        self.url = b""
+        self.headers = {}
+        self.body = []
+        self.size = 0
+        self.head_size = 0
+        self.timer = self.loop.call_later(self.server.read_timeout_s, self._stalled)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        seen = self.headers.get(key)
+        self.headers[key] = text if seen is None else f"{seen}, {text}"
+
+    def on_headers_complete(self) -> None:
+        if self.dropping:
+            return
+        length = self.headers.get("content-length")
+        cap = self.server.max_body
+        if length is not None and length.isdigit() and int(length) > cap:
+            self._too_large(f"body: {int(length)} bytes is over the cap of {cap} bytes")
+        elif self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self.dropping:
+            return
+        self.size += len(body)
+        if self.size > self.server.max_body:
+            self.body = []
+            self._too_large(f"body: over the cap of {self.server.max_body} bytes")
+            return
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._cancel_timer()
+        self.reading = False
+        if self.dropping:
+            # The refused request has been read to its end: the connection can close now.
+            self.dropping = False
+            self.closing = True
+            self._close_when_idle()
+            return
+        keep_alive = self.parser.should_keep_alive()
+        self._queue(self._request(b"".join(self.body)), keep_alive)
+
+    # -- reading
+    def _count_head(self, n: int) -> None:
+        self.head_size += n
+        if self.head_size > MAX_HEAD_BYTES:  # stops the parser; data_received answers
+            raise httptools.HttpParserError(f"request head over {MAX_HEAD_BYTES} bytes")
+
+    def _request(self, body: bytes, error: VllmSrError | None = None) -> Request:
+        path, _, query = self.url.decode("latin-1").partition("?")
+        method = self.parser.get_method().decode("latin-1")
+        return Request(method, path, query, self.headers, body, error)
+
+    def _too_large(self, message: str) -> None:
+        """Answer 413 now; drop the rest of this request's bytes, then close."""
+        self.dropping = True
+        self.closing = True
+        self._queue(self._request(b"", RequestTooLarge(message)), keep_alive=False)
+
+    def _stalled(self) -> None:
+        self.timer = None
+        if self.dropping:  # the refused request's rest did not come in time either
+            self._close()
+            return
+        if not self.reading:
+            return
+        timeout = self.server.read_timeout_s
+        error = RequestTimeout(f"body: not received within {timeout:g} s (the client stalled)")
+        self.reading = False
+        self.dropping = False
+        self.closing = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._queue(self._request(b"", error), keep_alive=False)
+
+    def _refuse(self, error: VllmSrError) -> None:
+        """Bytes that are not HTTP: answer once (after what is being handled), then close."""
+        self._cancel_timer()
+        self.reading = False
+        self.closing = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        if self.handling is None and not self.pending:
+            self._write(error_response(error), head_only=False)
+            self._close()
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    # -- handling
+    def _queue(self, request: Request, keep_alive: bool) -> None:
+        self.pending.append((request, keep_alive))
+        if self.handling is None:
+            self._next()
+        elif self.transport is not None:
+            self.transport.pause_reading()  # pipelined: read on once the queue is answered
+
+    def _next(self) -> None:
+        request, keep_alive = self.pending.popleft()
+        self.handling = self.loop.create_task(self._handle(request, keep_alive))
+
+    async def _handle(self, request: Request, keep_alive: bool) -> None:
+        try:
+            response = await self.server.handler(request)
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.path)
+            response = error_response(VllmSrError("internal error"))
+        self.handling = None
+        if self.transport is None:
+            return
+        close = (self.closing and not self.pending) or not keep_alive
+        self._write(response, head_only=request.method == "HEAD", close=close)
+        if not keep_alive:
+            self._close_when_idle()
+        elif self.pending:
+            self._next()
+        elif self.closing:
+            self._close_when_idle()
+        elif not self.reading:
+            self.transport.resume_reading()
+
+    def _write(self, response: Response, *, head_only: bool, close: bool = True) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(render(response, head_only=head_only, close=close))
+
+    def _close_when_idle(self) -> None:
+        # A refused request still being read keeps the connection open until it is dropped.
+        if self.handling is None and not self.pending and not self.dropping:
+            self._close()
+
+    def _close(self) -> None:
+        self._cancel_timer()
+        if self.transport is not None:
+            self.transport.close()
+
+    def shut(self) -> None:
+        """The server is closing: close now if idle, else after the answer in hand."""
+        self.closing = True
+        if self.handling is None and not self.pending:
+            self._close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class HttpServer:
+    """Serves ``handler`` on Unix sockets and TCP ports (``listen_unix``, ``listen_tcp``)."""
+
+    def __init__(self, handler: Handler, *, max_body: int, read_timeout_s: float) -> None:
+        if max_body < 0:
+            raise ValueError(f"max_body: {max_body} is below 0")
+        if read_timeout_s <= 0:
+            raise ValueError(f"read_timeout_s: {read_timeout_s} is not above 0")
+        self.handler = handler
+        self.max_body = max_body
+        self.read_timeout_s = read_timeout_s
+        self.connections: set[_Connection] = set()
+        self.servers: list[asyncio.AbstractServer] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._all_gone: asyncio.Event | None = None  # set by close(): the last one went
+
+    def forget(self, conn: _Connection) -> None:
+        self.connections.discard(conn)
+        if not self.connections and self._all_gone is not None:
+            self._all_gone.set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def _protocol(self) -> _Connection:
+        return _Connection(self)
+
+    async def listen_unix(self, path: str) -> None:
+        self.servers.append(await self.loop.create_unix_server(self._protocol, path))
+
+    async def listen_tcp(self, host: str, port: int) -> tuple[str, int]:
+        """Listen on ``host:port`` (port 0: any free one); returns the address bound."""
+        server = await self.loop.create_server(self._protocol, host, port, reuse_address=True)
+        self.servers.append(server)
+        address: Any = server.sockets[0].getsockname()
+        return str(address[0]), int(address[1])
+
+    def stop_accepting(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    async def close(self, grace_s: float) -> None:
+        """Stop accepting; answer the requests being handled within ``grace_s``, close every
+        connection."""
+        self.stop_accepting()
+        self._all_gone = asyncio.Event()
+        for conn in list(self.connections):
+            conn.shut()
+        if self.connections:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_gone.wait(), grace_s)
+        for conn in list(self.connections):
+            conn.abort()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        self.servers.clear()
