@@ -9,13 +9,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from tests.support.workers import short_socket_dir
 from vllm_sr.endpoint import InvalidEndpoint
 from vllm_sr.errors import WorkerFailed
 from vllm_sr.pool.client import CA_FILE_ENV, WorkerClient
@@ -86,7 +86,7 @@ async def unix_server() -> AsyncIterator[tuple[str, list[object]]]:
     peers: list[object] = []
     runner = web.AppRunner(_app(peers), shutdown_timeout=0.1)
     await runner.setup()
-    path = str(Path(tempfile.mkdtemp(prefix="vsr-ep-", dir="/tmp")) / "rt.sock")
+    path = str(short_socket_dir(prefix="vsr-ep-") / "rt.sock")
     await web.UnixSite(runner, path).start()
     yield path, peers
     await runner.cleanup()
@@ -167,7 +167,7 @@ time.sleep(60)
 
 
 async def test_worker_killed_mid_answer_then_refusing(tmp_path: Path) -> None:
-    sock = str(Path(tempfile.mkdtemp(prefix="vsr-k-", dir="/tmp")) / "w.sock")
+    sock = str(short_socket_dir(prefix="vsr-k-") / "w.sock")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", HALF_ANSWER, sock, stdout=asyncio.subprocess.PIPE
     )

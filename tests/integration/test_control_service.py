@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import aiohttp
 import pytest
 
 from tests.support.control_fake import FakeBackend
+from tests.support.workers import short_socket_dir
 from vllm_sr import errors
 from vllm_sr.control.client import AsyncControlClient, ControlClient
 from vllm_sr.control.server import ControlServer
@@ -73,7 +73,7 @@ def _all_ready(client: ControlClient) -> bool:
 
 @pytest.fixture
 def service(tiny_bert_dir: Path) -> Iterator[Service]:
-    d = Path(tempfile.mkdtemp(prefix="vsr-svc-", dir="/tmp"))
+    d = short_socket_dir(prefix="vsr-svc-")
     settings = d / "vllm-sr.toml"
     settings.write_text("# test host settings: defaults, paths given as flags\n")
     sock = d / "control.sock"

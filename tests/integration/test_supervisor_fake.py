@@ -18,13 +18,13 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.workers import short_socket_dir
 from vllm_sr.control.commands import Command
 from vllm_sr.frontend.app import Frontend
 from vllm_sr.pool.settings import PoolSettings
@@ -242,7 +242,7 @@ async def start_service(
     )
     sup = Supervisor(
         planner,
-        runtime_dir=tempfile.mkdtemp(prefix="vsr-", dir="/tmp"),
+        runtime_dir=str(short_socket_dir(prefix="vsr-")),
         options=opts,
         drain_timeout_s=drain,
         notifier=notifier,

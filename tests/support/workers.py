@@ -4,10 +4,12 @@ behind. Also a small synchronous HTTP client over a Unix socket."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,9 +77,23 @@ def uds_request(
         conn.close()
 
 
-def short_socket_dir() -> Path:
+_SESSION_ROOT: Path | None = None
+
+
+def _session_root() -> Path:
+    """One short directory under /tmp per test process, holding every directory
+    ``short_socket_dir`` makes; removed with all in it when the process exits."""
+    global _SESSION_ROOT
+    if _SESSION_ROOT is None:
+        _SESSION_ROOT = Path(tempfile.mkdtemp(prefix="vsr-t", dir="/tmp"))
+        _SESSION_ROOT.chmod(0o755)  # a test may let another user reach a socket inside
+        atexit.register(shutil.rmtree, _SESSION_ROOT, True)
+    return _SESSION_ROOT
+
+
+def short_socket_dir(prefix: str = "vsr-") -> Path:
     """A fresh short directory for sockets (AF_UNIX paths are limited to ~107 bytes)."""
-    return Path(tempfile.mkdtemp(prefix="vsr-", dir="/tmp"))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_session_root()))
 
 
 @dataclass

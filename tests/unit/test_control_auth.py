@@ -11,13 +11,13 @@ import pwd
 import shutil
 import socket
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.control_fake import FakeBackend
+from tests.support.workers import short_socket_dir
 from vllm_sr import errors
 from vllm_sr.control.auth import AccessPolicy, Peer, read_peer
 from vllm_sr.control.server import ControlServer
@@ -143,7 +143,7 @@ def peer_env() -> Iterator[tuple[int, int, int, Path]]:
     uid = ensure_user(PEER_USER)
     sock_gid = ensure_group(SOCK_GROUP)
     admin_gid = ensure_group(ADMIN_GROUP)
-    d = Path(tempfile.mkdtemp(prefix="vsr-auth-", dir="/tmp"))
+    d = short_socket_dir(prefix="vsr-auth-")
     d.chmod(0o755)  # the peer must be able to reach the socket file
     yield uid, sock_gid, admin_gid, d
     shutil.rmtree(d, ignore_errors=True)

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.control_fake import FakeBackend, ThreadedControlServer, sample_adaptive_threads
+from tests.support.workers import short_socket_dir
 from vllm_sr import errors
 from vllm_sr.cli import main
 from vllm_sr.commands.ctl import SOCKET_ENV, default_socket
@@ -24,7 +24,7 @@ from vllm_sr.control import render
 
 @pytest.fixture
 def served() -> Iterator[ThreadedControlServer]:
-    d = Path(tempfile.mkdtemp(prefix="vsr-cli-", dir="/tmp"))
+    d = short_socket_dir(prefix="vsr-cli-")
     backend = FakeBackend({"primary": ["cpu", "cpu"], "edge": ["rocm:0"]})
     try:
         with ThreadedControlServer(backend, d / "c.sock", group=None, heartbeat_s=0.1) as srv:

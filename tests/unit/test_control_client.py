@@ -8,7 +8,6 @@ import json
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.control_fake import FakeBackend, ThreadedControlServer
+from tests.support.workers import short_socket_dir
 from vllm_sr import errors
 from vllm_sr.control.client import (
     AsyncControlClient,
@@ -29,7 +29,7 @@ from vllm_sr.control.protocol import RequestTimeout
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="vsr-cl-", dir="/tmp"))
+    d = short_socket_dir(prefix="vsr-cl-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

@@ -9,13 +9,13 @@ import os
 import shutil
 import socket
 import stat
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.control_fake import FakeBackend
+from tests.support.workers import short_socket_dir
 from vllm_sr import errors
 from vllm_sr.control.client import AsyncControlClient
 from vllm_sr.control.server import ControlServer
@@ -24,7 +24,7 @@ from vllm_sr.control.server import ControlServer
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
     # Short: a Unix socket path must fit in 107 bytes, pytest's tmp_path may not.
-    d = Path(tempfile.mkdtemp(prefix="vsr-ctl-", dir="/tmp"))
+    d = short_socket_dir(prefix="vsr-ctl-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,13 +13,14 @@ from typing import Any
 import pytest
 
 from tests.support.control_fake import FakeBackend
+from tests.support.workers import short_socket_dir
 from vllm_sr.control.client import AsyncControlClient
 from vllm_sr.control.server import ControlServer
 
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="vsr-ev-", dir="/tmp"))
+    d = short_socket_dir(prefix="vsr-ev-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

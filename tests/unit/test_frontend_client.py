@@ -4,13 +4,12 @@ idle connection, chunked answers, deadlines and a dead worker, each typed."""
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from tests.support.workers import short_socket_dir
 from vllm_sr.errors import DeadlineExceeded, WorkerFailed
 from vllm_sr.pool.client import WorkerClient
 
@@ -56,7 +55,7 @@ async def server() -> AsyncIterator[tuple[str, dict[str, int], web.AppRunner]]:
     app.router.add_get("/health", on_connect)
     runner = web.AppRunner(app, keepalive_timeout=30, shutdown_timeout=0.1)
     await runner.setup()
-    path = str(Path(tempfile.mkdtemp(prefix="vsr-c-", dir="/tmp")) / "w.sock")
+    path = str(short_socket_dir(prefix="vsr-c-") / "w.sock")
     await web.UnixSite(runner, path).start()
     yield path, seen, runner
     await runner.cleanup()

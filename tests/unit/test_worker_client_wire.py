@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
+from tests.support.workers import short_socket_dir
 from vllm_sr.errors import DeadlineExceeded, WorkerFailed
 from vllm_sr.pool import client as client_module
 from vllm_sr.pool.client import MAX_HEADER_BYTES, WorkerClient
@@ -78,7 +77,7 @@ async def never(writer: asyncio.StreamWriter) -> bool:
 @pytest.fixture
 async def scripted() -> AsyncIterator[Scripted]:
     srv = Scripted(replies={"/ok": sends(OK)})
-    srv.path = str(Path(tempfile.mkdtemp(prefix="vsr-w-", dir="/tmp")) / "w.sock")
+    srv.path = str(short_socket_dir(prefix="vsr-w-") / "w.sock")
     server = await asyncio.start_unix_server(srv.handle, srv.path)
     yield srv
     server.close()
