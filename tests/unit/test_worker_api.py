@@ -280,7 +280,18 @@ async def test_unknown_path_and_method_are_json_errors(served: Served) -> None:
     assert resp.status == 404
     assert (await resp.json())["error"]["code"] == "not_found"
     resp = await served.client.get("/v1/embeddings")
-    assert resp.status == 405
+    assert resp.status == 405 and resp.headers["Allow"] == "POST"
+    error = (await resp.json())["error"]
+    assert error["code"] == "method_not_allowed" and "GET /v1/embeddings" in error["message"]
+    assert "Server-Timing" in resp.headers
+
+
+async def test_head_answers_like_get_without_a_body(served: Served) -> None:
+    get = await served.client.get("/health")
+    head = await served.client.request("HEAD", "/health")
+    assert head.status == get.status == 200
+    assert head.headers["Content-Length"] == get.headers["Content-Length"]
+    assert await head.read() == b""
 
 
 async def test_overloaded_when_the_queue_is_full() -> None:
