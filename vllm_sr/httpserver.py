@@ -294,7 +294,7 @@ class _Connection(asyncio.Protocol):
             self._next()
         elif self.closing:
             self._close_when_idle()
-        elif not self.reading:
+        else:  # paused while pipelined requests waited (a next one may be half read)
             self.transport.resume_reading()
 
     def _write(self, response: Response, *, head_only: bool, close: bool = True) -> None:

@@ -120,6 +120,20 @@ async def test_pipelined_requests_are_answered_in_order(running: Running) -> Non
     writer.close()
 
 
+async def test_a_request_half_read_behind_pipelined_ones_is_finished(running: Running) -> None:
+    running.echo.gate = asyncio.Event()
+    reader, writer = await running.connect()
+    third = post(b"/3", b"abcdef")
+    writer.write(post(b"/1", b"x") + post(b"/2", b"y") + third[:-3])
+    await asyncio.wait_for(running.echo.entered.wait(), 10)
+    running.echo.gate.set()
+    assert [json.loads((await read_answer(reader))[2])["path"] for _ in range(2)] == ["/1", "/2"]
+    writer.write(third[-3:])
+    status, _, body = await read_answer(reader)
+    assert status == 200 and json.loads(body)["body"] == "abcdef"
+    writer.close()
+
+
 async def test_connection_close_and_http_1_0_end_the_connection(running: Running) -> None:
     for request in (
         post(b"/c", b"x", b"Connection: close\r\n"),
