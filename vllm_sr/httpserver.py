@@ -213,6 +213,8 @@ class _Connection(asyncio.Protocol):
             self.closing = True
             self._close_when_idle()
             return
+        if self.closing:
+            return  # sent after a request that ended the connection, or after close()
         keep_alive = self.parser.should_keep_alive()
         self._queue(self._request(b"".join(self.body)), keep_alive)
 
@@ -289,7 +291,11 @@ class _Connection(asyncio.Protocol):
         close = (self.closing and not self.pending) or not keep_alive
         self._write(response, head_only=request.method == "HEAD", close=close)
         if not keep_alive:
-            self._close_when_idle()
+            self.pending.clear()  # nothing after a last request is answered
+            if self.dropping:  # read the rest of the refused request; then it closes
+                self.transport.resume_reading()
+            else:
+                self._close()
         elif self.pending:
             self._next()
         elif self.closing:

@@ -147,6 +147,32 @@ async def test_connection_close_and_http_1_0_end_the_connection(running: Running
         writer.close()
 
 
+async def test_nothing_after_a_last_request_is_answered(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(post(b"/last", b"x", b"Connection: close\r\n") + post(b"/after", b"y"))
+    status, headers, _ = await read_answer(reader)
+    assert status == 200 and headers["connection"] == "close"
+    assert await closed(reader)
+    assert [r.path for r in running.echo.seen] == ["/last"]
+    writer.close()
+
+
+async def test_a_body_refused_behind_a_pipelined_request_is_still_dropped(
+    running: Running,
+) -> None:
+    running.echo.gate = asyncio.Event()
+    reader, writer = await running.connect()
+    big = b"POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: 300\r\n\r\n"
+    writer.write(post(b"/first", b"x") + big + b"x" * 100)
+    await asyncio.wait_for(running.echo.entered.wait(), 10)
+    running.echo.gate.set()
+    assert (await read_answer(reader))[0] == 200
+    assert (await read_answer(reader))[0] == 413
+    writer.write(b"x" * 200)  # the rest of the refused body: read, dropped, then closed
+    assert await closed(reader)
+    writer.close()
+
+
 async def test_a_chunked_body_is_read_whole(running: Running) -> None:
     reader, writer = await running.connect()
     writer.write(
