@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -298,39 +298,58 @@ async def test_a_client_gone_mid_request_leaves_the_server_serving(running: Runn
     writer.close()
 
 
-async def test_close_answers_what_is_in_hand_and_closes_idle_connections() -> None:
-    echo = Echo(gate=asyncio.Event())
+@dataclass
+class InHand:
+    """A server whose handler holds one request (``echo.gate`` closed) on ``busy``."""
+
+    server: HttpServer
+    echo: Echo
+    port: int
+    reader: asyncio.StreamReader
+    busy: asyncio.StreamWriter
+    gate: asyncio.Event
+
+
+async def one_request_in_hand() -> InHand:
+    gate = asyncio.Event()
+    echo = Echo(gate=gate)
     server = HttpServer(echo, max_body=100, read_timeout_s=5)
     _, port = await server.listen_tcp("127.0.0.1", 0)
-    idle_reader, idle = await asyncio.open_connection("127.0.0.1", port)
-    busy_reader, busy = await asyncio.open_connection("127.0.0.1", port)
+    reader, busy = await asyncio.open_connection("127.0.0.1", port)
     busy.write(post(b"/in-hand", b"x"))
     await asyncio.wait_for(echo.entered.wait(), 10)
-    closing = asyncio.ensure_future(server.close(10))
+    return InHand(server, echo, port, reader, busy, gate)
+
+
+async def test_close_answers_what_is_in_hand_and_closes_idle_connections() -> None:
+    held = await one_request_in_hand()
+    idle_reader, idle = await asyncio.open_connection("127.0.0.1", held.port)
+    await asyncio.wait_for(_until(lambda: len(held.server.connections) == 2), 10)
+    closing = asyncio.ensure_future(held.server.close(10))
     assert await closed(idle_reader)
     with pytest.raises(OSError):
-        await asyncio.open_connection("127.0.0.1", port)
-    echo.gate.set()  # type: ignore[union-attr]
-    status, headers, _ = await read_answer(busy_reader)
+        await asyncio.open_connection("127.0.0.1", held.port)
+    held.gate.set()
+    status, headers, _ = await read_answer(held.reader)
     assert status == 200 and headers["connection"] == "close"
     await asyncio.wait_for(closing, 10)
-    assert server.connections == set()
+    assert held.server.connections == set()
     idle.close()
-    busy.close()
+    held.busy.close()
 
 
 async def test_close_cuts_connections_still_busy_after_the_grace() -> None:
-    echo = Echo(gate=asyncio.Event())
-    server = HttpServer(echo, max_body=100, read_timeout_s=5)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(post(b"/never", b"x"))
-    await asyncio.wait_for(echo.entered.wait(), 10)
-    await asyncio.wait_for(server.close(0.2), 10)
-    assert server.connections == set()
-    assert await asyncio.wait_for(reader.read(), 10) == b""
-    writer.close()
-    echo.gate.set()  # type: ignore[union-attr]
+    held = await one_request_in_hand()
+    await asyncio.wait_for(held.server.close(0.2), 10)
+    assert held.server.connections == set()
+    assert await asyncio.wait_for(held.reader.read(), 10) == b""
+    held.busy.close()
+    held.gate.set()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
 
 
 def test_bad_settings_are_refused() -> None:
