@@ -15,9 +15,12 @@ What it does, and what the tests pin down:
   still sends of that request is read and dropped, then the connection closes, so the client
   reads the 413 rather than a reset;
 - a request not whole ``read_timeout_s`` after its first byte is answered 408 and its
-  connection closed (other connections are not held up);
-- a request head (request line and headers) over ``MAX_HEAD_BYTES`` is refused (413) and bytes
-  that are not HTTP get 400; both close the connection.
+  connection closed (other connections are not held up; while the server itself holds a
+  pipelined request back, its clock stops);
+- a request head (request line and headers) over ``MAX_HEAD_BYTES`` is refused (413; one
+  header is measured as it arrives, not only once it ends) and bytes that are not HTTP get 400;
+  both close the connection, and when answers are still owed on it the refusal is not sent:
+  those answers go out, then the connection closes.
 
 Errors found while reading (413, 408) reach the handler as ``Request.error`` rather than being
 answered here, so the application answers them like any other error (its headers, its
@@ -44,6 +47,7 @@ from vllm_sr.jsonbody import RequestTimeout
 log = logging.getLogger("vllm_sr.httpserver")
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
+LINGER_S = 2.0  # after refusing bad bytes: how long the client may go on sending before the close
 
 
 class Request:
@@ -135,6 +139,9 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.size = 0
         self.head_size = 0
+        self.in_head = False  # between the request's first byte and the end of its headers
+        self.held = False  # reading paused by us while pipelined requests wait their turn
+        self.discarding = False  # refused and answered: what still comes is dropped
         self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol
@@ -152,8 +159,15 @@ class _Connection(asyncio.Protocol):
         # answer has nowhere to go and is dropped.
 
     def data_received(self, data: bytes) -> None:
+        if self.discarding:
+            return
+        head_before = self.in_head
         try:
             self.parser.feed_data(data)
+            if head_before and self.in_head:
+                # All of it was head; httptools hands a header over only once it ends, so a
+                # header without end would otherwise grow unmeasured.
+                self._count_head(len(data))
         except httptools.HttpParserUpgrade:
             self.closing = True  # no protocol switches here; answer what was read, then close
         except httptools.HttpParserError as exc:
@@ -166,12 +180,14 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks
     def on_message_begin(self) -> None:
         self.reading = True
+        self.in_head = True
         self.url = b""
         self.headers = {}
         self.body = []
         self.size = 0
         self.head_size = 0
-        self.timer = self.loop.call_later(self.server.read_timeout_s, self._stalled)
+        if not self.held:  # a request we hold back is not the client's delay
+            self._arm_timer()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -185,13 +201,22 @@ class _Connection(asyncio.Protocol):
         self.headers[key] = text if seen is None else f"{seen}, {text}"
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
         if self.dropping:
             return
         length = self.headers.get("content-length")
         cap = self.server.max_body
         if length is not None and length.isdigit() and int(length) > cap:
             self._too_large(f"body: {int(length)} bytes is over the cap of {cap} bytes")
-        elif self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+        elif (
+            self.headers.get("expect", "").lower() == "100-continue"
+            and self.parser.get_http_version() == "1.1"
+            and self.handling is None
+            and not self.pending
+            and self.transport is not None
+        ):
+            # Only with no answer owed before it (behind one, the client sends the body after
+            # its own wait): a 100 is the interim answer to the oldest request unanswered.
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -225,7 +250,12 @@ class _Connection(asyncio.Protocol):
             raise httptools.HttpParserError(f"request head over {MAX_HEAD_BYTES} bytes")
 
     def _request(self, body: bytes, error: VllmSrError | None = None) -> Request:
-        path, _, query = self.url.decode("latin-1").partition("?")
+        url = self.url
+        if not url.startswith(b"/") and b"://" in url:  # absolute form: http://host/path
+            rest = url.split(b"://", 1)[1]
+            slash = rest.find(b"/")
+            url = rest[slash:] if slash >= 0 else b"/"
+        path, _, query = url.decode("latin-1").partition("?")
         method = self.parser.get_method().decode("latin-1")
         return Request(method, path, query, self.headers, body, error)
 
@@ -252,15 +282,35 @@ class _Connection(asyncio.Protocol):
         self._queue(self._request(b"", error), keep_alive=False)
 
     def _refuse(self, error: VllmSrError) -> None:
-        """Bytes that are not HTTP: answer once (after what is being handled), then close."""
+        """Bytes that are not HTTP: answer them when no answer is owed, then close (else the
+        answers owed go out first and the connection closes without this one)."""
         self._cancel_timer()
         self.reading = False
+        self.in_head = False
+        self.dropping = False  # the parser is stuck: the rest of a refused body will not come
         self.closing = True
         if self.transport is not None:
             self.transport.pause_reading()
         if self.handling is None and not self.pending:
             self._write(error_response(error), head_only=False)
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close once the client has had the answer: end our side, drop what it still sends
+        (closing with its bytes unread would reset the connection, and the client could lose
+        the answer), close on its end or after ``LINGER_S``."""
+        if self.transport is None or not self.transport.can_write_eof():
             self._close()
+            return
+        self.discarding = True
+        self.transport.write_eof()
+        self.transport.resume_reading()
+        self._cancel_timer()
+        self.timer = self.loop.call_later(LINGER_S, self._close)
+
+    def _arm_timer(self) -> None:
+        self._cancel_timer()
+        self.timer = self.loop.call_later(self.server.read_timeout_s, self._stalled)
 
     def _cancel_timer(self) -> None:
         if self.timer is not None:
@@ -274,6 +324,8 @@ class _Connection(asyncio.Protocol):
             self._next()
         elif self.transport is not None:
             self.transport.pause_reading()  # pipelined: read on once the queue is answered
+            self.held = True
+            self._cancel_timer()  # a request half read meanwhile waits on us, not the client
 
     def _next(self) -> None:
         request, keep_alive = self.pending.popleft()
@@ -282,6 +334,10 @@ class _Connection(asyncio.Protocol):
     async def _handle(self, request: Request, keep_alive: bool) -> None:
         try:
             response = await self.server.handler(request)
+        except asyncio.CancelledError:
+            self.handling = None
+            self._close()  # no answer, so none after it can go out in order
+            raise
         except Exception:
             log.exception("internal error on %s %s", request.method, request.path)
             response = error_response(VllmSrError("internal error"))
@@ -302,6 +358,9 @@ class _Connection(asyncio.Protocol):
             self._close_when_idle()
         else:  # paused while pipelined requests waited (a next one may be half read)
             self.transport.resume_reading()
+            self.held = False
+            if self.reading:
+                self._arm_timer()
 
     def _write(self, response: Response, *, head_only: bool, close: bool = True) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -4,6 +4,7 @@ body cap, stalled clients, bad bytes, HEAD, Expect, and a graceful close."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -270,6 +271,87 @@ async def test_a_head_over_the_cap_is_refused(running: Running) -> None:
     status, _, body = await read_answer(reader)
     assert status == 413 and "request head" in json.loads(body)["error"]["message"]
     assert await closed(reader)
+    writer.close()
+
+
+async def test_a_chunked_body_refused_then_bad_bytes_closes_the_connection(
+    running: Running,
+) -> None:
+    reader, writer = await running.connect()
+    writer.write(
+        b"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"80\r\n" + b"a" * 128 + b"\r\nzz\r\n"
+    )
+    assert (await read_answer(reader))[0] == 413
+    assert await closed(reader)  # the parser is stuck: nothing more of that body will come
+    writer.close()
+
+
+async def test_no_100_continue_ahead_of_an_answer_owed(running: Running) -> None:
+    running.echo.gate = asyncio.Event()
+    reader, writer = await running.connect()
+    writer.write(
+        post(b"/first", b"x")
+        + b"POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+    )
+    await asyncio.wait_for(running.echo.entered.wait(), 10)
+    writer.write(b"ok")
+    running.echo.gate.set()
+    status, _, body = await read_answer(reader)  # the first answer, not a 100
+    assert status == 200 and json.loads(body)["path"] == "/first"
+    status, _, body = await read_answer(reader)
+    assert status == 200 and json.loads(body)["body"] == "ok"
+    writer.close()
+
+
+async def test_a_request_the_server_holds_back_is_not_timed_out() -> None:
+    echo = Echo(gate=asyncio.Event())
+    server = HttpServer(echo, max_body=100, read_timeout_s=0.2)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    third = post(b"/3", b"abc")
+    writer.write(post(b"/1", b"x") + post(b"/2", b"y") + third[:5])
+    await asyncio.wait_for(echo.entered.wait(), 10)
+    writer.write(third[5:])  # the client sent it all; the server holds it behind /1 and /2
+    await asyncio.sleep(0.5)  # longer than the read timeout, while the server holds /3 back
+    echo.gate.set()  # type: ignore[union-attr]
+    statuses = [(await read_answer(reader))[0] for _ in range(3)]
+    assert statuses == [200, 200, 200]
+    writer.close()
+    await server.close(1.0)
+
+
+async def test_one_header_without_end_is_refused_at_the_cap(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(b"GET / HTTP/1.1\r\nX-Big: ")
+    with contextlib.suppress(ConnectionError):  # the refusal may come while this is sent
+        for _ in range(16):
+            writer.write(b"a" * (MAX_HEAD_BYTES // 2))
+            await writer.drain()
+    status, _, body = await read_answer(reader)  # before the header ever ends
+    assert status == 413 and "request head" in json.loads(body)["error"]["message"]
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_an_absolute_form_target_is_routed_by_its_path(running: Running) -> None:
+    reader, writer = await running.connect()
+    writer.write(b"GET http://worker/health?x=1 HTTP/1.1\r\nHost: worker\r\n\r\n")
+    _, _, body = await read_answer(reader)
+    assert json.loads(body)["path"] == "/health" and json.loads(body)["query"] == "x=1"
+    writer.close()
+
+
+async def test_a_handler_cancelled_from_inside_closes_its_connection() -> None:
+    async def cancelled(request: Request) -> Response:
+        raise asyncio.CancelledError
+
+    server = HttpServer(cancelled, max_body=100, read_timeout_s=5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"/c", b"x"))
+    assert await closed(reader)
+    await asyncio.wait_for(server.close(30), 5)  # nothing left to wait for
     writer.close()
 
 
