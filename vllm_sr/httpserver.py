@@ -7,7 +7,8 @@ chains or per-request streams. The whole body is read before the handler runs (b
 and capped), and each answer goes out in one write with a ``Content-Length``.
 
 What it does, and what the tests pin down:
-- keep-alive (HTTP/1.1 by default, ``Connection: close`` and HTTP/1.0 honoured), requests
+- keep-alive (HTTP/1.1 by default, ``Connection: close`` and HTTP/1.0 honoured; a connection
+  idle ``idle_timeout_s`` between requests is closed, as aiohttp did after 75 s), requests
   pipelined on one connection answered in order, ``Content-Length`` and chunked bodies,
   ``Expect: 100-continue``, HEAD answered like GET without a body;
 - a body over ``max_body`` is refused (413) as soon as it is known to be: at once when its
@@ -47,6 +48,7 @@ from vllm_sr.jsonbody import RequestTimeout
 log = logging.getLogger("vllm_sr.httpserver")
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
+IDLE_TIMEOUT_S = 75.0  # a kept-alive connection with no request for this long is closed
 LINGER_S = 2.0  # after refusing bad bytes: how long the client may go on sending before the close
 
 
@@ -149,6 +151,7 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.server.connections.add(self)
+        self._await_next()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.forget(self)
@@ -308,6 +311,16 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         self.timer = self.loop.call_later(LINGER_S, self._close)
 
+    def _await_next(self) -> None:
+        """Idle between requests: closed after the server's ``idle_timeout_s``."""
+        self._cancel_timer()
+        self.timer = self.loop.call_later(self.server.idle_timeout_s, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self.timer = None
+        if not self.reading and self.handling is None and not self.pending:
+            self._close()
+
     def _arm_timer(self) -> None:
         self._cancel_timer()
         self.timer = self.loop.call_later(self.server.read_timeout_s, self._stalled)
@@ -361,6 +374,8 @@ class _Connection(asyncio.Protocol):
             self.held = False
             if self.reading:
                 self._arm_timer()
+            else:
+                self._await_next()
 
     def _write(self, response: Response, *, head_only: bool, close: bool = True) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -390,14 +405,24 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """Serves ``handler`` on Unix sockets and TCP ports (``listen_unix``, ``listen_tcp``)."""
 
-    def __init__(self, handler: Handler, *, max_body: int, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body: int,
+        read_timeout_s: float,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
         if max_body < 0:
             raise ValueError(f"max_body: {max_body} is below 0")
         if read_timeout_s <= 0:
             raise ValueError(f"read_timeout_s: {read_timeout_s} is not above 0")
+        if idle_timeout_s <= 0:
+            raise ValueError(f"idle_timeout_s: {idle_timeout_s} is not above 0")
         self.handler = handler
         self.max_body = max_body
         self.read_timeout_s = read_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.connections: set[_Connection] = set()
         self.servers: list[asyncio.AbstractServer] = []
         self._loop: asyncio.AbstractEventLoop | None = None

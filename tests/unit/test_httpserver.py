@@ -434,6 +434,23 @@ async def _until(condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
+async def test_an_idle_connection_is_closed_and_a_busy_one_is_not() -> None:
+    echo = Echo(gate=asyncio.Event())
+    server = HttpServer(echo, max_body=100, read_timeout_s=5, idle_timeout_s=0.2)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    idle_reader, idle = await asyncio.open_connection("127.0.0.1", port)
+    busy_reader, busy = await asyncio.open_connection("127.0.0.1", port)
+    busy.write(post(b"/held", b"x"))
+    assert await closed(idle_reader)  # no request within 0.2 s
+    assert busy_reader.at_eof() is False and len(server.connections) == 1  # in hand: kept
+    echo.gate.set()  # type: ignore[union-attr]
+    assert (await read_answer(busy_reader))[0] == 200
+    assert await closed(busy_reader)  # then idle, and closed in turn
+    idle.close()
+    busy.close()
+    await server.close(1.0)
+
+
 def test_bad_settings_are_refused() -> None:
     async def handler(request: Request) -> Response:
         return Response()
@@ -442,6 +459,8 @@ def test_bad_settings_are_refused() -> None:
         HttpServer(handler, max_body=-1, read_timeout_s=1)
     with pytest.raises(ValueError, match="read_timeout_s"):
         HttpServer(handler, max_body=1, read_timeout_s=0)
+    with pytest.raises(ValueError, match="idle_timeout_s"):
+        HttpServer(handler, max_body=1, read_timeout_s=1, idle_timeout_s=0)
 
 
 def test_errors_render_as_the_project_s_json() -> None:
