@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.integration.test_supervisor_fake import FAKE_MODULE, REPO_ROOT, wait_for
+from tests.support.workers import short_socket_dir
 from vllm_sr.control.client import ControlClient
 from vllm_sr.placement.apply import apply_scale
 
@@ -65,7 +66,7 @@ async def serve(
     port = free_port()
     config = tmp / "config.yaml"
     log = tmp / "serve.log"
-    run = Path(os.path.join("/tmp", f"vsr-serve-{os.getpid()}-{port}"))
+    run = short_socket_dir(prefix="vsr-serve-") / "run"
     argv = [
         sys.executable,
         "-m",

@@ -23,6 +23,7 @@ import pytest
 from tests.integration.test_serve import free_port
 from tests.integration.test_supervisor_fake import REPO_ROOT
 from tests.support.backends import StandInBackend
+from tests.support.workers import short_socket_dir
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +89,7 @@ async def serve(
 ) -> AsyncIterator[Served]:
     """A real `vllm-sr serve` with the real worker, until every replica is ready."""
     port = free_port()
-    run = Path("/tmp") / f"vsr-router-{os.getpid()}-{port}"
+    run = short_socket_dir(prefix="vsr-router-") / "run"
     log = config.with_suffix(".log")
     argv = [sys.executable, "-m", "vllm_sr.cli", "serve", *flags, "--config", str(config)]
     argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]

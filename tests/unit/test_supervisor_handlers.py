@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_supervisor_fake import FakeSpec
+from tests.support.workers import short_socket_dir
 from vllm_sr import events as ev
 from vllm_sr.clock import FakeClock
 from vllm_sr.control.commands import Command
@@ -129,7 +130,7 @@ class Harness:
         self.spawned: list[MemoryReplica] = []
         self.sup = Supervisor(
             self.planner,
-            runtime_dir="/tmp/vsr-handlers",
+            runtime_dir=str(short_socket_dir(prefix="vsr-handlers-")),
             options=ProcessOptions(ready_timeout_s=5.0, stop_grace_s=1.0),
             clock=self.clock,
             drain_timeout_s=5.0,
