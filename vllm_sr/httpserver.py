@@ -37,12 +37,18 @@ import http
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import httptools
 
-from vllm_sr.errors import InvalidRequest, RequestTooLarge, VllmSrError
+from vllm_sr.errors import (
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    RequestTooLarge,
+    VllmSrError,
+)
 from vllm_sr.jsonbody import RequestTimeout
 
 log = logging.getLogger("vllm_sr.httpserver")
@@ -56,7 +62,7 @@ class Request:
     """One request, read whole. ``headers`` has lower-case names (repeated ones joined with
     ", "); ``error`` is set when the request could not be read (its body is then empty)."""
 
-    __slots__ = ("body", "error", "headers", "method", "path", "query")
+    __slots__ = ("body", "conn", "error", "headers", "method", "path", "query")
 
     def __init__(
         self,
@@ -66,6 +72,7 @@ class Request:
         headers: dict[str, str],
         body: bytes,
         error: VllmSrError | None = None,
+        conn: _Connection | None = None,
     ) -> None:
         self.method = method
         self.path = path
@@ -73,6 +80,7 @@ class Request:
         self.headers = headers
         self.body = body
         self.error = error
+        self.conn = conn  # where a StreamResponse writes (None: made outside a server)
 
 
 class Response:
@@ -91,12 +99,84 @@ class Response:
         self.headers = headers if headers is not None else {}
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+class StreamResponse:
+    """An answer sent as it is made, chunked: ``await prepare(request)`` sends the head,
+    ``await write(data)`` a chunk (waiting while the client reads slower than we write), and
+    ``await write_eof()`` the end; the server ends a stream its handler left open. ``write``
+    raises ``ConnectionResetError`` once the client has gone."""
+
+    __slots__ = ("_conn", "content_type", "ended", "headers", "status")
+
+    def __init__(
+        self,
+        status: int = 200,
+        content_type: str = "application/octet-stream",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.headers = headers if headers is not None else {}
+        self.ended = False
+        self._conn: _Connection | None = None
+
+    @property
+    def prepared(self) -> bool:
+        return self._conn is not None
+
+    async def prepare(self, request: Request) -> None:
+        if request.conn is None:
+            raise RuntimeError("a streamed answer needs a request read by HttpServer")
+        self._conn = request.conn
+        lines = [
+            b"HTTP/1.1 %d %s" % (self.status, _reason(self.status)),
+            b"Content-Type: " + self.content_type.encode("latin-1"),
+            b"Transfer-Encoding: chunked",
+        ]
+        lines.extend(f"{k}: {v}".encode("latin-1") for k, v in self.headers.items())
+        lines.append(b"\r\n")
+        await self._conn.send(b"\r\n".join(lines))
+
+    async def write(self, data: bytes) -> None:
+        if self._conn is None:
+            raise RuntimeError("write before prepare")
+        if data:
+            await self._conn.send(b"%x\r\n%s\r\n" % (len(data), data))
+
+    async def write_eof(self) -> None:
+        if self._conn is not None and not self.ended:
+            self.ended = True
+            await self._conn.send(b"0\r\n\r\n")
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
 
 
 def error_response(exc: VllmSrError) -> Response:
-    """The plain JSON answer for an error found before any handler could run."""
-    return Response(json.dumps(exc.to_json()).encode(), exc.http_status)
+    """An error as the project's JSON answer (with ``Allow`` for a 405)."""
+    response = Response(json.dumps(exc.to_json()).encode(), exc.http_status)
+    if isinstance(exc, MethodNotAllowed):
+        response.headers["Allow"] = ", ".join(exc.details["allowed"])
+    return response
+
+
+R = TypeVar("R")
+
+
+def resolve(routes: Mapping[str, Mapping[str, R]], request: Request) -> R:
+    """The route for the request's path and method (HEAD is GET without a body); unknown
+    paths are ``NotFound``, other methods ``MethodNotAllowed``."""
+    by_method = routes.get(request.path)
+    if by_method is None:
+        raise NotFound(f"{request.path}: no such path")
+    method = "GET" if request.method == "HEAD" else request.method
+    route = by_method.get(method)
+    if route is None:
+        allowed = sorted(by_method)
+        raise MethodNotAllowed(
+            f"{request.method} {request.path}: not allowed; use {' or '.join(allowed)}",
+            allowed=allowed,
+        )
+    return route
 
 
 def _reason(status: int) -> bytes:
@@ -144,12 +224,13 @@ class _Connection(asyncio.Protocol):
         self.in_head = False  # between the request's first byte and the end of its headers
         self.held = False  # reading paused by us while pipelined requests wait their turn
         self.discarding = False  # refused and answered: what still comes is dropped
+        self.writable: asyncio.Event | None = None  # cleared while the transport is full
         self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports (the frontend runs on uvloop) are not asyncio.Transport subclasses
+        self.transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
         self._await_next()
 
@@ -158,8 +239,31 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         self.transport = None
         self.pending.clear()
-        # A request being handled runs to its end (its forward is already queued); the
-        # answer has nowhere to go and is dropped.
+        if self.writable is not None:
+            self.writable.set()  # a stream waiting to write wakes, and finds the client gone
+        if self.server.cancel_on_disconnect and self.handling is not None:
+            self.handling.cancel()
+        # Otherwise a request being handled runs to its end (a worker's forward is already
+        # queued); the answer has nowhere to go and is dropped.
+
+    def pause_writing(self) -> None:
+        if self.writable is None:
+            self.writable = asyncio.Event()
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None:
+            self.writable.set()
+
+    async def send(self, data: bytes) -> None:
+        """Write part of a streamed answer, waiting while the client is slow to read."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the client has gone")
+        self.transport.write(data)
+        if self.writable is not None and not self.writable.is_set():
+            await self.writable.wait()
+            if self.transport is None:
+                raise ConnectionResetError("the client has gone")
 
     def data_received(self, data: bytes) -> None:
         if self.discarding:
@@ -260,7 +364,7 @@ class _Connection(asyncio.Protocol):
             url = rest[slash:] if slash >= 0 else b"/"
         path, _, query = url.decode("latin-1").partition("?")
         method = self.parser.get_method().decode("latin-1")
-        return Request(method, path, query, self.headers, body, error)
+        return Request(method, path, query, self.headers, body, error, self)
 
     def _too_large(self, message: str) -> None:
         """Answer 413 now; drop the rest of this request's bytes, then close."""
@@ -354,11 +458,21 @@ class _Connection(asyncio.Protocol):
         except Exception:
             log.exception("internal error on %s %s", request.method, request.path)
             response = error_response(VllmSrError("internal error"))
-        self.handling = None
-        if self.transport is None:
-            return
-        close = (self.closing and not self.pending) or not keep_alive
-        self._write(response, head_only=request.method == "HEAD", close=close)
+        if isinstance(response, StreamResponse) and response.prepared:
+            # Its head and chunks went out as it ran; the end goes out if it was left open.
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+            self.handling = None
+            if self.transport is None:
+                return
+        else:
+            self.handling = None
+            if self.transport is None:
+                return
+            if isinstance(response, StreamResponse):  # never prepared: an empty answer
+                response = Response(b"", response.status, response.content_type, response.headers)
+            close = (self.closing and not self.pending) or not keep_alive
+            self._write(response, head_only=request.method == "HEAD", close=close)
         if not keep_alive:
             self.pending.clear()  # nothing after a last request is answered
             if self.dropping:  # read the rest of the refused request; then it closes
@@ -412,6 +526,7 @@ class HttpServer:
         max_body: int,
         read_timeout_s: float,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        cancel_on_disconnect: bool = False,
     ) -> None:
         if max_body < 0:
             raise ValueError(f"max_body: {max_body} is below 0")
@@ -423,6 +538,9 @@ class HttpServer:
         self.max_body = max_body
         self.read_timeout_s = read_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        # True: a request whose client hangs up is cancelled (the frontend frees its slot);
+        # False: it runs to its end (a worker's forward is queued already).
+        self.cancel_on_disconnect = cancel_on_disconnect
         self.connections: set[_Connection] = set()
         self.servers: list[asyncio.AbstractServer] = []
         self._loop: asyncio.AbstractEventLoop | None = None

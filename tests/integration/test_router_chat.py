@@ -14,12 +14,12 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend
 from tests.support.workers import free_tcp_port
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import Overloaded, Unavailable
+from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import ChatRouter, build_chat_router, engine_mode_chat
 
@@ -110,18 +110,18 @@ async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
         auto_model_names=["vllm-sr/auto", "auto"],
         backends=backends,
     )
-    app = web.Application()
-    app.add_routes(chat.routes())
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    routes = chat.routes()
+
+    async def handle(request: Request) -> Response | StreamResponse:
+        return await resolve(routes, request)(request)
+
+    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30, cancel_on_disconnect=True)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}"
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="caller-key", max_retries=0)
     yield Stack(url, general, coder, exchange, chat, client)
     await client.close()
-    await runner.cleanup()
+    await server.close(5.0)
     await backends.close()
     await general.stop()
     await coder.stop()
@@ -316,13 +316,8 @@ async def test_the_token_is_never_logged(stack: Stack, caplog: pytest.LogCapture
 
 
 async def test_engine_mode_chat_is_a_typed_404() -> None:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", engine_mode_chat)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = HttpServer(engine_mode_chat, max_body=1 << 20, read_timeout_s=30)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
     try:
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k") as c:
             with pytest.raises(openai.NotFoundError) as info:
@@ -331,4 +326,4 @@ async def test_engine_mode_chat_is_a_typed_404() -> None:
         assert isinstance(body, dict) and body["code"] == "engine_mode"
         assert "Engine mode" in body["message"]
     finally:
-        await runner.cleanup()
+        await server.close(5.0)

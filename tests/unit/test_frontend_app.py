@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from vllm_sr.errors import InvalidRequest, Overloaded, Unavailable, WorkerFailed
 from vllm_sr.frontend.app import caller_timeout_ms, error_response, model_of
+from vllm_sr.httpserver import Request
 from vllm_sr.pool.exchange import outcome_of, with_model
 
 
@@ -18,12 +18,19 @@ def body_of(resp: Any) -> dict[str, Any]:
     return dict(json.loads(resp.body))
 
 
+def request(headers: dict[str, str] | None = None) -> Request:
+    """A request as the server hands it over (header names lower-cased)."""
+    return Request(
+        "POST", "/v1/embeddings", "", {k.lower(): v for k, v in (headers or {}).items()}, b""
+    )
+
+
 def test_timeout_header_is_optional_positive_milliseconds() -> None:
-    assert caller_timeout_ms(make_mocked_request("POST", "/v1/embeddings")) is None
-    req = make_mocked_request("POST", "/", headers={"X-Request-Timeout-Ms": "250"})
+    assert caller_timeout_ms(request()) is None
+    req = request({"X-Request-Timeout-Ms": "250"})
     assert caller_timeout_ms(req) == 250.0
     for bad in ("0", "-5", "nan", "inf", "soon"):
-        req = make_mocked_request("POST", "/", headers={"X-Request-Timeout-Ms": bad})
+        req = request({"X-Request-Timeout-Ms": bad})
         with pytest.raises(InvalidRequest, match=f"got '{bad}'"):
             caller_timeout_ms(req)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from vllm_sr.errors import VllmSrError
-from vllm_sr.httpserver import MAX_HEAD_BYTES, HttpServer, Request, Response
+from vllm_sr.httpserver import MAX_HEAD_BYTES, HttpServer, Request, Response, StreamResponse
 
 
 @dataclass
@@ -449,6 +449,113 @@ async def test_an_idle_connection_is_closed_and_a_busy_one_is_not() -> None:
     idle.close()
     busy.close()
     await server.close(1.0)
+
+
+async def test_a_streamed_answer_goes_out_chunk_by_chunk_and_the_connection_serves_on() -> None:
+    step = asyncio.Event()
+
+    async def handler(request: Request) -> Response | StreamResponse:
+        if request.path != "/stream":
+            return Response(b"{}")
+        out = StreamResponse(200, "text/event-stream", {"X-Kind": "sse"})
+        await out.prepare(request)
+        await out.write(b"data: 1\n\n")
+        await step.wait()  # the first chunk is out before the handler goes on
+        await out.write(b"data: 2\n\n")
+        if request.query != "open":
+            await out.write_eof()
+        return out  # "open": left for the server to end
+
+    server = HttpServer(handler, max_body=100, read_timeout_s=5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for query in (b"", b"?open"):
+        step.clear()
+        writer.write(b"GET /stream%s HTTP/1.1\r\nHost: t\r\n\r\n" % query)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert b"Transfer-Encoding: chunked" in head and b"X-Kind: sse" in head
+        first = b"9\r\ndata: 1\n\n\r\n"
+        assert await asyncio.wait_for(reader.readexactly(len(first)), 10) == first
+        step.set()
+        rest = b"9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+        assert await asyncio.wait_for(reader.readexactly(len(rest)), 10) == rest
+    writer.write(post(b"/after", b""))
+    assert (await read_answer(reader))[0] == 200
+    writer.close()
+    await server.close(1.0)
+
+
+async def test_cancel_on_disconnect_cancels_the_handler_and_writes_then_fail() -> None:
+    entered = asyncio.Event()
+    outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def handler(request: Request) -> Response | StreamResponse:
+        out = StreamResponse()
+        await out.prepare(request)
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            outcome.set_result("cancelled")
+            raise
+        return out
+
+    server = HttpServer(handler, max_body=100, read_timeout_s=5, cancel_on_disconnect=True)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"/hang", b""))
+    await asyncio.wait_for(entered.wait(), 10)
+    writer.close()
+    assert await asyncio.wait_for(outcome, 10) == "cancelled"
+    await asyncio.wait_for(server.close(30), 5)
+
+
+async def test_a_stream_written_after_its_client_left_raises() -> None:
+    entered, left = asyncio.Event(), asyncio.Event()
+    raised: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    async def handler(request: Request) -> Response | StreamResponse:
+        out = StreamResponse()
+        await out.prepare(request)
+        entered.set()
+        await left.wait()
+        try:
+            for _ in range(100):  # the first writes may still reach the socket's buffer
+                await out.write(b"x" * 65536)
+        except ConnectionError as exc:
+            raised.set_result(exc)
+        return out
+
+    server = HttpServer(handler, max_body=100, read_timeout_s=5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"/s", b""))
+    await asyncio.wait_for(entered.wait(), 10)
+    writer.close()
+    await asyncio.wait_for(_until(lambda: not server.connections), 10)
+    left.set()
+    assert isinstance(await asyncio.wait_for(raised, 10), ConnectionResetError)
+    await server.close(1.0)
+
+
+def test_the_server_runs_on_uvloop_too() -> None:
+    """The frontend serves on uvloop, whose transports are not asyncio's classes."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> list[int]:
+        echo = Echo()
+        server = HttpServer(echo, max_body=100, read_timeout_s=5, cancel_on_disconnect=True)
+        _, port = await server.listen_tcp("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post(b"/a", b"x") + post(b"/b", b"y"))  # pipelined, kept alive
+        statuses = [(await read_answer(reader))[0] for _ in range(2)]
+        writer.write(b"POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: 500\r\n\r\n")
+        statuses.append((await read_answer(reader))[0])
+        writer.close()
+        await server.close(1.0)
+        return statuses
+
+    assert uvloop.run(scenario()) == [200, 200, 413]
 
 
 def test_bad_settings_are_refused() -> None:

@@ -1,11 +1,12 @@
-"""The public HTTP API (aiohttp; 127.0.0.1:8080 by default).
+"""The public HTTP API (``vllm_sr.httpserver``; 127.0.0.1:8080 by default).
 
 ``POST /v1/embeddings``, ``/v1/classify``, ``/v1/bundle`` go to the deployment ``model`` names
 (default: the decision model's deployment) as one unit each; the body's bytes go to the worker
 unchanged, and the worker's bytes come back unchanged. ``GET /v1/models``, ``/health``,
 ``/api/v1/inventory/model-runtime`` and ``/metrics`` describe the service. Errors are
 ``{"error": {"code", "message", "retryable"}}`` with the error's HTTP status (429 carries
-Retry-After).
+Retry-After); an unknown path is 404 ``not_found``, another method 405 ``method_not_allowed``.
+A caller that hangs up has its request cancelled (the pool frees its slot as "cancelled").
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import math
 import time
 from typing import Any, Protocol
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from vllm_sr.errors import InvalidRequest, RequestTooLarge, Unavailable, VllmSrError
+from vllm_sr.errors import InvalidRequest, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
 from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
 from vllm_sr.frontend.metrics import FrontendCollector
 from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
+from vllm_sr.httpserver import Handler, HttpServer, Request, Response, StreamResponse, resolve
+from vllm_sr.httpserver import error_response as route_error
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.router.chat import error_response
@@ -32,14 +34,17 @@ from vllm_sr.router.metrics import RouterCollector
 log = logging.getLogger("vllm_sr.frontend")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+READ_TIMEOUT_S = 30.0  # a request not whole this long after its first byte is answered 408
+SHUTDOWN_GRACE_S = 60.0  # requests in hand at stop get this long (aiohttp's default, kept)
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+TIMEOUT_KEY = TIMEOUT_HEADER.lower()  # as the server keys headers
 RETRY_HEADER = "X-Vsr-Retried"  # "1; from=primary-0": the answer came from a retry elsewhere
 SURFACES = ("embeddings", "classify", "bundle")
 JSON = "application/json"
 
 
-def caller_timeout_ms(request: web.Request) -> float | None:
-    raw = request.headers.get(TIMEOUT_HEADER)
+def caller_timeout_ms(request: Request) -> float | None:
+    raw = request.headers.get(TIMEOUT_KEY)
     if raw is None:
         return None
     try:
@@ -98,34 +103,39 @@ class Frontend:
         self.chat = ChatMount(self.directory)
         self._chat_generation = -1
         self.registry.register(RouterCollector(lambda: self.chat.chat))
-        self.app = web.Application(client_max_size=MAX_BODY_BYTES)
-        self.app.router.add_post("/v1/embeddings", self._surface("embeddings"))
-        self.app.router.add_post("/v1/classify", self._surface("classify"))
-        self.app.router.add_post("/v1/bundle", self._surface("bundle"))
-        self.app.router.add_get("/v1/models", self.models)
-        self.app.router.add_post("/v1/chat/completions", self.chat_completions)
-        self.app.router.add_get("/health", self.health)
-        self.app.router.add_get("/api/v1/inventory/model-runtime", self.inventory)
-        self.app.router.add_get("/metrics", self.metrics)
-        self._runner: web.AppRunner | None = None
+        self.routes: dict[str, dict[str, Handler]] = {
+            **{f"/v1/{s}": {"POST": self._surface(s)} for s in SURFACES},
+            "/v1/models": {"GET": self.models},
+            "/v1/chat/completions": {"POST": self.chat_completions},
+            "/health": {"GET": self.health},
+            "/api/v1/inventory/model-runtime": {"GET": self.inventory},
+            "/metrics": {"GET": self.metrics},
+        }
+        # cancel_on_disconnect: a caller that hangs up frees its admission slot at once (the
+        # pool records "cancelled"); the worker's forward may still finish on its own.
+        self.server = HttpServer(
+            self.handle,
+            max_body=MAX_BODY_BYTES,
+            read_timeout_s=READ_TIMEOUT_S,
+            cancel_on_disconnect=True,
+        )
         self.address: str = ""
 
     # ------------------------------------------------------------------ serving
     async def start(self, host: str, port: int) -> str:
         await self.sync_router()
-        # handler_cancellation: a caller that hangs up frees its admission slot at once (the
-        # pool records "cancelled"); the worker's forward may still finish on its own.
-        self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, handler_cancellation=True
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        bound_port = sockets[0].getsockname()[1] if sockets else port
+        _, bound_port = await self.server.listen_tcp(host, port)
         self.address = f"{host}:{bound_port}"
         return self.address
+
+    async def handle(self, request: Request) -> Response | StreamResponse:
+        """Every request: its route; errors (a path or method not served, a body over the cap
+        or too slow to come) as JSON."""
+        try:
+            route = resolve(self.routes, request)
+        except VllmSrError as exc:
+            return route_error(exc)
+        return await route(request)
 
     async def sync_router(self) -> None:
         """Follow the published generation's router settings (cheap when unchanged)."""
@@ -134,15 +144,13 @@ class Frontend:
             self._chat_generation = generation
             await self.chat.update(self.service.router_plan())
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: Request) -> Response | StreamResponse:
         await self.sync_router()
         return await self.chat.handle_chat(request, self.service.admitting)
 
     async def stop(self) -> None:
         await self.chat.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self.server.close(SHUTDOWN_GRACE_S)
 
     def _cache_for(self, name: str, replicas: int) -> ResultCache | None:
         """Single-worker deployments keep a result cache; multi-replica ones bypass it."""
@@ -159,7 +167,7 @@ class Frontend:
     def _surface(self, surface: str) -> Any:
         path = f"/v1/{surface}"
 
-        async def handler(request: web.Request) -> web.Response:
+        async def handler(request: Request) -> Response:
             try:
                 return await self._exchange(request, surface, path)
             except VllmSrError as exc:
@@ -168,15 +176,12 @@ class Frontend:
 
         return handler
 
-    async def _exchange(self, request: web.Request, surface: str, path: str) -> web.Response:
+    async def _exchange(self, request: Request, surface: str, path: str) -> Response:
         if not self.service.admitting:
             raise Unavailable("the service is stopping", retry_after_s=1.0)
-        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            raise RequestTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise RequestTooLarge(f"request body over {MAX_BODY_BYTES} bytes") from None
+        if request.error is not None:  # over the cap, or too slow to come
+            raise request.error
+        body = request.body
         timeout_ms = caller_timeout_ms(request)
         pool = self.directory.resolve(model_of(body))
         cache = self._cache_for(pool.deployment, pool.desired_replicas or len(pool))
@@ -185,24 +190,20 @@ class Frontend:
             hit = cache.get(key)
             if hit is not None:
                 self.collector.count(surface, hit.status)
-                return web.Response(
-                    body=hit.body,
-                    status=hit.status,
-                    headers={"Content-Type": hit.content_type, "X-Cache": "hit"},
-                )
+                return Response(hit.body, hit.status, hit.content_type, {"X-Cache": "hit"})
         started = time.monotonic()
         resp = await exchange(pool, path, body, timeout_ms)
         self.collector.latency.observe(pool.deployment, surface, time.monotonic() - started)
         if cache is not None and resp.status == 200:
             cache.put(key, CachedAnswer(resp.status, resp.body, resp.content_type))
         self.collector.count(surface, resp.status)
-        headers = {"Content-Type": resp.content_type, **resp.headers}
+        headers = dict(resp.headers)
         if resp.retries:
             headers[RETRY_HEADER] = f"{resp.retries}; from={resp.retried_from}"
-        return web.Response(body=resp.body, status=resp.status, headers=headers)
+        return Response(resp.body, resp.status, resp.content_type, headers)
 
     # ------------------------------------------------------------------ descriptions
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request) -> Response:
         await self.sync_router()
         data = self.chat.models_data()
         for name, pool in self.directory.items():
@@ -220,17 +221,20 @@ class Frontend:
                     "ready_replicas": inv["ready_replicas"],
                 }
             )
-        return web.json_response({"object": "list", "data": data})
+        return _json({"object": "list", "data": data})
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> Response:
         doc = self.service.health()
-        return web.json_response(doc, status=200 if doc["ready"] else 503)
+        return _json(doc, 200 if doc["ready"] else 503)
 
-    async def inventory(self, request: web.Request) -> web.Response:
+    async def inventory(self, request: Request) -> Response:
         await self.sync_router()
-        return web.json_response(self.service.inventory())
+        return _json(self.service.inventory())
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics(self, request: Request) -> Response:
         self.scraped.families = merge(await scrape(self.directory))
-        text = generate_latest(self.registry)
-        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Response(generate_latest(self.registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(json.dumps(doc).encode(), status)

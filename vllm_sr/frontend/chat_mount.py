@@ -16,10 +16,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import NotFound, Unavailable, VllmSrError
+from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.router.backends import BackendSet
@@ -96,7 +95,7 @@ class ChatMount:
         if self._backends is not None:
             await self._backends.close()
 
-    async def handle_chat(self, request: web.Request, admitting: bool) -> web.StreamResponse:
+    async def handle_chat(self, request: Request, admitting: bool) -> Response | StreamResponse:
         if not admitting:
             return error_response(Unavailable("the service is stopping", retry_after_s=1.0))
         if self.plan is None or not self.plan.enabled:

@@ -25,12 +25,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.routing import BackendRef, Providers
 from vllm_sr.errors import DeadlineExceeded, VllmSrError
+from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 
 log = logging.getLogger("vllm_sr.router.backends")
@@ -235,9 +235,9 @@ class BackendSet:
         self,
         backend: Backend,
         body: dict[str, Any],
-        request: web.Request,
+        request: Request,
         headers: Mapping[str, str],
-    ) -> web.StreamResponse:
+    ) -> Response | StreamResponse:
         """Send the chat to ``backend`` (``model`` rewritten) and answer ``request`` with what
         comes back, streamed through when it is SSE; ``headers`` are added to the answer."""
         payload = json.dumps({**body, "model": backend.model_id}, ensure_ascii=False).encode()
@@ -273,12 +273,10 @@ class BackendSet:
 
 
 async def _stream(
-    upstream: aiohttp.ClientResponse, request: web.Request, headers: Mapping[str, str]
-) -> tuple[web.StreamResponse, bool]:
+    upstream: aiohttp.ClientResponse, request: Request, headers: Mapping[str, str]
+) -> tuple[StreamResponse, bool]:
     """Chunks go out as they arrive. -> (the answer, whether the backend finished it)."""
-    out = web.StreamResponse(status=upstream.status)
-    out.content_type = "text/event-stream"
-    out.headers["Cache-Control"] = "no-cache"
+    out = StreamResponse(upstream.status, "text/event-stream", {"Cache-Control": "no-cache"})
     out.headers.update(headers)
     await out.prepare(request)
     chunks = upstream.content.iter_any().__aiter__()
@@ -301,7 +299,7 @@ async def _stream(
 
 async def _whole(
     backend: Backend, upstream: aiohttp.ClientResponse, headers: Mapping[str, str]
-) -> web.Response:
+) -> Response:
     raw = await upstream.read()
     content_type = upstream.headers.get("Content-Type", "application/json")
     if upstream.status >= 400 and not _is_openai_error(raw):
@@ -315,9 +313,7 @@ async def _whole(
             }
         }
         raw, content_type = json.dumps(err).encode(), "application/json"
-    return web.Response(
-        body=raw, status=upstream.status, headers={"Content-Type": content_type, **headers}
-    )
+    return Response(raw, upstream.status, content_type, dict(headers))
 
 
 def _is_openai_error(raw: bytes) -> bool:

@@ -1,4 +1,5 @@
-"""``POST /v1/chat/completions`` and ``GET /v1/models`` of Router mode (aiohttp handlers).
+"""``POST /v1/chat/completions`` and ``GET /v1/models`` of Router mode (``vllm_sr.httpserver``
+handlers).
 
 The flow: ``model`` is an auto name -> route (signals, decision, model); a providers model
 name -> that model's backend, no signals; anything else -> 404 ``model_not_found`` naming the
@@ -22,8 +23,6 @@ import logging
 import math
 from typing import Any
 
-from aiohttp import web
-
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import (
     InvalidRequest,
@@ -33,6 +32,7 @@ from vllm_sr.errors import (
     Unavailable,
     VllmSrError,
 )
+from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.questions import request_text
 from vllm_sr.router.route import Exchange, Router, RouteResult, RouterStats
@@ -45,12 +45,12 @@ H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
 
 
-def error_response(exc: VllmSrError) -> web.Response:
+def error_response(exc: VllmSrError) -> Response:
     headers = {}
     if isinstance(exc, Overloaded | Unavailable):
         retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
         headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
-    return web.json_response(exc.to_json(), status=exc.http_status, headers=headers)
+    return Response(json.dumps(exc.to_json()).encode(), exc.http_status, headers=headers)
 
 
 def parse_chat(raw: bytes) -> dict[str, Any]:
@@ -97,15 +97,17 @@ class ChatRouter:
     def stats(self) -> RouterStats:
         return self.router.stats
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post("/v1/chat/completions", self.handle_chat),
-            web.get("/v1/models", self.handle_models),
-        ]
+    def routes(self) -> dict[str, dict[str, Handler]]:
+        return {
+            "/v1/chat/completions": {"POST": self.handle_chat},
+            "/v1/models": {"GET": self.handle_models},
+        }
 
-    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+    async def handle_chat(self, request: Request) -> Response | StreamResponse:
         try:
-            body = parse_chat(await request.read())
+            if request.error is not None:
+                raise request.error
+            body = parse_chat(request.body)
             result = await self.resolve(body)
             backend = self.backends.pick(result.model)
             return await self.backends.proxy(backend, body, request, answer_headers(result))
@@ -147,8 +149,8 @@ class ChatRouter:
             )
         return data
 
-    async def handle_models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": self.models_data()})
+    async def handle_models(self, request: Request) -> Response:
+        return Response(json.dumps({"object": "list", "data": self.models_data()}).encode())
 
     def inventory(self) -> dict[str, Any]:
         """For the inventory document (key "router"): backends and decision counters."""
@@ -181,7 +183,7 @@ def build_chat_router(
     return ChatRouter(router, auto_model_names)
 
 
-async def engine_mode_chat(request: web.Request) -> web.Response:
+async def engine_mode_chat(request: Request) -> Response:
     """``/v1/chat/completions`` in Engine mode (-e): a typed 404 that says so."""
     return error_response(
         EngineMode(

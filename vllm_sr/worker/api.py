@@ -25,7 +25,7 @@ from vllm_sr.errors import (
     Overloaded,
     VllmSrError,
 )
-from vllm_sr.httpserver import HttpServer, Request, Response
+from vllm_sr.httpserver import HttpServer, Request, Response, resolve
 from vllm_sr.worker import classify, jsonio, surfaces
 from vllm_sr.worker.classify import CentroidCache
 from vllm_sr.worker.engine import Engine, Faults, Job, Limits
@@ -120,22 +120,6 @@ SURFACE_BY_PATH = {
     "/v1/classify": "classify",
     "/v1/bundle": "bundle",
 }
-
-
-def resolve(routes: dict[str, dict[str, Route]], request: Request) -> Route:
-    """The route for the request's path and method (HEAD is GET without a body)."""
-    by_method = routes.get(request.path)
-    if by_method is None:
-        raise NotFound(f"{request.path}: no such path on the worker")
-    method = "GET" if request.method == "HEAD" else request.method
-    route = by_method.get(method)
-    if route is None:
-        allowed = sorted(by_method)
-        raise MethodNotAllowed(
-            f"{request.method} {request.path}: not allowed; use {' or '.join(allowed)}",
-            allowed=allowed,
-        )
-    return route
 
 
 async def dispatch(
