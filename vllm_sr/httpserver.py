@@ -126,14 +126,15 @@ class StreamResponse:
     async def prepare(self, request: Request) -> None:
         if request.conn is None:
             raise RuntimeError("a streamed answer needs a request read by HttpServer")
-        self._conn = request.conn
         lines = [
             b"HTTP/1.1 %d %s" % (self.status, _reason(self.status)),
-            b"Content-Type: " + self.content_type.encode("latin-1"),
+            *header_lines({"Content-Type": self.content_type}),
             b"Transfer-Encoding: chunked",
+            *header_lines(self.headers),
+            b"\r\n",
         ]
-        lines.extend(f"{k}: {v}".encode("latin-1") for k, v in self.headers.items())
-        lines.append(b"\r\n")
+        self._conn = request.conn
+        request.conn.stream = self  # once its head is out, nothing else may answer
         await self._conn.send(b"\r\n".join(lines))
 
     async def write(self, data: bytes) -> None:
@@ -186,14 +187,26 @@ def _reason(status: int) -> bytes:
         return b"Unknown"
 
 
+def header_lines(headers: Mapping[str, str]) -> list[bytes]:
+    """``Name: value`` lines, UTF-8 (names from a config may be any text, as aiohttp sent
+    them); a CR or LF, which would end the head early, is refused."""
+    lines = []
+    for name, value in headers.items():
+        line = f"{name}: {value}"
+        if "\r" in line or "\n" in line:
+            raise ValueError(f"header {name!r}: a CR or LF is not allowed in {value!r}")
+        lines.append(line.encode("utf-8"))
+    return lines
+
+
 def render(response: Response, *, head_only: bool, close: bool) -> bytes:
     """The bytes of one answer: status line, headers, and the body unless ``head_only``."""
     lines = [
         b"HTTP/1.1 %d %s" % (response.status, _reason(response.status)),
-        b"Content-Type: " + response.content_type.encode("latin-1"),
+        *header_lines({"Content-Type": response.content_type}),
         b"Content-Length: %d" % len(response.body),
     ]
-    lines.extend(f"{k}: {v}".encode("latin-1") for k, v in response.headers.items())
+    lines.extend(header_lines(response.headers))
     if close:
         lines.append(b"Connection: close")
     lines.append(b"\r\n")
@@ -225,6 +238,7 @@ class _Connection(asyncio.Protocol):
         self.held = False  # reading paused by us while pipelined requests wait their turn
         self.discarding = False  # refused and answered: what still comes is dropped
         self.writable: asyncio.Event | None = None  # cleared while the transport is full
+        self.stream: StreamResponse | None = None  # the streamed answer under way, if any
         self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol
@@ -458,10 +472,19 @@ class _Connection(asyncio.Protocol):
         except Exception:
             log.exception("internal error on %s %s", request.method, request.path)
             response = error_response(VllmSrError("internal error"))
-        if isinstance(response, StreamResponse) and response.prepared:
+        stream, self.stream = self.stream, None
+        if stream is not None and response is not stream:
+            # A stream began and then the handler failed (or answered otherwise): no other
+            # answer can follow its head, so the cut is made visible by a reset.
+            self.handling = None
+            self.pending.clear()
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if stream is not None:
             # Its head and chunks went out as it ran; the end goes out if it was left open.
             with contextlib.suppress(ConnectionError):
-                await response.write_eof()
+                await stream.write_eof()
             self.handling = None
             if self.transport is None:
                 return
@@ -472,7 +495,12 @@ class _Connection(asyncio.Protocol):
             if isinstance(response, StreamResponse):  # never prepared: an empty answer
                 response = Response(b"", response.status, response.content_type, response.headers)
             close = (self.closing and not self.pending) or not keep_alive
-            self._write(response, head_only=request.method == "HEAD", close=close)
+            try:
+                self._write(response, head_only=request.method == "HEAD", close=close)
+            except ValueError:  # a header that cannot be sent: answer 500 and end here
+                log.exception("unsendable answer to %s %s", request.method, request.path)
+                self._write(error_response(VllmSrError("internal error")), head_only=False)
+                keep_alive = False
         if not keep_alive:
             self.pending.clear()  # nothing after a last request is answered
             if self.dropping:  # read the rest of the refused request; then it closes

@@ -131,6 +131,11 @@ async def test_bad_input_and_nothing_ready() -> None:
                 s, url, raw=big, headers={"Content-Type": "application/json"}
             )
             assert status == 413 and doc["error"]["code"] == "request_too_large"
+            # Refused whatever the route: a body over the cap is not read, even for /health.
+            async with s.get(f"{svc.url}/health", data=big) as r:
+                assert r.status == 413
+            async with s.get(f"{svc.url}/nowhere") as r:
+                assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
     finally:
         await svc.stop()
 

@@ -538,6 +538,46 @@ async def test_a_stream_written_after_its_client_left_raises() -> None:
     await server.close(1.0)
 
 
+async def test_headers_go_out_as_utf8_and_a_line_break_in_one_is_refused() -> None:
+    async def handler(request: Request) -> Response:
+        value = "数学" if request.path == "/utf8" else "a\r\nX-Injected: 1"
+        return Response(b"{}", headers={"X-Decision": value})
+
+    server = HttpServer(handler, max_body=100, read_timeout_s=5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"/utf8", b""))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert "X-Decision: 数学".encode() in head
+    await reader.readexactly(2)
+    writer.write(post(b"/crlf", b""))
+    status, headers, _ = await read_answer(reader)
+    assert status == 500 and "x-injected" not in headers
+    assert await closed(reader)
+    writer.close()
+    await server.close(1.0)
+
+
+async def test_a_stream_whose_handler_fails_is_cut_not_answered_twice() -> None:
+    async def handler(request: Request) -> Response | StreamResponse:
+        out = StreamResponse()
+        await out.prepare(request)
+        await out.write(b"partial")
+        raise RuntimeError("broke mid-stream")
+
+    server = HttpServer(handler, max_body=100, read_timeout_s=5)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b"/s", b""))
+    received = b""
+    with contextlib.suppress(ConnectionError):
+        while chunk := await asyncio.wait_for(reader.read(4096), 10):
+            received += chunk
+    assert b"partial" in received and b"500" not in received and b"0\r\n\r\n" not in received
+    writer.close()
+    await server.close(1.0)
+
+
 def test_the_server_runs_on_uvloop_too() -> None:
     """The frontend serves on uvloop, whose transports are not asyncio's classes."""
     uvloop = pytest.importorskip("uvloop")

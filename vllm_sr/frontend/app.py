@@ -132,6 +132,8 @@ class Frontend:
         """Every request: its route; errors (a path or method not served, a body over the cap
         or too slow to come) as JSON."""
         try:
+            if request.error is not None:  # over the cap, or too slow to come
+                raise request.error
             route = resolve(self.routes, request)
         except VllmSrError as exc:
             return route_error(exc)

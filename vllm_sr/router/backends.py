@@ -293,7 +293,8 @@ async def _stream(
             await out.write(chunk)
         except (ConnectionError, OSError):
             return out, True  # the caller hung up; not the backend's fault
-    await out.write_eof()
+    with contextlib.suppress(ConnectionError, OSError):
+        await out.write_eof()  # the caller may have hung up: not the backend's fault
     return out, True
 
 
