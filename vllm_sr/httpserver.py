@@ -1,10 +1,12 @@
-"""HttpServer: the worker's HTTP/1.1 server, requests parsed by ``httptools`` (llhttp, the parser
-uvicorn uses) fed straight from an asyncio protocol.
+"""HttpServer: the worker's and the frontend's HTTP/1.1 server, requests parsed by ``httptools``
+(llhttp, the parser uvicorn uses) fed straight from an asyncio protocol.
 
-A worker answers every request the frontend forwards, on the same core as its forwards, so the
-Python work per request is worth keeping small: no URL objects, header multidicts, middleware
-chains or per-request streams. The whole body is read before the handler runs (bodies are small
-and capped), and each answer goes out in one write with a ``Content-Length``.
+A worker answers every request the frontend forwards, on the same core as its forwards, and the
+frontend every request of every caller, so the Python work per request is worth keeping small:
+no URL objects, header multidicts, middleware chains or per-request streams. The whole body is
+read before the handler runs (bodies are small and capped), and an answer goes out in one write
+with a ``Content-Length``; a ``StreamResponse`` goes out chunked as it is made (Router mode's
+SSE), and ``cancel_on_disconnect`` cancels a request whose caller hangs up (the frontend).
 
 What it does, and what the tests pin down:
 - keep-alive (HTTP/1.1 by default, ``Connection: close`` and HTTP/1.0 honoured; a connection
@@ -128,9 +130,8 @@ class StreamResponse:
             raise RuntimeError("a streamed answer needs a request read by HttpServer")
         lines = [
             b"HTTP/1.1 %d %s" % (self.status, _reason(self.status)),
-            *header_lines({"Content-Type": self.content_type}),
+            *header_lines(self.content_type, self.headers),
             b"Transfer-Encoding: chunked",
-            *header_lines(self.headers),
             b"\r\n",
         ]
         self._conn = request.conn
@@ -187,11 +188,12 @@ def _reason(status: int) -> bytes:
         return b"Unknown"
 
 
-def header_lines(headers: Mapping[str, str]) -> list[bytes]:
-    """``Name: value`` lines, UTF-8 (names from a config may be any text, as aiohttp sent
-    them); a CR or LF, which would end the head early, is refused."""
+def header_lines(content_type: str, headers: Mapping[str, str]) -> list[bytes]:
+    """``Content-Type`` and ``headers`` as ``Name: value`` lines, UTF-8 (names from a config
+    may be any text, as aiohttp sent them); a CR or LF, which would end the head early, is
+    refused."""
     lines = []
-    for name, value in headers.items():
+    for name, value in (("Content-Type", content_type), *headers.items()):
         line = f"{name}: {value}"
         if "\r" in line or "\n" in line:
             raise ValueError(f"header {name!r}: a CR or LF is not allowed in {value!r}")
@@ -203,10 +205,9 @@ def render(response: Response, *, head_only: bool, close: bool) -> bytes:
     """The bytes of one answer: status line, headers, and the body unless ``head_only``."""
     lines = [
         b"HTTP/1.1 %d %s" % (response.status, _reason(response.status)),
-        *header_lines({"Content-Type": response.content_type}),
+        *header_lines(response.content_type, response.headers),
         b"Content-Length: %d" % len(response.body),
     ]
-    lines.extend(header_lines(response.headers))
     if close:
         lines.append(b"Connection: close")
     lines.append(b"\r\n")
@@ -485,13 +486,10 @@ class _Connection(asyncio.Protocol):
             # Its head and chunks went out as it ran; the end goes out if it was left open.
             with contextlib.suppress(ConnectionError):
                 await stream.write_eof()
-            self.handling = None
-            if self.transport is None:
-                return
-        else:
-            self.handling = None
-            if self.transport is None:
-                return
+        self.handling = None
+        if self.transport is None:
+            return
+        if stream is None:
             if isinstance(response, StreamResponse):  # never prepared: an empty answer
                 response = Response(b"", response.status, response.content_type, response.headers)
             close = (self.closing and not self.pending) or not keep_alive

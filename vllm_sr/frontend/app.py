@@ -25,7 +25,6 @@ from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
 from vllm_sr.frontend.metrics import FrontendCollector
 from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
 from vllm_sr.httpserver import Handler, HttpServer, Request, Response, StreamResponse, resolve
-from vllm_sr.httpserver import error_response as route_error
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.router.chat import error_response
@@ -131,12 +130,15 @@ class Frontend:
     async def handle(self, request: Request) -> Response | StreamResponse:
         """Every request: its route; errors (a path or method not served, a body over the cap
         or too slow to come) as JSON."""
+        if request.error is not None:  # over the cap, or too slow to come: on any route
+            surface = request.path.removeprefix("/v1/")
+            if surface in SURFACES:
+                self.collector.count(surface, request.error.http_status)
+            return error_response(request.error)
         try:
-            if request.error is not None:  # over the cap, or too slow to come
-                raise request.error
             route = resolve(self.routes, request)
         except VllmSrError as exc:
-            return route_error(exc)
+            return error_response(exc)
         return await route(request)
 
     async def sync_router(self) -> None:
@@ -181,8 +183,6 @@ class Frontend:
     async def _exchange(self, request: Request, surface: str, path: str) -> Response:
         if not self.service.admitting:
             raise Unavailable("the service is stopping", retry_after_s=1.0)
-        if request.error is not None:  # over the cap, or too slow to come
-            raise request.error
         body = request.body
         timeout_ms = caller_timeout_ms(request)
         pool = self.directory.resolve(model_of(body))

@@ -23,6 +23,7 @@ import logging
 import math
 from typing import Any
 
+from vllm_sr import httpserver
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import (
     InvalidRequest,
@@ -46,11 +47,12 @@ H_FALLBACK = "x-vsr-routing-fallback"
 
 
 def error_response(exc: VllmSrError) -> Response:
-    headers = {}
+    """The server's JSON error answer, with Retry-After in whole seconds when retrying helps."""
+    response = httpserver.error_response(exc)
     if isinstance(exc, Overloaded | Unavailable):
         retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
-        headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
-    return Response(json.dumps(exc.to_json()).encode(), exc.http_status, headers=headers)
+        response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
+    return response
 
 
 def parse_chat(raw: bytes) -> dict[str, Any]:

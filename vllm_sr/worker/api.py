@@ -19,13 +19,12 @@ import numpy
 from vllm_sr import jsonbody
 from vllm_sr.errors import (
     InvalidRequest,
-    MethodNotAllowed,
     NotFound,
     NotReady,
     Overloaded,
     VllmSrError,
 )
-from vllm_sr.httpserver import HttpServer, Request, Response, resolve
+from vllm_sr.httpserver import HttpServer, Request, Response, error_response, resolve
 from vllm_sr.worker import classify, jsonio, surfaces
 from vllm_sr.worker.classify import CentroidCache
 from vllm_sr.worker.engine import Engine, Faults, Job, Limits
@@ -105,11 +104,9 @@ def _json_response(body: Any, status: int = 200) -> Response:
 
 
 def _error_response(exc: VllmSrError) -> Response:
-    resp = _json_response(exc.to_json(), exc.http_status)
+    resp = error_response(exc)
     if isinstance(exc, Overloaded):
         resp.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-    if isinstance(exc, MethodNotAllowed):
-        resp.headers["Allow"] = ", ".join(exc.details["allowed"])
     return resp
 
 
