@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import numpy
 import pytest
@@ -106,6 +107,21 @@ def test_truncation_keeps_the_closing_special_token() -> None:
     assert tok.truncate([101, 5, 6, 7, 8, 102], 4) == [101, 5, 6, 102]
     assert tok.truncate([5, 6, 7, 8], 2) == [5, 6]
     assert tok.truncate([101, 5, 102], 8) == [101, 5, 102]
+
+
+def test_the_adapter_gives_the_ids_the_hf_tokenizer_gives(d3_edge_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(d3_edge_model_dir, local_files_only=True)
+    texts = [
+        "my card was charged twice",
+        "Café déjà vu: naïve façade, 東京 and 🙂 emoji",
+        "  spaces\tand\nnewlines  ",
+        " ".join(["a long text of many words to cut into word pieces"] * 60),
+    ]
+    want = hf(texts, add_special_tokens=True, truncation=False, padding=False)["input_ids"]
+    assert TokenizerAdapter(hf).encode(texts) == [list(ids) for ids in want]
+    assert len(want[3]) > hf.model_max_length  # not cut: the API decides on truncation
 
 
 @pytest.mark.parametrize(("budget", "threads"), [(1, 1), (2, 1), (3, 1), (8, 4), (64, 16)])

@@ -171,11 +171,16 @@ class TokenizerAdapter:
             backend.no_padding()
             backend.no_truncation()
         self._backend = backend
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets, which nothing
+        # here reads: about a fifth less time for a ~100-token text.
+        self._encode_batch = (
+            None if backend is None else getattr(backend, "encode_batch_fast", backend.encode_batch)
+        )
         self.special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []))
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        if self._backend is not None:
-            return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=True)]
+        if self._encode_batch is not None:
+            return [e.ids for e in self._encode_batch(texts, add_special_tokens=True)]
         out = self._hf(texts, add_special_tokens=True, truncation=False, padding=False)
         return [list(ids) for ids in out["input_ids"]]
 
