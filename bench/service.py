@@ -268,6 +268,7 @@ class Conn(asyncio.Protocol):
         self.end = -1  # where the answer ends in ``buf``, once its head is in
         self.status = 0
         self.waiter: asyncio.Future[int] | None = None
+        self.lost: Exception | None = None  # why the connection can take no more requests
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -278,10 +279,16 @@ class Conn(asyncio.Protocol):
         self.buf.clear()
         self.end = -1
         self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(REQUEST_HEAD % len(body) + body)
+        if self.lost is not None:
+            self.waiter.set_exception(self.lost)
+        else:
+            self.transport.write(REQUEST_HEAD % len(body) + body)
         return self.waiter
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None or self.waiter.done():  # nobody asked: the stream is out of step
+            self._fail(ConnectionError("bytes after an answer"))
+            return
         self.buf += data
         if self.end < 0:
             head_end = self.buf.find(b"\r\n\r\n")
@@ -305,8 +312,12 @@ class Conn(asyncio.Protocol):
         self._fail(exc or ConnectionError("the service closed the connection"))
 
     def _fail(self, exc: Exception) -> None:
+        """End the connection: the request in flight, and any later one, fail with ``exc``."""
+        self.lost = self.lost or exc
         if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc)
+            self.waiter.set_exception(self.lost)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
 
 
 def bodies(texts: list[str]) -> list[bytes]:
@@ -371,17 +382,16 @@ def forward_totals(port: int) -> dict[str, float]:
 
 def service_cell(proc: Any, port: int, texts: list[str], c: int, seconds: float) -> dict[str, Any]:
     pids = worker_pids(port)
-    client_before = proc_cpu(os.getpid())
     before = (proc_cpu(proc.pid), [thread_cpu(p) for p in pids])
     forwards_before = forward_totals(port)
-    t0 = time.perf_counter()
+    t0, client_before = time.perf_counter(), time.process_time()
     result: dict[str, Any] = aio.run(load(port, texts, c, seconds))
     wall = time.perf_counter() - t0
+    result["cpu_client"] = (time.process_time() - client_before) / wall
     forwards = {k: v - forwards_before[k] for k, v in forward_totals(port).items()}
     result["rows_per_forward"] = forwards["rows"] / max(forwards["forwards"], 1)
     result["padded_per_row"] = forwards["padded"] / max(forwards["rows"], 1)
     after = (proc_cpu(proc.pid), [thread_cpu(p) for p in pids])
-    result["cpu_client"] = (proc_cpu(os.getpid()) - client_before) / wall
     result["cpu_frontend"] = (after[0] - before[0]) / wall
     result["cpu_workers"] = [
         {k: (a[k] - b[k]) / wall for k in ("forward", "rest")}
