@@ -12,7 +12,9 @@ ceiling, and where the CPU went (from /proc): this process (the load generator, 
 cores), the frontend process, and each worker's forward thread and its other threads. It also
 prints c=1 p50 against a bare batch-of-one forward (back to back, the target's basis; and with
 the two loops taking turns, as c=1 requests take turns between the workers) and c=64 p99
-against the median forward of a full batch (issue 16's targets).
+against the median forward of a full batch (issue 16's targets). At c=1 it also reads each
+answer's Server-Timing (the worker's marks, passed on by the frontend) and splits the p50:
+outside the worker's handler, tokenizing, the forward, the rest of the handler.
 
 A mixed cell (short and long texts alternating, c = 32 and 64) measures padding: padded tokens
 per row in the workers' forwards (from their /metrics) against the real tokens per row sent;
@@ -262,11 +264,13 @@ class Conn(asyncio.Protocol):
     the generator, on the same two cores, takes as little of them as a small C client would
     (asyncio's streams took about 0.4 ms of CPU per request at c=1, as much as the frontend)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timing: bool = False) -> None:
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.end = -1  # where the answer ends in ``buf``, once its head is in
         self.status = 0
+        self.timing = timing  # read the worker's Server-Timing marks (c=1 only: it costs CPU)
+        self.marks: dict[str, float] = {}
         self.waiter: asyncio.Future[int] | None = None
         self.lost: Exception | None = None  # why the connection can take no more requests
 
@@ -303,6 +307,8 @@ class Conn(asyncio.Protocol):
             length = int(head[at + 17 : line_end if line_end >= 0 else None])
             self.status = int(head[9:12])
             self.end = head_end + 4 + length
+            if self.timing:
+                self.marks = server_timing(head)
         if len(self.buf) > self.end:
             self._fail(ConnectionError("bytes after the answer"))
         elif len(self.buf) == self.end and self.waiter is not None and not self.waiter.done():
@@ -320,6 +326,21 @@ class Conn(asyncio.Protocol):
             self.transport.close()
 
 
+def server_timing(head: bytes) -> dict[str, float]:
+    """The ``Server-Timing`` marks of an answer's (lower-cased) head, in milliseconds:
+    ``parse;dur=0.021, tokenize;dur=0.140, ...`` -> {"parse": 0.021, "tokenize": 0.14, ...}."""
+    at = head.find(b"\r\nserver-timing:")
+    if at < 0:
+        return {}
+    line_end = head.find(b"\r\n", at + 2)
+    marks = {}
+    for part in head[at + 16 : line_end if line_end >= 0 else None].split(b","):
+        name, _, dur = part.strip().partition(b";dur=")
+        if dur:
+            marks[name.decode()] = float(dur)
+    return marks
+
+
 def bodies(texts: list[str]) -> list[bytes]:
     """Each text's JSON body up to its request number: ``numbered(texts, n)``'s body is
     ``bodies(texts)[n % len(texts)] + b"%d\"}" % n`` (json.dumps of a dict per request cost
@@ -327,11 +348,17 @@ def bodies(texts: list[str]) -> list[bytes]:
     return [json.dumps({"input": f"{t} #"}).encode()[:-2] for t in texts]
 
 
-async def load(port: int, texts: list[str], concurrency: int, seconds: float) -> dict[str, float]:
+async def load(port: int, texts: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    conns = [(await loop.create_connection(Conn, "127.0.0.1", port))[1] for _ in range(concurrency)]
+    timing = concurrency == 1
+
+    def conn() -> Conn:
+        return Conn(timing)
+
+    conns = [(await loop.create_connection(conn, "127.0.0.1", port))[1] for _ in range(concurrency)]
     heads = bodies(texts)
     latencies: list[float] = []
+    marks: list[dict[str, float]] = []
     stop_at = 0.0
 
     async def client(conn: Conn) -> None:
@@ -344,10 +371,13 @@ async def load(port: int, texts: list[str], concurrency: int, seconds: float) ->
             if await conn.post(body) != 200:
                 raise RuntimeError("the service answered an error")
             latencies.append(time.perf_counter() - t0)
+            if timing:
+                marks.append({**conn.marks, "client": latencies[-1] * 1000})
 
     stop_at = time.perf_counter() + 0.5  # warm every connection
     await asyncio.gather(*(client(c) for c in conns))
     latencies.clear()
+    marks.clear()
     start = time.perf_counter()
     stop_at = start + seconds
     await asyncio.gather(*(client(c) for c in conns))
@@ -360,6 +390,30 @@ async def load(port: int, texts: list[str], concurrency: int, seconds: float) ->
         "rows_s": len(latencies) / elapsed,
         "p50_ms": latencies[len(latencies) // 2] * 1000,
         "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        **({"split": c1_split(marks)} if timing else {}),
+    }
+
+
+def c1_split(marks: list[dict[str, float]]) -> dict[str, float]:
+    """Medians over the requests of a c=1 cell, in ms: the time outside the worker's handler
+    (load generator, frontend, the worker's server), and inside it tokenizing, the forward
+    (from the first forward that took the request's rows to its answer), and the rest (parse,
+    queue, the hand-offs between the loop and the forward thread, JSON)."""
+
+    marks = [m for m in marks if "total" in m]
+    if not marks:  # no Server-Timing came back
+        return {}
+
+    def median(f: Any) -> float:
+        return statistics.median(f(m) for m in marks)
+
+    return {
+        "outside": median(lambda m: m["client"] - m["total"]),
+        "tokenize": median(lambda m: m.get("tokenize", 0.0)),
+        "forward": median(lambda m: m.get("forward", 0.0)),
+        "handler_rest": median(
+            lambda m: m["total"] - m.get("forward", 0.0) - m.get("tokenize", 0.0)
+        ),
     }
 
 
@@ -466,6 +520,16 @@ def summary(rows: list[dict[str, Any]]) -> None:
             f"{one['ceiling']['batch1_ms']:.1f} ms + {added:.1f} ms (target <= 2 ms; with the "
             f"two loops taking turns, as c=1 requests do between the workers, the bare forward "
             f"took {alternating:.1f} ms: + {one['p50_ms'] - alternating:.1f} ms)"
+        )
+        split = one["split"]
+        if not split:
+            print("  c1 split: no Server-Timing came back")
+            continue
+        print(
+            f"  c1 split (medians, ms): outside the worker's handler {split['outside']:.2f}; "
+            f"in it, tokenizing {split['tokenize']:.2f}, the forward {split['forward']:.2f} "
+            f"(bare: {one['ceiling']['batch1_ms']:.2f} back to back, {alternating:.2f} taking "
+            f"turns), the rest {split['handler_rest']:.2f}"
         )
     for top in (r for r in rows if r["input"] == "mixed"):
         real = top["ceiling"]["row_tokens"]
