@@ -150,11 +150,9 @@ class Ceiling:
     ) -> dict[str, float]:
         """Rows/s of both loops at once; ``batch1`` and ``full`` add the forward times the
         c=1 and c=64 targets compare with (only those cells ask: they cost seconds)."""
-        for p in self.procs:
-            assert p.stdin is not None
-            p.stdin.write(json.dumps({"texts": texts, "seconds": seconds, "full": full}) + "\n")
-            p.stdin.flush()
-        answers = [json.loads(p.stdout.readline()) for p in self.procs if p.stdout]
+        for i in range(len(self.procs)):  # both loops start before either is read
+            self._send(i, {"texts": texts, "seconds": seconds, "full": full})
+        answers = [self._read(i) for i in range(len(self.procs))]
         one_ms = alternating_ms = math.nan
         if batch1:  # the batch-of-one forward alone (the other loop idle), as at c=1
             one_ms = self._ask(0, {"batch1": texts})["batch1_ms"]
@@ -168,13 +166,21 @@ class Ceiling:
             "batches": [a["batch"] for a in answers],
         }
 
-    def _ask(self, i: int, cmd: dict[str, Any]) -> dict[str, Any]:
-        proc = self.procs[i]
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps(cmd) + "\n")
-        proc.stdin.flush()
-        answer: dict[str, Any] = json.loads(proc.stdout.readline())
+    def _send(self, i: int, cmd: dict[str, Any]) -> None:
+        stdin = self.procs[i].stdin
+        assert stdin is not None
+        stdin.write(json.dumps(cmd) + "\n")
+        stdin.flush()
+
+    def _read(self, i: int) -> dict[str, Any]:
+        stdout = self.procs[i].stdout
+        assert stdout is not None
+        answer: dict[str, Any] = json.loads(stdout.readline())
         return answer
+
+    def _ask(self, i: int, cmd: dict[str, Any]) -> dict[str, Any]:
+        self._send(i, cmd)
+        return self._read(i)
 
     def alternating_batch1(self, texts: str, forwards: int = 40) -> float:
         """Median batch-of-one forward when the two loops take turns, one forward at a time,
