@@ -74,6 +74,9 @@ def test_sysusers_and_tmpfiles() -> None:
     assert re.search(r"^m vllm-sr render$", sysusers, re.M)
     tmpfiles = (SYSTEMD / "vllm-sr.tmpfiles").read_text()
     assert re.search(r"^d /var/lib/vllm-sr 0750 vllm-sr vllm-sr", tmpfiles, re.M)
+    # The artifacts_dir default, which the .deb's postinst creates through tmpfiles.
+    default = str(ServiceSettings().artifacts_dir)
+    assert re.search(rf"^d {default} 0750 vllm-sr vllm-sr", tmpfiles, re.M)
 
 
 needs_analyze = pytest.mark.skipif(
