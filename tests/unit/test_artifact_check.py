@@ -158,3 +158,22 @@ def test_serve_dry_run_refuses_before_anything_starts(
     install(root, "Vela-2.0-4B")
     code, out, err = run(argv, capsys)
     assert code == 0 and "primary-1" in out, err
+
+
+def test_a_reload_naming_an_artifact_that_cannot_load_is_refused(tmp_path: Path) -> None:
+    """serve's planner (start and every SIGHUP reload) runs the same check."""
+    from vllm_sr.errors import ConfigError
+    from vllm_sr.supervisor.service import config_planner
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(PAGE_OUTLIER_EXAMPLE.replace("rocm:0", "cpu").replace("rocm:1", "cpu"))
+    root = tmp_path / "artifacts"
+    plan = config_planner(cfg, root)
+    with pytest.raises(ConfigError) as info:
+        plan()
+    assert info.value.exit_code == EXIT_DO_NOT_RESTART
+    (problem,) = info.value.problems
+    assert info.value.message == problem  # what a refused reload's reload_failed says
+    assert problem.startswith(f"{cfg}:6: ") and "deployment 'primary' cannot load here" in problem
+    install(root, "Vela-2.0-4B")
+    assert [s.id for s in plan().deployments["primary"].replicas] == ["primary-0", "primary-1"]

@@ -39,4 +39,5 @@ def check_artifacts(config: RootConfig, text: str, source: str, artifacts_dir: P
         return
     doc = parse_document(text, source)
     rendered = [render_problem(source, doc, p) for p in problems]
-    raise ConfigError(f"{source}: {len(rendered)} problem(s)", rendered)
+    # The message carries the problems too: a refused reload's reload_failed reason is it.
+    raise ConfigError("; ".join(rendered), rendered)
