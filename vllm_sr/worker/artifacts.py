@@ -79,7 +79,7 @@ def artifacts_dir(env: Mapping[str, str] | None = None) -> Path:
 def installed_path(artifact: str, root: Path) -> Path | None:
     """``root/NAME`` for an artifact named ``vllm-sr/NAME``; None for any other form."""
     name = artifact.removeprefix(INSTALLED_PREFIX)
-    if name == artifact or not _INSTALLED_NAME.match(name) or name in (".", ".."):
+    if name == artifact or not _INSTALLED_NAME.match(name):
         return None
     return root / name
 
