@@ -56,3 +56,35 @@ async def test_the_learner_reaches_ctl_threads_and_the_inventory(
             ctl, capture_output=True, text=True, env=run_env, timeout=60, check=True
         ).stdout
         assert "mode 1" in text and "adaptive threads off" not in text, text
+
+
+async def test_a_recorded_drift_retires_a_restarted_worker_in_ctl_threads(
+    tmp_path: Path, tiny_bert_dir: Path
+) -> None:
+    """Issue 30: this host's record says a count drifted, so a mode-1 worker (as after a
+    restart) reports "retired (recorded drift)" at once, with the file to remove to relearn."""
+    from vllm_sr.worker.threads_record import HostRecords, host_facts
+
+    records = HostRecords(tmp_path / "records", host_facts())
+    records.drifted([1, 2], "2 threads drifted from the answer at 1 on bucket 5-8")
+    env = {
+        "VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1",
+        "VLLM_SR_THREADS_RECORD_DIR": str(records.directory),
+    }
+    flags = (str(tiny_bert_dir), "-e", "--platform", "cpu")
+    async with serve(tmp_path / "config.yaml", *flags, env=env) as svc:
+        report: Any = None
+        deadline = time.monotonic() + 30
+        while report is None:
+            assert time.monotonic() < deadline, svc.log.read_text()[-3000:]
+            await asyncio.sleep(0.1)
+            report = (await svc.inventory())["deployments"][0]["replicas"][0]["adaptive_threads"]
+        assert report["state"] == "retired" and report["recorded_drift"] is True
+        assert report["shadow_passes"] == 0
+        ctl = [sys.executable, "-m", "vllm_sr.cli", "ctl", "threads", "--socket", str(svc.control)]
+        run_env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+        text = subprocess.run(
+            ctl, capture_output=True, text=True, env=run_env, timeout=60, check=True
+        ).stdout
+        assert "state retired (recorded drift)" in text, text
+        assert f"host record: {records.path}" in text and "remove that file to relearn" in text

@@ -144,6 +144,9 @@ def test_package_installs_enabled_and_standalone(installed: Container) -> None:
     assert passwd[5:] == ["/var/lib/vllm-sr", "/usr/sbin/nologin"]
     groups = c.run(["id", "-nG", "vllm-sr"]).stdout.split()
     assert {"vllm-sr", "render", "video"} <= set(groups)
+    # The packaged artifacts_dir default exists (models installed offline go there).
+    owner = c.run(["stat", "-c", "%U:%G %a", "/var/lib/vllm-sr/artifacts"]).stdout.strip()
+    assert owner == "vllm-sr:vllm-sr 750"
     conffiles = c.run(["dpkg-query", "-W", "-f=${Conffiles}", "vllm-sr"]).stdout
     assert "/etc/vllm-sr/config.yaml" in conffiles and "/etc/vllm-sr/vllm-sr.toml" in conffiles
     probe = (

@@ -1,4 +1,5 @@
-"""Artifact resolution: the built-in name, local directories, and clear refusals (exit 78)."""
+"""Artifact resolution: the built-in name, vllm-sr/NAME under the artifacts directory, local
+directories, and clear refusals (exit 78)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from vllm_sr.config.service import ServiceSettings
 from vllm_sr.errors import EXIT_DO_NOT_RESTART, ArtifactError
 from vllm_sr.worker.artifacts import (
+    ARTIFACTS_DIR_ENV,
     BUILTINS,
     D3_EDGE,
+    DEFAULT_ARTIFACTS_DIR,
+    artifacts_dir,
     content_hashes,
+    installed_path,
     resolve,
     revision_mismatch,
     revision_of,
@@ -138,3 +144,75 @@ def test_builtin_revision_is_the_content_hash_of_its_directory() -> None:
     whole, weights = content_hashes(spec.path)
     assert revision_of(whole).startswith("sha256:") and len(revision_of(whole)) == 23
     assert weights == weights_sha256(spec.path)
+
+
+# -- vllm-sr/NAME under the artifacts directory (issue 30) ----------------------------------
+
+
+def test_an_installed_name_resolves_under_the_artifacts_directory(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts"
+    make_dir(root / "Vela-2.0-4B", config={"model_type": "bert"})
+    spec = resolve("vllm-sr/Vela-2.0-4B", root)
+    assert spec.path == (root / "Vela-2.0-4B").resolve()
+    assert spec.name == "vllm-sr/Vela-2.0-4B" and not spec.builtin
+
+
+def test_the_workers_artifacts_directory_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ARTIFACTS_DIR_ENV, raising=False)
+    assert artifacts_dir() == DEFAULT_ARTIFACTS_DIR == Path("/var/lib/vllm-sr/artifacts")
+    assert ServiceSettings().artifacts_dir == DEFAULT_ARTIFACTS_DIR  # one packaged default
+    make_dir(tmp_path / "Vela-2.0-4B", config={})
+    monkeypatch.setenv(ARTIFACTS_DIR_ENV, str(tmp_path))
+    assert artifacts_dir() == tmp_path
+    assert resolve("vllm-sr/Vela-2.0-4B").path == (tmp_path / "Vela-2.0-4B").resolve()
+
+
+def test_a_missing_installed_name_names_every_place_looked_in(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    with pytest.raises(ArtifactError) as info:
+        resolve("vllm-sr/Vela-2.0-4B", root)
+    msg = info.value.message
+    assert "'vllm-sr/Vela-2.0-4B' is not accepted" in msg
+    assert f"{root / 'Vela-2.0-4B'} (artifacts directory: no such directory)" in msg
+    assert f"{Path('vllm-sr/Vela-2.0-4B').absolute()} (local directory: no such directory)" in msg
+    assert f"installed under the artifacts directory {root}" in msg and D3_EDGE in msg
+    assert info.value.exit_code == EXIT_DO_NOT_RESTART
+
+
+def test_an_installed_name_without_a_model_says_what_it_lacks(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArtifactError, match=r"has no config\.json"):
+        resolve("vllm-sr/empty", tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ArtifactError, match=r"artifacts directory: not a directory"):
+        resolve("vllm-sr/file", tmp_path)
+
+
+@pytest.mark.parametrize("artifact", ["vllm-sr/..", "vllm-sr/a/b", "vllm-sr/.hidden", "other/x"])
+def test_only_one_plain_name_is_looked_up_in_the_artifacts_directory(
+    tmp_path: Path, artifact: str
+) -> None:
+    root = tmp_path / "artifacts"
+    make_dir(root / "a" / "b", config={})
+    make_dir(root / ".hidden", config={})
+    make_dir(root / "x", config={})
+    assert installed_path(artifact, root) is None
+    with pytest.raises(ArtifactError) as info:
+        resolve(artifact, root)
+    assert "(artifacts directory:" not in info.value.message
+
+
+def test_builtins_win_and_installed_names_win_over_relative_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "artifacts"
+    make_dir(root / "d3-edge", config={})
+    assert resolve(D3_EDGE, root).builtin
+    make_dir(root / "m", config={"from": "artifacts"})
+    make_dir(tmp_path / "cwd" / "vllm-sr" / "m", config={"from": "cwd"})
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert resolve("vllm-sr/m", root).config == {"from": "artifacts"}
+    assert resolve("vllm-sr/m", tmp_path / "nothing-here").config == {"from": "cwd"}

@@ -4,6 +4,7 @@ is tested in tests/system."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -74,6 +75,9 @@ def test_sysusers_and_tmpfiles() -> None:
     assert re.search(r"^m vllm-sr render$", sysusers, re.M)
     tmpfiles = (SYSTEMD / "vllm-sr.tmpfiles").read_text()
     assert re.search(r"^d /var/lib/vllm-sr 0750 vllm-sr vllm-sr", tmpfiles, re.M)
+    # The artifacts_dir default, which the .deb's postinst creates through tmpfiles.
+    default = str(ServiceSettings().artifacts_dir)
+    assert re.search(rf"^d {default} 0750 vllm-sr vllm-sr", tmpfiles, re.M)
 
 
 needs_analyze = pytest.mark.skipif(
@@ -106,3 +110,24 @@ def test_security_exposure_at_most_3() -> None:
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d)", out.stdout)
     assert m, out.stdout[-500:] + out.stderr[-500:]
     assert float(m.group(1)) <= 3.0
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-tmpfiles") is None or os.geteuid() != 0,
+    reason="needs systemd-tmpfiles and root (it chowns to the service account)",
+)
+def test_tmpfiles_creates_the_artifacts_dir_for_the_service(tmp_path: Path) -> None:
+    """What the .deb's postinst runs (`systemd-tmpfiles --create vllm-sr.conf`), into a scratch
+    root whose passwd/group hold the account sysusers makes."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text("vllm-sr:x:998:998::/var/lib/vllm-sr:/bin/false\n")
+    (tmp_path / "etc" / "group").write_text("vllm-sr:x:998:\n")
+    subprocess.run(
+        ["systemd-tmpfiles", "--create", f"--root={tmp_path}", str(SYSTEMD / "vllm-sr.tmpfiles")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    made = tmp_path / str(ServiceSettings().artifacts_dir).lstrip("/")
+    st = made.stat()
+    assert made.is_dir() and (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (998, 998, 0o750)

@@ -26,7 +26,13 @@ from vllm_sr.worker.learner import (
     identical,
 )
 from vllm_sr.worker.policy import policy_from_env
-from vllm_sr.worker.threads import ENV_ADAPTIVE, FixedThreads, ThreadContext, batch_tokens
+from vllm_sr.worker.threads import (
+    ENV_ADAPTIVE,
+    FixedThreads,
+    ThreadContext,
+    batch_tokens,
+    worker_cpu_budget,
+)
 from vllm_sr.worker.threads_record import ENV_RECORD_DIR, HostFacts, HostRecords
 
 SHORT = [[7] * 10]  # 10 padded tokens: bucket 9-16
@@ -443,3 +449,33 @@ def test_report_text_lives_apart_from_the_worker() -> None:
     from vllm_sr.worker import threads
 
     assert threads.format_report is format_report
+
+
+# -- the allowed counts follow the planner's CPU budget (issue 30) ---------------------------
+
+
+def test_the_learner_is_bounded_by_the_cgroup_quota_not_the_affinity(tmp_path: Path) -> None:
+    """2 configured threads on a 64-CPU host under a 4-CPU quota explore 1, 2, 4: not up to 64."""
+    root, proc = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    (root / "svc").mkdir(parents=True)
+    (root / "svc" / "cpu.max").write_text("400000 100000\n")
+    proc.write_text("0::/svc\n")
+    measure = {"cgroup_root": root, "proc_cgroup": proc, "machine_cpus": 64}
+    budget = worker_cpu_budget(affinity=range(64), **measure)
+    assert budget == 4
+    assert AdaptiveThreads(1, 2, budget).allowed == [1, 2, 4]
+    # Pinned to exactly its 2 configured CPUs, 2 is its ceiling (docs/adaptive-threads.md).
+    assert AdaptiveThreads(1, 2, worker_cpu_budget(affinity=[5, 6], **measure)).allowed == [1, 2]
+
+
+def test_a_worker_measures_its_budget_the_way_the_planner_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_sr.placement import cpu
+    from vllm_sr.worker.main import WorkerOptions, build_state
+
+    monkeypatch.setattr(cpu, "cgroup_quota_cpus", lambda *a: 1)  # a 1-CPU quota
+    env = {ENV_ADAPTIVE: "1", ENV_RECORD_DIR: str(tmp_path)}
+    state = build_state(WorkerOptions("vllm-sr/d3-edge", threads=1), env)
+    report = state.policy.report()
+    assert report is not None and report["budget"] == 1 and report["allowed"] == [1]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
+import numpy
 import pytest
 
 from tests.unit.test_threads import make, run_until
@@ -166,3 +168,61 @@ def test_ctl_threads_text_shows_the_setting_and_a_fallback(tmp_path: Path) -> No
     policy.golden_passed()
     run_until(engine, lambda: policy.report()["state"] == "learned")  # type: ignore[index]
     assert "to apply: threads: 4 on the deployment" in format_report(policy.report())
+
+
+# -- a drift the record keeps retires every later start, mode 1 too (issue 30) --------------
+
+
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_a_restarted_worker_on_a_drifted_host_is_retired_at_once(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from vllm_sr.control.threads_report import format_report
+
+    # The first worker drifts in mode 1 and writes the record...
+    records = HostRecords(tmp_path, FACTS)
+    first, engine, _ = make(1, drift=lambda threads, n: threads == 4, records=records)
+    first.golden_passed()
+    run_until(engine, lambda: first.retired)
+    # ...the restarted one (same host) explores nothing: retired before its golden check.
+    env = {ENV_ADAPTIVE: mode, ENV_RECORD_DIR: str(tmp_path)}
+    with caplog.at_level(logging.WARNING, logger="vllm_sr.worker.threads"):
+        policy = policy_from_env(2, 4, env, facts=lambda: FACTS)
+    assert isinstance(policy, AdaptiveThreads) and policy.retired and policy.mode == 1
+    assert "retired at start" in caplog.text and str(records.path) in caplog.text
+    report = policy.report()
+    assert report is not None and report["state"] == "retired" and report["recorded_drift"]
+    assert str(records.path) in report["retire_reason"] and "remove" in report["retire_reason"]
+    assert "4 threads drifted" in report["retire_reason"]
+    policy.golden_passed()
+    passes: list[int] = []
+
+    def rerun(n: int) -> Any:
+        passes.append(n)
+        raise AssertionError("a retired learner runs no pass")
+
+    for rows in ([[1] * 10], [[2] * 100]):
+        assert policy.threads_for(len(rows[0])) == 2
+        policy.after_forward(rows, numpy.zeros((1, 2)), 2, 0.01, rerun)
+    assert passes == [] and policy.report()["shadow_passes"] == 0  # type: ignore[index]
+    text = format_report(policy.report())
+    assert "state retired (recorded drift)" in text
+    assert f"host record: {records.path}" in text
+    # Removing the record is how to relearn.
+    records.path.unlink()
+    again = policy_from_env(
+        2, 4, {ENV_ADAPTIVE: "1", ENV_RECORD_DIR: str(tmp_path)}, facts=lambda: FACTS
+    )
+    assert isinstance(again, AdaptiveThreads) and not again.retired
+    assert again.report()["state"] == "exploring"  # type: ignore[index]
+
+
+def test_another_hosts_drift_does_not_retire_this_one(tmp_path: Path) -> None:
+    HostRecords(tmp_path, FACTS).drifted([1, 2], "elsewhere")
+    other = HostFacts(FACTS.cpu_model, "2.6.0+cpu", FACTS.kernel)  # torch upgraded: new record
+    policy = policy_from_env(
+        2, 4, {ENV_ADAPTIVE: "1", ENV_RECORD_DIR: str(tmp_path)}, facts=lambda: other
+    )
+    assert isinstance(policy, AdaptiveThreads) and not policy.retired
+    assert HostRecords(tmp_path, other).recorded_drift() is None
+    assert HostRecords(tmp_path, FACTS).recorded_drift() == "elsewhere"

@@ -17,6 +17,7 @@ from vllm_sr.config.flags import add_deployment_flags, flags_from_args
 from vllm_sr.errors import ConfigError
 from vllm_sr.placement.allocation import describe_devices
 from vllm_sr.placement.apply import ApplyResult, apply_flags
+from vllm_sr.placement.artifacts import check_artifacts
 from vllm_sr.placement.planner import real_inventory
 from vllm_sr.placement.render import render_result
 
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             help=f"default {DEFAULT_CONFIG_PATH}",
         )
         q.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_artifact_flags(v)
     v.set_defaults(func=_validate)
     s.set_defaults(func=_show)
     a = verbs.add_parser(
@@ -53,7 +55,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "starts nothing. --dry-run prints the change instead of writing it.",
     )
     add_deployment_flags(a)
+    _add_artifact_flags(a)
     a.set_defaults(func=_apply)
+
+
+def _add_artifact_flags(q: argparse.ArgumentParser) -> None:
+    """Where a worker would look for vllm-sr/NAME: the same host settings `serve` reads."""
+    q.add_argument(
+        "--service-config",
+        metavar="PATH",
+        help="host settings TOML whose artifacts_dir is checked (default "
+        "/etc/vllm-sr/vllm-sr.toml; all defaults when absent)",
+    )
+    q.add_argument(
+        "--artifacts-dir",
+        metavar="DIR",
+        help="where vllm-sr/NAME models are installed (overrides the host settings; default "
+        "/var/lib/vllm-sr/artifacts)",
+    )
+
+
+def _artifacts_dir(args: argparse.Namespace) -> Path:
+    from vllm_sr.config.service import load_service_settings
+
+    overrides = {"artifacts_dir": args.artifacts_dir}
+    return load_service_settings(args.service_config, overrides).artifacts_dir
 
 
 def _read(path: Path) -> str:
@@ -69,8 +95,11 @@ def _read(path: Path) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """Schema and rules first; then, of a valid file, whether every artifact loads here."""
     try:
-        config = parse_config(_read(args.config), str(args.config))
+        text = _read(args.config)
+        config = parse_config(text, str(args.config))
+        check_artifacts(config, text, str(args.config), _artifacts_dir(args))
     except ConfigError as exc:
         if not args.json:
             raise
@@ -124,6 +153,8 @@ def print_apply_result(result: ApplyResult, *, dry_run: bool, as_json: bool) -> 
 
 def _apply(args: argparse.Namespace) -> int:
     flags = flags_from_args(args)
-    result = apply_flags(flags.config_path, flags, dry_run=flags.dry_run)
+    result = apply_flags(
+        flags.config_path, flags, dry_run=flags.dry_run, artifacts_dir=_artifacts_dir(args)
+    )
     print_apply_result(result, dry_run=flags.dry_run, as_json=flags.json)
     return 0

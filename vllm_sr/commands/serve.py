@@ -15,6 +15,7 @@ from pathlib import Path
 log = logging.getLogger("vllm_sr.serve")
 
 WORKER_ARGV_ENV = "VLLM_SR_WORKER_ARGV"
+ARTIFACTS_DIR_ENV = "VLLM_SR_ARTIFACTS_DIR"  # the same name as vllm_sr.worker.artifacts
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +33,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     host.add_argument("--listen", metavar="HOST:PORT", help="frontend address (127.0.0.1:8080)")
     host.add_argument("--control-socket", metavar="PATH", help="control API Unix socket")
     host.add_argument("--runtime-dir", metavar="DIR", help="sockets; workers in DIR/workers/")
+    host.add_argument(
+        "--artifacts-dir",
+        metavar="DIR",
+        help="where vllm-sr/NAME models are installed (default /var/lib/vllm-sr/artifacts)",
+    )
     host.add_argument(
         "--log-format",
         choices=("auto", "text", "json", "journald"),
@@ -55,13 +61,18 @@ def _run(args: argparse.Namespace) -> int:
             "listen": args.listen,
             "control_socket": args.control_socket,
             "runtime_dir": args.runtime_dir,
+            "artifacts_dir": args.artifacts_dir,
             "ready_timeout_s": args.ready_timeout,
         },
     )
     config_path = Path(args.config)
-    if not _apply_flags(args, config_path):  # --dry-run printed the plan
+    # Another worker command (tests, debugging) resolves artifacts its own way.
+    override = os.environ.get(WORKER_ARGV_ENV)
+    artifacts_dir = None if override else settings.artifacts_dir
+    if not _apply_flags(args, config_path, artifacts_dir):  # --dry-run printed the plan
         return 0
-    planner = config_planner(config_path)
+    os.environ[ARTIFACTS_DIR_ENV] = str(settings.artifacts_dir)  # the workers inherit it
+    planner = config_planner(config_path, artifacts_dir)
     planner()  # refuse a bad config or plan before anything starts (exit 78)
     log_format = args.log_format or settings.log_format
     if log_format != "auto":
@@ -69,7 +80,6 @@ def _run(args: argparse.Namespace) -> int:
     setup_logging("serve", log_format=log_format)
     _threads_record_dir(settings.state_dir)
     # Tests (and debugging) may run another worker command; the default is `vllm-sr worker`.
-    override = os.environ.get(WORKER_ARGV_ENV)
     options = ServeOptions(
         settings=settings,
         announce=_announce,
@@ -87,15 +97,18 @@ def _threads_record_dir(state_dir: Path) -> None:
         os.environ.setdefault("VLLM_SR_THREADS_RECORD_DIR", str(state_dir / "threads"))
 
 
-def _apply_flags(args: argparse.Namespace, config_path: Path) -> bool:
-    """Write what the flags say into config.yaml (the same code path as `config apply`) and
-    show the plan. False on --dry-run: nothing written, nothing to start."""
+def _apply_flags(args: argparse.Namespace, config_path: Path, artifacts_dir: Path | None) -> bool:
+    """Write what the flags say into config.yaml (the same code path as `config apply`, which
+    refuses an artifact that cannot load here) and show the plan. False on --dry-run: nothing
+    written, nothing to start."""
     from vllm_sr.config import flags
     from vllm_sr.placement import apply
     from vllm_sr.placement.render import render_result
 
     requested = flags.flags_from_args(args)
-    result = apply.apply_flags(config_path, requested, dry_run=requested.dry_run)
+    result = apply.apply_flags(
+        config_path, requested, dry_run=requested.dry_run, artifacts_dir=artifacts_dir
+    )
     if requested.dry_run:
         print(render_result(result, dry_run=True, as_json=requested.json))
         return False

@@ -149,7 +149,8 @@ class Deployment(_Strict):
     """Who runs the workers; only model_runtime (vllm-sr's own workers) exists."""
 
     artifact: str = Field(default=DEFAULT_ARTIFACT, min_length=1, max_length=512)
-    """Model artifact: a built-in name such as vllm-sr/d3-edge, or a local directory."""
+    """Model artifact: a built-in name such as vllm-sr/d3-edge, vllm-sr/NAME for a model
+    installed under the artifacts directory (host setting artifacts_dir), or a local directory."""
 
     revision: str | None = Field(default=None, max_length=128)
     """Artifact revision; every replica uses the same one."""

@@ -44,6 +44,11 @@ class ServiceSettings(BaseModel):
     state_dir: Path = Path("/var/lib/vllm-sr")
     """Persistent state (learned thread counts, last good config)."""
 
+    artifacts_dir: Path = Path("/var/lib/vllm-sr/artifacts")
+    """Models installed offline: artifact vllm-sr/NAME loads the Hugging Face model directory
+    NAME here (copy it in; nothing is fetched at run time). Workers get it as
+    VLLM_SR_ARTIFACTS_DIR."""
+
     log_format: Literal["auto", "text", "json", "journald"] = "auto"
     """auto: journald fields under systemd, text on a terminal."""
 

@@ -21,8 +21,11 @@ def format_report(report: dict[str, Any] | None) -> str:
     """The report as lines of text; ``None`` (adaptive threads off) says so."""
     if report is None:
         return f"adaptive threads off ({ENV_ADAPTIVE} unset or 0)"
+    state = report["state"]
+    if state == "retired" and report.get("recorded_drift"):
+        state = "retired (recorded drift)"  # by the host record, before this worker explored
     lines = [
-        f"mode {report['mode']}  state {report['state']}  configured {report['configured']}  "
+        f"mode {report['mode']}  state {state}  configured {report['configured']}  "
         f"allowed {report['allowed']}  shadow passes {report['shadow_passes']} "
         f"({report['shadow_time_share']:.1%} of forward time)"
     ]

@@ -29,6 +29,7 @@ from vllm_sr.config.files import (
 from vllm_sr.config.flags import DeploymentFlags
 from vllm_sr.config.schema import MAX_REPLICAS, RootConfig
 from vllm_sr.errors import NotFound, UsageError
+from vllm_sr.placement.artifacts import check_artifacts
 from vllm_sr.placement.cpu import CpuBudget
 from vllm_sr.placement.planner import (
     InventoryProvider,
@@ -112,6 +113,7 @@ def _edit_and_finish(
     env: Mapping[str, str] | None,
     inventory: InventoryProvider | None,
     cpu_budget: CpuBudget | None,
+    artifacts_dir: Path | None = None,
 ) -> ApplyResult:
     path = Path(config_path)
     env = os.environ if env is None else env
@@ -128,6 +130,8 @@ def _edit_and_finish(
         notes = _edit_document(doc, current, name, edit, provider, env)
         new_text = dump_document(doc)
         config = parse_config(new_text, str(path))
+        if artifacts_dir is not None:
+            check_artifacts(config, new_text, str(path), artifacts_dir)
         result_plan = plan(config, env=env, inventory_provider=provider, cpu_budget=cpu_budget)
         result_plan.notes[:0] = notes
         changed = (new_text != old_text) or not existed
@@ -152,9 +156,12 @@ def apply_flags(
     env: Mapping[str, str] | None = None,
     inventory: InventoryProvider | None = None,
     cpu_budget: CpuBudget | None = None,
+    artifacts_dir: Path | None = None,
 ) -> ApplyResult:
     """Write what the flags describe into the canonical resource (the decision model's
-    deployment) and plan it. MODEL alone keeps replicas and engine arguments."""
+    deployment) and plan it. MODEL alone keeps replicas and engine arguments. With
+    ``artifacts_dir``, an artifact a worker could not load here is refused (ConfigError) and
+    nothing is written."""
     edit = _Edit(
         deployment=None,
         artifact=flags.model,
@@ -173,6 +180,7 @@ def apply_flags(
         env=env,
         inventory=inventory,
         cpu_budget=cpu_budget,
+        artifacts_dir=artifacts_dir,
     )
 
 

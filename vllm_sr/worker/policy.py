@@ -5,6 +5,8 @@
 - 1: the learner (mode 1), writing this host's record when it finishes without a drift.
 - 2: mode 2 only when this host's record vouches for every count it may serve; otherwise
   mode 1 with a warning naming the missing record (mode 1 then writes it).
+- 1 or 2 on a host whose record says a count drifted: retired from the start ("recorded
+  drift"), serving the configured count, until the record is removed.
 """
 
 from __future__ import annotations
@@ -55,6 +57,22 @@ def policy_from_env(
             )
             log.warning("%s", fallback)
             mode = 1
+    drift = records.recorded_drift()
+    recorded = None
+    if drift is not None:
+        recorded = (
+            f"recorded drift: the record at {records.path} says a count drifted on this host "
+            f"({drift}); remove that file to relearn"
+        )
+        log.warning("adaptive threads retired at start: %s", recorded)
     return AdaptiveThreads(
-        mode, configured, budget, emit=emit, clock=clock, records=records, fallback=fallback
+        mode,
+        configured,
+        budget,
+        emit=emit,
+        clock=clock,
+        records=records,
+        fallback=fallback,
+        recorded_drift=recorded,
+        record_path=str(records.path),
     )

@@ -164,6 +164,16 @@ def process_context() -> ThreadContext:
         return _PROCESS_CONTEXT
 
 
+def worker_cpu_budget(**measure: Any) -> int:
+    """This worker's CPU budget by the planner's rules (``placement.cpu.measure_cpu_budget``):
+    the smallest of its affinity, the cgroup CPU quota and the machine. It bounds the learner's
+    allowed counts: affinity alone ignores a container's quota, so 2 configured threads on a
+    64-CPU host with a 4-CPU quota would explore up to 64. ``measure`` is for tests."""
+    from vllm_sr.placement.cpu import measure_cpu_budget
+
+    return measure_cpu_budget(**measure).cpus
+
+
 def parse_mode(env: Mapping[str, str]) -> int:
     """0 (off), 1 (learn and report) or 2 (also serve learned counts). Unset or empty is 0."""
     raw = env.get(ENV_ADAPTIVE)
@@ -188,4 +198,5 @@ __all__ = [
     "format_report",
     "parse_mode",
     "process_context",
+    "worker_cpu_budget",
 ]

@@ -3,7 +3,9 @@ bit-identity across counts a record vouches for (docs/adaptive-threads.md).
 
 Mode 1, when every bucket it saw is learned without a drift, writes (or widens) this host's
 record: CPU model, torch version, kernel version, the counts checked and the result. Any drift
-seen in mode 1 or 2 writes ``drifted``, which no later ``bit-identical`` write undoes. A record
+seen in mode 1 or 2 writes ``drifted``, which no later ``bit-identical`` write undoes, and which
+retires the learning of every later worker start on this host (mode 1 too) until the file is
+removed: one count that drifts on a host retires the learning there for good. A record
 is one JSON file per host identity in ``VLLM_SR_THREADS_RECORD_DIR`` (default
 ``$XDG_STATE_HOME/vllm-sr``, else ``~/.local/state/vllm-sr``).
 """
@@ -107,6 +109,13 @@ class HostRecords:
         if missing:
             return f"the record at {where} never checked counts {missing}"
         return None
+
+    def recorded_drift(self) -> str | None:
+        """The record's detail when this host's record says ``drifted``; else None."""
+        doc = self.read()
+        if doc is None or doc.get("host") != self._host() or doc.get("result") != DRIFTED:
+            return None
+        return str(doc.get("detail") or "a count drifted")
 
     def learned(self, counts: Iterable[int], buckets: Iterable[str]) -> None:
         """Mode 1 finished learning without a drift: widen (or start) the record, unless it
