@@ -21,9 +21,17 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from vllm_sr.config.routing_providers import (
+    BackendRef,
+    ModelPricing,
+    ProviderDefaults,
+    ProviderModel,
+    ProviderReliability,
+    Providers,
+    ReasoningFamily,
+)
 from vllm_sr.config.routing_rules import (
     check_routing,
-    providers_problems,
     routing_local_problems,
     routing_problems,
 )
@@ -31,7 +39,17 @@ from vllm_sr.config.routing_rules import (
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
 
-__all__ = ["check_routing", "routing_problems"]
+__all__ = [
+    "BackendRef",
+    "ModelPricing",
+    "ProviderDefaults",
+    "ProviderModel",
+    "ProviderReliability",
+    "Providers",
+    "ReasoningFamily",
+    "check_routing",
+    "routing_problems",
+]
 
 DEFAULT_AUTO_MODEL_NAMES = ("vllm-sr/auto", "auto")
 DEFAULT_BM25_THRESHOLD = 0.1
@@ -48,62 +66,6 @@ def _raise_first(problems: list[Problem]) -> None:
 
     if problems:
         raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
-
-
-# -- providers ------------------------------------------------------------------------------
-
-
-class BackendRef(_Strict):
-    endpoint: str | None = Field(default=None, max_length=300)
-    """An OpenAI-compatible server as HOST:PORT (plain http; the API lives under /v1)."""
-
-    base_url: str | None = Field(default=None, max_length=2000)
-    """Or the server's API root as a URL, e.g. https://host/v1 (chat goes to
-    BASE_URL/chat/completions)."""
-
-    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    """Name of the environment variable holding the Bearer token sent to this backend; the
-    token is read at startup and never written to logs or the config."""
-
-    def api_base(self) -> str:
-        """The API root without a trailing slash: http://HOST:PORT/v1 or base_url."""
-        if self.base_url is not None:
-            return self.base_url.rstrip("/")
-        return f"http://{self.endpoint}/v1"
-
-
-class ProviderModel(_Strict):
-    name: str = Field(min_length=1, max_length=128, pattern=r"^\S+$")
-    """The model's name: what decisions' modelRefs and callers' ``model`` use."""
-
-    provider_model_id: str | None = Field(default=None, min_length=1, max_length=256)
-    """The model name the backend expects in ``model`` (default: name)."""
-
-    backend_refs: list[BackendRef] = Field(min_length=1, max_length=64)
-    """The servers that serve this model; a request goes to a healthy one."""
-
-    @property
-    def backend_model(self) -> str:
-        return self.provider_model_id or self.name
-
-
-class ProviderDefaults(_Strict):
-    default_model: str = Field(min_length=1, max_length=128)
-    """The model used when no decision matches, the chosen decision's models are all down,
-    or routing itself fails (signals' deployment down or full)."""
-
-
-class Providers(_Strict):
-    defaults: ProviderDefaults
-    """Defaults for routing (default_model)."""
-
-    models: list[ProviderModel] = Field(min_length=1, max_length=256)
-    """The LLMs chat requests can go to, each with its OpenAI-compatible backends."""
-
-    @model_validator(mode="after")
-    def _rules(self) -> Providers:
-        _raise_first(providers_problems(self.model_dump(by_alias=True, exclude_none=True)))
-        return self
 
 
 # -- signals --------------------------------------------------------------------------------

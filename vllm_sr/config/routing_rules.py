@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr.config.routing_providers import providers_problems
+
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
 
 MAX_RULE_DEPTH = 16
-ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:[0-9]{1,5}$")
-BASE_URL_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 # YAML list key under routing.signals for each rule leaf type.
 SIGNAL_LIST = {"keyword": "keywords", "embedding": "embeddings", "domain": "domains"}
 
@@ -50,57 +50,6 @@ def _duplicates(items: list[Any], base: Path, what: str) -> list[Problem]:
 
 def format_index(base: Path, i: int) -> str:
     return f"{base[-1]}[{i}]"
-
-
-def providers_problems(providers: Any) -> list[Problem]:
-    """Rules inside ``providers:``: duplicate model names, default_model unknown, a backend
-    ref with both or neither of endpoint / base_url or a malformed one."""
-    prov = _dict(providers)
-    models = _list(prov.get("models"))
-    base: Path = ("providers", "models")
-    problems = _duplicates(models, base, "model")
-    for i, model in enumerate(models):
-        for j, ref in enumerate(_list(_dict(model).get("backend_refs"))):
-            problems += _backend_ref_problems((*base, i, "backend_refs", j), _dict(ref))
-    names = [m["name"] for m in models if isinstance(_dict(m).get("name"), str)]
-    default = _dict(prov.get("defaults")).get("default_model")
-    if isinstance(default, str) and names and default not in names:
-        problems.append(
-            _problem(
-                ("providers", "defaults", "default_model"),
-                f"{default!r} names no model; accepted: one of {', '.join(names)}",
-            )
-        )
-    return problems
-
-
-def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:
-    endpoint, base_url = ref.get("endpoint"), ref.get("base_url")
-    if (endpoint is None) == (base_url is None):
-        return [
-            _problem(
-                path,
-                "a backend ref needs exactly one of endpoint or base_url; accepted: "
-                "{endpoint: HOST:PORT} or {base_url: http(s)://HOST[:PORT]/v1}",
-            )
-        ]
-    if isinstance(endpoint, str) and not ENDPOINT_RE.match(endpoint):
-        return [
-            _problem(
-                (*path, "endpoint"),
-                f"{endpoint!r} is not HOST:PORT; accepted: e.g. 127.0.0.1:8000 "
-                "(use base_url for a URL)",
-            )
-        ]
-    if isinstance(base_url, str) and not BASE_URL_RE.match(base_url):
-        return [
-            _problem(
-                (*path, "base_url"),
-                f"{base_url!r} is not a URL; accepted: http(s)://HOST[:PORT][/PATH], "
-                "e.g. https://api.example.com/v1",
-            )
-        ]
-    return []
 
 
 def routing_local_problems(routing: Any) -> list[Problem]:
