@@ -5,6 +5,7 @@ problem at its YAML path saying "not supported by vllm-sr" and what is supported
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +13,21 @@ from pydantic import ValidationError
 
 from vllm_sr.config.files import parse_document, to_plain
 from vllm_sr.config.problems import format_path
-from vllm_sr.config.routing import BackendRef, Providers, routing_problems
+from vllm_sr.config.routing import (
+    BackendRef,
+    Decision,
+    KeywordSignal,
+    Providers,
+    Routing,
+    RuleLeaf,
+    Signals,
+    effective_algorithm,
+    looper_would_run,
+    routing_problems,
+)
 from vllm_sr.config.routing_base import NOT_SUPPORTED
+from vllm_sr.config.routing_rules import routing_local_problems
+from vllm_sr.config.routing_support import DEFAULT_LOOPER_ENDPOINT, LOOPER_TYPES, looper_problems
 
 # upstream config/config.yaml's providers, minus what vllm-sr refuses (see the refusal test)
 PROVIDERS = textwrap.dedent(
@@ -200,3 +214,349 @@ def test_backend_ref_field_errors() -> None:
     found = problems_of(doc)
     assert "needs endpoint or base_url" in found["providers.models[1].backend_refs[0]"]
     assert "also used by backend_refs[0]" in found["providers.models[1].backend_refs[1].name"]
+
+
+# -- upstream's own fragments: each loads, or is refused by name ----------------------------
+
+FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_fragments"
+SUPPORTED_SIGNAL_DIRS = {
+    "authz",
+    "context",
+    "conversation",
+    "domain",
+    "keyword",
+    "language",
+    "metadata",
+    "structure",
+}
+# fragment folder -> the routing.signals list it fills (refused families)
+REFUSED_SIGNAL_DIRS = {
+    "classifier": "classifiers",
+    "complexity": "complexity",
+    "event": "events",
+    "fact-check": "fact_check",
+    "jailbreak": "jailbreak",
+    "kb": "kb",
+    "modality": "modality",
+    "pii": "pii",
+    "preference": "preferences",
+    "reask": "reasks",
+    "user-feedback": "user_feedbacks",
+}
+
+
+def fragment(rel: str) -> dict[str, Any]:
+    doc = to_plain(parse_document((FRAGMENTS / rel).read_text(), rel))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def fragments(kind: str) -> list[str]:
+    return sorted(str(p.relative_to(FRAGMENTS)) for p in (FRAGMENTS / kind).rglob("*.yaml"))
+
+
+def local(routing: Any) -> dict[str, str]:
+    return {format_path(p.path): p.message for p in routing_local_problems(routing)}
+
+
+def test_every_upstream_signal_fragment_is_here() -> None:
+    dirs = {p.parent.name for p in (FRAGMENTS / "signal").rglob("*.yaml")}
+    assert dirs == SUPPORTED_SIGNAL_DIRS | set(REFUSED_SIGNAL_DIRS) | {"embedding"}
+
+
+@pytest.mark.parametrize("rel", fragments("signal"))
+def test_signal_fragments_load_or_are_refused_by_family(rel: str) -> None:
+    family_dir = Path(rel).parts[1]
+    routing = fragment(rel)["routing"]
+    found = local(routing)
+    if family_dir in SUPPORTED_SIGNAL_DIRS or rel == "signal/embedding/support.yaml":
+        assert found == {}
+        Routing.model_validate(routing)  # the typed model takes it unchanged
+    elif family_dir == "embedding":  # image-routing: query_modality image
+        assert set(found) == {
+            f"routing.signals.embeddings[{i}].query_modality"
+            for i in range(len(routing["signals"]["embeddings"]))
+        }
+        assert all(NOT_SUPPORTED in m and "supported: text" in m for m in found.values())
+    else:
+        family = REFUSED_SIGNAL_DIRS[family_dir]
+        assert list(found) == [f"routing.signals.{family}"]
+        message = found[f"routing.signals.{family}"]
+        assert f"the signal family {family!r} is {NOT_SUPPORTED}" in message
+        assert "supported: keywords, embeddings, domains, context" in message
+        # the family's fields are typed all the same: a typo is an unknown key, not a refusal
+        sig = dict(routing["signals"][family][0], nmae="x")
+        with pytest.raises(ValidationError, match="extra"):
+            Signals.model_validate({family: [sig]})
+
+
+def test_decision_fragments_load_or_refuse_their_leaf_types() -> None:
+    refused = {}
+    for rel in fragments("decision"):
+        routing = fragment(rel)["routing"]
+        found = local(routing)
+        assert all(NOT_SUPPORTED in m for m in found.values()), rel
+        refused[rel] = sorted(found)
+    assert refused == {
+        "decision/and/urgent-business.yaml": [],
+        "decision/composite/priority-safe-escalation.yaml": [
+            "routing.decisions[0].rules.conditions[1].conditions[1].type",
+            "routing.decisions[0].rules.conditions[2].conditions[0].type",
+        ],
+        "decision/not/exclude-jailbreak.yaml": ["routing.decisions[0].rules.conditions[0].type"],
+        "decision/or/business-or-law.yaml": [],
+        "decision/single/domain-business.yaml": [],
+        "decision/single/domain-computer-science.yaml": [],
+    }
+    composite = local(fragment("decision/composite/priority-safe-escalation.yaml")["routing"])
+    assert (
+        "the rule leaf type 'complexity'"
+        in (composite["routing.decisions[0].rules.conditions[1].conditions[1].type"])
+    )
+    ok = fragment("decision/single/domain-business.yaml")["routing"]["decisions"][0]
+    assert Decision.model_validate(ok).model_refs[0].use_reasoning is False
+
+
+def with_algorithm(algorithm: dict[str, Any], refs: int = 2) -> dict[str, Any]:
+    return {
+        "name": "d",
+        "rules": {"operator": "AND", "conditions": [{"type": "keyword", "name": "k"}]},
+        "modelRefs": [{"model": f"m{i}"} for i in range(refs)],
+        "algorithm": algorithm,
+    }
+
+
+@pytest.mark.parametrize("rel", fragments("algorithm"))
+def test_algorithm_fragments(rel: str) -> None:
+    doc = fragment(rel)
+    if "routing" in doc:  # selection/prompt.yaml is a whole decision
+        decision = doc["routing"]["decisions"][0]
+        algo = decision["algorithm"]
+    else:
+        algo = doc["algorithm"]
+        decision = with_algorithm(algo)
+    kind = algo["type"]
+    found = local({"decisions": [decision]})
+    if kind == "static":
+        assert found == {}
+        assert effective_algorithm(Decision.model_validate(decision)) == ("static", "selected")
+    elif kind in LOOPER_TYPES:
+        assert found == {}  # accepted; whether it runs depends on the looper endpoint
+        parsed = Decision.model_validate(decision)
+        no_endpoint = {"integrations": {"looper": {"endpoint": ""}}}
+        algorithm, status = effective_algorithm(parsed, no_endpoint)
+        assert algorithm == kind
+        assert status in ("execution_required", "planned_final")
+        with pytest.raises(ValueError, match=NOT_SUPPORTED):
+            effective_algorithm(parsed, None)  # upstream's default endpoint: it would run
+        refused = looper_problems({"decisions": [decision]}, "http://looper:8899/v1")
+        assert [format_path(p.path) for p in refused] == ["routing.decisions[0].algorithm.type"]
+        assert "'http://looper:8899/v1'" in refused[0].message
+        assert looper_problems({"decisions": [decision]}, "") == []
+    else:
+        assert list(found) == ["routing.decisions[0].algorithm.type"]
+        message = found["routing.decisions[0].algorithm.type"]
+        assert f"the algorithm {kind!r} is {NOT_SUPPORTED}; supported: static" in message
+
+
+def test_looper_statuses_and_when_upstream_runs_them_as_static() -> None:
+    no_endpoint = {"integrations": {"looper": {"endpoint": ""}}}
+    fusion = Decision.model_validate(
+        with_algorithm({"type": "fusion", "fusion": {"model": "m0"}}, refs=1)
+    )
+    assert effective_algorithm(fusion, no_endpoint) == ("fusion", "planned_final")
+    remom = with_algorithm({"type": "remom", "remom": {"breadth_schedule": [2]}}, refs=1)
+    assert effective_algorithm(remom, no_endpoint) == ("remom", "execution_required")
+    # confidence and ratings need more than one modelRef to run: with one, static even with
+    # an endpoint (as upstream), and not refused
+    one = with_algorithm({"type": "confidence"}, refs=1)
+    assert not looper_would_run(one, DEFAULT_LOOPER_ENDPOINT)
+    assert effective_algorithm(one, None) == ("confidence", "execution_required")
+    assert looper_would_run(with_algorithm({"type": "remom"}, refs=1), DEFAULT_LOOPER_ENDPOINT)
+    assert effective_algorithm({"name": "d"}, None) == ("static", "selected")
+
+
+def test_algorithm_shapes_upstream_rejects() -> None:
+    found = local(
+        {
+            "decisions": [
+                with_algorithm({"type": "Static"}),
+                with_algorithm({"type": "elo"}),
+                with_algorithm({"type": "static", "remom": {"breadth_schedule": [2]}}),
+                with_algorithm({"type": "remom", "fusion": {"model": "m0"}}),
+            ]
+        }
+    )
+    assert (
+        "'Static' is not an algorithm (lowercase)" in found["routing.decisions[0].algorithm.type"]
+    )
+    assert "'elo' was removed upstream" in found["routing.decisions[1].algorithm.type"]
+    assert "accepted: no block" in found["routing.decisions[2].algorithm.remom"]
+    assert "accepted: only a remom block" in found["routing.decisions[3].algorithm.fusion"]
+    assert not any(NOT_SUPPORTED in m for m in found.values())
+
+
+@pytest.mark.parametrize("rel", fragments("plugin"))
+def test_plugin_fragments_are_refused_by_type(rel: str) -> None:
+    doc = fragment(rel)
+    plugins = doc["plugins"] if "plugins" in doc else [doc["plugin"]]
+    decision = {"name": "d", "plugins": plugins}
+    Decision.model_validate(decision)  # the shape is accepted
+    found = local({"decisions": [decision]})
+    assert found == {
+        f"routing.decisions[0].plugins[{j}].type": (
+            f"the plugin {plugin['type']!r} is {NOT_SUPPORTED}; supported: (none yet)"
+        )
+        for j, plugin in enumerate(plugins)
+    }
+
+
+# -- decisions: upstream's fields ------------------------------------------------------------
+
+
+def test_decision_fields_rules_tier_and_metadata() -> None:
+    dec = Decision.model_validate(
+        {
+            "name": "d",
+            "tier": 2,
+            "rules": {},
+            "annotations": {"owner": "team-a"},
+            "emits": [{"kind": "retention", "retention": {"keep_current_model": True}}],
+            "output_contract": "answer with one word",
+            "candidateIterations": [{"variable": "m", "source": "modelRefs"}],
+        }
+    )
+    assert dec.rules is None and dec.model_refs == [] and dec.tier == 2
+    leaf = Decision.model_validate(
+        {"name": "d", "rules": {"type": "Keyword", "name": "k", "predicate": {"gte": 1}}}
+    )
+    assert isinstance(leaf.rules, RuleLeaf)
+    assert leaf.rules.type == "keyword" and leaf.rules.predicate is not None
+    assert leaf.rules.predicate.gte == 1
+    with pytest.raises(ValidationError, match="at least one of gt, gte, lt, lte"):
+        RuleLeaf.model_validate({"type": "context", "name": "c", "predicate": {}})
+    with pytest.raises(ValidationError, match="both gt and gte"):
+        RuleLeaf.model_validate({"type": "context", "name": "c", "predicate": {"gt": 1, "gte": 2}})
+    with pytest.raises(ValidationError):
+        RuleLeaf.model_validate({"type": "keyword", "name": "k", "on_error": "explode"})
+    with pytest.raises(ValidationError, match="extra"):
+        Decision.model_validate({"name": "d", "learning": {}})
+
+
+def test_decision_refusals_and_leaf_rules() -> None:
+    routing = {
+        "decisions": [
+            {
+                "name": "d",
+                "rules": {
+                    "operator": "OR",
+                    "conditions": [
+                        {"type": "keyword", "name": "k", "label": "x"},
+                        {"type": "pii", "name": "p", "on_error": "match"},
+                    ],
+                },
+                "adaptations": {"mode": "apply"},
+                "emits": [
+                    {"kind": "retention", "retention": {"drop": True}},
+                    {"kind": "retention", "retention": {"ttl_turns": 3}},
+                    {"kind": "retention", "retention": {"prefer_prefix_retention": True}},
+                ],
+                "annotations": {"a": 1},
+            }
+        ]
+    }
+    found = local(routing)
+    d0 = "routing.decisions[0]"
+    assert "label only on classifier leaves" in found[f"{d0}.rules.conditions[0].label"]
+    assert "on_error only on classifier leaves" in found[f"{d0}.rules.conditions[1].on_error"]
+    assert "the rule leaf type 'pii' is not supported" in found[f"{d0}.rules.conditions[1].type"]
+    assert "Router Learning" in found[f"{d0}.adaptations"]
+    assert NOT_SUPPORTED in found[f"{d0}.emits[0].retention.drop"]
+    assert NOT_SUPPORTED in found[f"{d0}.emits[1].retention.ttl_turns"]
+    assert not any(p.startswith(f"{d0}.emits[2]") for p in found)
+    assert not any(p.startswith(f"{d0}.annotations") for p in found)
+    with pytest.raises(ValidationError, match=NOT_SUPPORTED):
+        Routing.model_validate(routing)
+
+
+def test_keyword_upstream_defaults_and_fuzzy() -> None:
+    sig = KeywordSignal.model_validate(
+        {
+            "name": "k",
+            "keywords": ["a"],
+            "bm25_threshold": 0,
+            "ngram_threshold": 0,
+            "ngram_arity": 0,
+        }
+    )
+    assert sig.method is None  # upstream's literal keywords
+    assert (sig.bm25_threshold, sig.ngram_threshold, sig.ngram_arity) == (0.1, 0.4, 3)
+    assert (sig.fuzzy_match, sig.fuzzy_threshold) == (False, 2)
+    fuzzy = KeywordSignal.model_validate(
+        {"name": "k", "keywords": ["a"], "fuzzy_match": True, "fuzzy_threshold": 1}
+    )
+    assert fuzzy.fuzzy_match and fuzzy.fuzzy_threshold == 1
+    with pytest.raises(ValidationError):
+        KeywordSignal.model_validate({"name": "k", "keywords": ["a"], "fuzzy_threshold": -1})
+    with pytest.raises(ValidationError):
+        KeywordSignal.model_validate({"name": "k", "keywords": ["a"], "ngram_arity": 1})
+    # only method regex compiles keywords as patterns; literals may hold any character
+    found = local({"signals": {"keywords": [{"name": "k", "keywords": ["c++("]}]}})
+    assert found == {}
+    found = local({"signals": {"keywords": [{"name": "k", "method": "regex", "keywords": ["("]}]}})
+    assert "is not a regular expression" in found["routing.signals.keywords[0].keywords[0]"]
+
+
+def test_cross_references_of_the_new_families_cards_and_loras() -> None:
+    doc = providers_doc()
+    doc["routing"] = {
+        "modelCards": [
+            {"name": "qwen3-8b", "loras": [{"name": "qwen3-8b-sql"}], "tags": ["fast"]},
+            {"name": "qwen3-32b", "param_size": "32B", "quality_score": 0.9},
+        ],
+        "signals": {
+            "context": [{"name": "long", "min_tokens": "8K", "max_tokens": "1M"}],
+            "role_bindings": [
+                {"name": "admins", "role": "admin", "subjects": [{"kind": "Group", "name": "ops"}]}
+            ],
+        },
+        "decisions": [
+            {
+                "name": "d",
+                "rules": {
+                    "operator": "AND",
+                    "conditions": [
+                        {"type": "context", "name": "long"},
+                        {"type": "authz", "name": "admin"},
+                        {"type": "authz", "name": "admins"},
+                        {"type": "metadata", "name": "tier"},
+                    ],
+                },
+                "modelRefs": [
+                    {"model": "qwen3-8b", "lora_name": "qwen3-8b-sql", "reasoning_effort": "high"},
+                    {"model": "qwen3-32b", "lora_name": "nope"},
+                ],
+            }
+        ],
+    }
+    found = problems_of(doc)
+    rules = "routing.decisions[0].rules.conditions"
+    assert set(found) == {
+        f"{rules}[2].name",
+        f"{rules}[3].name",
+        "routing.decisions[0].modelRefs[1].lora_name",
+    }
+    assert (
+        "role 'admins' is not declared under routing.signals.role_bindings"
+        in (found[f"{rules}[2].name"])
+    )
+    assert "accepted: one of admin" in found[f"{rules}[2].name"]
+    assert "(no metadata signals)" in found[f"{rules}[3].name"]
+    assert (
+        "not a LoRA of model card 'qwen3-32b'"
+        in found["routing.decisions[0].modelRefs[1].lora_name"]
+    )
+    routing = Routing.model_validate(doc["routing"] | {"decisions": []})
+    assert routing.lora_base("qwen3-8b-sql") == "qwen3-8b"
+    doc["routing"]["modelCards"].pop()
+    assert "is not a routing.modelCards name" in problems_of(doc)["providers.models[1].name"]
