@@ -163,7 +163,7 @@ def test_what_vllm_sr_does_not_act_on_is_refused_by_name() -> None:
     small = doc["providers"]["models"][0]
     small["api_format"] = "anthropic"
     small["reliability"] = {
-        "lb_policy": "least_request",
+        "lb_policy": "least_request",  # acted on by router/backends.py
         "retry_count": 2,
         "retry_on": "connect-failure",
         "health_check_interval": "10s",
@@ -180,7 +180,6 @@ def test_what_vllm_sr_does_not_act_on_is_refused_by_name() -> None:
     m0 = "providers.models[0]"
     refused = {
         f"{m0}.api_format": "supported: openai",
-        f"{m0}.reliability.lb_policy": "supported: round_robin",
         f"{m0}.reliability.retry_count": "supported: 0",
         f"{m0}.reliability.retry_on": "supported: vllm-sr's own backend health",
         f"{m0}.reliability.health_check_interval": "supported: vllm-sr's own backend health",

@@ -6,8 +6,9 @@ Field names and meanings follow the upstream vLLM Semantic Router (``C/canonical
 (reasoning_family, provider_model_id, external_model_ids, api_format, pricing, reliability,
 backend_refs[]). What vllm-sr does not act on is refused by name (see routing_base): Anthropic
 wire format, provider profiles other than OpenAI-compatible ones, chat_path / api_version /
-extra_headers, the Envoy data-plane settings under ``reliability`` that would change retries or
-health, and models with no backend."""
+extra_headers, the Envoy settings under ``reliability`` for retries, ejection and health
+checks, and models with no backend. ``router/backends.py`` acts on the rest (weights,
+lb_policy, credentials, the model name per backend type)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ class BackendRef(Strict):
     """The header carrying the credential (default Authorization)."""
 
     auth_prefix: str | None = Field(default=None, max_length=64)
-    """What precedes the key in that header (default ``Bearer``; empty: the bare key)."""
+    """What precedes the key in that header (default by provider: ``Bearer``; empty counts as
+    unset, as upstream)."""
 
     api_key: str | None = Field(default=None, min_length=1, max_length=4096)
     """The credential itself (wins over api_key_env). Never written to logs."""
@@ -169,12 +171,14 @@ class ModelPricing(Strict):
 
 
 class ProviderReliability(Strict):
-    """Upstream's Envoy data-plane settings. vllm-sr balances by ``backend_refs[].weight``,
-    does not retry, and runs its own health checks, so every field that would change those is
-    refused; ``lb_policy: round_robin`` and ``retry_count: 0`` are accepted."""
+    """Upstream's Envoy data-plane settings. vllm-sr acts on ``lb_policy``; it does not retry
+    and runs its own health checks, so the retry, ejection and health-check fields are refused
+    (``retry_count: 0`` is accepted)."""
 
     lb_policy: Literal["round_robin", "least_request"] | None = None
-    """Upstream: how Envoy spreads requests over the backends."""
+    """How chats spread over the model's healthy backends, by backend_refs[].weight:
+    least_request (and omitted): the fewest chats in flight per unit of weight first, a
+    weighted round robin breaking ties; round_robin: the plain weighted round robin."""
 
     retry_count: int = Field(default=0, ge=0, le=5)
     """Upstream: retries of a failed request (0-5)."""
@@ -365,15 +369,6 @@ def _model_problems(path: Path, model: dict[str, Any], families: dict[str, Any])
 
 def _reliability_problems(path: Path, rel: dict[str, Any]) -> list[Problem]:
     problems = []
-    if rel.get("lb_policy") == "least_request":
-        problems.append(
-            refusal(
-                (*path, "lb_policy"),
-                "lb_policy 'least_request'",
-                "round_robin (vllm-sr spreads chats over healthy backends by "
-                "backend_refs[].weight)",
-            )
-        )
     count = rel.get("retry_count")
     if isinstance(count, int) and count > 0:
         problems.append(
