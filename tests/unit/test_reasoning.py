@@ -5,12 +5,11 @@ caller's body left as it was."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from vllm_sr.config.routing import BackendRef, ProviderDefaults, ProviderModel
+from vllm_sr.config.routing import BackendRef, ModelRef, ProviderDefaults, ProviderModel
 from vllm_sr.router.reasoning import (
     apply_reasoning,
     dialect_of,
@@ -49,18 +48,10 @@ def model(family: str | None, **extra: Any) -> ProviderModel:
     )
 
 
-@dataclass(frozen=True)
-class Ref:
-    """A decision's modelRef as reasoning.py reads it."""
-
-    model: str
-    use_reasoning: bool | None = None
-    reasoning_effort: str | None = None
-    lora_name: str | None = None
-
-
-def ref(on: bool | None, effort: str | None = None, name: str = "m", **extra: Any) -> Ref:
-    return Ref(model=name, use_reasoning=on, reasoning_effort=effort, **extra)
+def ref(on: bool | None, effort: str | None = None, name: str = "m", **extra: Any) -> ModelRef:
+    """A decision's modelRef; ``on`` None leaves use_reasoning unset."""
+    fields = {"model": name, "use_reasoning": on, "reasoning_effort": effort, **extra}
+    return ModelRef.model_validate({k: v for k, v in fields.items() if v is not None})
 
 
 def shaped(

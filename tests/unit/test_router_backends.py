@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support.backends import StandInBackend
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import ModelRef, Providers, Routing
 from vllm_sr.httpserver import Request, Response
 from vllm_sr.router.backends import BackendHealth, BackendSet, weighted_pick
 from vllm_sr.router.chat import build_chat_router
@@ -325,13 +325,10 @@ async def test_a_real_backend_receives_the_reasoning_fields_and_the_loras_name(
         "reasoning_effort": "high",
     }
     sent = json.dumps(body)
-
-    class Ref:
-        model, lora_name, use_reasoning, reasoning_effort = "m", None, True, None
-
+    thinking = ModelRef(model="m", use_reasoning=True)
     try:
         backend = s.pick("m")
-        shaped = apply_reasoning(body, Ref(), provs.models[0], provs.defaults, backend.ref)
+        shaped = apply_reasoning(body, thinking, provs.models[0], provs.defaults, backend.ref)
         await s.proxy(backend, shaped, chat_request(), {})
         await s.proxy(backend, shaped, chat_request(), {}, upstream_model="math-lora")
     finally:
