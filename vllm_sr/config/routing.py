@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from vllm_sr.config.routing_base import Strict, raise_first
+from vllm_sr.config.routing_projections import Projections
 from vllm_sr.config.routing_providers import (
     BackendRef,
     ModelPricing,
@@ -39,7 +40,6 @@ from vllm_sr.config.routing_signals import (
     DomainSignal,
     EmbeddingSignal,
     KeywordSignal,
-    Projections,
     Signals,
 )
 from vllm_sr.config.routing_support import effective_algorithm, looper_would_run
