@@ -348,9 +348,12 @@ def test_algorithm_fragments(rel: str) -> None:
         assert status in ("execution_required", "planned_final")
         with pytest.raises(ValueError, match=NOT_SUPPORTED):
             effective_algorithm(parsed, None)  # upstream's default endpoint: it would run
+        assert looper_would_run(decision, "http://looper:8899/v1")
         refused = looper_problems({"decisions": [decision]}, "http://looper:8899/v1")
         assert [format_path(p.path) for p in refused] == ["routing.decisions[0].algorithm.type"]
+        assert NOT_SUPPORTED in refused[0].message
         assert "'http://looper:8899/v1'" in refused[0].message
+        assert not looper_would_run(decision, "")
         assert looper_problems({"decisions": [decision]}, "") == []
     else:
         assert list(found) == ["routing.decisions[0].algorithm.type"]
@@ -372,6 +375,8 @@ def test_looper_statuses_and_when_upstream_runs_them_as_static() -> None:
     assert not looper_would_run(one, DEFAULT_LOOPER_ENDPOINT)
     assert effective_algorithm(one, None) == ("confidence", "execution_required")
     assert looper_would_run(with_algorithm({"type": "remom"}, refs=1), DEFAULT_LOOPER_ENDPOINT)
+    analysis = with_algorithm({"type": "fusion", "fusion": {"analysis_models": ["a"]}}, refs=0)
+    assert looper_would_run(analysis, DEFAULT_LOOPER_ENDPOINT)
     assert effective_algorithm({"name": "d"}, None) == ("static", "selected")
 
 

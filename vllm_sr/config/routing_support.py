@@ -119,7 +119,7 @@ def looper_endpoint_of(global_: Any) -> str:
     else:
         looper_model = getattr(getattr(global_, "integrations", None), "looper", None)
         value = getattr(looper_model, "endpoint", DEFAULT_LOOPER_ENDPOINT)
-    return value.strip() if isinstance(value, str) else DEFAULT_LOOPER_ENDPOINT
+    return value if isinstance(value, str) else DEFAULT_LOOPER_ENDPOINT
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -141,11 +141,16 @@ def _ref_count(decision: Any) -> int:
 
 def looper_would_run(decision: Any, looper_endpoint: str) -> bool:
     """Upstream would run this decision's looper: a looper type, a non-empty endpoint and
-    enough modelRefs (remom, fusion, workflows: one; confidence, ratings: more than one).
+    enough models (remom, fusion, workflows: one modelRef, or fusion.analysis_models;
+    confidence, ratings: more than one modelRef). The config rules refuse such decisions
+    (:func:`looper_problems`).
     ``decision`` is a Decision or its raw mapping."""
     kind = _algorithm_type(decision)
     if kind not in LOOPER_TYPES or not looper_endpoint:
         return False
+    algo = _get(decision, "algorithm")
+    if kind == "fusion" and as_list(as_dict(_get(algo, "fusion")).get("analysis_models")):
+        return True  # fusion's own analysis models: it runs with no modelRefs
     return _ref_count(decision) >= (1 if kind in SINGLE_REF_LOOPERS else 2)
 
 
@@ -336,7 +341,7 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
 
 def looper_problems(routing: Any, looper_endpoint: str, base: Path = ("routing",)) -> list[Problem]:
     """A looper decision that upstream would run (a looper endpoint is configured and it has
-    enough modelRefs) is refused: vllm-sr runs no looper."""
+    enough models) is refused at its algorithm type: vllm-sr runs no looper."""
     problems = []
     for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
         if looper_would_run(as_dict(dec), looper_endpoint):
@@ -344,10 +349,10 @@ def looper_problems(routing: Any, looper_endpoint: str, base: Path = ("routing",
             problems.append(
                 refusal(
                     (*base, "decisions", i, "algorithm", "type"),
-                    f"the looper algorithm {kind!r} with a looper endpoint "
-                    f"(global.integrations.looper.endpoint {looper_endpoint!r}: upstream would "
-                    "call it)",
-                    ALGORITHMS_SUPPORTED,
+                    f"the {kind} looper (multi-call, through the looper endpoint "
+                    f"{looper_endpoint!r} of global.integrations.looper.endpoint)",
+                    'static; or set global.integrations.looper.endpoint: "" and vllm-sr runs it '
+                    "as static, as upstream does without a looper endpoint",
                 )
             )
     return problems
