@@ -445,6 +445,10 @@ def test_decision_fields_rules_tier_and_metadata() -> None:
         RuleLeaf.model_validate({"type": "keyword", "name": "k", "on_error": "explode"})
     with pytest.raises(ValidationError, match="extra"):
         Decision.model_validate({"name": "d", "learning": {}})
+    with pytest.raises(ValidationError, match="at most 32"):
+        Decision.model_validate({"name": "d", "annotations": {str(i): i for i in range(33)}})
+    with pytest.raises(ValidationError, match="at most 4096"):
+        Decision.model_validate({"name": "d", "annotations": {"note": "x" * 5000}})
 
 
 def test_decision_refusals_and_leaf_rules() -> None:

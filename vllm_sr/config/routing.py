@@ -17,6 +17,7 @@ The models run the rules that need nothing outside their own section and raise t
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -277,7 +278,7 @@ class Decision(Strict):
     """Declarative directives (retention)."""
 
     annotations: dict[str, Any] | None = None
-    """Metadata with no effect (at most 32 keys)."""
+    """Metadata with no effect (at most 32 keys, 4 KiB as JSON, as upstream)."""
 
     output_contract: str | None = Field(default=None, max_length=20000)
     """Upstream: looper prompt text (metadata when loopers run as static)."""
@@ -298,8 +299,13 @@ class Decision(Strict):
     @field_validator("annotations")
     @classmethod
     def _small(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and len(value) > 32:
+        if value is None:
+            return value
+        if len(value) > 32:
             raise ValueError(f"{len(value)} annotation keys; accepted: at most 32")
+        size = len(json.dumps(value, default=str).encode())
+        if size > 4096:
+            raise ValueError(f"annotations are {size} bytes as JSON; accepted: at most 4096")
         return value
 
 
