@@ -148,9 +148,11 @@ class ContextSignal(_Strict):
     description: str | None = Field(default=None, max_length=2000)
     """Free text for people."""
 
-    @field_validator("min_tokens", "max_tokens")
+    @field_validator("min_tokens", "max_tokens", mode="before")
     @classmethod
-    def _parses(cls, value: str | int | float | None) -> str | int | float | None:
+    def _parses(cls, value: object) -> object:
+        if value is not None and not isinstance(value, str | int | float):
+            raise ValueError(f"token count {value!r} is not a number or a string like 32K")
         parse_token_count(value)
         return value
 
