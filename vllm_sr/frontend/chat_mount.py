@@ -22,6 +22,7 @@ from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.route import AuthzOptions
 from vllm_sr.router.chat import ChatRouter, build_chat_router, engine_mode_chat, error_response
 
 log = logging.getLogger("vllm_sr.frontend")
@@ -34,6 +35,7 @@ class RouterPlan:
     providers: Providers | None
     routing: Routing | None
     decision_deployment: str
+    authz: AuthzOptions = AuthzOptions()
 
 
 class NoProviders(NotFound):
@@ -77,6 +79,7 @@ class ChatMount:
                 auto_model_names=list(plan.auto_model_names),
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
+                authz=plan.authz,
             )
             self.plan, self._backends = plan, backends
             self._warm = asyncio.ensure_future(self._warm_up(self.chat))
@@ -108,6 +111,14 @@ class ChatMount:
                 )
             )
         return await self.chat.handle_chat(request)
+
+    async def handle_eval(self, request: Request) -> Response:
+        """``/api/v1/eval``: Router mode's routing preview (no backend is called)."""
+        if self.plan is None or not self.plan.enabled:
+            return await engine_mode_chat(request)
+        if self.chat is None:
+            return error_response(NoProviders("routing needs providers: (docs/router.md)"))
+        return await self.chat.handle_eval(request)
 
     def models_data(self) -> list[dict[str, Any]]:
         return self.chat.models_data() if self.chat is not None else []

@@ -1,14 +1,23 @@
-"""``POST /v1/chat/completions`` and ``GET /v1/models`` of Router mode (``vllm_sr.httpserver``
-handlers).
+"""``POST /v1/chat/completions``, ``GET /v1/models`` and ``POST /api/v1/eval`` of Router mode
+(``vllm_sr.httpserver`` handlers).
 
 The flow: ``model`` is an auto name -> route (signals, decision, model); a providers model
-name -> that model's backend, no signals; anything else -> 404 ``model_not_found`` naming the
-known models. The chosen model's backend gets the body with only ``model`` rewritten; its
-answer comes back as it is (SSE streamed through). Answer headers say what was chosen:
+name -> that model's backend, no signals; anything else -> 400 ``model "X" is not available``
+(upstream's status and message). The chosen model's backend gets the body with ``model``
+rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py);
+its answer comes back as it is (SSE streamed through). Answer headers, as upstream names them:
 
 - ``x-vsr-selected-model``: the providers model name;
-- ``x-vsr-selected-decision``: the decision (absent when none matched or the model was named);
-- ``x-vsr-matched-signals``: the matched signals as ``type:name``, comma-separated;
+- ``x-vsr-selected-decision`` and ``x-vsr-selected-confidence`` (``%.4f``): the decision, when
+  one matched;
+- ``x-vsr-selected-algorithm``: ``single`` / ``static`` (a decision picked the model) or
+  ``default`` (no decision: ``default_model``);
+- with ``x-vsr-debug: true`` on the request: ``x-vsr-matched-<family>`` per signal family that
+  matched (``x-vsr-matched-keywords``, ``-context``, ...) and ``x-vsr-selected-reasoning``;
+
+and ours (upstream has nothing like them):
+
+- ``x-vsr-matched-signals``: every matched signal as ``type:name``, comma-separated;
 - ``x-vsr-routing-fallback``: present when the default model was used because routing could
   not decide (``signals:<error code>``: the signals' deployment was down, full, slow or
   answered badly; ``models_unhealthy``: the decision's models have no healthy backend).
@@ -25,25 +34,53 @@ from typing import Any
 
 from vllm_sr import httpserver
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.errors import (
-    InvalidRequest,
-    ModelNotFound,
-    NotFound,
-    Overloaded,
-    Unavailable,
-    VllmSrError,
-)
+from vllm_sr.errors import InvalidRequest, NotFound, Overloaded, Unavailable, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.questions import request_text
-from vllm_sr.router.route import Exchange, Router, RouteResult, RouterStats
+from vllm_sr.router import eval as route_eval
+from vllm_sr.router.backends import Backend, BackendSet
+from vllm_sr.router.reasoning import apply_reasoning, reasoning_enabled
+from vllm_sr.router.request_view import RequestView
+from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
 
 log = logging.getLogger("vllm_sr.router.chat")
 
 H_DECISION = "x-vsr-selected-decision"
 H_MODEL = "x-vsr-selected-model"
+H_CONFIDENCE = "x-vsr-selected-confidence"
+H_ALGORITHM = "x-vsr-selected-algorithm"
+H_REASONING = "x-vsr-selected-reasoning"
 H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
+H_DEBUG = "x-vsr-debug"
+# Rule-leaf type -> the debug header's family word (upstream's names).
+DEBUG_FAMILY = {
+    "keyword": "keywords",
+    "embedding": "embeddings",
+    "domain": "domains",
+    "fact_check": "fact-check",
+    "user_feedback": "user-feedback",
+    "reask": "reask",
+    "preference": "preference",
+    "language": "language",
+    "context": "context",
+    "structure": "structure",
+    "complexity": "complexity",
+    "modality": "modality",
+    "authz": "authz",
+    "jailbreak": "jailbreak",
+    "pii": "pii",
+    "kb": "kb",
+    "conversation": "conversation",
+    "event": "event",
+    "projection": "projections",
+}
+
+
+class ModelNotAvailable(InvalidRequest):
+    """A chat naming a model that is neither an auto name nor a configured model: upstream
+    answers 400 ``model "X" is not available`` (an ``invalid_request_error``)."""
+
+    code = "model_not_found"
 
 
 def error_response(exc: VllmSrError) -> Response:
@@ -52,6 +89,10 @@ def error_response(exc: VllmSrError) -> Response:
     if isinstance(exc, Overloaded | Unavailable):
         retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
         response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
+    if isinstance(exc, ModelNotAvailable):
+        doc = json.loads(response.body)
+        doc["error"]["type"] = "invalid_request_error"
+        response.body = json.dumps(doc).encode()
     return response
 
 
@@ -73,12 +114,28 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def answer_headers(result: RouteResult) -> dict[str, str]:
+def is_debug(headers: dict[str, str]) -> bool:
+    return headers.get(H_DEBUG, "").strip().lower() == "true"
+
+
+def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str]:
     headers = {H_MODEL: result.model, H_SIGNALS: ",".join(result.matched_signals)}
     if result.decision is not None:
         headers[H_DECISION] = result.decision
+        headers[H_CONFIDENCE] = f"{result.confidence or 0.0:.4f}"
+    if result.routed:
+        headers[H_ALGORITHM] = result.method
     if result.fallback is not None:
         headers[H_FALLBACK] = result.fallback
+    if debug:
+        families: dict[str, list[str]] = {}
+        for sig in result.matched_signals:
+            kind, _, name = sig.partition(":")
+            if kind in DEBUG_FAMILY:
+                families.setdefault(DEBUG_FAMILY[kind], []).append(name)
+        for family, names in families.items():
+            headers[f"x-vsr-matched-{family}"] = ",".join(names)
+        headers[H_REASONING] = "on" if reasoning_enabled(result.model_ref) else "off"
     return headers
 
 
@@ -94,6 +151,7 @@ class ChatRouter:
         self.backends = router.backends
         self.auto_model_names = list(auto_model_names)
         self.model_names = [m.name for m in router.providers.models]
+        self.provider_models = {m.name: m for m in router.providers.models}
 
     @property
     def stats(self) -> RouterStats:
@@ -103,6 +161,7 @@ class ChatRouter:
         return {
             "/v1/chat/completions": {"POST": self.handle_chat},
             "/v1/models": {"GET": self.handle_models},
+            "/api/v1/eval": {"POST": self.handle_eval},
         }
 
     async def handle_chat(self, request: Request) -> Response | StreamResponse:
@@ -110,25 +169,76 @@ class ChatRouter:
             if request.error is not None:
                 raise request.error
             body = parse_chat(request.body)
-            result = await self.resolve(body)
+            view = RequestView.from_chat(body, request.headers)
+            result = await self.resolve(body, view)
             backend = self.backends.pick(result.model)
-            return await self.backends.proxy(backend, body, request, answer_headers(result))
+            outgoing = self.outgoing_body(body, result, backend)
+            headers = answer_headers(result, debug=is_debug(request.headers))
+            lora = getattr(result.model_ref, "lora_name", None)
+            return await self.backends.proxy(
+                backend, outgoing, request, headers, upstream_model=lora
+            )
         except VllmSrError as exc:
             return error_response(exc)
 
-    async def resolve(self, body: dict[str, Any]) -> RouteResult:
+    def outgoing_body(
+        self, body: dict[str, Any], result: RouteResult, backend: Backend
+    ) -> dict[str, Any]:
+        """Upstream's reasoning fields for an auto-routed chat whose decision matched (a
+        decision without modelRefs turns reasoning off on the default model); a named model,
+        or a chat no decision matched, goes as the caller wrote it."""
+        if result.decision is None:
+            return body
+        return apply_reasoning(
+            body,
+            result.model_ref,
+            self.provider_models[result.model],
+            self.router.providers.defaults,
+            backend.ref,
+            decision_refs=result.decision_refs,
+        )
+
+    async def resolve(self, body: dict[str, Any], view: RequestView) -> RouteResult:
         model = body["model"]
         if model in self.auto_model_names:
-            return await self.router.route(request_text(body.get("messages")))
+            return await self.router.route(view)
         if model in self.backends.models:
             self.stats.direct[model] += 1
-            return RouteResult(model)
-        raise ModelNotFound(
-            f"model {model!r} is not known; accepted: an auto name "
-            f"({', '.join(self.auto_model_names)}) or a model "
+            return RouteResult(model, routed=False)
+        raise ModelNotAvailable(
+            f"model {json.dumps(model)} is not available; accepted: an auto name ({', '.join(self.auto_model_names)}) or a model "
             f"({', '.join(self.model_names)})",
             model=model,
         )
+
+    async def handle_eval(self, request: Request) -> Response:
+        """Upstream's routing preview; its own error document (code, message, timestamp)."""
+        try:
+            if request.error is not None:
+                raise route_eval.EvalError("INVALID_INPUT", request.error.message)
+            payload = route_eval.parse_payload(request.body)
+            model = payload.get("model") or self.auto_model_names[0]
+            if model not in self.auto_model_names:
+                raise route_eval.EvalError(
+                    "INVALID_ROUTING_MODEL",
+                    f"model {json.dumps(model)} is not an auto model name; accepted: "
+                    f"{', '.join(self.auto_model_names)}",
+                )
+            want_trace = "trace=true" in request.query.split("&") or bool(
+                (payload.get("options") or {}).get("trace")
+            )
+            doc = await route_eval.evaluate(
+                self.router, payload, model=model, want_trace=want_trace
+            )
+            return Response(json.dumps(doc).encode())
+        except route_eval.EvalError as exc:
+            return Response(route_eval.error_body(exc), status=exc.http_status)
+        except VllmSrError as exc:
+            err = route_eval.EvalError("INVALID_INPUT", exc.message)
+            if exc.http_status >= 500:
+                err = route_eval.EvalError("CLASSIFICATION_ERROR", exc.message)
+                err.http_status = 500
+            return Response(route_eval.error_body(err), status=err.http_status)
 
     def models_data(self) -> list[dict[str, Any]]:
         """The /v1/models entries of Router mode: the auto names, then the models."""
@@ -169,6 +279,7 @@ def build_chat_router(
     backends: BackendSet | None = None,
     stats: RouterStats | None = None,
     signal_timeout_ms: float | None = None,
+    authz: AuthzOptions | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
     ``stats`` to keep the counters across a reload; ``backends`` is started by the caller
@@ -181,6 +292,7 @@ def build_chat_router(
         decision_deployment=decision_deployment,
         signal_timeout_ms=signal_timeout_ms,
         stats=stats,
+        authz=authz,
     )
     return ChatRouter(router, auto_model_names)
 
