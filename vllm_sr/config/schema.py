@@ -13,12 +13,34 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from vllm_sr.config.problems import SEMANTIC_ERROR, Problem
+from vllm_sr.config.recipes import (
+    DEFAULT_RECIPE,
+    Entrypoint,
+    Listener,
+    Recipe,
+    normalized_names,
+    recipe_problems,
+    recipe_routing_problems,
+)
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
-from vllm_sr.config.routing_rules import routing_problems
+from vllm_sr.config.routing_base import as_dict, as_list
+from vllm_sr.config.routing_rules import check_routing, routing_problems
+from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase, Modules
+from vllm_sr.config.upstream_global import (
+    Integrations,
+    ModelSelection,
+    RouterLearning,
+    RoutingStrategy,
+    Services,
+    SkipProcessing,
+    Stores,
+    StreamedBody,
+)
+from vllm_sr.config.upstream_refusals import global_refusals
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
 
 DEVICE_RE = re.compile(r"^(cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")
@@ -34,6 +56,8 @@ DEFAULT_CONSECUTIVE_TIMEOUTS = 3
 DEFAULT_BASE_EJECTION_MS = 30_000
 DEFAULT_MAX_EJECTION_PERCENT = 50
 DEFAULT_ARTIFACT = "vllm-sr/d3-edge"
+DEFAULT_DEPLOYMENT = "primary"
+DEFAULT_AUTO_MODEL_NAME = "MoM"
 
 Platform = Literal["cpu", "rocm", "cuda"]
 
@@ -209,10 +233,47 @@ class Router(_Strict):
     enabled: bool = True
     """Routing consumers on. Engine mode (-e / --engine) writes false."""
 
-    auto_model_names: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_AUTO_MODEL_NAMES), min_length=1, max_length=16
-    )
-    """Chat model names that mean "route this request" (default: vllm-sr/auto, auto)."""
+    auto_model_names: list[str] = Field(default_factory=list, max_length=16)
+    """Chat model names that mean "route this request" (the default recipe). Omitted:
+    vllm-sr/auto, auto and auto_model_name, as upstream; [] means none (only entrypoints
+    route)."""
+
+    auto_model_name: str = Field(default=DEFAULT_AUTO_MODEL_NAME, min_length=1, max_length=128)
+    """Upstream's single alias (default MoM): joins the default alias list when
+    auto_model_names is omitted."""
+
+    strategy: RoutingStrategy = "priority"
+    """How the winner among matching decisions is chosen when a routing profile does not say
+    (routing.strategy overrides): priority or confidence."""
+
+    config_source: str | None = None
+    """Upstream: file or kubernetes; vllm-sr reads its file (only file is supported)."""
+
+    include_config_models_in_list: bool | None = None
+    """Upstream: list provider models in /v1/models (accepted; vllm-sr's /v1/models lists
+    what it serves)."""
+
+    clear_route_cache: bool | None = None
+    """Upstream: Envoy route cache clearing (deployment; no effect here)."""
+
+    streamed_body: StreamedBody = Field(default_factory=StreamedBody)
+    """Upstream: Envoy body streaming (deployment; vllm-sr reads whole bodies)."""
+
+    skip_processing: SkipProcessing = Field(default_factory=SkipProcessing)
+    """Upstream: the x-vsr-skip-processing pass-through (refused when enabled)."""
+
+    model_selection: ModelSelection = Field(default_factory=ModelSelection)
+    """Upstream: learned selectors' global settings (read only by refused algorithms)."""
+
+    learning: RouterLearning = Field(default_factory=RouterLearning)
+    """Upstream: Router Learning (refused when enabled)."""
+
+    @model_validator(mode="after")
+    def _default_aliases(self) -> Router:
+        if "auto_model_names" not in self.model_fields_set:
+            self.auto_model_names = [*DEFAULT_AUTO_MODEL_NAMES, self.auto_model_name]
+        self.auto_model_names = normalized_names(self.auto_model_names)
+        return self
 
 
 class DecisionModel(_Strict):
@@ -222,45 +283,123 @@ class DecisionModel(_Strict):
 
 class System(_Strict):
     decision_model: DecisionModel | None = None
-    """Where routing decisions are computed; default: the first declared deployment."""
+    """Where routing decisions are computed; default: the first declared deployment (the
+    embedded primary when none is declared)."""
+
+    prompt_guard: str | None = None
+    """Upstream: jailbreak classifier path (jailbreak signals, refused)."""
+
+    domain_classifier: str | None = None
+    """Upstream: domain classifier path (vllm-sr's domains use its deployment)."""
+
+    pii_classifier: str | None = None
+    """Upstream: PII classifier path (pii signals, refused)."""
+
+    fact_check_classifier: str | None = None
+    """Upstream: fact-check classifier path (fact_check signals, refused)."""
+
+    hallucination_detector: str | None = None
+    """Upstream: hallucination detector path (hallucination plugin, refused)."""
+
+    hallucination_explainer: str | None = None
+    """Upstream: NLI explainer path (hallucination plugin, refused)."""
+
+    feedback_detector: str | None = None
+    """Upstream: feedback classifier path (user_feedback signals, refused)."""
 
 
 class ModelCatalog(_Strict):
-    deployments: dict[str, Deployment] = Field(min_length=1)
-    """Logical deployments by name; a replica's id is <name>-<index>."""
+    deployments: dict[str, Deployment] | None = Field(default=None, min_length=1)
+    """Logical deployments by name; a replica's id is <name>-<index>. Omitted: the embedded
+    default, one CPU worker of vllm-sr/d3-edge named primary."""
 
     system: System = Field(default_factory=System)
     """System models and the deployments that serve them."""
+
+    embeddings: Embeddings = Field(default_factory=Embeddings)
+    """Upstream: embedding models and matching options (see docs/router-fields-global.md)."""
+
+    external: list[ExternalModel] = Field(default_factory=list)
+    """Upstream: LLMs for llm classifiers and remote guards (used by refused families)."""
+
+    kbs: list[KnowledgeBase] = Field(default_factory=list)
+    """Upstream: knowledge bases (kb signals, refused)."""
+
+    modules: Modules = Field(default_factory=Modules)
+    """Upstream: classifier modules and prompt compression (refused when on)."""
 
 
 class GlobalSection(_Strict):
     router: Router = Field(default_factory=Router)
     """Routing front settings."""
 
-    model_catalog: ModelCatalog
-    """Deployments and system models."""
+    services: Services = Field(default_factory=Services)
+    """Upstream services: authz identity headers (acted on), the rest deployment or refused."""
+
+    stores: Stores = Field(default_factory=Stores)
+    """Upstream stores: response cache, memory, vector store."""
+
+    integrations: Integrations = Field(default_factory=Integrations)
+    """Upstream integrations: the tool database and the looper endpoint."""
+
+    model_catalog: ModelCatalog = Field(default_factory=ModelCatalog)
+    """Deployments and system models (optional: the embedded default when omitted)."""
+
+
+def embedded_default_deployments() -> dict[str, Deployment]:
+    """What runs when no deployment is declared: d3-edge on one CPU worker (what ``vllm-sr
+    serve`` writes into a new config)."""
+    return {
+        DEFAULT_DEPLOYMENT: Deployment(artifact=DEFAULT_ARTIFACT, replicas=[Replica(device="cpu")])
+    }
 
 
 class RootConfig(_Strict):
-    global_: GlobalSection = Field(alias="global")
+    version: str | None = Field(default=None, max_length=32)
+    """Upstream's schema version (v0.3); metadata."""
+
+    listeners: list[Listener] = Field(default_factory=list, max_length=64)
+    """Where to listen: ``vllm-sr serve`` takes the first one unless --listen is given."""
+
+    global_: GlobalSection = Field(default_factory=GlobalSection, alias="global")
     """Deployments, system models and the router's switches."""
 
     providers: Providers | None = None
     """OpenAI-compatible LLM backends that chat requests go to (Router mode)."""
 
     routing: Routing | None = None
-    """Signals and decisions (Router mode)."""
+    """Signals and decisions (Router mode): the recipe ``default``."""
+
+    entrypoints: list[Entrypoint] = Field(default_factory=list, max_length=256)
+    """Request model names that select a recipe."""
+
+    recipes: list[Recipe] = Field(default_factory=list, max_length=256)
+    """Named routing profiles beside the default one."""
+
+    _embedded_default: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _rules(self) -> RootConfig:
         problems = semantic_problems(self.model_dump(by_alias=True, exclude_none=True))
         if problems:
             raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
+        if self.global_.model_catalog.deployments is None:
+            # Filled in so every consumer (plans, config show, kube) sees what runs.
+            self.global_.model_catalog.deployments = embedded_default_deployments()
+            self._embedded_default = True
         return self
 
     @property
     def deployments(self) -> dict[str, Deployment]:
-        return self.global_.model_catalog.deployments
+        """The declared deployments, or the embedded default when none is declared."""
+        deps = self.global_.model_catalog.deployments
+        return deps if deps is not None else embedded_default_deployments()
+
+    @property
+    def uses_embedded_default(self) -> bool:
+        """True when the file declares no deployment and the embedded default runs (the
+        decision model is vllm-sr/d3-edge on one CPU worker)."""
+        return self._embedded_default or self.global_.model_catalog.deployments is None
 
     def default_deployment(self) -> str:
         """The decision model's deployment, else the first declared one (the target of -dp)."""
@@ -268,6 +407,52 @@ class RootConfig(_Strict):
         if dm is not None:
             return dm.deployment
         return next(iter(self.deployments))
+
+    def listen_address(self) -> tuple[str, int] | None:
+        """(address, port) of the first listener, or None when there is none."""
+        if not self.listeners:
+            return None
+        return self.listeners[0].address, self.listeners[0].port
+
+    def recipes_by_name(self) -> dict[str, Routing]:
+        """Every recipe's routing by name, ``default`` first, each with its effective
+        strategy (its own, else the top-level routing's, else global.router.strategy)."""
+        top = self.routing
+        base = self.global_.router.strategy
+        if top is not None and "strategy" in top.model_fields_set:
+            base = top.strategy
+        out: dict[str, Routing] = {}
+        named = {r.name: r.routing for r in self.recipes}
+        default = named.pop(DEFAULT_RECIPE, None) or top or Routing()
+        out[DEFAULT_RECIPE] = _with_strategy(default, self.global_.router.strategy)
+        for name, routing in named.items():
+            out[name] = _with_strategy(routing, base)
+        return out
+
+    def recipe_name_for(self, model_name: str) -> str | None:
+        """The recipe a request ``model`` selects: ``default`` for an auto alias, an
+        entrypoint's recipe for its names; None for a concrete model name."""
+        name = model_name.strip()
+        if name in self.global_.router.auto_model_names:
+            return DEFAULT_RECIPE
+        for entry in self.entrypoints:
+            if name in normalized_names(entry.model_names):
+                return entry.recipe.strip()
+        return None
+
+    def recipe_for(self, model_name: str) -> Routing | None:
+        """The routing a request ``model`` selects (see recipe_name_for); None for a concrete
+        model (forwarded without signals or decisions)."""
+        recipe = self.recipe_name_for(model_name)
+        return None if recipe is None else self.recipes_by_name().get(recipe)
+
+
+def _with_strategy(routing: Routing, inherited: str) -> Routing:
+    if "strategy" in routing.model_fields_set:
+        return routing
+    copy = routing.model_copy(update={"strategy": inherited})
+    copy.__pydantic_fields_set__.discard("strategy")
+    return copy
 
 
 def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
@@ -407,17 +592,20 @@ def _replica_problems(base: tuple[str | int, ...], replicas: Any) -> list[Proble
 
 
 def semantic_problems(raw: Any) -> list[Problem]:
-    """The product page's cross-field rules, on the raw mapping (tolerates wrong types: those
-    are reported by the field validation)."""
+    """The product page's cross-field rules, Router mode's, the recipes' and the refusals of
+    upstream settings vllm-sr does not act on, on the raw mapping (tolerates wrong types:
+    those are reported by the field validation)."""
     if not isinstance(raw, dict):
         return []
-    catalog = (
-        (raw.get("global") or {}).get("model_catalog")
-        if isinstance(raw.get("global"), dict)
-        else None
-    )
-    if not isinstance(catalog, dict):
-        return []
+    if not any(key in raw for key in ("global", "routing", "providers", "recipes")):
+        return [
+            Problem(
+                (),
+                "the file has none of global, routing, providers or recipes; accepted: a "
+                "mapping with at least global (deployments) or routing (Router mode)",
+            )
+        ]
+    catalog = as_dict(as_dict(raw.get("global")).get("model_catalog"))
     deployments = catalog.get("deployments")
     problems: list[Problem] = []
     names: list[str] = []
@@ -426,15 +614,68 @@ def semantic_problems(raw: Any) -> list[Problem]:
             names.append(str(name))
             if isinstance(dep, dict):
                 problems += _deployment_problems(str(name), dep)
+    elif deployments is None:
+        names = [DEFAULT_DEPLOYMENT]
     system = catalog.get("system")
     dm = system.get("decision_model") if isinstance(system, dict) else None
     target = dm.get("deployment") if isinstance(dm, dict) else None
-    if isinstance(target, str) and isinstance(deployments, dict) and target not in names:
+    if isinstance(target, str) and names and target not in names:
+        shown = ", ".join(names)
+        if deployments is None:
+            shown += " (the embedded default: no deployments are declared)"
         problems.append(
             Problem(
                 ("global", "model_catalog", "system", "decision_model", "deployment"),
-                f"{target!r} names no deployment; accepted: one of "
-                f"{', '.join(names) or '(none declared)'}",
+                f"{target!r} names no deployment; accepted: one of {shown}",
             )
         )
-    return problems + routing_problems(raw)
+    full = _with_default_deployments(raw) if deployments is None else raw
+    problems += routing_problems(full)
+    problems += _recipe_problems(full)
+    return problems + global_refusals(raw)
+
+
+def _with_default_deployments(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the embedded default's deployment declared (the routing rules check
+    signals' deployments against what will run)."""
+    glob = dict(as_dict(raw.get("global")))
+    catalog = dict(as_dict(glob.get("model_catalog")))
+    catalog["deployments"] = {
+        name: dep.model_dump(exclude_none=True)
+        for name, dep in embedded_default_deployments().items()
+    }
+    glob["model_catalog"] = catalog
+    return {**raw, "global": glob}
+
+
+def _raw_auto_names(router: dict[str, Any]) -> list[str]:
+    names = router.get("auto_model_names")
+    if isinstance(names, list):
+        return normalized_names([n for n in names if isinstance(n, str)])
+    single = router.get("auto_model_name")
+    single = single if isinstance(single, str) else DEFAULT_AUTO_MODEL_NAME
+    return normalized_names([*DEFAULT_AUTO_MODEL_NAMES, single])
+
+
+def _recipe_problems(raw: dict[str, Any]) -> list[Problem]:
+    if not raw.get("recipes") and not raw.get("entrypoints"):
+        return []
+    glob = as_dict(raw.get("global"))
+    looper = as_dict(as_dict(glob.get("integrations")).get("looper"))
+    slugs = [
+        name
+        for key in ("remom", "fusion", "flow")
+        for name in as_list(as_dict(looper.get(key)).get("model_names"))
+        if isinstance(name, str)
+    ]
+    catalog = as_dict(glob.get("model_catalog"))
+    deployments = as_dict(catalog.get("deployments"))
+    target = as_dict(as_dict(catalog.get("system")).get("decision_model")).get("deployment")
+    decision = target if isinstance(target, str) else next(iter(deployments), "")
+    providers = raw.get("providers")
+
+    def check(routing: dict[str, Any]) -> list[Problem]:
+        return check_routing(providers, routing, {str(n) for n in deployments}, decision)
+
+    problems = recipe_problems(raw, _raw_auto_names(as_dict(glob.get("router"))), slugs)
+    return problems + recipe_routing_problems(raw, check)
