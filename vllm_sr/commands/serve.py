@@ -49,20 +49,23 @@ def _run(args: argparse.Namespace) -> int:
     from vllm_sr.logs import setup_logging
     from vllm_sr.supervisor.service import ServeOptions, config_planner, config_scaler, serve
 
-    settings = load_service_settings(
-        args.service_config,
-        overrides={
-            "listen": args.listen,
-            "control_socket": args.control_socket,
-            "runtime_dir": args.runtime_dir,
-            "ready_timeout_s": args.ready_timeout,
-        },
-    )
+    overrides = {
+        "listen": args.listen,
+        "control_socket": args.control_socket,
+        "runtime_dir": args.runtime_dir,
+        "ready_timeout_s": args.ready_timeout,
+    }
+    load_service_settings(args.service_config, overrides=overrides)  # refuse bad flags first
     config_path = Path(args.config)
     if not _apply_flags(args, config_path):  # --dry-run printed the plan
         return 0
     planner = config_planner(config_path)
-    planner()  # refuse a bad config or plan before anything starts (exit 78)
+    plan = planner()  # refuse a bad config or plan before anything starts (exit 78)
+    if args.listen is None and plan.listen is not None:
+        overrides["listen"] = plan.listen  # config.yaml's first listener
+    settings = load_service_settings(args.service_config, overrides=overrides)
+    if plan.embedded_default:
+        log.info("no global.model_catalog: serving the built-in %s", plan.embedded_default)
     log_format = args.log_format or settings.log_format
     if log_format != "auto":
         os.environ["VLLM_SR_LOG_FORMAT"] = log_format  # the workers inherit it

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import NotFound, Unavailable, VllmSrError
@@ -22,8 +23,11 @@ from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.route import AuthzOptions
 from vllm_sr.router.chat import ChatRouter, build_chat_router, engine_mode_chat, error_response
+from vllm_sr.router.route import AuthzOptions
+
+if TYPE_CHECKING:
+    from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.frontend")
 
@@ -35,7 +39,10 @@ class RouterPlan:
     providers: Providers | None
     routing: Routing | None
     decision_deployment: str
-    authz: AuthzOptions = AuthzOptions()
+    authz: AuthzOptions = field(default_factory=AuthzOptions)
+    recipes: Mapping[str, Routing] = field(default_factory=dict)  # by name, "default" included
+    entrypoints: Mapping[str, str] = field(default_factory=dict)  # model name -> recipe
+    global_: GlobalSection | None = None
 
 
 class NoProviders(NotFound):
@@ -80,6 +87,9 @@ class ChatMount:
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
                 authz=plan.authz,
+                recipes=plan.recipes,
+                entrypoints=plan.entrypoints,
+                global_=plan.global_,
             )
             self.plan, self._backends = plan, backends
             self._warm = asyncio.ensure_future(self._warm_up(self.chat))
@@ -89,8 +99,9 @@ class ChatMount:
     async def _warm_up(self, chat: ChatRouter) -> None:
         """Candidate and example embeddings for this generation, asked once (the first chat
         asks for them itself when the decision deployment is not ready yet)."""
-        with contextlib.suppress(VllmSrError):
-            await chat.router.warm()
+        for router in chat.recipes.values():
+            with contextlib.suppress(VllmSrError):
+                await router.warm()
 
     async def close(self) -> None:
         if self._warm is not None:

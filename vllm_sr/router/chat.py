@@ -30,9 +30,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from vllm_sr import httpserver
+from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import InvalidRequest, NotFound, Overloaded, Unavailable, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
@@ -41,6 +43,9 @@ from vllm_sr.router.backends import Backend, BackendSet
 from vllm_sr.router.reasoning import apply_reasoning, reasoning_enabled
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
+
+if TYPE_CHECKING:
+    from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.router.chat")
 
@@ -52,6 +57,7 @@ H_REASONING = "x-vsr-selected-reasoning"
 H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
 H_DEBUG = "x-vsr-debug"
+H_RECIPE = "x-vsr-selected-recipe"
 # Rule-leaf type -> the debug header's family word (upstream's names).
 DEBUG_FAMILY = {
     "keyword": "keywords",
@@ -125,6 +131,7 @@ def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str
         headers[H_CONFIDENCE] = f"{result.confidence or 0.0:.4f}"
     if result.routed:
         headers[H_ALGORITHM] = result.method
+        headers[H_RECIPE] = result.recipe
     if result.fallback is not None:
         headers[H_FALLBACK] = result.fallback
     if debug:
@@ -146,8 +153,16 @@ class EngineMode(NotFound):
 class ChatRouter:
     """Router mode's HTTP face for one config generation."""
 
-    def __init__(self, router: Router, auto_model_names: list[str]) -> None:
-        self.router = router
+    def __init__(
+        self,
+        router: Router,
+        auto_model_names: list[str],
+        recipes: Mapping[str, Router] | None = None,
+        entrypoints: Mapping[str, str] | None = None,
+    ) -> None:
+        self.router = router  # the default recipe's
+        self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
+        self.entrypoints = dict(entrypoints or {})  # entrypoint model name -> recipe
         self.backends = router.backends
         self.auto_model_names = list(auto_model_names)
         self.model_names = [m.name for m in router.providers.models]
@@ -198,16 +213,24 @@ class ChatRouter:
             decision_refs=result.decision_refs,
         )
 
+    def recipe_of(self, model: str) -> str | None:
+        """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
+        recipe for its names; None for a concrete model."""
+        if model in self.auto_model_names:
+            return DEFAULT_RECIPE
+        return self.entrypoints.get(model)
+
     async def resolve(self, body: dict[str, Any], view: RequestView) -> RouteResult:
         model = body["model"]
-        if model in self.auto_model_names:
-            return await self.router.route(view)
+        recipe = self.recipe_of(model)
+        if recipe is not None:
+            return await self.recipes[recipe].route(view)
         if model in self.backends.models:
             self.stats.direct[model] += 1
             return RouteResult(model, routed=False)
         raise ModelNotAvailable(
-            f"model {json.dumps(model)} is not available; accepted: an auto name ({', '.join(self.auto_model_names)}) or a model "
-            f"({', '.join(self.model_names)})",
+            f"model {json.dumps(model)} is not available; accepted: an auto name "
+            f"({', '.join(self.auto_model_names)}) or a model ({', '.join(self.model_names)})",
             model=model,
         )
 
@@ -218,17 +241,18 @@ class ChatRouter:
                 raise route_eval.EvalError("INVALID_INPUT", request.error.message)
             payload = route_eval.parse_payload(request.body)
             model = payload.get("model") or self.auto_model_names[0]
-            if model not in self.auto_model_names:
+            recipe = self.recipe_of(model) if isinstance(model, str) else None
+            if recipe is None:
                 raise route_eval.EvalError(
                     "INVALID_ROUTING_MODEL",
-                    f"model {json.dumps(model)} is not an auto model name; accepted: "
-                    f"{', '.join(self.auto_model_names)}",
+                    f"model {json.dumps(model)} is not an auto model name or entrypoint; "
+                    f"accepted: {', '.join([*self.auto_model_names, *self.entrypoints])}",
                 )
             want_trace = "trace=true" in request.query.split("&") or bool(
                 (payload.get("options") or {}).get("trace")
             )
             doc = await route_eval.evaluate(
-                self.router, payload, model=model, want_trace=want_trace
+                self.recipes[recipe], payload, model=model, recipe=recipe, want_trace=want_trace
             )
             return Response(json.dumps(doc).encode())
         except route_eval.EvalError as exc:
@@ -280,21 +304,34 @@ def build_chat_router(
     stats: RouterStats | None = None,
     signal_timeout_ms: float | None = None,
     authz: AuthzOptions | None = None,
+    recipes: Mapping[str, Routing] | None = None,
+    entrypoints: Mapping[str, str] | None = None,
+    global_: GlobalSection | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
     ``stats`` to keep the counters across a reload; ``backends`` is started by the caller
     (``await backends.start()``) and closed when the generation is replaced."""
-    router = Router(
-        providers,
-        routing,
-        exchange=exchange,
-        backends=backends if backends is not None else BackendSet(providers),
-        decision_deployment=decision_deployment,
-        signal_timeout_ms=signal_timeout_ms,
-        stats=stats,
-        authz=authz,
-    )
-    return ChatRouter(router, auto_model_names)
+    backends = backends if backends is not None else BackendSet(providers)
+    stats = stats if stats is not None else RouterStats()
+
+    def router_for(recipe: str, recipe_routing: Routing) -> Router:
+        return Router(
+            providers,
+            recipe_routing,
+            exchange=exchange,
+            backends=backends,
+            decision_deployment=decision_deployment,
+            signal_timeout_ms=signal_timeout_ms,
+            stats=stats,
+            authz=authz,
+            global_=global_,
+            recipe=recipe,
+        )
+
+    others = {
+        name: router_for(name, r) for name, r in (recipes or {}).items() if name != DEFAULT_RECIPE
+    }
+    return ChatRouter(router_for(DEFAULT_RECIPE, routing), auto_model_names, others, entrypoints)
 
 
 async def engine_mode_chat(request: Request) -> Response:

@@ -111,7 +111,7 @@ def _metrics(run: SignalRun) -> dict[str, dict[str, float]]:
 
 
 async def evaluate(
-    router: Router, payload: Mapping[str, Any], *, model: str, want_trace: bool
+    router: Router, payload: Mapping[str, Any], *, model: str, recipe: str, want_trace: bool
 ) -> dict[str, Any]:
     """The eval document for one request (``model`` already resolved to an auto name)."""
     view = RequestView.from_eval(payload)
@@ -125,7 +125,7 @@ async def evaluate(
     doc: dict[str, Any] = {
         "original_text": view.text,
         "requested_model": model,
-        "recipe": "default",
+        "recipe": recipe,
         "metrics": _metrics(run),
         "signal_confidences": confidences,
         "signal_values": values,
@@ -135,7 +135,7 @@ async def evaluate(
     decision = best.decision if best is not None else None
     result: dict[str, Any] = {
         "decision_name": decision.name if decision is not None else "",
-        "algorithm": "static",
+        "algorithm": router.algorithms[decision.name][0] if decision is not None else "static",
         "used_signals": grouped(set(leaves(decision.rules))) if decision is not None else {},
         "matched_signals": grouped(matched),
         "unmatched_signals": grouped(unmatched),
@@ -179,6 +179,18 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
         }
     ref = router.static_pick(decision)
     lora = getattr(ref, "lora_name", None)
+    kind, status = router.algorithms[decision.name]
+    if status != "selected":  # a looper run as static: upstream's eval plans, it does not pick
+        final = planned_final_model(decision) if status == "planned_final" else None
+        return {
+            "recommended_models": [r.model for r in refs],
+            "routing_decision": decision.name,
+            **({"selected_model": final} if final else {}),
+            "selection_status": status,
+            "selection_method": kind,
+            "selection_reason": f"{kind} is a multi-call algorithm; with no looper endpoint "
+            "vllm-sr (as upstream) sends the chat to static's choice",
+        }
     return {
         "recommended_models": [r.model for r in refs],
         "routing_decision": decision.name,
@@ -192,3 +204,22 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "scores another higher in model_scores"
         ),
     }
+
+
+def planned_final_model(decision: Any) -> str | None:
+    """The final model a looper names (fusion.model, workflows.final.model,
+    remom.synthesis_model), as upstream's eval reports it for planned_final."""
+    algorithm = getattr(decision, "algorithm", None)
+    if algorithm is None:
+        return None
+    kind = algorithm.type
+    block = getattr(algorithm, kind, None)
+    if not isinstance(block, dict):
+        return None
+    if kind == "fusion":
+        value = block.get("model")
+    elif kind == "workflows":
+        value = (block.get("final") or {}).get("model")
+    else:
+        value = block.get("synthesis_model")
+    return value if isinstance(value, str) and value else None

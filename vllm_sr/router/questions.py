@@ -79,13 +79,13 @@ class DeploymentQuestions:
     def cached(self) -> bool:
         return self.candidates is not None
 
-    def keys(self) -> list[SignalKey]:
+    def signal_keys(self) -> list[SignalKey]:
         """The signals this deployment answers (for per-signal errors when it fails)."""
         out: list[SignalKey] = [("embedding", s.name) for s in self.embeddings]
         return out + [("domain", name) for name in sorted(self.referenced_domains)]
 
     def kinds(self) -> list[str]:
-        return sorted({kind for kind, _ in self.keys()})
+        return sorted({kind for kind, _ in self.signal_keys()})
 
     def bundle(self, text: str) -> bytes:
         """The request's bundle: its text's embedding (and the cached texts while not cached)."""

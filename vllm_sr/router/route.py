@@ -20,9 +20,9 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Providers, Routing, effective_algorithm
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.deterministic import DeterministicSignals
@@ -30,6 +30,9 @@ from vllm_sr.router.questions import BUNDLE_PATH, DeploymentQuestions, QuestionP
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, SignalKey, choose_model, rank, static_order
 from vllm_sr.router.signals import SignalResult
+
+if TYPE_CHECKING:
+    from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.router")
 
@@ -58,6 +61,7 @@ class RouteResult:
     model_ref: Any = None  # the decision's modelRef that was chosen (reasoning reads it)
     routed: bool = True  # False: the caller named a model (no signals, no decision)
     decision_refs: tuple[Any, ...] = ()  # the decision's modelRefs (the reasoning effort lookup)
+    recipe: str = "default"  # the recipe that routed it (x-vsr-selected-recipe)
 
 
 @dataclass
@@ -123,6 +127,8 @@ class Router:
         signal_timeout_ms: float | None = None,
         stats: RouterStats | None = None,
         authz: AuthzOptions | None = None,
+        global_: GlobalSection | None = None,
+        recipe: str = "default",
     ) -> None:
         self.providers = providers
         self.routing = routing
@@ -139,6 +145,9 @@ class Router:
             fail_open=authz.fail_open,
         )
         self.model_scores = model_scores_by_decision(routing)
+        self.recipe = recipe
+        # (algorithm, eval selection status) per decision: static, or a looper run as static.
+        self.algorithms = {d.name: effective_algorithm(d, global_) for d in routing.decisions}
         self.stats = stats if stats is not None else RouterStats()
         self._eval_plan: QuestionPlan | None = None
 
@@ -200,7 +209,7 @@ class Router:
                 for kind in q.kinds():
                     run.timings_ms[kind] = elapsed
                     if run.failure is not None:
-                        for key in q.keys():
+                        for key in q.signal_keys():
                             run.errors[key] = run.failure
         return run
 
@@ -211,7 +220,9 @@ class Router:
         """Signals on the request, the decision, its model."""
         run = await self.signals(view, self.plan)
         if run.failure is not None:
-            result = RouteResult(self.default_model, fallback=f"signals:{run.failure}")
+            result = RouteResult(
+                self.default_model, fallback=f"signals:{run.failure}", recipe=self.recipe
+            )
             self.stats.record(result)
             return result
         matches = self.winner(run)
@@ -232,6 +243,7 @@ class Router:
             choice.method,
             choice.ref,
             decision_refs=tuple(decision.model_refs or ()) if decision is not None else (),
+            recipe=self.recipe,
         )
         self.stats.record(result)
         return result
