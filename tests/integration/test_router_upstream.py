@@ -266,9 +266,7 @@ async def post_eval(stack: Stack, payload: Any, query: str = "") -> tuple[int, A
 
 
 async def test_eval_answers_upstreams_document_without_calling_a_backend(stack: Stack) -> None:
-    status, doc = await post_eval(
-        stack, {"text": "urgent: Why? How? When? Where?"}, "?trace=true"
-    )
+    status, doc = await post_eval(stack, {"text": "urgent: Why? How? When? Where?"}, "?trace=true")
     assert status == 200
     assert doc["requested_model"] == "vllm-sr/auto"
     assert doc["recipe"] == "default"
