@@ -622,3 +622,21 @@ def test_every_problem_of_a_file_comes_in_one_run() -> None:
     assert len(problems) == 4
     assert sum(NOT_SUPPORTED in p for p in problems) == 3
     assert any("global.router.bogus: unknown key 'bogus'" in p for p in problems)
+
+
+def test_every_new_model_field_has_a_docstring() -> None:
+    from pydantic import BaseModel
+
+    from vllm_sr.config import recipes, upstream_catalog, upstream_global
+
+    models = [
+        v
+        for module in (recipes, upstream_catalog, upstream_global)
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == module.__name__
+    ]
+    assert len(models) >= 40
+    for model in models:
+        assert model.model_config.get("extra") == "forbid", model.__name__
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
