@@ -640,3 +640,22 @@ def test_every_new_model_field_has_a_docstring() -> None:
         assert model.model_config.get("extra") == "forbid", model.__name__
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
+
+
+def test_a_flag_edits_the_embedded_default_by_writing_it_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v0.3  # upstream file\n" + PROVIDERS + ROUTING, encoding="utf-8")
+    code, _, _ = _run(["config", "apply", "--config", str(path), "--threads", "2"], capsys)
+    assert code == 0
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("version: v0.3  # upstream file\n" + PROVIDERS + ROUTING)
+    config = parse_config(text)
+    assert not config.uses_embedded_default
+    dep = config.deployments["primary"]
+    assert (dep.artifact, dep.threads, [r.device for r in dep.effective_replicas()]) == (
+        "vllm-sr/d3-edge",
+        2,
+        ["cpu"],
+    )
