@@ -13,7 +13,12 @@ from pydantic import ValidationError
 
 from vllm_sr.config.routing import Signals
 from vllm_sr.config.signal_families import LanguageSignal
-from vllm_sr.router.deterministic import DeterministicSignals, detect_language, language_floor
+from vllm_sr.router.deterministic import (
+    DeterministicSignals,
+    detect_language,
+    language_detector,
+    language_floor,
+)
 from vllm_sr.router.request_view import RequestView
 
 FRAGMENTS = Path(__file__).parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
@@ -49,6 +54,21 @@ def matched(sigs: DeterministicSignals, text: str) -> set[str]:
 )
 def test_detects_upstreams_examples(text: str, code: str) -> None:
     assert detect_language(text, 0.0)[0] == code
+
+
+@pytest.mark.slow  # loads lingua's models for every language (~1 GB, seconds)
+@pytest.mark.parametrize(
+    "text", [SPANISH, GERMAN, "你好，世界", "Hello", "hola", "Hi", "12345", "Hello 世界 🌍 مرحبا"]
+)
+def test_one_pass_detection_agrees_with_linguas_two_calls(text: str) -> None:
+    detector = language_detector()
+    lang = detector.detect_language_of(text)
+    code, confidence = detect_language(text, 1e-9)  # a floor that keeps every detection
+    if lang is None:
+        assert (code, confidence) == ("en", 0.5)
+    else:
+        assert code == lang.iso_code_639_1.name.lower()
+        assert confidence == pytest.approx(detector.compute_language_confidence(text, lang))
 
 
 @pytest.mark.slow  # loads lingua's models for every language (~1 GB, seconds)

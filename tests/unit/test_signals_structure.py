@@ -99,7 +99,17 @@ def test_every_rule_records_a_value_even_unmatched() -> None:
 
 @pytest.mark.parametrize(
     ("text", "units"),
-    [("please output markdown table", 4), ("请用表格输出", 6), ("请输出JSON表格", 6), ("", 0)],
+    [
+        ("please output markdown table", 4),
+        ("请用表格输出", 6),
+        ("请输出JSON表格", 6),
+        ("", 0),
+        # Go's IsLetter/IsDigit: "²" (a number, not a decimal digit) splits a run; "ー" is
+        # a letter but not Katakana (Common script), so it starts a run of its own.
+        ("x²y café", 3),
+        ("カー", 2),
+        ("한국어 text", 4),
+    ],
 )
 def test_text_units(text: str, units: int) -> None:
     assert text_units(text) == units

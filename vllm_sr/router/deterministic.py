@@ -43,7 +43,7 @@ from vllm_sr.config.signal_families import (
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.request_view import ConversationFacts, RequestView
 from vllm_sr.router.signals import SignalResult
-from vllm_sr.router.structure import StructureRule
+from vllm_sr.router.structure import StructureRule, text_units
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Signals
@@ -105,12 +105,13 @@ def detect_language(text: str, floor: float) -> tuple[str, float]:
     minimum = floor if floor > 0 else DEFAULT_LANGUAGE_THRESHOLD
     if not text.strip():
         return FALLBACK_LANGUAGE
-    detector = language_detector()
-    lang = detector.detect_language_of(text)
-    if lang is None:
+    # One pass: lingua's detect_language_of is the top confidence value unless the top two tie
+    # (then none), and compute_language_confidence re-derives that same value.
+    values = language_detector().compute_language_confidence_values(text)
+    if not values or (len(values) > 1 and values[1].value == values[0].value):
         return FALLBACK_LANGUAGE
-    code = lang.iso_code_639_1.name.lower()
-    confidence = float(detector.compute_language_confidence(text, lang))
+    code = values[0].language.iso_code_639_1.name.lower()
+    confidence = float(values[0].value)
     if not code or confidence < minimum:
         return FALLBACK_LANGUAGE
     return code, confidence
@@ -180,6 +181,7 @@ class DeterministicSignals:
     ) -> None:
         self.context: list[ContextSignal] = list(signals.context)
         self.structure = [StructureRule(s) for s in signals.structure]
+        self.needs_units = any(r.needs_units for r in self.structure)
         self.conversation: list[ConversationSignal] = list(signals.conversation)
         self.language: list[LanguageSignal] = list(signals.language)
         self.metadata: list[MetadataSignal] = list(signals.metadata)
@@ -233,8 +235,9 @@ class DeterministicSignals:
         if "structure" in types and self.structure:
             start = self.clock.monotonic()
             best = 0.0
+            units = text_units(view.text) if self.needs_units else None
             for rule in self.structure:
-                res = rule.result(view.text, view.current_user_text)
+                res = rule.result(view.text, view.current_user_text, units)
                 out.results[("structure", rule.sig.name)] = res
                 if res.matched:
                     best = max(best, res.confidence)

@@ -81,25 +81,32 @@ def combine(operator: str, present: list[bool]) -> SignalResult:
 
 
 def has_han(text: str) -> bool:
-    return any(is_han(ch) for ch in text)
+    return HAN_RE.search(text) is not None
 
 
-def is_han(ch: str) -> bool:
-    o = ord(ch)
-    return (
-        0x2E80 <= o <= 0x2E99
-        or 0x2E9B <= o <= 0x2EF3
-        or 0x2F00 <= o <= 0x2FD5
-        or o in (0x3005, 0x3007)
-        or 0x3021 <= o <= 0x3029
-        or 0x3038 <= o <= 0x303B
-        or 0x3400 <= o <= 0x4DBF
-        or 0x4E00 <= o <= 0x9FFF
-        or 0xF900 <= o <= 0xFAFF
-        or 0x16FE2 <= o <= 0x16FE3
-        or 0x16FF0 <= o <= 0x16FF1
-        or 0x20000 <= o <= 0x3FFFF
-    )
+# Unicode's Han script (as Go's unicode.Han), code point ranges.
+HAN_RANGES = (
+    (0x2E80, 0x2E99),
+    (0x2E9B, 0x2EF3),
+    (0x2F00, 0x2FD5),
+    (0x3005, 0x3005),
+    (0x3007, 0x3007),
+    (0x3021, 0x3029),
+    (0x3038, 0x303B),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xF900, 0xFA6D),
+    (0xFA70, 0xFAD9),
+    (0x16FE2, 0x16FE3),
+    (0x16FF0, 0x16FF1),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2EBE0),
+    (0x2F800, 0x2FA1D),
+    (0x30000, 0x323AF),
+)
+HAN_RE = re.compile(
+    "[" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in HAN_RANGES) + "]"
+)
 
 
 def literal_pattern(keyword: str) -> str:
@@ -127,9 +134,22 @@ def levenshtein(a: str, b: str) -> int:
     return prev[-1]
 
 
+def split_runs(run: str) -> list[str]:
+    """A ``[^\\W_]+`` run split where it holds a character that is a number but neither a
+    letter nor a decimal digit (Python's \\w has those; Go's IsLetter/IsDigit do not)."""
+    if run.isalpha() or run.isdecimal() or all(c.isalpha() or c.isdecimal() for c in run):
+        return [run]
+    return "".join(c if c.isalpha() or c.isdecimal() else " " for c in run).split()
+
+
+def letter_digit_runs(text: str) -> list[str]:
+    """The text's runs of Unicode letters and decimal digits."""
+    return [w for run in LETTER_DIGIT_RUN_RE.findall(text) for w in split_runs(run)]
+
+
 def lower_words(text: str) -> list[str]:
     """The text's runs of letters and digits, lowercased (upstream's fuzzy-match words)."""
-    return [w.lower() for w in LETTER_DIGIT_RUN_RE.findall(text)]
+    return [w.lower() for w in letter_digit_runs(text)]
 
 
 def fuzzy_present(keyword_lower: str, words: list[str], threshold: int) -> bool:

@@ -22,7 +22,7 @@ import math
 import re
 
 from vllm_sr.config.signal_families import StructureSignal
-from vllm_sr.router.signals import SignalResult, is_han
+from vllm_sr.router.signals import HAN_RANGES, SignalResult, split_runs
 
 _CJK_RANGES = (
     (0x1100, 0x11FF),  # Hangul Jamo
@@ -53,12 +53,20 @@ _CJK_RANGES = (
 )
 
 
+def _class(ranges: tuple[tuple[int, int], ...]) -> str:
+    return "[" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in ranges) + "]"
+
+
+CJK_CLASS = _class(HAN_RANGES + _CJK_RANGES)
+CJK_RE = re.compile(CJK_CLASS)
+# One unit: a CJK character, or a run of other letters/digits.
+UNIT_RE = re.compile(rf"{CJK_CLASS}|(?:(?!{CJK_CLASS})[^\W_])+")
+ASCII_UNIT_RE = re.compile(r"[A-Za-z0-9]+")
+
+
 def is_cjk(ch: str) -> bool:
     """Han, Hiragana, Katakana or Hangul."""
-    if is_han(ch):
-        return True
-    o = ord(ch)
-    return any(lo <= o <= hi for lo, hi in _CJK_RANGES)
+    return CJK_RE.match(ch) is not None
 
 
 def _letter_or_digit(ch: str) -> bool:
@@ -67,18 +75,11 @@ def _letter_or_digit(ch: str) -> bool:
 
 def text_units(text: str) -> int:
     """CJK characters count one each; runs of other letters/digits count one."""
+    if text.isascii():
+        return sum(1 for _ in ASCII_UNIT_RE.finditer(text))
     count = 0
-    in_word = False
-    for ch in text:
-        if is_cjk(ch):
-            count += 1
-            in_word = False
-        elif _letter_or_digit(ch):
-            if not in_word:
-                count += 1
-                in_word = True
-        else:
-            in_word = False
+    for unit in UNIT_RE.findall(text):
+        count += 1 if len(unit) == 1 and CJK_RE.match(unit) else len(split_runs(unit))
     return count
 
 
@@ -86,10 +87,13 @@ def _blocks(ch: str) -> bool:
     return _letter_or_digit(ch) and not is_cjk(ch)
 
 
-def keyword_occurrences(text: str, keyword: str) -> int:
+def keyword_occurrences(text: str, keyword: str, bounded: bool | None = None) -> int:
+    """Non-overlapping occurrences; ``bounded`` (default: the keyword has no CJK character)
+    counts only those with no non-CJK letter/digit on either side."""
     if not keyword:
         return 0
-    bounded = not any(is_cjk(ch) for ch in keyword)
+    if bounded is None:
+        bounded = CJK_RE.search(keyword) is None
     count = 0
     start = 0
     while True:
@@ -97,10 +101,9 @@ def keyword_occurrences(text: str, keyword: str) -> int:
         if idx < 0:
             return count
         end = idx + len(keyword)
-        if not bounded or (
-            (idx == 0 or not _blocks(text[idx - 1]))
-            and (end == len(text) or not _blocks(text[end]))
-        ):
+        before_ok = idx == 0 or not _blocks(text[idx - 1])
+        after_ok = end == len(text) or not _blocks(text[end])
+        if not bounded or (before_ok and after_ok):
             count += 1
         start = end
 
@@ -129,7 +132,9 @@ class StructureRule:
         self.regex: re.Pattern[str] | None = None
         if src.type == "regex":
             self.regex = re.compile(src.pattern or "", 0 if src.case_sensitive else re.IGNORECASE)
-        self.keywords = src.keywords if src.case_sensitive else [k.lower() for k in src.keywords]
+        keywords = src.keywords if src.case_sensitive else [k.lower() for k in src.keywords]
+        self.keywords = [(k, CJK_RE.search(k) is None) for k in keywords]
+        self.needs_units = sig.feature.type == "density"
 
     def count(self, text: str, user_text: str) -> int:
         src = self.sig.feature.source
@@ -138,27 +143,28 @@ class StructureRule:
             return sum(1 for _ in self.regex.finditer(text))
         if src.type == "keyword_set":
             candidate = text if src.case_sensitive else text.lower()
-            return sum(keyword_occurrences(candidate, k) for k in self.keywords)
+            return sum(keyword_occurrences(candidate, k, bounded) for k, bounded in self.keywords)
         if src.type == "sequence":
             return 1 if sequence_found(text, src.sequences, src.case_sensitive) else 0
         return len(user_text.encode("utf-8"))  # text_bytes
 
-    def value(self, text: str, user_text: str) -> float:
+    def value(self, text: str, user_text: str, units: int | None = None) -> float:
         kind = self.sig.feature.type
         if kind == "sequence":
             src = self.sig.feature.source
             return 1.0 if sequence_found(text, src.sequences, src.case_sensitive) else 0.0
         if kind == "density":
-            units = text_units(text)
+            units = text_units(text) if units is None else units
             return self.count(text, user_text) / units if units > 0 else 0.0
         n = self.count(text, user_text)
         if kind == "exists":
             return 1.0 if n > 0 else 0.0
         return float(n)
 
-    def result(self, text: str, user_text: str) -> SignalResult:
-        """``text``: the request text; ``user_text``: the current user text (text_bytes)."""
-        value = self.value(text, user_text)
+    def result(self, text: str, user_text: str, units: int | None = None) -> SignalResult:
+        """``text``: the request text; ``user_text``: the current user text (text_bytes);
+        ``units``: ``text_units(text)`` when the caller has it already."""
+        value = self.value(text, user_text, units)
         pred = self.sig.predicate
         if pred is None:
             matched = value > 0
