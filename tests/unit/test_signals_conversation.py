@@ -152,6 +152,12 @@ def test_image_parts_in_user_messages() -> None:
     assert conversation_count(rule({"type": "image_content"}), facts) == 2
 
 
+def test_an_empty_role_means_every_message_as_upstream() -> None:
+    facts = ConversationFacts(user_messages=1, assistant_messages=1)
+    assert conversation_count(rule({"type": "message", "role": ""}), facts) == 2
+    assert rule({"type": "tool_definition", "role": ""}).feature.source.role is None
+
+
 def test_count_without_predicate_always_matches() -> None:
     sigs = DeterministicSignals(Signals(conversation=[rule({"type": "tool_definition"})]))
     assert sigs.evaluate(RequestView(text=""))[("conversation", "r")].matched

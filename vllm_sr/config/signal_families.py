@@ -282,6 +282,11 @@ class ConversationSource(_Strict):
     """message only: count this role's messages (non_user = assistant + system + tool +
     developer); omitted = every message."""
 
+    @field_validator("role", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value  # upstream reads "" as no role
+
 
 class ConversationFeature(_Strict):
     type: Literal["count", "exists"]
