@@ -268,7 +268,7 @@ def test_domain_matches_the_top_label_with_its_threshold() -> None:
     law = DomainSignal(name="law", description="Law", threshold=0.9)
     probs = {"math": 0.7, "law": 0.3}
     out = domain_results([math, law], "math", probs)
-    assert out["math"] == SignalResult(True, 0.7, 0.7)
+    assert out["math"] == SignalResult(True, 0.7)  # upstream records no domain value
     assert not out["law"].matched
     out = domain_results([math, law], "law", {"math": 0.2, "law": 0.8})
     assert not out["law"].matched  # top label, but under its threshold 0.9

@@ -42,7 +42,7 @@ def chat(metadata: Any = None, **extra: Any) -> dict[str, Any]:
 def test_routing_hints_fragment_matches_the_exact_value() -> None:
     key = ("metadata", "consent-denied")
     res = hints().evaluate(RequestView.from_chat(chat({"consent": "denied"}), {}))[key]
-    assert (res.matched, res.confidence, res.value) == (True, 1.0, 1.0)
+    assert (res.matched, res.confidence, res.value) == (True, 1.0, None)
     for meta in ({"consent": "Denied"}, {"consent": "granted"}, {}, None):
         assert not hints().evaluate(RequestView.from_chat(chat(meta), {}))[key].matched
 
@@ -120,9 +120,17 @@ def test_request_metadata_at_the_limits_is_accepted() -> None:
 # -- role bindings --------------------------------------------------------------------------
 
 
-def rbac(fail_open: bool = False, **headers: str) -> DeterministicSignals:
-    signals = fragment("authz/rbac.yaml")
-    return DeterministicSignals(signals, fail_open=fail_open, **headers)
+def rbac(
+    fail_open: bool = False,
+    user_id_header: str = "x-authz-user-id",
+    user_groups_header: str = "x-authz-user-groups",
+) -> DeterministicSignals:
+    return DeterministicSignals(
+        fragment("authz/rbac.yaml"),
+        fail_open=fail_open,
+        user_id_header=user_id_header,
+        user_groups_header=user_groups_header,
+    )
 
 
 def roles(sigs: DeterministicSignals, headers: dict[str, str], **kw: Any) -> set[str]:

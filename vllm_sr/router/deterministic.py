@@ -16,7 +16,7 @@ bindings) and carry what a rule leaf reads (see :class:`~vllm_sr.router.signals.
   floor (the smallest non-zero rule threshold, else 0.3), empty or undetected text is ``en`` at
   0.5. At most one rule matches: the first named like the code whose threshold (if any) the
   confidence reaches. Confidence 1.0; no value.
-- metadata: equals / in / exists on the request's metadata; matched confidence and value 1.0.
+- metadata: equals / in / exists on the request's metadata; matched confidence 1.0; no value.
 - authz: a binding grants its role when a User subject equals the user-id header or a Group
   subject is among the comma-separated groups header. An empty user id with bindings configured
   raises :class:`AuthzRequired` (HTTP 403) unless ``fail_open``; eval skips authz.
@@ -269,9 +269,7 @@ class DeterministicSignals:
             for meta in self.metadata:
                 if used("metadata", meta.name):
                     hit = meta.predicate.holds(dict(view.metadata), meta.key)
-                    out.results[("metadata", meta.name)] = (
-                        SignalResult(True, 1.0, 1.0) if hit else MISS
-                    )
+                    out.results[("metadata", meta.name)] = HIT if hit else MISS
                     any_hit = any_hit or hit
             self._metric(out, "metadata", start, 1.0 if any_hit else 0.0)
         if authz and "authz" in types and self.bindings:

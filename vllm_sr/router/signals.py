@@ -52,9 +52,10 @@ ASCII_BOUNDARY = rf"(?:(?<={_ASCII_WORD})(?!{_ASCII_WORD})|(?<!{_ASCII_WORD})(?=
 @dataclass(frozen=True)
 class SignalResult:
     """One signal's outcome. ``confidence`` is what a plain rule leaf takes when the signal
-    matched (upstream's ``SignalConfidences``, 1.0 where the family records none); ``value``
-    is what a leaf with a ``predicate`` compares: upstream's ``SignalValues`` entry, else its
-    ``SignalConfidences`` entry, else None (nothing recorded: such a leaf does not match)."""
+    matched (upstream's ``SignalConfidences`` entry, 1.0 where the family records none).
+    ``value`` is upstream's ``SignalValues`` entry, None where the family records none: the
+    raw number a leaf with a ``predicate`` compares (upstream reads the confidence instead
+    when there is no value)."""
 
     matched: bool
     confidence: float
@@ -355,5 +356,5 @@ def domain_results(
     out = {}
     for dom in domains:
         p = float(probabilities.get(dom.name, 0.0))
-        out[dom.name] = SignalResult(label == dom.name and p >= dom.threshold, _clamp(p), p)
+        out[dom.name] = SignalResult(label == dom.name and p >= dom.threshold, _clamp(p))
     return out
