@@ -299,6 +299,12 @@ def test_unknown_keys_deep_in_global_still_fail_with_path_and_line() -> None:
             authz:
               identity:
                 user_header: x-user
+            observability:
+              tracing:
+                exporter: {type: otlp, endpont: "jaeger:4317"}
+          router:
+            learning:
+              protection: {tuning: {switch_margn: 0.1}}
           integrations:
             looper:
               endpont: ""
@@ -307,7 +313,12 @@ def test_unknown_keys_deep_in_global_still_fail_with_path_and_line() -> None:
     assert problems == [
         "config.yaml:5: global.services.authz.identity.user_header: unknown key "
         "'user_header'; accepted: user_id_header, user_groups_header",
-        "config.yaml:8: global.integrations.looper.endpont: unknown key 'endpont'; accepted: "
+        "config.yaml:8: global.services.observability.tracing.exporter.endpont: unknown key "
+        "'endpont'; accepted: type, endpoint, insecure",
+        "config.yaml:11: global.router.learning.protection.tuning.switch_margn: unknown key "
+        "'switch_margn'; accepted: idle_timeout_seconds, min_turns_before_switch, switch_margin, "
+        "stability_weight",
+        "config.yaml:14: global.integrations.looper.endpont: unknown key 'endpont'; accepted: "
         "endpoint, grpc_max_msg_size_mb, max_response_bytes_mb, timeout_seconds, retry_count, "
         "headers, remom, fusion, flow",
     ]
@@ -627,15 +638,15 @@ def test_every_problem_of_a_file_comes_in_one_run() -> None:
 def test_every_new_model_field_has_a_docstring() -> None:
     from pydantic import BaseModel
 
-    from vllm_sr.config import recipes, upstream_catalog, upstream_global
+    from vllm_sr.config import recipes, upstream_catalog, upstream_global, upstream_settings
 
     models = [
         v
-        for module in (recipes, upstream_catalog, upstream_global)
+        for module in (recipes, upstream_catalog, upstream_global, upstream_settings)
         for v in vars(module).values()
         if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == module.__name__
     ]
-    assert len(models) >= 40
+    assert len(models) >= 60
     for model in models:
         assert model.model_config.get("extra") == "forbid", model.__name__
         for name, field in model.model_fields.items():

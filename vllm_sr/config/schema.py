@@ -33,14 +33,13 @@ from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase, Modules
 from vllm_sr.config.upstream_global import (
     Integrations,
-    ModelSelection,
-    RouterLearning,
     RoutingStrategy,
     Services,
     SkipProcessing,
     Stores,
     StreamedBody,
 )
+from vllm_sr.config.upstream_settings import ModelSelection, RouterLearning
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
 
 DEVICE_RE = re.compile(r"^(cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")

@@ -6,10 +6,11 @@ Field names and defaults are upstream's, so an upstream file loads unchanged. Mo
 settings configure upstream services that vllm-sr does not run (Envoy, Redis, Milvus, the
 Responses API...). Such a setting is accepted when it cannot change routing or the request
 (observability, the management API's address); a switch that would turn on behaviour vllm-sr
-lacks is refused by ``upstream_refusals`` with "not supported by vllm-sr". The connection
-blocks of those stores and services (``redis``, ``postgres``, ``milvus``, ...) are
-:data:`BackendSettings`: mappings kept as written and not checked key by key, because nothing
-in vllm-sr connects to them and their switch is refused whenever it would.
+lacks is refused by ``upstream_refusals`` with "not supported by vllm-sr". Non-connection
+sub-blocks (observability, management auth, Router Learning, selector globals) are typed in
+``upstream_settings``. The connection blocks of stores and services (``redis``, ``postgres``,
+``milvus``, ...) are :data:`BackendSettings`: mappings kept as written and not checked key by
+key, because nothing in vllm-sr connects to them and their switch is refused whenever it would.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from vllm_sr.config.routing_base import Strict
+from vllm_sr.config.upstream_settings import (
+    API,
+    ManagementAuth,
+    Observability,
+)
 
 BackendSettings = dict[str, Any]
 """Connection settings of an upstream backend vllm-sr never connects to (kept as written)."""
@@ -46,47 +52,6 @@ class SkipProcessing(Strict):
     enabled: bool = False
     """Upstream: honour ``x-vsr-skip-processing: true`` (pass the request through unrouted).
     vllm-sr routes every auto request; only false is supported."""
-
-
-class ModelSelection(Strict):
-    """Global settings of upstream's learned selectors (router_dc, automix, hybrid, knn...):
-    read only by decisions whose ``algorithm`` is one of them, which vllm-sr refuses."""
-
-    method: str | None = None
-    """Upstream: the default learned selector."""
-
-    enabled: bool | None = None
-    """Upstream: learned selection on."""
-
-    router_dc: BackendSettings | None = None
-    """Upstream: router_dc selector settings."""
-
-    automix: BackendSettings | None = None
-    """Upstream: automix selector settings."""
-
-    hybrid: BackendSettings | None = None
-    """Upstream: hybrid selector weights."""
-
-    momentum: BackendSettings | None = None
-    """Upstream: selection momentum."""
-
-    ml: BackendSettings | None = None
-    """Upstream: trained selector artifacts (knn, kmeans, svm, mlp)."""
-
-
-class RouterLearning(Strict):
-    enabled: bool = False
-    """Upstream: Router Learning may override the base selector per session. Only false is
-    supported."""
-
-    adaptation: BackendSettings | None = None
-    """Upstream: adaptation settings."""
-
-    protection: BackendSettings | None = None
-    """Upstream: session protection settings."""
-
-    state_store: BackendSettings | None = None
-    """Upstream: where learning state lives."""
 
 
 # -- global.services ---------------------------------------------------------------------------
@@ -200,7 +165,7 @@ class ManagementAPI(Strict):
     remote_exposure: bool | None = None
     """Upstream: allow binding beyond loopback."""
 
-    auth: BackendSettings | None = None
+    auth: ManagementAuth | None = None
     """Upstream: management API auth (mode, tokens, roles)."""
 
 
@@ -210,19 +175,6 @@ class StartupStatus(Strict):
 
     redis: BackendSettings | None = None
     """Upstream: Redis connection."""
-
-
-class API(Strict):
-    batch_classification: BackendSettings | None = None
-    """Upstream: limits of the batch classification API (vllm-sr does not serve it)."""
-
-
-class Observability(Strict):
-    tracing: BackendSettings | None = None
-    """Upstream: OpenTelemetry tracing. vllm-sr has its own logs and metrics."""
-
-    metrics: BackendSettings | None = None
-    """Upstream: Prometheus metrics settings."""
 
 
 class Services(Strict):
