@@ -100,6 +100,8 @@ class ChatMount:
         """Candidate and example embeddings for this generation, asked once (the first chat
         asks for them itself when the decision deployment is not ready yet)."""
         for router in chat.recipes.values():
+            # The language models load in seconds: here, not on the first chat that asks.
+            await asyncio.to_thread(router.deterministic.warm)
             with contextlib.suppress(VllmSrError):
                 await router.warm()
 

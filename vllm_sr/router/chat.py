@@ -58,6 +58,7 @@ H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
 H_DEBUG = "x-vsr-debug"
 H_RECIPE = "x-vsr-selected-recipe"
+H_CONTEXT_TOKENS = "x-vsr-context-token-count"
 # Rule-leaf type -> the debug header's family word (upstream's names).
 DEBUG_FAMILY = {
     "keyword": "keywords",
@@ -143,6 +144,8 @@ def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str
         for family, names in families.items():
             headers[f"x-vsr-matched-{family}"] = ",".join(names)
         headers[H_REASONING] = "on" if reasoning_enabled(result.model_ref) else "off"
+        if result.context_tokens is not None:
+            headers[H_CONTEXT_TOKENS] = str(result.context_tokens)
     return headers
 
 

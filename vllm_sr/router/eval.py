@@ -104,6 +104,7 @@ def _metrics(run: SignalRun) -> dict[str, dict[str, float]]:
     for (kind, _), res in run.results.items():
         if res.matched:
             best[kind] = max(best.get(kind, 0.0), res.confidence)
+    best.update(run.family_confidence)
     return {
         kind: {"execution_time_ms": round(ms, 3), "confidence": best.get(kind, 0.0)}
         for kind, ms in sorted(run.timings_ms.items())

@@ -59,6 +59,7 @@ class RouteResult:
     fallback: str | None = None  # why default_model was used, when routing could not decide
     method: str = "default"  # upstream's x-vsr-selected-algorithm: single, static, default
     model_ref: Any = None  # the decision's modelRef that was chosen (reasoning reads it)
+    context_tokens: int | None = None  # x-vsr-context-token-count (debug), when context ran
     routed: bool = True  # False: the caller named a model (no signals, no decision)
     decision_refs: tuple[Any, ...] = ()  # the decision's modelRefs (the reasoning effort lookup)
     recipe: str = "default"  # the recipe that routed it (x-vsr-selected-recipe)
@@ -71,7 +72,11 @@ class SignalRun:
     results: dict[SignalKey, SignalResult] = field(default_factory=dict)
     errors: dict[SignalKey, str] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # Upstream's per-family eval confidence where the family defines its own (language: the
+    # detection's); other families report their best matched confidence.
+    family_confidence: dict[str, float] = field(default_factory=dict)
     failure: str | None = None  # a deployment's exchange failed: the chat falls back
+    context_tokens: int | None = None  # the context family's count, when it ran
 
     def matched(self) -> tuple[str, ...]:
         return tuple(sorted(f"{t}:{n}" for (t, n), r in self.results.items() if r.matched))
@@ -195,12 +200,12 @@ class Router:
         run.results.update(plan.keyword_results(view.text))
         if plan.keywords:
             run.timings_ms["keyword"] = (time.perf_counter() - started) * 1000.0
-        started = time.perf_counter()
-        det = self.deterministic.evaluate(view, wanted=plan.referenced, authz=authz)
-        elapsed = (time.perf_counter() - started) * 1000.0
-        for kind, _ in det:
-            run.timings_ms[kind] = elapsed
-        run.results.update(det)
+        report = self.deterministic.report(view, plan.referenced, authz=authz)
+        for kind, metric in report.metrics.items():
+            run.timings_ms[kind] = metric.execution_time_ms
+            run.family_confidence[kind] = metric.confidence
+        run.results.update(report.results)
+        run.context_tokens = report.context_tokens
         if plan.deployments and view.text.strip():
             started = time.perf_counter()
             run.failure = await self._ask_all(plan, view.text, run.results)
@@ -244,6 +249,7 @@ class Router:
             choice.ref,
             decision_refs=tuple(decision.model_refs or ()) if decision is not None else (),
             recipe=self.recipe,
+            context_tokens=run.context_tokens,
         )
         self.stats.record(result)
         return result

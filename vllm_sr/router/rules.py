@@ -2,8 +2,8 @@
 decisions, and the model a decision ends at. Upstream's semantics (``pkg/decision/engine.go``):
 
 - a leaf is its signal's result (confidence 1.0 when the family gives none); a leaf with a
-  ``predicate`` instead compares the signal's raw value (else its confidence) with the bounds
-  and matches with confidence 1.0; a leaf whose signal failed matches only with
+  ``predicate`` instead compares the signal's raw value (else, for a match, its confidence)
+  with the bounds and matches with confidence 1.0; a leaf whose signal failed matches only with
   ``on_error: match``;
 - ``AND`` matches when every condition does, with their mean confidence (an empty AND matches
   with confidence 0); ``NOT`` (exactly one condition) when its condition does not, with
@@ -71,7 +71,9 @@ def _leaf(
     if res is None and key in errors:
         return RuleValue(True, 1.0) if getattr(node, "on_error", None) == "match" else MISS
     if predicate is not None:
-        if res is None:
+        # Upstream reads the signal's recorded value, else its recorded confidence (recorded
+        # for a match); with neither the leaf does not match.
+        if res is None or (res.value is None and not res.matched):
             return MISS
         value = res.value if res.value is not None else res.confidence
         return RuleValue(True, 1.0) if predicate_holds(float(value), predicate) else MISS
