@@ -58,6 +58,7 @@ H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
 H_DEBUG = "x-vsr-debug"
 H_RECIPE = "x-vsr-selected-recipe"
+DEFAULT_EVAL_MODEL = "vllm-sr/auto"  # upstream's eval reads an empty model as this alias
 H_CONTEXT_TOKENS = "x-vsr-context-token-count"
 # Rule-leaf type -> the debug header's family word (upstream's names).
 DEBUG_FAMILY = {
@@ -243,7 +244,7 @@ class ChatRouter:
             if request.error is not None:
                 raise route_eval.EvalError("INVALID_INPUT", request.error.message)
             payload = route_eval.parse_payload(request.body)
-            model = payload.get("model") or self.auto_model_names[0]
+            model = payload.get("model") or DEFAULT_EVAL_MODEL
             recipe = self.recipe_of(model) if isinstance(model, str) else None
             if recipe is None:
                 raise route_eval.EvalError(

@@ -55,7 +55,7 @@ def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
         routing=config.recipes_by_name()["default"],
         recipes=config.recipes_by_name(),
         entrypoints={
-            name: config.recipe_name_for(name) or "default"
+            name.strip(): config.recipe_name_for(name) or "default"
             for entry in config.entrypoints
             for name in entry.model_names
         },
