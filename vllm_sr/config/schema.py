@@ -316,7 +316,8 @@ class ModelCatalog(_Strict):
     """System models and the deployments that serve them."""
 
     embeddings: Embeddings = Field(default_factory=Embeddings)
-    """Upstream: embedding models and matching options (see docs/router.md ("Upstream fields outside routing and providers"))."""
+    """Upstream: embedding models and matching options (docs/router.md, "Upstream fields
+    outside routing and providers")."""
 
     external: list[ExternalModel] = Field(default_factory=list)
     """Upstream: LLMs for llm classifiers and remote guards (used by refused families)."""

@@ -6,7 +6,8 @@ validate`` run lists them all. The rule for what is refused: a written value tha
 routing or the request (or turn on a service an operator would rely on) and that vllm-sr does
 not implement. A value that only matters to something already refused elsewhere (a plugin, a
 signal family, a selector algorithm) is accepted: the refusal of that thing is what tells the
-operator. docs/router.md ("Upstream fields outside routing and providers") lists every field and its verdict. (A looper decision
+operator. docs/router.md ("Upstream fields outside routing and providers") lists every field
+and its verdict. (A looper decision
 that upstream would run through ``global.integrations.looper.endpoint`` is refused at the
 decision by ``routing_rules.routing_problems``.)
 
