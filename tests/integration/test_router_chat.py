@@ -252,12 +252,13 @@ async def test_stream_chunks_pass_through_as_they_arrive(stack: Stack) -> None:
     assert rest[-1].choices[0].finish_reason == "stop"
 
 
-async def test_unknown_model_is_a_typed_404_naming_the_known_models(stack: Stack) -> None:
-    with pytest.raises(openai.NotFoundError) as info:
+async def test_unknown_model_is_upstreams_400_naming_the_known_models(stack: Stack) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
         await stack.client.chat.completions.create(model="gpt-9", messages=user("x"))  # type: ignore[arg-type]
     err = info.value.body
     assert isinstance(err, dict)
     assert err["code"] == "model_not_found"
+    assert err["type"] == "invalid_request_error"
     for name in ("vllm-sr/auto", "auto", "general", "coder", "offline"):
         assert name in err["message"]
 

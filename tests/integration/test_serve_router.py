@@ -159,7 +159,7 @@ async def test_router_mode_on_a_real_serve(tmp_path: Path, tiny_bert_dir: Path) 
                 model="coder", messages=[{"role": "user", "content": "no routing"}]
             )
             assert direct.choices[0].message.content == "coder got: no routing"
-            with pytest.raises(openai.NotFoundError) as nf:
+            with pytest.raises(openai.BadRequestError) as nf:
                 await client.chat.completions.create(
                     model="nope", messages=[{"role": "user", "content": "x"}]
                 )

@@ -145,8 +145,10 @@ def test_default_model_backend_refs_regex_and_auto_names() -> None:
     doc["global"]["router"]["auto_model_names"].append("coder")
     found = problems_of(doc)
     assert "names no model" in found["providers.defaults.default_model"]
-    assert "exactly one of endpoint or base_url" in found["providers.models[0].backend_refs[0]"]
-    assert "is not HOST:PORT" in found["providers.models[1].backend_refs[0].endpoint"]
+    # upstream takes endpoint or base_url; both at once is refused by name
+    both = found["providers.models[0].backend_refs[0]"]
+    assert "both endpoint and base_url is not supported by vllm-sr" in both
+    assert "is not HOST[:PORT]" in found["providers.models[1].backend_refs[0].endpoint"]
     assert "is not a regular expression" in found["routing.signals.keywords[0].keywords[3]"]
     assert "also a providers model name" in found["global.router.auto_model_names[2]"]
 

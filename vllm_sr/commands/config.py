@@ -109,7 +109,10 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps({"config": str(args.config), "valid": True, "problems": []}))
     else:
         n = len(config.deployments)
-        print(f"{args.config}: valid ({n} deployment{'s' if n != 1 else ''})")
+        what = f"{n} deployment{'s' if n != 1 else ''}"
+        if config.uses_embedded_default:
+            what = "no deployment declared: the embedded default vllm-sr/d3-edge runs"
+        print(f"{args.config}: valid ({what})")
     return 0
 
 

@@ -55,16 +55,14 @@ def _run(args: argparse.Namespace) -> int:
     from vllm_sr.logs import setup_logging
     from vllm_sr.supervisor.service import ServeOptions, config_planner, config_scaler, serve
 
-    settings = load_service_settings(
-        args.service_config,
-        overrides={
-            "listen": args.listen,
-            "control_socket": args.control_socket,
-            "runtime_dir": args.runtime_dir,
-            "artifacts_dir": args.artifacts_dir,
-            "ready_timeout_s": args.ready_timeout,
-        },
-    )
+    overrides = {
+        "listen": args.listen,
+        "control_socket": args.control_socket,
+        "runtime_dir": args.runtime_dir,
+        "artifacts_dir": args.artifacts_dir,
+        "ready_timeout_s": args.ready_timeout,
+    }
+    settings = load_service_settings(args.service_config, overrides=overrides)
     config_path = Path(args.config)
     # Another worker command (tests, debugging) resolves artifacts its own way.
     override = os.environ.get(WORKER_ARGV_ENV)
@@ -73,11 +71,20 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     os.environ[ARTIFACTS_DIR_ENV] = str(settings.artifacts_dir)  # the workers inherit it
     planner = config_planner(config_path, artifacts_dir)
-    planner()  # refuse a bad config or plan before anything starts (exit 78)
+    plan = planner()  # refuse a bad config or plan before anything starts (exit 78)
+    if args.listen is None and plan.listen is not None:
+        overrides["listen"] = plan.listen  # config.yaml's first listener
+        settings = load_service_settings(args.service_config, overrides=overrides)
     log_format = args.log_format or settings.log_format
     if log_format != "auto":
         os.environ["VLLM_SR_LOG_FORMAT"] = log_format  # the workers inherit it
     setup_logging("serve", log_format=log_format)
+    if plan.embedded_default:
+        log.warning(
+            "config.yaml declares no global.model_catalog: the embedded default runs (%s on "
+            "one CPU worker, deployment primary, as the decision model)",
+            plan.embedded_default,
+        )
     _threads_record_dir(settings.state_dir)
     # Tests (and debugging) may run another worker command; the default is `vllm-sr worker`.
     options = ServeOptions(

@@ -13,7 +13,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import CommentMark
 from ruamel.yaml.tokens import CommentToken
 
-from vllm_sr.config.schema import Replica
+from vllm_sr.config.schema import Replica, embedded_default_deployments
 
 __all__ = ["child", "deployment_doc", "set_key", "set_threads", "write_replicas"]
 
@@ -137,5 +137,16 @@ def child(mapping: CommentedMap, key: str) -> CommentedMap:
 
 
 def deployment_doc(doc: Any, name: str) -> CommentedMap:
-    node: CommentedMap = doc["global"]["model_catalog"]["deployments"][name]
+    """The deployment's mapping in the document. A file that declares no deployment runs the
+    embedded default: it is written out first (as the schema fills it in), so a flag can edit
+    it like any declared one."""
+    catalog = child(child(doc, "global"), "model_catalog")
+    if not isinstance(catalog.get("deployments"), CommentedMap):
+        deployments = CommentedMap()
+        for dep_name, dep in embedded_default_deployments().items():
+            dep_doc = CommentedMap(provider=dep.provider, artifact=dep.artifact)
+            dep_doc["replicas"] = CommentedSeq([_replica_map(r) for r in dep.effective_replicas()])
+            deployments[dep_name] = dep_doc
+        catalog["deployments"] = deployments
+    node: CommentedMap = catalog["deployments"][name]
     return node

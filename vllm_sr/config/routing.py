@@ -1,10 +1,11 @@
-"""pydantic models of Router mode's config: the top-level ``providers:`` and ``routing:``
-sections, and ``global.router.auto_model_names``.
+"""pydantic models of Router mode's config: ``routing:`` (modelCards, signals, projections,
+decisions, strategy) and ``global.router.auto_model_names``; ``providers:`` lives in
+``routing_providers``, the signal families in ``routing_signals``, the rule tree in
+``routing_tree`` (all re-exported here).
 
-Field names and meanings follow the upstream vLLM Semantic Router (keyword methods regex /
-bm25 / ngram with ``bm25_threshold`` 0.1, ``ngram_threshold`` 0.4 and ``ngram_arity`` 3 as
-defaults; embedding ``aggregation_method`` max / mean / any; decisions with AND / OR / NOT
-rule trees and ``modelRefs``).
+Field names and meanings follow the upstream vLLM Semantic Router v0.3 (``C/decision_config.go``,
+``C/canonical_config.go``), so an upstream file parses unchanged. What vllm-sr does not act on
+is refused by name by ``routing_support`` ("not supported by vllm-sr", with what is supported).
 
 Cross-field rules (a decision naming an unknown signal or model, a signal on a deployment that
 does not exist, duplicate names, a regex that does not compile) live in
@@ -16,228 +17,302 @@ The models run the rules that need nothing outside their own section and raise t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, field_validator, model_validator
 
-from vllm_sr.config.routing_rules import (
-    check_routing,
-    providers_problems,
-    routing_local_problems,
-    routing_problems,
+from vllm_sr.config.routing_base import Strict, raise_first
+from vllm_sr.config.routing_projections import Projections
+from vllm_sr.config.routing_providers import (
+    BackendRef,
+    ModelPricing,
+    ProviderDefaults,
+    ProviderModel,
+    ProviderReliability,
+    Providers,
+    ReasoningFamily,
 )
+from vllm_sr.config.routing_rules import check_routing, routing_local_problems, routing_problems
+from vllm_sr.config.routing_signals import (
+    DEFAULT_BM25_THRESHOLD,
+    DEFAULT_NGRAM_ARITY,
+    DEFAULT_NGRAM_THRESHOLD,
+    DomainSignal,
+    EmbeddingSignal,
+    KeywordSignal,
+    Signals,
+)
+from vllm_sr.config.routing_support import effective_algorithm, looper_would_run
+from vllm_sr.config.routing_tree import Predicate, RuleLeaf, RuleNode
 
-if TYPE_CHECKING:
-    from vllm_sr.config.problems import Problem
-
-__all__ = ["check_routing", "routing_problems"]
+__all__ = [
+    "DEFAULT_BM25_THRESHOLD",
+    "DEFAULT_NGRAM_ARITY",
+    "DEFAULT_NGRAM_THRESHOLD",
+    "BackendRef",
+    "DomainSignal",
+    "EmbeddingSignal",
+    "KeywordSignal",
+    "ModelPricing",
+    "Predicate",
+    "Projections",
+    "ProviderDefaults",
+    "ProviderModel",
+    "ProviderReliability",
+    "Providers",
+    "ReasoningFamily",
+    "RuleLeaf",
+    "RuleNode",
+    "Signals",
+    "check_routing",
+    "effective_algorithm",
+    "looper_would_run",
+    "routing_problems",
+]
 
 DEFAULT_AUTO_MODEL_NAMES = ("vllm-sr/auto", "auto")
-DEFAULT_BM25_THRESHOLD = 0.1
-DEFAULT_NGRAM_THRESHOLD = 0.4
-DEFAULT_NGRAM_ARITY = 3
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+# -- modelCards -----------------------------------------------------------------------------
 
 
-def _raise_first(problems: list[Problem]) -> None:
-    from vllm_sr.config.problems import SEMANTIC_ERROR
-
-    if problems:
-        raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
-
-
-# -- providers ------------------------------------------------------------------------------
-
-
-class BackendRef(_Strict):
-    endpoint: str | None = Field(default=None, max_length=300)
-    """An OpenAI-compatible server as HOST:PORT (plain http; the API lives under /v1)."""
-
-    base_url: str | None = Field(default=None, max_length=2000)
-    """Or the server's API root as a URL, e.g. https://host/v1 (chat goes to
-    BASE_URL/chat/completions)."""
-
-    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    """Name of the environment variable holding the Bearer token sent to this backend; the
-    token is read at startup and never written to logs or the config."""
-
-    def api_base(self) -> str:
-        """The API root without a trailing slash: http://HOST:PORT/v1 or base_url."""
-        if self.base_url is not None:
-            return self.base_url.rstrip("/")
-        return f"http://{self.endpoint}/v1"
-
-
-class ProviderModel(_Strict):
-    name: str = Field(min_length=1, max_length=128, pattern=r"^\S+$")
-    """The model's name: what decisions' modelRefs and callers' ``model`` use."""
-
-    provider_model_id: str | None = Field(default=None, min_length=1, max_length=256)
-    """The model name the backend expects in ``model`` (default: name)."""
-
-    backend_refs: list[BackendRef] = Field(min_length=1, max_length=64)
-    """The servers that serve this model; a request goes to a healthy one."""
-
-    @property
-    def backend_model(self) -> str:
-        return self.provider_model_id or self.name
-
-
-class ProviderDefaults(_Strict):
-    default_model: str = Field(min_length=1, max_length=128)
-    """The model used when no decision matches, the chosen decision's models are all down,
-    or routing itself fails (signals' deployment down or full)."""
-
-
-class Providers(_Strict):
-    defaults: ProviderDefaults
-    """Defaults for routing (default_model)."""
-
-    models: list[ProviderModel] = Field(min_length=1, max_length=256)
-    """The LLMs chat requests can go to, each with its OpenAI-compatible backends."""
-
-    @model_validator(mode="after")
-    def _rules(self) -> Providers:
-        _raise_first(providers_problems(self.model_dump(by_alias=True, exclude_none=True)))
-        return self
-
-
-# -- signals --------------------------------------------------------------------------------
-
-
-class KeywordSignal(_Strict):
+class LoRAAdapter(Strict):
     name: str = Field(min_length=1, max_length=128)
-    """The signal's name; rules name it as {type: keyword, name: NAME}."""
+    """The adapter's name: a modelRef's lora_name (sent to the backend as ``model``)."""
 
-    operator: Literal["AND", "OR", "NOR"] = "OR"
-    """OR: any keyword matches; AND: every keyword matches; NOR: none matches."""
-
-    method: Literal["regex", "bm25", "ngram"] = "regex"
-    """regex: each keyword is a regular expression matched on whole words; bm25: each keyword
-    is scored as a document against the request (bm25_threshold); ngram: character n-gram
-    similarity per keyword, tolerant of typos (ngram_threshold, ngram_arity)."""
-
-    keywords: list[str] = Field(min_length=1, max_length=1024)
-    """The keywords (regular expressions with method regex)."""
-
-    case_sensitive: bool = False
-    """Match case exactly (default: case-insensitive)."""
-
-    bm25_threshold: float = Field(default=DEFAULT_BM25_THRESHOLD, ge=0.0, le=1000.0)
-    """method bm25: the least BM25 score at which a keyword counts as present (default 0.1)."""
-
-    ngram_threshold: float = Field(default=DEFAULT_NGRAM_THRESHOLD, gt=0.0, le=1.0)
-    """method ngram: the least n-gram similarity (0-1] at which a keyword counts as present
-    (default 0.4)."""
-
-    ngram_arity: int = Field(default=DEFAULT_NGRAM_ARITY, ge=1, le=8)
-    """method ngram: the n of the character n-grams (default 3)."""
-
-    description: str | None = Field(default=None, max_length=2000)
+    description: str | None = Field(default=None, max_length=4000)
     """Free text for people."""
 
 
-class EmbeddingSignal(_Strict):
+class ModelCard(Strict):
     name: str = Field(min_length=1, max_length=128)
-    """The signal's name; rules name it as {type: embedding, name: NAME}."""
+    """The model's name (unique; a providers.models name gives its backends)."""
 
-    threshold: float = Field(ge=-1.0, le=1.0)
-    """The least cosine similarity (after aggregation) at which the signal matches."""
+    param_size: str | None = Field(default=None, max_length=32)
+    """Metadata, e.g. 8B."""
 
-    aggregation_method: Literal["max", "mean", "any"] = "max"
-    """max: the best candidate's similarity; mean: the mean over candidates; any: matches when
-    some candidate reaches the threshold (confidence: the first such candidate's similarity)."""
+    context_window_size: int | None = Field(default=None, ge=0)
+    """Metadata: the context window in tokens."""
 
-    candidates: list[str] = Field(min_length=1, max_length=1024)
-    """Example phrases; embedded once per config generation and cached by the router."""
-
-    deployment: str | None = Field(default=None, max_length=63)
-    """The deployment that embeds the request (default: the decision model's deployment)."""
-
-    description: str | None = Field(default=None, max_length=2000)
+    description: str | None = Field(default=None, max_length=4000)
     """Free text for people."""
 
+    capabilities: list[str] = Field(default_factory=list, max_length=64)
+    """Metadata tags of what the model can do."""
 
-class DomainSignal(_Strict):
-    name: str = Field(min_length=1, max_length=128)
-    """The domain (the classification label); rules name it as {type: domain, name: NAME}."""
+    loras: list[LoRAAdapter] = Field(default_factory=list, max_length=256)
+    """LoRA adapters served by the model's backends (modelRefs[].lora_name)."""
 
-    description: str | None = Field(default=None, max_length=2000)
-    """What the domain covers; also used as one of the label's example texts."""
+    quality_score: float | None = None
+    """Metadata (upstream's multi_factor algorithm reads it)."""
 
-    examples: list[str] = Field(default_factory=list, max_length=1024)
-    """More example texts of the domain (the label's examples: description + examples)."""
+    modality: str | None = Field(default=None, max_length=32)
+    """Metadata, e.g. ar, diffusion, omni."""
 
-    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
-    """The least probability of the top label for the domain to match (default 0: the top
-    label is enough)."""
-
-    deployment: str | None = Field(default=None, max_length=63)
-    """The deployment that classifies the request (default: the decision model's deployment).
-    All domains on one deployment form one label set."""
-
-    def label_examples(self) -> list[str]:
-        return ([self.description] if self.description else []) + list(self.examples)
-
-
-class Signals(_Strict):
-    keywords: list[KeywordSignal] = Field(default_factory=list, max_length=1024)
-    """Keyword signals (no model needed)."""
-
-    embeddings: list[EmbeddingSignal] = Field(default_factory=list, max_length=1024)
-    """Embedding similarity signals (answered by a deployment)."""
-
-    domains: list[DomainSignal] = Field(default_factory=list, max_length=256)
-    """Domain classification signals (answered by a deployment)."""
+    tags: list[str] = Field(default_factory=list, max_length=64)
+    """Metadata tags."""
 
 
 # -- decisions ------------------------------------------------------------------------------
 
 
-class RuleLeaf(_Strict):
-    type: Literal["keyword", "embedding", "domain"]
-    """The signal's type."""
-
-    name: str = Field(min_length=1, max_length=128)
-    """The signal's name."""
-
-
-class RuleNode(_Strict):
-    operator: Literal["AND", "OR", "NOT"]
-    """AND: every condition (confidence: their mean); OR: any (confidence: the best);
-    NOT: exactly one condition, negated."""
-
-    conditions: list[RuleLeaf | RuleNode] = Field(min_length=1, max_length=256)
-    """Signals ({type, name}) or nested rules ({operator, conditions})."""
-
-
-class ModelRef(_Strict):
+class ModelRef(Strict):
     model: str = Field(min_length=1, max_length=128)
-    """A providers.models name."""
+    """A providers.models (or modelCards) name."""
+
+    lora_name: str | None = Field(default=None, min_length=1, max_length=128)
+    """A LoRA of the model's card, sent to the backend as ``model`` instead."""
+
+    weight: float = Field(default=0.0, ge=0.0)
+    """Upstream: the share in remom's model distribution (metadata when run as static)."""
+
+    use_reasoning: bool = False
+    """Switch the model's reasoning on (providers reasoning_family)."""
+
+    reasoning_effort: str | None = Field(default=None, min_length=1, max_length=32)
+    """The effort when reasoning (default: providers.defaults.default_reasoning_effort, else
+    medium)."""
+
+    reasoning_description: str | None = Field(default=None, max_length=4000)
+    """Free text for people."""
 
 
-class Decision(_Strict):
+class Algorithm(Strict):
+    """How a decision picks among its modelRefs. vllm-sr runs ``static`` (and the looper types
+    as upstream runs them without a looper endpoint: static, see ``effective_algorithm``).
+    The per-type blocks are kept as given: vllm-sr does not run those algorithms."""
+
+    type: str = Field(max_length=64)
+    """The algorithm (lowercase): static; looper types confidence, ratings, remom, fusion,
+    workflows run as static; other selectors are refused."""
+
+    on_error: str | None = Field(default=None, max_length=32)
+    """Upstream: what a failing selector does."""
+
+    confidence: dict[str, Any] | None = None
+    """The confidence looper's settings."""
+
+    ratings: dict[str, Any] | None = None
+    """The ratings looper's settings."""
+
+    remom: dict[str, Any] | None = None
+    """The remom looper's settings."""
+
+    fusion: dict[str, Any] | None = None
+    """The fusion looper's settings."""
+
+    workflows: dict[str, Any] | None = None
+    """The workflows looper's settings."""
+
+    router_dc: dict[str, Any] | None = None
+    """Upstream's router_dc selector (refused)."""
+
+    automix: dict[str, Any] | None = None
+    """Upstream's automix selector (refused)."""
+
+    hybrid: dict[str, Any] | None = None
+    """Upstream's hybrid selector (refused)."""
+
+    latency_aware: dict[str, Any] | None = None
+    """Upstream's latency_aware selector (refused)."""
+
+    multi_factor: dict[str, Any] | None = None
+    """Upstream's multi_factor selector (refused)."""
+
+    prompt: dict[str, Any] | None = None
+    """Upstream's prompt selector (refused)."""
+
+
+class Plugin(Strict):
+    type: str = Field(min_length=1, max_length=64)
+    """The plugin (every type is refused by vllm-sr for now)."""
+
+    configuration: dict[str, Any] | None = None
+    """The plugin's settings."""
+
+
+class Retention(Strict):
+    drop: bool | None = None
+    """Upstream: do not write the answer to the response cache (refused)."""
+
+    ttl_turns: int | None = Field(default=None, ge=0)
+    """Upstream: the cache entry's TTL, 60 s per turn (refused when > 0)."""
+
+    keep_current_model: bool | None = None
+    """Upstream: Router Learning's model-switch gate stays (metadata: no learning here)."""
+
+    prefer_prefix_retention: bool | None = None
+    """Upstream: a hint header to the pool (metadata)."""
+
+
+class Emit(Strict):
+    kind: Literal["retention"]
+    """The directive's kind."""
+
+    retention: Retention | None = None
+    """The retention directive."""
+
+
+class LearningAdaptation(Strict):
+    mode: str | None = Field(default=None, max_length=32)
+    """apply / observe / bypass."""
+
+    candidate_set: str | None = Field(default=None, max_length=64)
+    """Which models learning may choose from."""
+
+
+class LearningProtection(Strict):
+    mode: str | None = Field(default=None, max_length=32)
+    """apply / observe / bypass."""
+
+    stability_weight: float | None = None
+    """Stability weight."""
+
+    switch_margin: float | None = None
+    """Switch margin."""
+
+
+class Adaptations(Strict):
+    """Upstream's Router Learning controls per decision (refused by vllm-sr)."""
+
+    mode: str | None = Field(default=None, max_length=32)
+    """apply / observe / bypass."""
+
+    adaptation: LearningAdaptation | None = None
+    """Model-choice learning."""
+
+    protection: LearningProtection | None = None
+    """Stability protection."""
+
+
+class Decision(Strict):
     name: str = Field(min_length=1, max_length=128)
     """The decision's name (answer header x-vsr-selected-decision)."""
 
-    description: str | None = Field(default=None, max_length=2000)
+    description: str | None = Field(default=None, max_length=4000)
     """Free text for people."""
 
-    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    priority: int = Field(default=0, ge=-1_000_000_000, le=1_000_000_000)
     """Strategy priority: higher wins among matching decisions."""
 
-    rules: RuleNode
-    """When the decision matches."""
+    tier: int = Field(default=0, ge=0, le=1_000_000)
+    """When any matching decision has tier > 0, the lowest tier wins first (tier 0 first)."""
 
-    model_refs: list[ModelRef] = Field(alias="modelRefs", min_length=1, max_length=64)
-    """The models to use, in order; the first with a healthy backend is chosen."""
+    rules: RuleNode | RuleLeaf | None = None
+    """When the decision matches; omitted (or {}): always, with confidence 0."""
+
+    model_refs: list[ModelRef] = Field(default_factory=list, alias="modelRefs", max_length=64)
+    """The models to use, in order; omitted: providers.defaults.default_model."""
+
+    algorithm: Algorithm | None = None
+    """How to pick among modelRefs (omitted: static)."""
+
+    plugins: list[Plugin] = Field(default_factory=list, max_length=64)
+    """Request/response plugins (refused by vllm-sr for now)."""
+
+    adaptations: Adaptations | None = None
+    """Upstream's Router Learning controls (refused)."""
+
+    emits: list[Emit] = Field(default_factory=list, max_length=16)
+    """Declarative directives (retention)."""
+
+    annotations: dict[str, Any] | None = None
+    """Metadata with no effect (at most 32 keys, 4 KiB as JSON, as upstream)."""
+
+    output_contract: str | None = Field(default=None, max_length=20000)
+    """Upstream: looper prompt text (metadata when loopers run as static)."""
+
+    output_contract_spec: dict[str, Any] | None = None
+    """Upstream: looper output handling (metadata when loopers run as static)."""
+
+    candidate_iterations: list[dict[str, Any]] = Field(
+        default_factory=list, alias="candidateIterations", max_length=64
+    )
+    """Upstream DSL metadata (FOR ... IN blocks)."""
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == {} else value
+
+    @field_validator("annotations")
+    @classmethod
+    def _small(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        if len(value) > 32:
+            raise ValueError(f"{len(value)} annotation keys; accepted: at most 32")
+        size = len(json.dumps(value, default=str).encode())
+        if size > 4096:
+            raise ValueError(f"annotations are {size} bytes as JSON; accepted: at most 4096")
+        return value
 
 
-class Routing(_Strict):
+class Routing(Strict):
+    model_cards: list[ModelCard] = Field(default_factory=list, alias="modelCards", max_length=256)
+    """The model catalog (names, LoRAs, metadata)."""
+
     strategy: Literal["priority", "confidence"] = "priority"
     """priority: matching decisions by priority, then confidence, then name; confidence:
     by confidence, then priority, then name."""
@@ -245,22 +320,29 @@ class Routing(_Strict):
     signals: Signals = Field(default_factory=Signals)
     """The signals decisions can use."""
 
+    projections: Projections = Field(default_factory=Projections)
+    """Upstream's derived signals (refused by vllm-sr)."""
+
     decisions: list[Decision] = Field(default_factory=list, max_length=1024)
     """The decisions, each a rule tree over signals and the models to use."""
 
     @model_validator(mode="after")
     def _rules(self) -> Routing:
-        _raise_first(routing_local_problems(self.model_dump(by_alias=True, exclude_none=True)))
+        raise_first(routing_local_problems(self.model_dump(by_alias=True, exclude_none=True)))
         return self
 
+    def lora_base(self, name: str) -> str | None:
+        """The modelCard serving LoRA ``name``, or None."""
+        for card in self.model_cards:
+            if any(lora.name == name for lora in card.loras):
+                return card.name
+        return None
 
-class AutoModelNames(_Strict):
+
+class AutoModelNames(Strict):
     """The field the lead adds to ``global.router`` (schema.Router)."""
 
     auto_model_names: list[str] = Field(
         default_factory=lambda: list(DEFAULT_AUTO_MODEL_NAMES), min_length=1, max_length=16
     )
     """Chat ``model`` names that mean "route this request" (default: vllm-sr/auto, auto)."""
-
-
-RuleNode.model_rebuild()

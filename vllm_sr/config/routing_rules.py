@@ -1,148 +1,96 @@
 """Router mode's config rules on raw mappings (like ``schema.semantic_problems``): they
 tolerate wrong types (the field validation reports those) and report each problem at its YAML
 path, so one run shows every problem. :func:`check_routing` is the entry point;
-:func:`routing_problems` runs it on a whole config mapping."""
+:func:`routing_problems` runs it on a whole config mapping. The refusals of what vllm-sr does
+not act on live in ``routing_support`` and run from here."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
+from vllm_sr.config.routing_providers import providers_problems
+from vllm_sr.config.routing_support import (
+    REFUSED_SIGNAL_LISTS,
+    SUPPORTED_SIGNAL_LISTS,
+    looper_endpoint_of,
+    looper_problems,
+    support_problems,
+)
+
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
 
 MAX_RULE_DEPTH = 16
-ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:[0-9]{1,5}$")
-BASE_URL_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
-# YAML list key under routing.signals for each rule leaf type.
-SIGNAL_LIST = {"keyword": "keywords", "embedding": "embeddings", "domain": "domains"}
-
-Path = tuple[str | int, ...]
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _duplicates(items: list[Any], base: Path, what: str) -> list[Problem]:
-    seen: dict[str, int] = {}
-    problems = []
-    for i, item in enumerate(items):
-        name = _dict(item).get("name")
-        if not isinstance(name, str):
-            continue
-        if name in seen:
-            problems.append(
-                _problem(
-                    (*base, i, "name"),
-                    f"{what} name {name!r} is also used by {format_index(base, seen[name])}; "
-                    f"accepted: a name not used by another {what}",
-                )
-            )
-        else:
-            seen[name] = i
-    return problems
+# YAML list key under routing.signals for each rule leaf type vllm-sr evaluates, and the key
+# of its entries that leaves name (authz leaves name a binding's role).
+SIGNAL_LIST = {
+    "keyword": "keywords",
+    "embedding": "embeddings",
+    "domain": "domains",
+    "context": "context",
+    "structure": "structure",
+    "conversation": "conversation",
+    "language": "language",
+    "metadata": "metadata",
+    "authz": "role_bindings",
+}
+LEAF_KEY = {"authz": "role"}
 
 
 def format_index(base: Path, i: int) -> str:
     return f"{base[-1]}[{i}]"
 
 
-def providers_problems(providers: Any) -> list[Problem]:
-    """Rules inside ``providers:``: duplicate model names, default_model unknown, a backend
-    ref with both or neither of endpoint / base_url or a malformed one."""
-    prov = _dict(providers)
-    models = _list(prov.get("models"))
-    base: Path = ("providers", "models")
-    problems = _duplicates(models, base, "model")
-    for i, model in enumerate(models):
-        for j, ref in enumerate(_list(_dict(model).get("backend_refs"))):
-            problems += _backend_ref_problems((*base, i, "backend_refs", j), _dict(ref))
-    names = [m["name"] for m in models if isinstance(_dict(m).get("name"), str)]
-    default = _dict(prov.get("defaults")).get("default_model")
-    if isinstance(default, str) and names and default not in names:
-        problems.append(
-            _problem(
-                ("providers", "defaults", "default_model"),
-                f"{default!r} names no model; accepted: one of {', '.join(names)}",
-            )
-        )
-    return problems
-
-
-def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:
-    endpoint, base_url = ref.get("endpoint"), ref.get("base_url")
-    if (endpoint is None) == (base_url is None):
-        return [
-            _problem(
-                path,
-                "a backend ref needs exactly one of endpoint or base_url; accepted: "
-                "{endpoint: HOST:PORT} or {base_url: http(s)://HOST[:PORT]/v1}",
-            )
-        ]
-    if isinstance(endpoint, str) and not ENDPOINT_RE.match(endpoint):
-        return [
-            _problem(
-                (*path, "endpoint"),
-                f"{endpoint!r} is not HOST:PORT; accepted: e.g. 127.0.0.1:8000 "
-                "(use base_url for a URL)",
-            )
-        ]
-    if isinstance(base_url, str) and not BASE_URL_RE.match(base_url):
-        return [
-            _problem(
-                (*path, "base_url"),
-                f"{base_url!r} is not a URL; accepted: http(s)://HOST[:PORT][/PATH], "
-                "e.g. https://api.example.com/v1",
-            )
-        ]
-    return []
-
-
 def routing_local_problems(routing: Any) -> list[Problem]:
     """Rules inside ``routing:`` alone: duplicate names, regex keywords that do not compile,
-    domains with no example text, NOT with other than one condition, rule trees too deep."""
-    rt = _dict(routing)
-    signals = _dict(rt.get("signals"))
+    domains with no example text, NOT with other than one condition, rule trees too deep, and
+    the refusals (``routing_support``)."""
+    rt = as_dict(routing)
+    signals = as_dict(rt.get("signals"))
     problems: list[Problem] = []
-    for kind in ("keywords", "embeddings", "domains"):
-        items = _list(signals.get(kind))
-        problems += _duplicates(items, ("routing", "signals", kind), kind[:-1] + " signal")
-    for i, sig in enumerate(_list(signals.get("keywords"))):
-        problems += _regex_problems(("routing", "signals", "keywords", i), _dict(sig))
-    for i, sig in enumerate(_list(signals.get("domains"))):
-        dom = _dict(sig)
-        if not dom.get("description") and not dom.get("examples"):
+    for kind in (*SUPPORTED_SIGNAL_LISTS, *REFUSED_SIGNAL_LISTS):
+        items = as_list(signals.get(kind))
+        problems += duplicates(items, ("routing", "signals", kind), f"{kind} signal")
+    for i, sig in enumerate(as_list(signals.get("keywords"))):
+        problems += _regex_problems(("routing", "signals", "keywords", i), as_dict(sig))
+    for i, sig in enumerate(as_list(signals.get("domains"))):
+        dom = as_dict(sig)
+        if (
+            not dom.get("description")
+            and not dom.get("examples")
+            and not dom.get("mmlu_categories")
+        ):
             problems.append(
-                _problem(
+                problem(
                     ("routing", "signals", "domains", i),
-                    f"domain {dom.get('name')!r} has neither description nor examples; "
-                    "accepted: a description and/or a list of example texts",
+                    f"domain {dom.get('name')!r} has no description, mmlu_categories or "
+                    "examples; accepted: a description and/or a list of example texts",
                 )
             )
-    decisions = _list(rt.get("decisions"))
-    problems += _duplicates(decisions, ("routing", "decisions"), "decision")
+    problems += duplicates(as_list(rt.get("modelCards")), ("routing", "modelCards"), "model card")
+    decisions = as_list(rt.get("decisions"))
+    problems += duplicates(decisions, ("routing", "decisions"), "decision")
     for i, dec in enumerate(decisions):
-        problems += _tree_problems(("routing", "decisions", i, "rules"), _dict(dec).get("rules"), 1)
-    return problems
+        problems += _tree_problems(
+            ("routing", "decisions", i, "rules"), as_dict(dec).get("rules"), 1
+        )
+    return problems + support_problems(rt)
 
 
 def _regex_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
-    if sig.get("method", "regex") != "regex":
+    if sig.get("method") != "regex":
         return []
     problems = []
-    for j, kw in enumerate(_list(sig.get("keywords"))):
+    for j, kw in enumerate(as_list(sig.get("keywords"))):
         if not isinstance(kw, str):
             continue
         try:
             re.compile(kw)
         except re.error as exc:
             problems.append(
-                _problem(
+                problem(
                     (*path, "keywords", j),
                     f"{kw!r} is not a regular expression ({exc}); accepted: a Python regular "
                     r"expression (escape special characters, e.g. \( for a literal parenthesis)",
@@ -152,18 +100,16 @@ def _regex_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
 
 
 def _tree_problems(path: Path, node: Any, depth: int) -> list[Problem]:
-    node = _dict(node)
+    node = as_dict(node)
     if "operator" not in node:
         return []
     if depth > MAX_RULE_DEPTH:
-        return [
-            _problem(path, f"rules nest deeper than {MAX_RULE_DEPTH}; accepted: a flatter tree")
-        ]
-    conditions = _list(node.get("conditions"))
+        return [problem(path, f"rules nest deeper than {MAX_RULE_DEPTH}; accepted: a flatter tree")]
+    conditions = as_list(node.get("conditions"))
     problems = []
     if node.get("operator") == "NOT" and len(conditions) != 1:
         problems.append(
-            _problem(
+            problem(
                 (*path, "conditions"),
                 f"NOT has {len(conditions)} conditions; accepted: exactly one (wrap several in "
                 "an AND or OR)",
@@ -175,15 +121,15 @@ def _tree_problems(path: Path, node: Any, depth: int) -> list[Problem]:
 
 
 def rule_leaves(node: Any, path: Path) -> list[tuple[Path, str, str]]:
-    """Every {type, name} leaf of a raw rule tree with its YAML path."""
-    node = _dict(node)
+    """Every {type, name} leaf of a raw rule tree with its YAML path (type lowercased)."""
+    node = as_dict(node)
     if "operator" not in node:
         kind, name = node.get("type"), node.get("name")
         if isinstance(kind, str) and isinstance(name, str):
-            return [(path, kind, name)]
+            return [(path, kind.strip().lower(), name)]
         return []
     out = []
-    for j, child in enumerate(_list(node.get("conditions"))):
+    for j, child in enumerate(as_list(node.get("conditions"))):
         out += rule_leaves(child, (*path, "conditions", j))
     return out
 
@@ -192,9 +138,10 @@ def check_routing(
     providers: Any, routing: Any, deployments: set[str], decision_deployment: str
 ) -> list[Problem]:
     """Every Router-mode rule: the sections' own rules, plus a decision naming an unknown
-    signal or model, and a signal on a deployment that does not exist. ``providers`` and
-    ``routing`` are raw mappings or the models above (wrong types are tolerated: the field
-    validation reports those)."""
+    signal, model or LoRA, a provider model that is not a model card (when cards are
+    declared), and a signal on a deployment that does not exist. ``providers`` and ``routing``
+    are raw mappings or the models above (wrong types are tolerated: the field validation
+    reports those)."""
     if hasattr(providers, "model_dump"):
         providers = providers.model_dump(by_alias=True, exclude_none=True)
     if hasattr(routing, "model_dump"):
@@ -203,40 +150,95 @@ def check_routing(
     if routing is None:
         return problems
     problems += routing_local_problems(routing)
-    rt = _dict(routing)
-    signals = _dict(rt.get("signals"))
-    known = {
-        kind: {s["name"] for s in _list(signals.get(lst)) if isinstance(_dict(s).get("name"), str)}
-        for kind, lst in SIGNAL_LIST.items()
-    }
+    rt = as_dict(routing)
+    signals = as_dict(rt.get("signals"))
     model_names = [
         m["name"]
-        for m in _list(_dict(providers).get("models"))
-        if isinstance(_dict(m).get("name"), str)
+        for m in as_list(as_dict(providers).get("models"))
+        if isinstance(as_dict(m).get("name"), str)
     ]
-    for i, dec in enumerate(_list(rt.get("decisions"))):
-        dec = _dict(dec)
-        for path, kind, name in rule_leaves(dec.get("rules"), ("routing", "decisions", i, "rules")):
-            if kind in known and name not in known[kind]:
-                names = ", ".join(sorted(known[kind])) or f"(no {SIGNAL_LIST[kind]} signals)"
-                problems.append(
-                    _problem(
-                        (*path, "name"),
-                        f"{kind} signal {name!r} is not declared under "
-                        f"routing.signals.{SIGNAL_LIST[kind]}; accepted: one of {names}",
-                    )
-                )
-        for k, ref in enumerate(_list(dec.get("modelRefs"))):
-            model = _dict(ref).get("model")
-            if isinstance(model, str) and model not in model_names:
-                problems.append(
-                    _problem(
-                        ("routing", "decisions", i, "modelRefs", k, "model"),
-                        f"{model!r} names no model; accepted: one of "
-                        f"{', '.join(model_names) or '(no providers.models)'}",
-                    )
-                )
+    cards = {
+        c["name"]: c
+        for c in as_list(rt.get("modelCards"))
+        if isinstance(as_dict(c).get("name"), str)
+    }
+    problems += _card_problems(cards, as_list(as_dict(providers).get("models")))
+    for i, dec in enumerate(as_list(rt.get("decisions"))):
+        dec = as_dict(dec)
+        problems += _leaf_name_problems(signals, dec, ("routing", "decisions", i, "rules"))
+        for k, ref in enumerate(as_list(dec.get("modelRefs"))):
+            problems += _model_ref_problems(
+                ("routing", "decisions", i, "modelRefs", k), as_dict(ref), model_names, cards
+            )
     problems += _deployment_problems(signals, deployments, decision_deployment)
+    return problems
+
+
+def _leaf_name_problems(signals: dict[str, Any], dec: dict[str, Any], path: Path) -> list[Problem]:
+    problems = []
+    for leaf_path, kind, name in rule_leaves(dec.get("rules"), path):
+        if kind not in SIGNAL_LIST:
+            continue  # refused by routing_support
+        lst, key = SIGNAL_LIST[kind], LEAF_KEY.get(kind, "name")
+        known = {s[key] for s in as_list(signals.get(lst)) if isinstance(as_dict(s).get(key), str)}
+        if name not in known:
+            names = ", ".join(sorted(known)) or f"(no {lst} signals)"
+            what = "role" if kind == "authz" else f"{kind} signal"
+            problems.append(
+                problem(
+                    (*leaf_path, "name"),
+                    f"{what} {name!r} is not declared under routing.signals.{lst}; "
+                    f"accepted: one of {names}",
+                )
+            )
+    return problems
+
+
+def _model_ref_problems(
+    path: Path, ref: dict[str, Any], model_names: list[str], cards: dict[str, Any]
+) -> list[Problem]:
+    problems = []
+    model = ref.get("model")
+    if isinstance(model, str) and model not in model_names:
+        problems.append(
+            problem(
+                (*path, "model"),
+                f"{model!r} names no model; accepted: one of "
+                f"{', '.join(model_names) or '(no providers.models)'}",
+            )
+        )
+    lora = ref.get("lora_name")
+    if isinstance(lora, str) and isinstance(model, str):
+        loras = [
+            la.get("name")
+            for la in as_list(as_dict(cards.get(model)).get("loras"))
+            if isinstance(la, dict)
+        ]
+        if lora not in loras:
+            problems.append(
+                problem(
+                    (*path, "lora_name"),
+                    f"{lora!r} is not a LoRA of model card {model!r}; accepted: one of "
+                    f"{', '.join(map(str, loras)) or '(no routing.modelCards[].loras for it)'}",
+                )
+            )
+    return problems
+
+
+def _card_problems(cards: dict[str, Any], models: list[Any]) -> list[Problem]:
+    if not cards:
+        return []
+    problems = []
+    for i, model in enumerate(models):
+        name = as_dict(model).get("name")
+        if isinstance(name, str) and name not in cards:
+            problems.append(
+                problem(
+                    ("providers", "models", i, "name"),
+                    f"{name!r} is not a routing.modelCards name; accepted: one of "
+                    f"{', '.join(cards)} (upstream binds each provider model to a card)",
+                )
+            )
     return problems
 
 
@@ -246,18 +248,18 @@ def _deployment_problems(
     problems = []
     accepted = ", ".join(sorted(deployments)) or "(none declared)"
     for kind in ("embeddings", "domains"):
-        for i, sig in enumerate(_list(signals.get(kind))):
-            dep = _dict(sig).get("deployment")
+        for i, sig in enumerate(as_list(signals.get(kind))):
+            dep = as_dict(sig).get("deployment")
             if isinstance(dep, str) and dep not in deployments:
                 problems.append(
-                    _problem(
+                    problem(
                         ("routing", "signals", kind, i, "deployment"),
                         f"{dep!r} names no deployment; accepted: one of {accepted}",
                     )
                 )
             elif dep is None and decision_deployment not in deployments and deployments:
                 problems.append(
-                    _problem(
+                    problem(
                         ("routing", "signals", kind, i),
                         f"the decision model's deployment {decision_deployment!r} does not "
                         f"exist; accepted: set deployment: to one of {accepted}",
@@ -268,42 +270,43 @@ def _deployment_problems(
 
 def routing_problems(raw: Any) -> list[Problem]:
     """:func:`check_routing` on a whole raw config mapping (for ``schema.semantic_problems``),
-    plus auto model names that collide with a provider model's name."""
+    plus auto model names that collide with a provider model's name, and looper decisions
+    (top level and recipes) that upstream would run given ``global.integrations.looper``."""
     if not isinstance(raw, dict) or ("routing" not in raw and "providers" not in raw):
         return []
-    glob = _dict(raw.get("global"))
-    catalog = _dict(glob.get("model_catalog"))
-    deployments = {str(name) for name in _dict(catalog.get("deployments"))}
-    dm = _dict(_dict(catalog.get("system")).get("decision_model")).get("deployment")
+    glob = as_dict(raw.get("global"))
+    catalog = as_dict(glob.get("model_catalog"))
+    deployments = {str(name) for name in as_dict(catalog.get("deployments"))}
+    dm = as_dict(as_dict(catalog.get("system")).get("decision_model")).get("deployment")
     # The decision model's deployment, else the first declared one (as RootConfig says).
-    decision = dm if isinstance(dm, str) else next(iter(_dict(catalog.get("deployments"))), "")
+    decision = dm if isinstance(dm, str) else next(iter(as_dict(catalog.get("deployments"))), "")
     problems = check_routing(raw.get("providers"), raw.get("routing"), deployments, decision)
     if raw.get("routing") is not None and raw.get("providers") is None:
         problems.append(
-            _problem(
+            problem(
                 ("routing",),
                 "routing without providers; accepted: a providers section with defaults and "
                 "models (the LLMs decisions route to)",
             )
         )
-    auto = _list(_dict(glob.get("router")).get("auto_model_names"))
+    endpoint = looper_endpoint_of(raw.get("global"))
+    problems += looper_problems(raw.get("routing"), endpoint)
+    for i, rec in enumerate(as_list(raw.get("recipes"))):
+        problems += looper_problems(
+            as_dict(rec).get("routing"), endpoint, ("recipes", i, "routing")
+        )
+    auto = as_list(as_dict(glob.get("router")).get("auto_model_names"))
     model_names = {
         m.get("name")
-        for m in _list(_dict(raw.get("providers")).get("models"))
+        for m in as_list(as_dict(raw.get("providers")).get("models"))
         if isinstance(m, dict)
     }
     for i, name in enumerate(auto):
         if name in model_names:
             problems.append(
-                _problem(
+                problem(
                     ("global", "router", "auto_model_names", i),
                     f"{name!r} is also a providers model name; accepted: a name no model uses",
                 )
             )
     return problems
-
-
-def _problem(path: Path, message: str) -> Problem:
-    from vllm_sr.config.problems import Problem
-
-    return Problem(path, message)

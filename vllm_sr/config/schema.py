@@ -2,10 +2,15 @@
 
 Every model forbids unknown keys and documents each field with an attribute docstring (pydantic
 turns them into field descriptions, which ``vllm-sr config show --json`` and docs/config.md use).
-Cross-field rules of the product page ("What replicas share") live in :func:`semantic_problems`,
-which works on the raw mapping so that a file with both field errors and rule errors gets every
-problem reported in one run; the models call it too, so code that builds a config directly gets
-the same checks.
+Cross-field rules (the product page's "What replicas share", Router mode's, the recipes', and
+the refusals of upstream settings vllm-sr does not act on) live in :func:`semantic_problems`
+(``file_rules``), which works on the raw mapping so that a file with both field errors and rule
+errors gets every problem reported in one run; the models call it too, so code that builds a
+config directly gets the same checks.
+
+The file is upstream's v0.3 shape (``version``, ``listeners``, ``global``, ``providers``,
+``routing``, ``entrypoints``, ``recipes``); ``global.model_catalog`` is optional: without
+deployments the embedded default runs (:func:`embedded_default_deployments`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,28 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from vllm_sr.config.problems import SEMANTIC_ERROR, Problem
+from vllm_sr.config.recipes import (
+    DEFAULT_RECIPE,
+    Entrypoint,
+    Listener,
+    Recipe,
+    normalized_names,
+)
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
-from vllm_sr.config.routing_rules import routing_problems
+from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase, Modules
+from vllm_sr.config.upstream_global import (
+    Integrations,
+    RoutingStrategy,
+    Services,
+    SkipProcessing,
+    Stores,
+    StreamedBody,
+)
+from vllm_sr.config.upstream_settings import ModelSelection, RouterLearning
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
 
 DEVICE_RE = re.compile(r"^(cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")
@@ -34,6 +55,8 @@ DEFAULT_CONSECUTIVE_TIMEOUTS = 3
 DEFAULT_BASE_EJECTION_MS = 30_000
 DEFAULT_MAX_EJECTION_PERCENT = 50
 DEFAULT_ARTIFACT = "vllm-sr/d3-edge"
+DEFAULT_DEPLOYMENT = "primary"
+DEFAULT_AUTO_MODEL_NAME = "MoM"
 
 Platform = Literal["cpu", "rocm", "cuda"]
 
@@ -210,10 +233,47 @@ class Router(_Strict):
     enabled: bool = True
     """Routing consumers on. Engine mode (-e / --engine) writes false."""
 
-    auto_model_names: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_AUTO_MODEL_NAMES), min_length=1, max_length=16
-    )
-    """Chat model names that mean "route this request" (default: vllm-sr/auto, auto)."""
+    auto_model_names: list[str] = Field(default_factory=list, max_length=16)
+    """Chat model names that mean "route this request" (the default recipe). Omitted:
+    vllm-sr/auto, auto and auto_model_name, as upstream; [] means none (only entrypoints
+    route)."""
+
+    auto_model_name: str = Field(default=DEFAULT_AUTO_MODEL_NAME, min_length=1, max_length=128)
+    """Upstream's single alias (default MoM): joins the default alias list when
+    auto_model_names is omitted."""
+
+    strategy: RoutingStrategy = "priority"
+    """How the winner among matching decisions is chosen when a routing profile does not say
+    (routing.strategy overrides): priority or confidence."""
+
+    config_source: str | None = None
+    """Upstream: file or kubernetes; vllm-sr reads its file (only file is supported)."""
+
+    include_config_models_in_list: bool | None = None
+    """Upstream: list provider models in /v1/models (accepted; vllm-sr's /v1/models lists
+    what it serves)."""
+
+    clear_route_cache: bool | None = None
+    """Upstream: Envoy route cache clearing (deployment; no effect here)."""
+
+    streamed_body: StreamedBody = Field(default_factory=StreamedBody)
+    """Upstream: Envoy body streaming (deployment; vllm-sr reads whole bodies)."""
+
+    skip_processing: SkipProcessing = Field(default_factory=SkipProcessing)
+    """Upstream: the x-vsr-skip-processing pass-through (refused when enabled)."""
+
+    model_selection: ModelSelection = Field(default_factory=ModelSelection)
+    """Upstream: learned selectors' global settings (read only by refused algorithms)."""
+
+    learning: RouterLearning = Field(default_factory=RouterLearning)
+    """Upstream: Router Learning (refused when enabled)."""
+
+    @model_validator(mode="after")
+    def _default_aliases(self) -> Router:
+        if "auto_model_names" not in self.model_fields_set:
+            self.auto_model_names = [*DEFAULT_AUTO_MODEL_NAMES, self.auto_model_name]
+        self.auto_model_names = normalized_names(self.auto_model_names)
+        return self
 
 
 class DecisionModel(_Strict):
@@ -223,45 +283,124 @@ class DecisionModel(_Strict):
 
 class System(_Strict):
     decision_model: DecisionModel | None = None
-    """Where routing decisions are computed; default: the first declared deployment."""
+    """Where routing decisions are computed; default: the first declared deployment (the
+    embedded primary when none is declared)."""
+
+    prompt_guard: str | None = None
+    """Upstream: jailbreak classifier path (jailbreak signals, refused)."""
+
+    domain_classifier: str | None = None
+    """Upstream: domain classifier path (vllm-sr's domains use its deployment)."""
+
+    pii_classifier: str | None = None
+    """Upstream: PII classifier path (pii signals, refused)."""
+
+    fact_check_classifier: str | None = None
+    """Upstream: fact-check classifier path (fact_check signals, refused)."""
+
+    hallucination_detector: str | None = None
+    """Upstream: hallucination detector path (hallucination plugin, refused)."""
+
+    hallucination_explainer: str | None = None
+    """Upstream: NLI explainer path (hallucination plugin, refused)."""
+
+    feedback_detector: str | None = None
+    """Upstream: feedback classifier path (user_feedback signals, refused)."""
 
 
 class ModelCatalog(_Strict):
-    deployments: dict[str, Deployment] = Field(min_length=1)
-    """Logical deployments by name; a replica's id is <name>-<index>."""
+    deployments: dict[str, Deployment] | None = Field(default=None, min_length=1)
+    """Logical deployments by name; a replica's id is <name>-<index>. Omitted: the embedded
+    default, one CPU worker of vllm-sr/d3-edge named primary."""
 
     system: System = Field(default_factory=System)
     """System models and the deployments that serve them."""
+
+    embeddings: Embeddings = Field(default_factory=Embeddings)
+    """Upstream: embedding models and matching options (docs/router.md, "Upstream fields
+    outside routing and providers")."""
+
+    external: list[ExternalModel] = Field(default_factory=list)
+    """Upstream: LLMs for llm classifiers and remote guards (used by refused families)."""
+
+    kbs: list[KnowledgeBase] = Field(default_factory=list)
+    """Upstream: knowledge bases (kb signals, refused)."""
+
+    modules: Modules = Field(default_factory=Modules)
+    """Upstream: classifier modules and prompt compression (refused when on)."""
 
 
 class GlobalSection(_Strict):
     router: Router = Field(default_factory=Router)
     """Routing front settings."""
 
-    model_catalog: ModelCatalog
-    """Deployments and system models."""
+    services: Services = Field(default_factory=Services)
+    """Upstream services: authz identity headers (acted on), the rest deployment or refused."""
+
+    stores: Stores = Field(default_factory=Stores)
+    """Upstream stores: response cache, memory, vector store."""
+
+    integrations: Integrations = Field(default_factory=Integrations)
+    """Upstream integrations: the tool database and the looper endpoint."""
+
+    model_catalog: ModelCatalog = Field(default_factory=ModelCatalog)
+    """Deployments and system models (optional: the embedded default when omitted)."""
+
+
+def embedded_default_deployments() -> dict[str, Deployment]:
+    """What runs when no deployment is declared: d3-edge on one CPU worker (what ``vllm-sr
+    serve`` writes into a new config)."""
+    return {
+        DEFAULT_DEPLOYMENT: Deployment(artifact=DEFAULT_ARTIFACT, replicas=[Replica(device="cpu")])
+    }
 
 
 class RootConfig(_Strict):
-    global_: GlobalSection = Field(alias="global")
+    version: str | None = Field(default=None, max_length=32)
+    """Upstream's schema version (v0.3); metadata."""
+
+    listeners: list[Listener] = Field(default_factory=list, max_length=64)
+    """Where to listen: ``vllm-sr serve`` takes the first one unless --listen is given."""
+
+    global_: GlobalSection = Field(default_factory=GlobalSection, alias="global")
     """Deployments, system models and the router's switches."""
 
     providers: Providers | None = None
     """OpenAI-compatible LLM backends that chat requests go to (Router mode)."""
 
     routing: Routing | None = None
-    """Signals and decisions (Router mode)."""
+    """Signals and decisions (Router mode): the recipe ``default``."""
+
+    entrypoints: list[Entrypoint] = Field(default_factory=list, max_length=256)
+    """Request model names that select a recipe."""
+
+    recipes: list[Recipe] = Field(default_factory=list, max_length=256)
+    """Named routing profiles beside the default one."""
+
+    _embedded_default: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _rules(self) -> RootConfig:
         problems = semantic_problems(self.model_dump(by_alias=True, exclude_none=True))
         if problems:
             raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
+        if self.global_.model_catalog.deployments is None:
+            # Filled in so every consumer (plans, config show, kube) sees what runs.
+            self.global_.model_catalog.deployments = embedded_default_deployments()
+            self._embedded_default = True
         return self
 
     @property
     def deployments(self) -> dict[str, Deployment]:
-        return self.global_.model_catalog.deployments
+        """The declared deployments, or the embedded default when none is declared."""
+        deps = self.global_.model_catalog.deployments
+        return deps if deps is not None else embedded_default_deployments()
+
+    @property
+    def uses_embedded_default(self) -> bool:
+        """True when the file declares no deployment and the embedded default runs (the
+        decision model is vllm-sr/d3-edge on one CPU worker)."""
+        return self._embedded_default or self.global_.model_catalog.deployments is None
 
     def default_deployment(self) -> str:
         """The decision model's deployment, else the first declared one (the target of -dp)."""
@@ -270,172 +409,56 @@ class RootConfig(_Strict):
             return dm.deployment
         return next(iter(self.deployments))
 
+    def listen_address(self) -> tuple[str, int] | None:
+        """(address, port) of the first listener, or None when there is none."""
+        if not self.listeners:
+            return None
+        return self.listeners[0].address, self.listeners[0].port
 
-def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
-    base: tuple[str | int, ...] = ("global", "model_catalog", "deployments", name)
-    problems: list[Problem] = []
-    if not NAME_RE.match(name):
-        problems.append(
-            Problem(base, f"deployment name {name!r} is not accepted; accepted: {NAME_ACCEPTED}")
-        )
-    replicas = dep.get("replicas")
-    for key in ("device", "endpoint"):
-        if replicas is not None and dep.get(key) is not None:
-            problems.append(
-                Problem(
-                    (*base, key),
-                    f"{key} {dep.get(key)!r} is set together with replicas; accepted: either "
-                    f"replicas or the one-worker shorthand {key}, not both (move it into replicas)",
-                )
-            )
-    if dep.get("device") is not None and dep.get("endpoint") is not None:
-        problems.append(
-            Problem((*base, "endpoint"), "device and endpoint are both set; accepted: one of them")
-        )
-    if dep.get("model") is not None and dep.get("endpoint") is None:
-        problems.append(
-            Problem(
-                (*base, "model"),
-                f"model {dep.get('model')!r} without endpoint; accepted: model only names an "
-                "attached runtime's served model (set endpoint, or remove model)",
-            )
-        )
-    if dep.get("endpoint") is not None and not dep.get("model"):
-        problems.append(
-            Problem((*base, "model"), "endpoint shorthand without model; accepted: model: NAME")
-        )
-    problems += _replica_problems(base, replicas)
-    problems += _outlier_problems(base, dep.get("outlier_detection"))
-    problems += _threads_problems(base, dep)
-    return problems
+    def recipes_by_name(self) -> dict[str, Routing]:
+        """Every recipe's routing by name, ``default`` first, each with its effective
+        strategy (its own, else the top-level routing's, else global.router.strategy)."""
+        top = self.routing
+        base = self.global_.router.strategy
+        if top is not None and "strategy" in top.model_fields_set:
+            base = top.strategy
+        out: dict[str, Routing] = {}
+        named = {r.name: r.routing for r in self.recipes}
+        default = named.pop(DEFAULT_RECIPE, None) or top or Routing()
+        out[DEFAULT_RECIPE] = _with_strategy(default, self.global_.router.strategy)
+        for name, routing in named.items():
+            out[name] = _with_strategy(routing, base)
+        return out
 
+    def recipe_name_for(self, model_name: str) -> str | None:
+        """The recipe a request ``model`` selects: ``default`` for an auto alias, an
+        entrypoint's recipe for its names; None for a concrete model name."""
+        name = model_name.strip()
+        if name in self.global_.router.auto_model_names:
+            return DEFAULT_RECIPE
+        for entry in self.entrypoints:
+            if name in normalized_names(entry.model_names):
+                return entry.recipe.strip()
+        return None
 
-def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[Problem]:
-    """``threads`` sizes vllm-sr's own CPU workers; a GPU worker or an attached runtime has
-    nothing it could apply to, so it is refused rather than silently ignored."""
-    threads = dep.get("threads")
-    if threads is None:
-        return []
-    replicas = dep.get("replicas")
-    if isinstance(replicas, list):
-        devices = [r.get("device") for r in replicas if isinstance(r, dict)]
-    elif dep.get("endpoint") is not None:
-        devices = [None]
-    else:
-        devices = [dep.get("device") or "cpu"]
-    gpu = next((d for d in devices if isinstance(d, str) and d != "cpu"), None)
-    if gpu is not None:
-        return [
-            Problem(
-                (*base, "threads"),
-                f"threads {threads!r} applies to CPU workers, but this deployment runs on "
-                f"{device_platform(gpu)} GPUs ({gpu}); accepted: remove threads, or place the "
-                "deployment on cpu",
-            )
-        ]
-    if "cpu" not in devices:
-        return [
-            Problem(
-                (*base, "threads"),
-                f"threads {threads!r} on a deployment whose replicas are all attached "
-                "(endpoint): attached runtimes manage their own threads; accepted: remove threads",
-            )
-        ]
-    return []
+    def recipe_for(self, model_name: str) -> Routing | None:
+        """The routing a request ``model`` selects (see recipe_name_for); None for a concrete
+        model (forwarded without signals or decisions)."""
+        recipe = self.recipe_name_for(model_name)
+        return None if recipe is None else self.recipes_by_name().get(recipe)
 
 
-def _outlier_problems(base: tuple[str | int, ...], od: Any) -> list[Problem]:
-    if not isinstance(od, dict):
-        return []
-    top, low = od.get("max_ejection_ms"), od.get("base_ejection_ms", DEFAULT_BASE_EJECTION_MS)
-    if isinstance(top, int) and isinstance(low, int):
-        problem = ejection_bounds_problem(low, top)
-        if problem is not None:
-            return [Problem((*base, "outlier_detection", "max_ejection_ms"), problem)]
-    return []
-
-
-def _replica_problems(base: tuple[str | int, ...], replicas: Any) -> list[Problem]:
-    if not isinstance(replicas, list):
-        return []
-    problems: list[Problem] = []
-    platforms: dict[str, int] = {}
-    for i, rep in enumerate(replicas):
-        if not isinstance(rep, dict):
-            continue
-        path = (*base, "replicas", i)
-        dev, ep, model = rep.get("device"), rep.get("endpoint"), rep.get("model")
-        if dev is None and ep is None:
-            problems.append(
-                Problem(
-                    path,
-                    "replica has neither device nor endpoint; accepted: {device: "
-                    "DEVICE} or {endpoint: URL, model: NAME}",
-                )
-            )
-        if dev is not None and ep is not None:
-            problems.append(
-                Problem(path, "replica sets both device and endpoint; accepted: one of them")
-            )
-        if ep is not None and not model:
-            problems.append(
-                Problem(
-                    (*path, "model"),
-                    f"attached replica {ep!r} has no model; accepted: the "
-                    "runtime's served model name, e.g. model: primary",
-                )
-            )
-        if model is not None and ep is None:
-            problems.append(
-                Problem(
-                    (*path, "model"),
-                    f"model {model!r} on a managed replica; accepted: model only with endpoint",
-                )
-            )
-        if isinstance(dev, str) and DEVICE_RE.match(dev):
-            platforms.setdefault(device_platform(dev), i)
-    if len(platforms) > 1:
-        first, *rest = sorted(platforms.items(), key=lambda kv: kv[1])
-        for plat, idx in rest:
-            problems.append(
-                Problem(
-                    (*base, "replicas", idx, "device"),
-                    f"platform {plat!r} differs from {first[0]!r} of replicas[{first[1]}]; "
-                    "accepted: one platform per deployment (split it into two deployments)",
-                )
-            )
-    return problems
+def _with_strategy(routing: Routing, inherited: str) -> Routing:
+    if "strategy" in routing.model_fields_set:
+        return routing
+    copy = routing.model_copy(update={"strategy": inherited})
+    copy.__pydantic_fields_set__.discard("strategy")
+    return copy
 
 
 def semantic_problems(raw: Any) -> list[Problem]:
-    """The product page's cross-field rules, on the raw mapping (tolerates wrong types: those
-    are reported by the field validation)."""
-    if not isinstance(raw, dict):
-        return []
-    catalog = (
-        (raw.get("global") or {}).get("model_catalog")
-        if isinstance(raw.get("global"), dict)
-        else None
-    )
-    if not isinstance(catalog, dict):
-        return []
-    deployments = catalog.get("deployments")
-    problems: list[Problem] = []
-    names: list[str] = []
-    if isinstance(deployments, dict):
-        for name, dep in deployments.items():
-            names.append(str(name))
-            if isinstance(dep, dict):
-                problems += _deployment_problems(str(name), dep)
-    system = catalog.get("system")
-    dm = system.get("decision_model") if isinstance(system, dict) else None
-    target = dm.get("deployment") if isinstance(dm, dict) else None
-    if isinstance(target, str) and isinstance(deployments, dict) and target not in names:
-        problems.append(
-            Problem(
-                ("global", "model_catalog", "system", "decision_model", "deployment"),
-                f"{target!r} names no deployment; accepted: one of "
-                f"{', '.join(names) or '(none declared)'}",
-            )
-        )
-    return problems + routing_problems(raw)
+    """Every cross-field rule and refusal of a raw config mapping (``file_rules``, which
+    builds on this module's models and constants)."""
+    from vllm_sr.config.file_rules import semantic_problems as rules
+
+    return rules(raw)

@@ -106,6 +106,7 @@ class Frontend:
             **{f"/v1/{s}": {"POST": self._surface(s)} for s in SURFACES},
             "/v1/models": {"GET": self.models},
             "/v1/chat/completions": {"POST": self.chat_completions},
+            "/api/v1/eval": {"POST": self.route_eval},
             "/health": {"GET": self.health},
             "/api/v1/inventory/model-runtime": {"GET": self.inventory},
             "/metrics": {"GET": self.metrics},
@@ -224,6 +225,10 @@ class Frontend:
                 }
             )
         return _json({"object": "list", "data": data})
+
+    async def route_eval(self, request: Request) -> Response:
+        await self.sync_router()
+        return await self.chat.handle_eval(request)
 
     async def health(self, request: Request) -> Response:
         doc = self.service.health()

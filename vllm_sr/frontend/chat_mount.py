@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import NotFound, Unavailable, VllmSrError
@@ -23,6 +24,10 @@ from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import ChatRouter, build_chat_router, engine_mode_chat, error_response
+from vllm_sr.router.route import AuthzOptions
+
+if TYPE_CHECKING:
+    from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.frontend")
 
@@ -34,6 +39,10 @@ class RouterPlan:
     providers: Providers | None
     routing: Routing | None
     decision_deployment: str
+    authz: AuthzOptions = field(default_factory=AuthzOptions)
+    recipes: Mapping[str, Routing] = field(default_factory=dict)  # by name, "default" included
+    entrypoints: Mapping[str, str] = field(default_factory=dict)  # model name -> recipe
+    global_: GlobalSection | None = None
 
 
 class NoProviders(NotFound):
@@ -77,6 +86,10 @@ class ChatMount:
                 auto_model_names=list(plan.auto_model_names),
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
+                authz=plan.authz,
+                recipes=plan.recipes,
+                entrypoints=plan.entrypoints,
+                global_=plan.global_,
             )
             self.plan, self._backends = plan, backends
             self._warm = asyncio.ensure_future(self._warm_up(self.chat))
@@ -86,8 +99,11 @@ class ChatMount:
     async def _warm_up(self, chat: ChatRouter) -> None:
         """Candidate and example embeddings for this generation, asked once (the first chat
         asks for them itself when the decision deployment is not ready yet)."""
-        with contextlib.suppress(VllmSrError):
-            await chat.router.warm()
+        for router in chat.recipes.values():
+            # The language models load in seconds: here, not on the first chat that asks.
+            await asyncio.to_thread(router.deterministic.warm)
+            with contextlib.suppress(VllmSrError):
+                await router.warm()
 
     async def close(self) -> None:
         if self._warm is not None:
@@ -108,6 +124,14 @@ class ChatMount:
                 )
             )
         return await self.chat.handle_chat(request)
+
+    async def handle_eval(self, request: Request) -> Response:
+        """``/api/v1/eval``: Router mode's routing preview (no backend is called)."""
+        if self.plan is None or not self.plan.enabled:
+            return await engine_mode_chat(request)
+        if self.chat is None:
+            return error_response(NoProviders("routing needs providers: (docs/router.md)"))
+        return await self.chat.handle_eval(request)
 
     def models_data(self) -> list[dict[str, Any]]:
         return self.chat.models_data() if self.chat is not None else []

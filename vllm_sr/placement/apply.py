@@ -82,7 +82,11 @@ def _edit_document(
     provider: InventoryProvider,
     env: Mapping[str, str],
 ) -> list[str]:
-    """Apply ``edit`` to the round-trip document in place; returns the placement notes."""
+    """Apply ``edit`` to the round-trip document in place; returns the placement notes. An
+    edit that asks for nothing leaves the document alone (``serve`` with no deployment flags
+    on a file that declares no deployment keeps running the embedded default unwritten)."""
+    if edit == _Edit(deployment=edit.deployment):
+        return []
     dep = current.deployments[name]
     dep_doc = deployment_doc(doc, name)
     if edit.artifact is not None:

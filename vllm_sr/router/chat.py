@@ -1,14 +1,23 @@
-"""``POST /v1/chat/completions`` and ``GET /v1/models`` of Router mode (``vllm_sr.httpserver``
-handlers).
+"""``POST /v1/chat/completions``, ``GET /v1/models`` and ``POST /api/v1/eval`` of Router mode
+(``vllm_sr.httpserver`` handlers).
 
 The flow: ``model`` is an auto name -> route (signals, decision, model); a providers model
-name -> that model's backend, no signals; anything else -> 404 ``model_not_found`` naming the
-known models. The chosen model's backend gets the body with only ``model`` rewritten; its
-answer comes back as it is (SSE streamed through). Answer headers say what was chosen:
+name -> that model's backend, no signals; anything else -> 400 ``model "X" is not available``
+(upstream's status and message). The chosen model's backend gets the body with ``model``
+rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py);
+its answer comes back as it is (SSE streamed through). Answer headers, as upstream names them:
 
 - ``x-vsr-selected-model``: the providers model name;
-- ``x-vsr-selected-decision``: the decision (absent when none matched or the model was named);
-- ``x-vsr-matched-signals``: the matched signals as ``type:name``, comma-separated;
+- ``x-vsr-selected-decision`` and ``x-vsr-selected-confidence`` (``%.4f``): the decision, when
+  one matched;
+- ``x-vsr-selected-algorithm``: ``single`` / ``static`` (a decision picked the model) or
+  ``default`` (no decision: ``default_model``);
+- with ``x-vsr-debug: true`` on the request: ``x-vsr-matched-<family>`` per signal family that
+  matched (``x-vsr-matched-keywords``, ``-context``, ...) and ``x-vsr-selected-reasoning``;
+
+and ours (upstream has nothing like them):
+
+- ``x-vsr-matched-signals``: every matched signal as ``type:name``, comma-separated;
 - ``x-vsr-routing-fallback``: present when the default model was used because routing could
   not decide (``signals:<error code>``: the signals' deployment was down, full, slow or
   answered badly; ``models_unhealthy``: the decision's models have no healthy backend).
@@ -21,29 +30,65 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from vllm_sr import httpserver
+from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.errors import (
-    InvalidRequest,
-    ModelNotFound,
-    NotFound,
-    Overloaded,
-    Unavailable,
-    VllmSrError,
-)
+from vllm_sr.errors import InvalidRequest, NotFound, Overloaded, Unavailable, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.questions import request_text
-from vllm_sr.router.route import Exchange, Router, RouteResult, RouterStats
+from vllm_sr.router import eval as route_eval
+from vllm_sr.router.backends import Backend, BackendSet
+from vllm_sr.router.reasoning import apply_reasoning, reasoning_enabled
+from vllm_sr.router.request_view import RequestView
+from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
+
+if TYPE_CHECKING:
+    from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.router.chat")
 
 H_DECISION = "x-vsr-selected-decision"
 H_MODEL = "x-vsr-selected-model"
+H_CONFIDENCE = "x-vsr-selected-confidence"
+H_ALGORITHM = "x-vsr-selected-algorithm"
+H_REASONING = "x-vsr-selected-reasoning"
 H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
+H_DEBUG = "x-vsr-debug"
+H_RECIPE = "x-vsr-selected-recipe"
+DEFAULT_EVAL_MODEL = "vllm-sr/auto"  # upstream's eval reads an empty model as this alias
+H_CONTEXT_TOKENS = "x-vsr-context-token-count"
+# Rule-leaf type -> the debug header's family word (upstream's names).
+DEBUG_FAMILY = {
+    "keyword": "keywords",
+    "embedding": "embeddings",
+    "domain": "domains",
+    "fact_check": "fact-check",
+    "user_feedback": "user-feedback",
+    "reask": "reask",
+    "preference": "preference",
+    "language": "language",
+    "context": "context",
+    "structure": "structure",
+    "complexity": "complexity",
+    "modality": "modality",
+    "authz": "authz",
+    "jailbreak": "jailbreak",
+    "pii": "pii",
+    "kb": "kb",
+    "conversation": "conversation",
+    "event": "event",
+    "projection": "projections",
+}
+
+
+class ModelNotAvailable(InvalidRequest):
+    """A chat naming a model that is neither an auto name nor a configured model: upstream
+    answers 400 ``model "X" is not available`` (an ``invalid_request_error``)."""
+
+    code = "model_not_found"
 
 
 def error_response(exc: VllmSrError) -> Response:
@@ -52,6 +97,10 @@ def error_response(exc: VllmSrError) -> Response:
     if isinstance(exc, Overloaded | Unavailable):
         retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
         response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
+    if isinstance(exc, ModelNotAvailable):
+        doc = json.loads(response.body)
+        doc["error"]["type"] = "invalid_request_error"
+        response.body = json.dumps(doc).encode()
     return response
 
 
@@ -73,12 +122,31 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def answer_headers(result: RouteResult) -> dict[str, str]:
+def is_debug(headers: dict[str, str]) -> bool:
+    return headers.get(H_DEBUG, "").strip().lower() == "true"
+
+
+def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str]:
     headers = {H_MODEL: result.model, H_SIGNALS: ",".join(result.matched_signals)}
     if result.decision is not None:
         headers[H_DECISION] = result.decision
+        headers[H_CONFIDENCE] = f"{result.confidence or 0.0:.4f}"
+    if result.routed:
+        headers[H_ALGORITHM] = result.method
+        headers[H_RECIPE] = result.recipe
     if result.fallback is not None:
         headers[H_FALLBACK] = result.fallback
+    if debug:
+        families: dict[str, list[str]] = {}
+        for sig in result.matched_signals:
+            kind, _, name = sig.partition(":")
+            if kind in DEBUG_FAMILY:
+                families.setdefault(DEBUG_FAMILY[kind], []).append(name)
+        for family, names in families.items():
+            headers[f"x-vsr-matched-{family}"] = ",".join(names)
+        headers[H_REASONING] = "on" if reasoning_enabled(result.model_ref) else "off"
+        if result.context_tokens is not None:
+            headers[H_CONTEXT_TOKENS] = str(result.context_tokens)
     return headers
 
 
@@ -89,11 +157,20 @@ class EngineMode(NotFound):
 class ChatRouter:
     """Router mode's HTTP face for one config generation."""
 
-    def __init__(self, router: Router, auto_model_names: list[str]) -> None:
-        self.router = router
+    def __init__(
+        self,
+        router: Router,
+        auto_model_names: list[str],
+        recipes: Mapping[str, Router] | None = None,
+        entrypoints: Mapping[str, str] | None = None,
+    ) -> None:
+        self.router = router  # the default recipe's
+        self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
+        self.entrypoints = dict(entrypoints or {})  # entrypoint model name -> recipe
         self.backends = router.backends
         self.auto_model_names = list(auto_model_names)
         self.model_names = [m.name for m in router.providers.models]
+        self.provider_models = {m.name: m for m in router.providers.models}
 
     @property
     def stats(self) -> RouterStats:
@@ -103,6 +180,7 @@ class ChatRouter:
         return {
             "/v1/chat/completions": {"POST": self.handle_chat},
             "/v1/models": {"GET": self.handle_models},
+            "/api/v1/eval": {"POST": self.handle_eval},
         }
 
     async def handle_chat(self, request: Request) -> Response | StreamResponse:
@@ -110,25 +188,85 @@ class ChatRouter:
             if request.error is not None:
                 raise request.error
             body = parse_chat(request.body)
-            result = await self.resolve(body)
+            view = RequestView.from_chat(body, request.headers)
+            result = await self.resolve(body, view)
             backend = self.backends.pick(result.model)
-            return await self.backends.proxy(backend, body, request, answer_headers(result))
+            outgoing = self.outgoing_body(body, result, backend)
+            headers = answer_headers(result, debug=is_debug(request.headers))
+            lora = getattr(result.model_ref, "lora_name", None)
+            return await self.backends.proxy(
+                backend, outgoing, request, headers, upstream_model=lora
+            )
         except VllmSrError as exc:
             return error_response(exc)
 
-    async def resolve(self, body: dict[str, Any]) -> RouteResult:
-        model = body["model"]
+    def outgoing_body(
+        self, body: dict[str, Any], result: RouteResult, backend: Backend
+    ) -> dict[str, Any]:
+        """Upstream's reasoning fields for an auto-routed chat whose decision matched (a
+        decision without modelRefs turns reasoning off on the default model); a named model,
+        or a chat no decision matched, goes as the caller wrote it."""
+        if result.decision is None:
+            return body
+        return apply_reasoning(
+            body,
+            result.model_ref,
+            self.provider_models[result.model],
+            self.router.providers.defaults,
+            backend.ref,
+            decision_refs=result.decision_refs,
+        )
+
+    def recipe_of(self, model: str) -> str | None:
+        """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
+        recipe for its names; None for a concrete model."""
         if model in self.auto_model_names:
-            return await self.router.route(request_text(body.get("messages")))
+            return DEFAULT_RECIPE
+        return self.entrypoints.get(model)
+
+    async def resolve(self, body: dict[str, Any], view: RequestView) -> RouteResult:
+        model = body["model"]
+        recipe = self.recipe_of(model)
+        if recipe is not None:
+            return await self.recipes[recipe].route(view)
         if model in self.backends.models:
             self.stats.direct[model] += 1
-            return RouteResult(model)
-        raise ModelNotFound(
-            f"model {model!r} is not known; accepted: an auto name "
-            f"({', '.join(self.auto_model_names)}) or a model "
-            f"({', '.join(self.model_names)})",
+            return RouteResult(model, routed=False)
+        raise ModelNotAvailable(
+            f"model {json.dumps(model)} is not available; accepted: an auto name "
+            f"({', '.join(self.auto_model_names)}) or a model ({', '.join(self.model_names)})",
             model=model,
         )
+
+    async def handle_eval(self, request: Request) -> Response:
+        """Upstream's routing preview; its own error document (code, message, timestamp)."""
+        try:
+            if request.error is not None:
+                raise route_eval.EvalError("INVALID_INPUT", request.error.message)
+            payload = route_eval.parse_payload(request.body)
+            model = payload.get("model") or DEFAULT_EVAL_MODEL
+            recipe = self.recipe_of(model) if isinstance(model, str) else None
+            if recipe is None:
+                raise route_eval.EvalError(
+                    "INVALID_ROUTING_MODEL",
+                    f"model {json.dumps(model)} is not an auto model name or entrypoint; "
+                    f"accepted: {', '.join([*self.auto_model_names, *self.entrypoints])}",
+                )
+            want_trace = "trace=true" in request.query.split("&") or bool(
+                (payload.get("options") or {}).get("trace")
+            )
+            doc = await route_eval.evaluate(
+                self.recipes[recipe], payload, model=model, recipe=recipe, want_trace=want_trace
+            )
+            return Response(json.dumps(doc).encode())
+        except route_eval.EvalError as exc:
+            return Response(route_eval.error_body(exc), status=exc.http_status)
+        except VllmSrError as exc:
+            err = route_eval.EvalError("INVALID_INPUT", exc.message)
+            if exc.http_status >= 500:
+                err = route_eval.EvalError("CLASSIFICATION_ERROR", exc.message)
+                err.http_status = 500
+            return Response(route_eval.error_body(err), status=err.http_status)
 
     def models_data(self) -> list[dict[str, Any]]:
         """The /v1/models entries of Router mode: the auto names, then the models."""
@@ -169,20 +307,35 @@ def build_chat_router(
     backends: BackendSet | None = None,
     stats: RouterStats | None = None,
     signal_timeout_ms: float | None = None,
+    authz: AuthzOptions | None = None,
+    recipes: Mapping[str, Routing] | None = None,
+    entrypoints: Mapping[str, str] | None = None,
+    global_: GlobalSection | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
     ``stats`` to keep the counters across a reload; ``backends`` is started by the caller
     (``await backends.start()``) and closed when the generation is replaced."""
-    router = Router(
-        providers,
-        routing,
-        exchange=exchange,
-        backends=backends if backends is not None else BackendSet(providers),
-        decision_deployment=decision_deployment,
-        signal_timeout_ms=signal_timeout_ms,
-        stats=stats,
-    )
-    return ChatRouter(router, auto_model_names)
+    backends = backends if backends is not None else BackendSet(providers)
+    stats = stats if stats is not None else RouterStats()
+
+    def router_for(recipe: str, recipe_routing: Routing) -> Router:
+        return Router(
+            providers,
+            recipe_routing,
+            exchange=exchange,
+            backends=backends,
+            decision_deployment=decision_deployment,
+            signal_timeout_ms=signal_timeout_ms,
+            stats=stats,
+            authz=authz,
+            global_=global_,
+            recipe=recipe,
+        )
+
+    others = {
+        name: router_for(name, r) for name, r in (recipes or {}).items() if name != DEFAULT_RECIPE
+    }
+    return ChatRouter(router_for(DEFAULT_RECIPE, routing), auto_model_names, others, entrypoints)
 
 
 async def engine_mode_chat(request: Request) -> Response:

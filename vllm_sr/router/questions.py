@@ -79,6 +79,14 @@ class DeploymentQuestions:
     def cached(self) -> bool:
         return self.candidates is not None
 
+    def signal_keys(self) -> list[SignalKey]:
+        """The signals this deployment answers (for per-signal errors when it fails)."""
+        out: list[SignalKey] = [("embedding", s.name) for s in self.embeddings]
+        return out + [("domain", name) for name in sorted(self.referenced_domains)]
+
+    def kinds(self) -> list[str]:
+        return sorted({kind for kind, _ in self.signal_keys()})
+
     def bundle(self, text: str) -> bytes:
         """The request's bundle: its text's embedding (and the cached texts while not cached)."""
         tasks: list[dict[str, Any]] = [{"id": TASK_QUERY, "embeddings": _embed([text])}]
@@ -177,10 +185,14 @@ class QuestionPlan:
     """What one config generation asks: the referenced keyword matchers, and per deployment the
     referenced embedding signals and domain label set (with their caches)."""
 
-    def __init__(self, routing: Routing, decision_deployment: str) -> None:
-        self.referenced: set[SignalKey] = {
-            key for dec in routing.decisions for key in leaves(dec.rules)
-        }
+    def __init__(
+        self, routing: Routing, decision_deployment: str, wanted: set[SignalKey] | None = None
+    ) -> None:
+        self.referenced: set[SignalKey] = (
+            set(wanted)
+            if wanted is not None
+            else {key for dec in routing.decisions for key in leaves(dec.rules)}
+        )
         sigs = routing.signals
         self.keywords: dict[str, KeywordMatcher] = {
             s.name: keyword_matcher(s)
@@ -207,6 +219,26 @@ class QuestionPlan:
 
     def keyword_results(self, text: str) -> dict[SignalKey, SignalResult]:
         return {("keyword", name): m.score(text) for name, m in self.keywords.items()}
+
+
+def declared_keys(routing: Routing) -> set[SignalKey]:
+    """Every declared signal of the families we evaluate, as rule leaves name them (for
+    /api/v1/eval, which runs them all)."""
+    sigs = routing.signals
+    keys: set[SignalKey] = set()
+    for kind, items in (
+        ("keyword", sigs.keywords),
+        ("embedding", sigs.embeddings),
+        ("domain", sigs.domains),
+        ("context", sigs.context),
+        ("structure", sigs.structure),
+        ("conversation", sigs.conversation),
+        ("language", sigs.language),
+        ("metadata", sigs.metadata),
+    ):
+        keys |= {(kind, s.name) for s in items}
+    keys |= {("authz", b.role) for b in sigs.role_bindings}
+    return keys
 
 
 def request_text(messages: Any) -> str:

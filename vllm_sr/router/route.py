@@ -1,31 +1,53 @@
 """One config generation's router: signals -> decision -> model, without HTTP.
 
 The deployments are reached only through the injected ``exchange(deployment, path, body,
-timeout_ms) -> (status, body)`` (the lead's wiring sends it through the deployment's
+timeout_ms) -> (status, body)`` (the frontend's wiring sends it through the deployment's
 ``ReplicaPool`` with kind "routing", so routing load is admitted and counted like native
 load). A routing failure (an exchange that raises, a non-200 answer, a malformed answer) never
 fails the chat: it routes to ``default_model`` and says why (``RouteResult.fallback``).
+
+Signals run in two kinds: the deterministic ones (keywords, context, structure, conversation,
+language, metadata, authz) in this process with no exchange, and the model-backed ones
+(embeddings, domains) as one bundle per deployment. A chat evaluates only the signals its
+decisions reference; ``/api/v1/eval`` evaluates every declared one (:meth:`Router.evaluate`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Providers, Routing, effective_algorithm
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.questions import BUNDLE_PATH, DeploymentQuestions, QuestionPlan
-from vllm_sr.router.rules import SignalKey, choose_model, rank
+from vllm_sr.router.deterministic import DeterministicSignals
+from vllm_sr.router.questions import BUNDLE_PATH, DeploymentQuestions, QuestionPlan, declared_keys
+from vllm_sr.router.request_view import RequestView
+from vllm_sr.router.rules import Match, SignalKey, choose_model, rank, static_order
 from vllm_sr.router.signals import SignalResult
+
+if TYPE_CHECKING:
+    from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.router")
 
 Exchange = Callable[[str, str, bytes, float | None], Awaitable[tuple[int, bytes]]]
 NO_DECISION = "(default)"  # the decision label of a request no decision matched
+
+
+@dataclass(frozen=True)
+class AuthzOptions:
+    """``global.services.authz``: where the caller's identity is read, and whether a request
+    without one may pass when role bindings are configured."""
+
+    user_id_header: str = "x-authz-user-id"
+    user_groups_header: str = "x-authz-user-groups"
+    fail_open: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,6 +57,29 @@ class RouteResult:
     confidence: float | None = None
     matched_signals: tuple[str, ...] = ()  # "type:name", sorted
     fallback: str | None = None  # why default_model was used, when routing could not decide
+    method: str = "default"  # upstream's x-vsr-selected-algorithm: single, static, default
+    model_ref: Any = None  # the decision's modelRef that was chosen (reasoning reads it)
+    context_tokens: int | None = None  # x-vsr-context-token-count (debug), when context ran
+    routed: bool = True  # False: the caller named a model (no signals, no decision)
+    decision_refs: tuple[Any, ...] = ()  # the decision's modelRefs (the reasoning effort lookup)
+    recipe: str = "default"  # the recipe that routed it (x-vsr-selected-recipe)
+
+
+@dataclass
+class SignalRun:
+    """Every signal result of one request, with failures and per-family timings."""
+
+    results: dict[SignalKey, SignalResult] = field(default_factory=dict)
+    errors: dict[SignalKey, str] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    # Upstream's per-family eval confidence where the family defines its own (language: the
+    # detection's); other families report their best matched confidence.
+    family_confidence: dict[str, float] = field(default_factory=dict)
+    failure: str | None = None  # a deployment's exchange failed: the chat falls back
+    context_tokens: int | None = None  # the context family's count, when it ran
+
+    def matched(self) -> tuple[str, ...]:
+        return tuple(sorted(f"{t}:{n}" for (t, n), r in self.results.items() if r.matched))
 
 
 @dataclass
@@ -65,6 +110,16 @@ class RouterStats:
         }
 
 
+def model_scores_by_decision(routing: Routing) -> dict[str, dict[str, float]]:
+    """Static's input: a domain named like a decision scores that decision's models."""
+    out: dict[str, dict[str, float]] = {}
+    for dom in routing.signals.domains:
+        scores = getattr(dom, "model_scores", None) or []
+        if scores:
+            out[dom.name] = {s.model: float(s.score) for s in scores}
+    return out
+
+
 class Router:
     def __init__(
         self,
@@ -76,18 +131,43 @@ class Router:
         decision_deployment: str,
         signal_timeout_ms: float | None = None,
         stats: RouterStats | None = None,
+        authz: AuthzOptions | None = None,
+        global_: GlobalSection | None = None,
+        recipe: str = "default",
     ) -> None:
         self.providers = providers
         self.routing = routing
         self.exchange = exchange
         self.backends = backends
         self.signal_timeout_ms = signal_timeout_ms
+        self.decision_deployment = decision_deployment
         self.plan = QuestionPlan(routing, decision_deployment)
+        authz = authz or AuthzOptions()
+        self.deterministic = DeterministicSignals(
+            routing.signals,
+            user_id_header=authz.user_id_header,
+            user_groups_header=authz.user_groups_header,
+            fail_open=authz.fail_open,
+        )
+        self.model_scores = model_scores_by_decision(routing)
+        self.recipe = recipe
+        # (algorithm, eval selection status) per decision: static, or a looper run as static.
+        self.algorithms = {d.name: effective_algorithm(d, global_) for d in routing.decisions}
         self.stats = stats if stats is not None else RouterStats()
+        self._eval_plan: QuestionPlan | None = None
 
     @property
     def default_model(self) -> str:
         return self.providers.defaults.default_model
+
+    @property
+    def eval_plan(self) -> QuestionPlan:
+        """Every declared signal (eval runs them all); its embeddings cache fills on first use."""
+        if self._eval_plan is None:
+            self._eval_plan = QuestionPlan(
+                self.routing, self.decision_deployment, wanted=declared_keys(self.routing)
+            )
+        return self._eval_plan
 
     async def warm(self) -> dict[str, str | None]:
         """Ask each deployment once for what the router and the workers cache (candidate
@@ -110,35 +190,81 @@ class Router:
                 out[dep] = exc.code
         return out
 
-    async def route(self, text: str) -> RouteResult:
-        """Signals on ``text`` (the last user message), the decision, its model."""
-        results = self.plan.keyword_results(text)
-        if self.plan.deployments and text.strip():
-            failure = await self._ask_all(text, results)
-            if failure is not None:
-                result = RouteResult(self.default_model, fallback=f"signals:{failure}")
-                self.stats.record(result)
-                return result
-        matches = rank(self.routing.decisions, results, self.routing.strategy)
-        signals = tuple(sorted(f"{t}:{n}" for (t, n), r in results.items() if r.matched))
+    async def signals(
+        self, view: RequestView, plan: QuestionPlan, *, authz: bool = True
+    ) -> SignalRun:
+        """The plan's signals on the request: deterministic ones here, model-backed ones as
+        one exchange per deployment. Authz refusals (403) raise."""
+        run = SignalRun()
+        started = time.perf_counter()
+        run.results.update(plan.keyword_results(view.text))
+        if plan.keywords:
+            run.timings_ms["keyword"] = (time.perf_counter() - started) * 1000.0
+        report = self.deterministic.report(view, plan.referenced, authz=authz)
+        for kind, metric in report.metrics.items():
+            run.timings_ms[kind] = metric.execution_time_ms
+            run.family_confidence[kind] = metric.confidence
+        run.results.update(report.results)
+        run.context_tokens = report.context_tokens
+        if plan.deployments and view.text.strip():
+            started = time.perf_counter()
+            run.failure = await self._ask_all(plan, view.text, run.results)
+            elapsed = (time.perf_counter() - started) * 1000.0
+            for q in plan.deployments.values():
+                for kind in q.kinds():
+                    run.timings_ms[kind] = elapsed
+                    if run.failure is not None:
+                        for key in q.signal_keys():
+                            run.errors[key] = run.failure
+        return run
+
+    def winner(self, run: SignalRun) -> list[Match]:
+        return rank(self.routing.decisions, run.results, self.routing.strategy, run.errors)
+
+    async def route(self, view: RequestView) -> RouteResult:
+        """Signals on the request, the decision, its model."""
+        run = await self.signals(view, self.plan)
+        if run.failure is not None:
+            result = RouteResult(
+                self.default_model, fallback=f"signals:{run.failure}", recipe=self.recipe
+            )
+            self.stats.record(result)
+            return result
+        matches = self.winner(run)
         best = matches[0] if matches else None
+        decision = best.decision if best else None
         choice = choose_model(
-            best.decision if best else None, self.default_model, self.backends.healthy
+            decision,
+            self.default_model,
+            self.backends.healthy,
+            self.model_scores.get(decision.name) if decision is not None else None,
         )
         result = RouteResult(
             choice.model,
-            best.decision.name if best else None,
+            decision.name if decision is not None else None,
             best.confidence if best else None,
-            signals,
+            run.matched(),
             choice.fallback,
+            choice.method,
+            choice.ref,
+            decision_refs=tuple(decision.model_refs or ()) if decision is not None else (),
+            recipe=self.recipe,
+            context_tokens=run.context_tokens,
         )
         self.stats.record(result)
         return result
 
-    async def _ask_all(self, text: str, results: dict[SignalKey, SignalResult]) -> str | None:
+    def static_pick(self, decision: Any) -> Any:
+        """Static's modelRef for a decision (no health check: eval previews the choice)."""
+        refs = static_order(decision, self.model_scores.get(decision.name))
+        return refs[0] if refs else None
+
+    async def _ask_all(
+        self, plan: QuestionPlan, text: str, results: dict[SignalKey, SignalResult]
+    ) -> str | None:
         """One exchange per deployment, concurrently; their results go into ``results``.
         -> None, or the first failure's reason code."""
-        questions = list(self.plan.deployments.values())
+        questions = list(plan.deployments.values())
         answers = await asyncio.gather(
             *(self._ask(q, text) for q in questions), return_exceptions=True
         )

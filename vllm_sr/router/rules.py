@@ -1,20 +1,32 @@
-"""Decisions, pure on data: rule trees over signal results, the strategy that orders matching
-decisions, and the model a decision ends at.
+"""Decisions, pure on data: rule trees over signal results, winner selection among matching
+decisions, and the model a decision ends at. Upstream's semantics (``pkg/decision/engine.go``):
 
-Rule confidence as upstream: a leaf is its signal's result; AND matches when every condition
-does, with the mean of their confidences; OR when any does, with the best matching one's; NOT
-(one condition) when its condition does not, with confidence 1. Strategy ``priority`` orders
-matches by priority (high first), then confidence, then name; ``confidence`` by confidence,
-then priority, then name. A decision's model is its first modelRef whose model is healthy;
-with none (or no decision) it is ``providers.defaults.default_model``.
+- a leaf is its signal's result (confidence 1.0 when the family gives none); a leaf with a
+  ``predicate`` instead compares the signal's raw value (else, for a match, its confidence)
+  with the bounds and matches with confidence 1.0; a leaf whose signal failed matches only with
+  ``on_error: match``;
+- ``AND`` matches when every condition does, with their mean confidence (an empty AND matches
+  with confidence 0); ``NOT`` (exactly one condition) when its condition does not, with
+  confidence 1.0; ``OR`` (and any other operator) when some condition does, with the best one's
+  confidence (the first on ties);
+- a decision without ``rules`` always matches, with confidence 0;
+- the winner: when some matching decision has ``tier`` > 0, by tier ascending, confidence,
+  priority, name; else strategy ``confidence`` orders by confidence, priority, name and strategy
+  ``priority`` (the default) by priority, confidence, name.
+
+A decision's model is picked by the ``static`` algorithm (``pkg/selection/static.go``): its only
+modelRef, else the modelRef the domain named like the decision scores best in ``model_scores``
+(the first modelRef when none scores other than 1.0); then, ours, the next healthy modelRef when
+that one's backends are all down, else ``providers.defaults.default_model``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from vllm_sr.config.routing import Decision, RuleLeaf, RuleNode
 from vllm_sr.router.signals import SignalResult
 
 SignalKey = tuple[str, str]  # (type, name), e.g. ("keyword", "code")
@@ -27,48 +39,145 @@ class RuleValue:
 
 
 MISS = RuleValue(False, 0.0)
+ALWAYS = RuleValue(True, 0.0)
 
 
-def evaluate(node: RuleNode | RuleLeaf, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
-    """The value of a rule tree; a signal without a result counts as not matched."""
-    if isinstance(node, RuleLeaf):
-        res = results.get((node.type, node.name))
-        if res is None or not res.matched:
+def leaf_key(node: Any) -> SignalKey:
+    return (str(node.type).lower(), node.name)
+
+
+def is_leaf(node: Any) -> bool:
+    return getattr(node, "operator", None) is None
+
+
+def predicate_holds(value: float, predicate: Any) -> bool:
+    if math.isnan(value) or math.isinf(value):
+        return False
+    checks = (
+        (predicate.gt, lambda b: value > b),
+        (predicate.gte, lambda b: value >= b),
+        (predicate.lt, lambda b: value < b),
+        (predicate.lte, lambda b: value <= b),
+    )
+    return all(test(bound) for bound, test in checks if bound is not None)
+
+
+def _leaf(
+    node: Any, results: Mapping[SignalKey, SignalResult], errors: Mapping[SignalKey, str]
+) -> RuleValue:
+    key = leaf_key(node)
+    res = results.get(key)
+    predicate = getattr(node, "predicate", None)
+    if res is None and key in errors:
+        return RuleValue(True, 1.0) if getattr(node, "on_error", None) == "match" else MISS
+    if predicate is not None:
+        # Upstream reads the signal's recorded value, else its recorded confidence (recorded
+        # for a match); with neither the leaf does not match.
+        if res is None or (res.value is None and not res.matched):
             return MISS
-        return RuleValue(True, res.confidence)
-    values = [evaluate(child, results) for child in node.conditions]
+        value = res.value if res.value is not None else res.confidence
+        return RuleValue(True, 1.0) if predicate_holds(float(value), predicate) else MISS
+    if res is None or not res.matched:
+        return MISS
+    return RuleValue(True, res.confidence)
+
+
+def evaluate(
+    node: Any,
+    results: Mapping[SignalKey, SignalResult],
+    errors: Mapping[SignalKey, str] | None = None,
+) -> RuleValue:
+    """The value of a rule tree (None: a decision without rules); a signal without a result
+    counts as not matched."""
+    if node is None:
+        return ALWAYS
+    errors = errors or {}
+    if is_leaf(node):
+        return _leaf(node, results, errors)
+    values = [evaluate(child, results, errors) for child in node.conditions]
     if node.operator == "NOT":
+        if len(values) != 1:
+            return MISS
         return MISS if values[0].matched else RuleValue(True, 1.0)
     if node.operator == "AND":
+        if not values:
+            return ALWAYS
         if all(v.matched for v in values):
             return RuleValue(True, sum(v.confidence for v in values) / len(values))
         return MISS
-    matched = [v.confidence for v in values if v.matched]
-    return RuleValue(True, max(matched)) if matched else MISS
+    best: RuleValue | None = None
+    for v in values:
+        if v.matched and (best is None or v.confidence > best.confidence):
+            best = v
+    return best if best is not None else MISS
 
 
-def leaves(node: RuleNode | RuleLeaf) -> list[SignalKey]:
-    if isinstance(node, RuleLeaf):
-        return [(node.type, node.name)]
+def trace(
+    node: Any,
+    results: Mapping[SignalKey, SignalResult],
+    errors: Mapping[SignalKey, str] | None = None,
+) -> dict[str, Any]:
+    """The rule tree with each node's value, in upstream's eval_trace shape."""
+    if node is None:
+        return {"node_type": "fallback", "matched": True, "confidence": 0.0}
+    value = evaluate(node, results, errors)
+    if is_leaf(node):
+        kind, name = leaf_key(node)
+        return {
+            "node_type": "leaf",
+            "signal_type": kind,
+            "signal_name": name,
+            "matched": value.matched,
+            "confidence": value.confidence,
+        }
+    return {
+        "node_type": node.operator,
+        "matched": value.matched,
+        "confidence": value.confidence,
+        "children": [trace(child, results, errors) for child in node.conditions],
+    }
+
+
+def leaves(node: Any) -> list[SignalKey]:
+    if node is None:
+        return []
+    if is_leaf(node):
+        return [leaf_key(node)]
     return [key for child in node.conditions for key in leaves(child)]
 
 
 @dataclass(frozen=True)
 class Match:
-    decision: Decision
+    decision: Any
     confidence: float
 
 
+def _tier(dec: Any) -> int:
+    return int(getattr(dec, "tier", 0) or 0)
+
+
 def rank(
-    decisions: list[Decision], results: Mapping[SignalKey, SignalResult], strategy: str
+    decisions: Sequence[Any],
+    results: Mapping[SignalKey, SignalResult],
+    strategy: str,
+    errors: Mapping[SignalKey, str] | None = None,
 ) -> list[Match]:
     """The matching decisions, best first."""
     matches = []
     for dec in decisions:
-        value = evaluate(dec.rules, results)
+        value = evaluate(dec.rules, results, errors)
         if value.matched:
             matches.append(Match(dec, value.confidence))
-    if strategy == "confidence":
+    if any(_tier(m.decision) > 0 for m in matches):
+        matches.sort(
+            key=lambda m: (
+                _tier(m.decision),
+                -m.confidence,
+                -m.decision.priority,
+                m.decision.name,
+            )
+        )
+    elif strategy == "confidence":
         matches.sort(key=lambda m: (-m.confidence, -m.decision.priority, m.decision.name))
     else:
         matches.sort(key=lambda m: (-m.decision.priority, -m.confidence, m.decision.name))
@@ -79,15 +188,38 @@ def rank(
 class ModelChoice:
     model: str
     fallback: str | None  # why the default model was used instead of the decision's, if so
+    ref: Any = None  # the decision's modelRef that was chosen (None: the default model)
+    method: str = "default"  # upstream's selection method: single, static or default
+
+
+def static_order(decision: Any, model_scores: Mapping[str, float] | None) -> list[Any]:
+    """The decision's modelRefs in static's order: the pick first, then the rest as written."""
+    refs = list(getattr(decision, "model_refs", None) or [])
+    if len(refs) <= 1 or not model_scores:
+        return refs
+    scores = [float(model_scores.get(r.model, 1.0)) for r in refs]
+    best = max(scores)
+    if best == 1.0:
+        return refs
+    pick = scores.index(best)
+    return [refs[pick], *refs[:pick], *refs[pick + 1 :]]
 
 
 def choose_model(
-    decision: Decision | None, default_model: str, healthy: Callable[[str], bool]
+    decision: Any,
+    default_model: str,
+    healthy: Callable[[str], bool],
+    model_scores: Mapping[str, float] | None = None,
 ) -> ModelChoice:
-    """The decision's first healthy modelRef, else the default model."""
+    """Static's pick when its backends are up, else the next healthy modelRef, else the
+    default model."""
     if decision is None:
         return ModelChoice(default_model, None)
-    for ref in decision.model_refs:
+    refs = static_order(decision, model_scores)
+    if not refs:
+        return ModelChoice(default_model, None)
+    method = "single" if len(refs) == 1 else "static"
+    for ref in refs:
         if healthy(ref.model):
-            return ModelChoice(ref.model, None)
+            return ModelChoice(ref.model, None, ref, method)
     return ModelChoice(default_model, "models_unhealthy")

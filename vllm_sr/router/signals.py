@@ -1,22 +1,28 @@
 """Signal scoring, pure on data: keyword signals on the request text, embedding signals on the
 request's embedding and the cached candidate embeddings, domain signals on a classification
-answer. Each gives a :class:`SignalResult` (matched, confidence in [0, 1]).
+answer. Each gives a :class:`SignalResult`.
 
-Keyword methods (upstream names and defaults):
+Keyword methods, as upstream (``pkg/classification/keyword_classifier*.go``):
 
-- ``regex``: each keyword is a regular expression matched on whole words (not inside a longer
-  word), case-insensitive unless ``case_sensitive``; a present keyword has confidence 1.
+- omitted: each keyword is a literal, wrapped in ASCII word boundaries (``\\b``: a neighbour
+  in [0-9A-Za-z_] blocks it) when it has a letter, digit or underscore and no Han character,
+  case-insensitive unless ``case_sensitive``;
+- ``regex``: each keyword is a raw regular expression searched anywhere in the text
+  (case-insensitive unless ``case_sensitive``), not word-bounded;
+- with either, ``fuzzy_match`` also counts a keyword as present when some word of the text
+  (a run of Unicode letters/digits, lowercased) is within ``fuzzy_threshold`` edits
+  (Levenshtein; 0 means upstream's default 2) of the lowercased keyword;
 - ``bm25``: each keyword is a document of a small corpus (the signal's keywords) and the request
   is the query; a keyword is present when its Okapi BM25 score (k1 1.2, b 0.75) reaches
-  ``bm25_threshold``. Its confidence is the score over the score the keyword gets against its
-  own text (1 when all of it appears), at most 1.
+  ``bm25_threshold``;
 - ``ngram``: a keyword is present when some run of as many request words as the keyword has
   reaches ``ngram_threshold`` in character n-gram similarity (Jaccard over the multisets of
-  ``ngram_arity``-grams, padded with arity-1 spaces), so "urgnt" still finds "urgent". Its
-  confidence is that similarity.
+  ``ngram_arity``-grams, padded with arity-1 spaces), so "urgnt" still finds "urgent".
+  (bm25 and ngram approximate upstream's Rust crates; their scores are not the crates' own.)
 
-Operators: OR matches when any keyword is present (confidence: the best present one); AND when
-every one is (confidence: their mean); NOR when none is (confidence 1).
+Operators: OR matches when any keyword is present, AND when every one is, NOR when none is.
+A matching keyword signal has confidence 1.0 (upstream records none, and a rule leaf reads a
+missing confidence as 1.0).
 """
 
 from __future__ import annotations
@@ -25,62 +31,171 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy
 
-from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, KeywordSignal
+if TYPE_CHECKING:
+    from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, KeywordSignal
 
 BM25_K1 = 1.2
 BM25_B = 0.75
+DEFAULT_FUZZY_THRESHOLD = 2
 WORD_RE = re.compile(r"\w+")
+# Runs of letters and digits (not underscore): the words fuzzy matching compares with.
+LETTER_DIGIT_RUN_RE = re.compile(r"[^\W_]+")
+# RE2's \b is ASCII-only: a boundary between [0-9A-Za-z_] and anything else (or an edge).
+_ASCII_WORD = "[0-9A-Za-z_]"
+ASCII_BOUNDARY = rf"(?:(?<={_ASCII_WORD})(?!{_ASCII_WORD})|(?<!{_ASCII_WORD})(?={_ASCII_WORD}))"
 
 
 @dataclass(frozen=True)
 class SignalResult:
+    """One signal's outcome. ``confidence`` is what a plain rule leaf takes when the signal
+    matched (upstream's ``SignalConfidences`` entry, 1.0 where the family records none).
+    ``value`` is upstream's ``SignalValues`` entry, None where the family records none: the
+    raw number a leaf with a ``predicate`` compares (upstream reads the confidence instead
+    when there is no value)."""
+
     matched: bool
     confidence: float
+    value: float | None = None
 
     @staticmethod
     def miss() -> SignalResult:
         return SignalResult(False, 0.0)
 
 
-def combine(operator: str, present: list[tuple[bool, float]]) -> SignalResult:
-    """A keyword signal's result from its keywords' (present, confidence)."""
+HIT = SignalResult(True, 1.0)
+
+
+def combine(operator: str, present: list[bool]) -> SignalResult:
+    """A keyword signal's result from whether each of its keywords is present."""
     if operator == "NOR":
-        hit = any(p for p, _ in present)
-        return SignalResult(not hit, 0.0 if hit else 1.0)
+        return SignalResult.miss() if any(present) else HIT
     if operator == "AND":
-        if present and all(p for p, _ in present):
-            return SignalResult(True, sum(c for _, c in present) / len(present))
-        return SignalResult.miss()
-    confs = [c for p, c in present if p]
-    return SignalResult(True, max(confs)) if confs else SignalResult.miss()
+        return HIT if present and all(present) else SignalResult.miss()
+    return HIT if any(present) else SignalResult.miss()
 
 
 # -- keyword methods ------------------------------------------------------------------------
 
 
-def whole_word(pattern: str) -> str:
-    """``pattern`` matched only where it neither starts nor ends inside a word."""
-    return rf"(?<!\w)(?:{pattern})(?!\w)"
+def has_han(text: str) -> bool:
+    return HAN_RE.search(text) is not None
+
+
+# Unicode's Han script (as Go's unicode.Han), code point ranges.
+HAN_RANGES = (
+    (0x2E80, 0x2E99),
+    (0x2E9B, 0x2EF3),
+    (0x2F00, 0x2FD5),
+    (0x3005, 0x3005),
+    (0x3007, 0x3007),
+    (0x3021, 0x3029),
+    (0x3038, 0x303B),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xF900, 0xFA6D),
+    (0xFA70, 0xFAD9),
+    (0x16FE2, 0x16FE3),
+    (0x16FF0, 0x16FF1),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2EBE0),
+    (0x2F800, 0x2FA1D),
+    (0x30000, 0x323AF),
+)
+HAN_RE = re.compile(
+    "[" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in HAN_RANGES) + "]"
+)
+
+
+def literal_pattern(keyword: str) -> str:
+    """Upstream's pattern for a literal keyword (no method): escaped, and ASCII word-bounded
+    when it has a letter/digit/underscore and no Han character."""
+    quoted = re.escape(keyword)
+    wordish = any(ch.isalpha() or ch.isdecimal() or ch == "_" for ch in keyword)
+    if wordish and not has_han(keyword):
+        return ASCII_BOUNDARY + quoted + ASCII_BOUNDARY
+    return quoted
+
+
+def levenshtein(a: str, b: str) -> int:
+    """Edit distance over code points (insert, delete, substitute: 1 each)."""
+    if len(a) > len(b):
+        a, b = b, a
+    if not a:
+        return len(b)
+    prev = list(range(len(a) + 1))
+    for j, cb in enumerate(b, 1):
+        cur = [j]
+        for i, ca in enumerate(a, 1):
+            cur.append(min(prev[i] + 1, cur[i - 1] + 1, prev[i - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def split_runs(run: str) -> list[str]:
+    """A ``[^\\W_]+`` run split where it holds a character that is a number but neither a
+    letter nor a decimal digit (Python's \\w has those; Go's IsLetter/IsDigit do not)."""
+    if run.isalpha() or run.isdecimal() or all(c.isalpha() or c.isdecimal() for c in run):
+        return [run]
+    return "".join(c if c.isalpha() or c.isdecimal() else " " for c in run).split()
+
+
+def letter_digit_runs(text: str) -> list[str]:
+    """The text's runs of Unicode letters and decimal digits."""
+    return [w for run in LETTER_DIGIT_RUN_RE.findall(text) for w in split_runs(run)]
+
+
+def lower_words(text: str) -> list[str]:
+    """The text's runs of letters and digits, lowercased (upstream's fuzzy-match words)."""
+    return [w.lower() for w in letter_digit_runs(text)]
+
+
+def fuzzy_present(keyword_lower: str, words: list[str], threshold: int) -> bool:
+    n = len(keyword_lower)
+    return any(
+        abs(len(w) - n) <= threshold and levenshtein(w, keyword_lower) <= threshold for w in words
+    )
 
 
 class RegexKeywords:
+    """Literal keywords (no method) or raw patterns (method regex), with optional fuzzy
+    matching."""
+
     def __init__(self, sig: KeywordSignal) -> None:
         flags = 0 if sig.case_sensitive else re.IGNORECASE
         self.operator = sig.operator
-        if sig.operator == "AND":
-            self.each = [re.compile(whole_word(k), flags) for k in sig.keywords]
-            self.any = None
-        else:  # OR / NOR only ask "is any present": one alternation, one scan
-            self.each = []
-            self.any = re.compile("|".join(whole_word(k) for k in sig.keywords), flags)
+        literal = sig.method is None
+        patterns = [literal_pattern(k) if literal else k for k in sig.keywords]
+        self.fuzzy = sig.fuzzy_match
+        # 0 means upstream's default, as its keyword classifier reads it.
+        self.fuzzy_threshold = sig.fuzzy_threshold or DEFAULT_FUZZY_THRESHOLD
+        self.lowered = [k.lower() for k in sig.keywords]
+        self.each = [re.compile(p, flags) for p in patterns]
+        # OR / NOR without fuzzy only ask "is any present": one alternation, one scan. Raw
+        # patterns stay apart (their group numbers would shift inside an alternation).
+        self.any = (
+            re.compile("|".join(f"(?:{p})" for p in patterns), flags)
+            if literal and not self.fuzzy and sig.operator != "AND"
+            else None
+        )
+
+    def present(self, text: str) -> list[bool]:
+        words = lower_words(text) if self.fuzzy else []
+        out = []
+        for pattern, lowered in zip(self.each, self.lowered, strict=True):
+            hit = pattern.search(text) is not None
+            if not hit and self.fuzzy:
+                hit = fuzzy_present(lowered, words, self.fuzzy_threshold)
+            out.append(hit)
+        return out
 
     def score(self, text: str) -> SignalResult:
         if self.any is not None:
-            return combine(self.operator, [(self.any.search(text) is not None, 1.0)])
-        return combine(self.operator, [(p.search(text) is not None, 1.0) for p in self.each])
+            return combine(self.operator, [self.any.search(text) is not None])
+        return combine(self.operator, self.present(text))
 
 
 def words(text: str, case_sensitive: bool) -> list[str]:
@@ -102,7 +217,6 @@ class Bm25Keywords:
         for d in self.docs:
             df.update(d.keys())
         self.idf = {t: math.log((n - c + 0.5) / (c + 0.5) + 1.0) for t, c in df.items()}
-        self.norms = [self._doc_score(set(d), i) for i, d in enumerate(self.docs)]
 
     def _doc_score(self, query: set[str], i: int) -> float:
         doc = self.docs[i]
@@ -120,11 +234,7 @@ class Bm25Keywords:
         return [self._doc_score(query, i) for i in range(len(self.docs))]
 
     def score(self, text: str) -> SignalResult:
-        present = []
-        for raw, norm in zip(self.scores(text), self.norms, strict=True):
-            conf = min(1.0, raw / norm) if norm > 0 else 0.0
-            present.append((raw > 0 and raw >= self.threshold, conf))
-        return combine(self.operator, present)
+        return combine(self.operator, [s > 0 and s >= self.threshold for s in self.scores(text)])
 
 
 def ngrams(text: str, arity: int) -> Counter[str]:
@@ -175,7 +285,7 @@ class NgramKeywords:
         return out
 
     def score(self, text: str) -> SignalResult:
-        return combine(self.operator, [(s >= self.threshold, s) for s in self.best(text)])
+        return combine(self.operator, [s >= self.threshold for s in self.best(text)])
 
 
 KeywordMatcher = RegexKeywords | Bm25Keywords | NgramKeywords
@@ -210,16 +320,19 @@ def cosine_similarities(query: numpy.ndarray, candidates: numpy.ndarray) -> nump
 
 def aggregate(sims: numpy.ndarray, method: str, threshold: float) -> SignalResult:
     """max: the best similarity; mean: the mean; any: matched when some candidate reaches the
-    threshold, confidence the first such candidate's similarity (config order)."""
+    threshold, confidence the first such candidate's similarity (config order). The value is
+    the similarity compared, unclamped."""
     if sims.size == 0:
         return SignalResult.miss()
     if method == "any":
         over = numpy.flatnonzero(sims >= threshold)
         if over.size == 0:
-            return SignalResult(False, _clamp(float(sims.max())))
-        return SignalResult(True, _clamp(float(sims[over[0]])))
+            best = float(sims.max())
+            return SignalResult(False, _clamp(best), best)
+        first = float(sims[over[0]])
+        return SignalResult(True, _clamp(first), first)
     value = float(sims.mean()) if method == "mean" else float(sims.max())
-    return SignalResult(value >= threshold, _clamp(value))
+    return SignalResult(value >= threshold, _clamp(value), value)
 
 
 def _clamp(x: float) -> float:

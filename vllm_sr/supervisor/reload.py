@@ -35,6 +35,8 @@ class ServicePlan:
     # Router mode's settings (``vllm_sr.frontend.chat_mount.RouterPlan``); None in tests that
     # build plans by hand (Engine mode).
     router: Any = None
+    listen: str | None = None  # HOST:PORT of config.yaml's first listener (serve's default)
+    embedded_default: str | None = None  # the built-in artifact served when no model_catalog
 
     def specs(self) -> list[Any]:
         return [spec for d in self.deployments.values() for spec in d.replicas]

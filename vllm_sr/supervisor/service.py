@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_sr.config.schema import DEFAULT_ARTIFACT, RootConfig
 from vllm_sr.events import log_sink
 from vllm_sr.frontend.app import Frontend
 from vllm_sr.frontend.chat_mount import RouterPlan
 from vllm_sr.pool.settings import PoolSettings
+from vllm_sr.router.route import AuthzOptions
 from vllm_sr.supervisor.managed import ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Scaler
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
@@ -50,10 +52,47 @@ def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
         enabled=config.global_.router.enabled,
         auto_model_names=tuple(config.global_.router.auto_model_names),
         providers=config.providers,
-        routing=config.routing,
+        routing=config.recipes_by_name()["default"],
+        recipes=config.recipes_by_name(),
+        entrypoints={
+            name.strip(): config.recipe_name_for(name) or "default"
+            for entry in config.entrypoints
+            for name in entry.model_names
+        },
         decision_deployment=config.default_deployment(),
+        authz=authz_options(config),
+        global_=config.global_,
     )
-    return ServicePlan(deployments, config.default_deployment(), effective_dict(config), router)
+    return ServicePlan(
+        deployments,
+        config.default_deployment(),
+        effective_dict(config),
+        router,
+        listen=first_listener(config),
+        embedded_default=DEFAULT_ARTIFACT if config.uses_embedded_default else None,
+    )
+
+
+def first_listener(config: RootConfig) -> str | None:
+    """``listeners[0]`` as HOST:PORT (IPv6 in brackets), or None when there is none."""
+    address = config.listen_address()
+    if address is None:
+        return None
+    host, port = address
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def authz_options(config: RootConfig) -> AuthzOptions:
+    """``global.services.authz``: the identity headers role_bindings read."""
+    authz = config.global_.services.authz
+    identity = authz.identity
+    return AuthzOptions(
+        user_id_header=identity.user_id_header.lower(),
+        user_groups_header=identity.user_groups_header.lower(),
+        fail_open=authz.fail_open,
+    )
 
 
 def config_planner(config_path: Path, artifacts_dir: Path | None = None) -> Planner:

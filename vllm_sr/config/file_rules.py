@@ -1,0 +1,257 @@
+"""The cross-field rules of a whole config file, on the raw mapping (they tolerate wrong
+types: field validation reports those), so that one run reports every problem, each at its YAML
+path: the product page's deployment rules ("What replicas share"), Router mode's routing rules
+(``routing_rules``), the recipes' and entrypoints' (``recipes``), and the refusals of upstream
+``global`` settings vllm-sr does not act on (``upstream_refusals``).
+
+``schema.semantic_problems`` (what ``RootConfig`` and files.py call) delegates here; this
+module imports the schema's models and constants, so it is imported lazily from there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_sr.config.problems import Problem
+from vllm_sr.config.recipes import normalized_names, recipe_problems, recipe_routing_problems
+from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES
+from vllm_sr.config.routing_base import as_dict, as_list
+from vllm_sr.config.routing_rules import check_routing, routing_problems
+from vllm_sr.config.schema import (
+    DEFAULT_AUTO_MODEL_NAME,
+    DEFAULT_BASE_EJECTION_MS,
+    DEFAULT_DEPLOYMENT,
+    DEVICE_RE,
+    NAME_ACCEPTED,
+    NAME_RE,
+    device_platform,
+    ejection_bounds_problem,
+    embedded_default_deployments,
+)
+from vllm_sr.config.upstream_refusals import global_refusals
+
+
+def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
+    base: tuple[str | int, ...] = ("global", "model_catalog", "deployments", name)
+    problems: list[Problem] = []
+    if not NAME_RE.match(name):
+        problems.append(
+            Problem(base, f"deployment name {name!r} is not accepted; accepted: {NAME_ACCEPTED}")
+        )
+    replicas = dep.get("replicas")
+    for key in ("device", "endpoint"):
+        if replicas is not None and dep.get(key) is not None:
+            problems.append(
+                Problem(
+                    (*base, key),
+                    f"{key} {dep.get(key)!r} is set together with replicas; accepted: either "
+                    f"replicas or the one-worker shorthand {key}, not both (move it into replicas)",
+                )
+            )
+    if dep.get("device") is not None and dep.get("endpoint") is not None:
+        problems.append(
+            Problem((*base, "endpoint"), "device and endpoint are both set; accepted: one of them")
+        )
+    if dep.get("model") is not None and dep.get("endpoint") is None:
+        problems.append(
+            Problem(
+                (*base, "model"),
+                f"model {dep.get('model')!r} without endpoint; accepted: model only names an "
+                "attached runtime's served model (set endpoint, or remove model)",
+            )
+        )
+    if dep.get("endpoint") is not None and not dep.get("model"):
+        problems.append(
+            Problem((*base, "model"), "endpoint shorthand without model; accepted: model: NAME")
+        )
+    problems += _replica_problems(base, replicas)
+    problems += _outlier_problems(base, dep.get("outlier_detection"))
+    problems += _threads_problems(base, dep)
+    return problems
+
+
+def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[Problem]:
+    """``threads`` sizes vllm-sr's own CPU workers; a GPU worker or an attached runtime has
+    nothing it could apply to, so it is refused rather than silently ignored."""
+    threads = dep.get("threads")
+    if threads is None:
+        return []
+    replicas = dep.get("replicas")
+    if isinstance(replicas, list):
+        devices = [r.get("device") for r in replicas if isinstance(r, dict)]
+    elif dep.get("endpoint") is not None:
+        devices = [None]
+    else:
+        devices = [dep.get("device") or "cpu"]
+    gpu = next((d for d in devices if isinstance(d, str) and d != "cpu"), None)
+    if gpu is not None:
+        return [
+            Problem(
+                (*base, "threads"),
+                f"threads {threads!r} applies to CPU workers, but this deployment runs on "
+                f"{device_platform(gpu)} GPUs ({gpu}); accepted: remove threads, or place the "
+                "deployment on cpu",
+            )
+        ]
+    if "cpu" not in devices:
+        return [
+            Problem(
+                (*base, "threads"),
+                f"threads {threads!r} on a deployment whose replicas are all attached "
+                "(endpoint): attached runtimes manage their own threads; accepted: remove threads",
+            )
+        ]
+    return []
+
+
+def _outlier_problems(base: tuple[str | int, ...], od: Any) -> list[Problem]:
+    if not isinstance(od, dict):
+        return []
+    top, low = od.get("max_ejection_ms"), od.get("base_ejection_ms", DEFAULT_BASE_EJECTION_MS)
+    if isinstance(top, int) and isinstance(low, int):
+        problem = ejection_bounds_problem(low, top)
+        if problem is not None:
+            return [Problem((*base, "outlier_detection", "max_ejection_ms"), problem)]
+    return []
+
+
+def _replica_problems(base: tuple[str | int, ...], replicas: Any) -> list[Problem]:
+    if not isinstance(replicas, list):
+        return []
+    problems: list[Problem] = []
+    platforms: dict[str, int] = {}
+    for i, rep in enumerate(replicas):
+        if not isinstance(rep, dict):
+            continue
+        path = (*base, "replicas", i)
+        dev, ep, model = rep.get("device"), rep.get("endpoint"), rep.get("model")
+        if dev is None and ep is None:
+            problems.append(
+                Problem(
+                    path,
+                    "replica has neither device nor endpoint; accepted: {device: "
+                    "DEVICE} or {endpoint: URL, model: NAME}",
+                )
+            )
+        if dev is not None and ep is not None:
+            problems.append(
+                Problem(path, "replica sets both device and endpoint; accepted: one of them")
+            )
+        if ep is not None and not model:
+            problems.append(
+                Problem(
+                    (*path, "model"),
+                    f"attached replica {ep!r} has no model; accepted: the "
+                    "runtime's served model name, e.g. model: primary",
+                )
+            )
+        if model is not None and ep is None:
+            problems.append(
+                Problem(
+                    (*path, "model"),
+                    f"model {model!r} on a managed replica; accepted: model only with endpoint",
+                )
+            )
+        if isinstance(dev, str) and DEVICE_RE.match(dev):
+            platforms.setdefault(device_platform(dev), i)
+    if len(platforms) > 1:
+        first, *rest = sorted(platforms.items(), key=lambda kv: kv[1])
+        for plat, idx in rest:
+            problems.append(
+                Problem(
+                    (*base, "replicas", idx, "device"),
+                    f"platform {plat!r} differs from {first[0]!r} of replicas[{first[1]}]; "
+                    "accepted: one platform per deployment (split it into two deployments)",
+                )
+            )
+    return problems
+
+
+def semantic_problems(raw: Any) -> list[Problem]:
+    """The product page's cross-field rules, Router mode's, the recipes' and the refusals of
+    upstream settings vllm-sr does not act on, on the raw mapping (tolerates wrong types:
+    those are reported by the field validation)."""
+    if not isinstance(raw, dict):
+        return []
+    if not any(key in raw for key in ("global", "routing", "providers", "recipes")):
+        return [
+            Problem(
+                (),
+                "the file has none of global, routing, providers or recipes; accepted: a "
+                "mapping with at least global (deployments) or routing (Router mode)",
+            )
+        ]
+    catalog = as_dict(as_dict(raw.get("global")).get("model_catalog"))
+    deployments = catalog.get("deployments")
+    problems: list[Problem] = []
+    names: list[str] = []
+    if isinstance(deployments, dict):
+        for name, dep in deployments.items():
+            names.append(str(name))
+            if isinstance(dep, dict):
+                problems += _deployment_problems(str(name), dep)
+    elif deployments is None:
+        names = [DEFAULT_DEPLOYMENT]
+    system = catalog.get("system")
+    dm = system.get("decision_model") if isinstance(system, dict) else None
+    target = dm.get("deployment") if isinstance(dm, dict) else None
+    if isinstance(target, str) and names and target not in names:
+        shown = ", ".join(names)
+        if deployments is None:
+            shown += " (the embedded default: no deployments are declared)"
+        problems.append(
+            Problem(
+                ("global", "model_catalog", "system", "decision_model", "deployment"),
+                f"{target!r} names no deployment; accepted: one of {shown}",
+            )
+        )
+    full = _with_default_deployments(raw) if deployments is None else raw
+    problems += routing_problems(full)
+    problems += _recipe_problems(full)
+    return problems + global_refusals(raw)
+
+
+def _with_default_deployments(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the embedded default's deployment declared (the routing rules check
+    signals' deployments against what will run)."""
+    glob = dict(as_dict(raw.get("global")))
+    catalog = dict(as_dict(glob.get("model_catalog")))
+    catalog["deployments"] = {
+        name: dep.model_dump(exclude_none=True)
+        for name, dep in embedded_default_deployments().items()
+    }
+    glob["model_catalog"] = catalog
+    return {**raw, "global": glob}
+
+
+def _raw_auto_names(router: dict[str, Any]) -> list[str]:
+    names = router.get("auto_model_names")
+    if isinstance(names, list):
+        return normalized_names([n for n in names if isinstance(n, str)])
+    single = router.get("auto_model_name")
+    single = single if isinstance(single, str) else DEFAULT_AUTO_MODEL_NAME
+    return normalized_names([*DEFAULT_AUTO_MODEL_NAMES, single])
+
+
+def _recipe_problems(raw: dict[str, Any]) -> list[Problem]:
+    if not raw.get("recipes") and not raw.get("entrypoints"):
+        return []
+    glob = as_dict(raw.get("global"))
+    looper = as_dict(as_dict(glob.get("integrations")).get("looper"))
+    slugs = [
+        name
+        for key in ("remom", "fusion", "flow")
+        for name in as_list(as_dict(looper.get(key)).get("model_names"))
+        if isinstance(name, str)
+    ]
+    catalog = as_dict(glob.get("model_catalog"))
+    deployments = as_dict(catalog.get("deployments"))
+    target = as_dict(as_dict(catalog.get("system")).get("decision_model")).get("deployment")
+    decision = target if isinstance(target, str) else next(iter(deployments), "")
+    providers = raw.get("providers")
+
+    def check(routing: dict[str, Any]) -> list[Problem]:
+        return check_routing(providers, routing, {str(n) for n in deployments}, decision)
+
+    problems = recipe_problems(raw, _raw_auto_names(as_dict(glob.get("router"))), slugs)
+    return problems + recipe_routing_problems(raw, check)

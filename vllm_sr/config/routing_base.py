@@ -1,0 +1,79 @@
+"""What Router mode's config modules share: the strict pydantic base, the raw-mapping helpers
+the rules use (they tolerate wrong types: the field validation reports those), and the one
+wording of a refusal.
+
+A refusal is how vllm-sr says "upstream has this and it would change routing or the request,
+but vllm-sr does not act on it": a :class:`~vllm_sr.config.problems.Problem` at the field's
+YAML path whose message contains :data:`NOT_SUPPORTED` and names what is supported in its
+place. Refusals are collected with every other problem, so one ``config validate`` run lists
+them all."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
+
+if TYPE_CHECKING:
+    from vllm_sr.config.problems import Problem
+
+NOT_SUPPORTED = "not supported by vllm-sr"
+
+Path = tuple[str | int, ...]
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors; field docstrings are the fields' descriptions; aliased fields
+    (``modelRefs``) also accept their Python names."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+
+def raise_first(problems: list[Problem]) -> None:
+    """Raise a section's rule problems from a model validator as SEMANTIC_ERROR: files.py
+    skips those and reports the same problems, with exact paths, through the raw rules."""
+    from vllm_sr.config.problems import SEMANTIC_ERROR
+
+    if problems:
+        raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def problem(path: Path, message: str) -> Problem:
+    from vllm_sr.config.problems import Problem
+
+    return Problem(path, message)
+
+
+def refusal(path: Path, what: str, supported: str) -> Problem:
+    """``WHAT is not supported by vllm-sr; supported: SUPPORTED`` at ``path``."""
+    return problem(path, f"{what} is {NOT_SUPPORTED}; supported: {supported}")
+
+
+def duplicates(items: list[Any], base: Path, what: str, key: str = "name") -> list[Problem]:
+    """A problem at each item whose ``key`` repeats an earlier item's."""
+    seen: dict[str, int] = {}
+    problems = []
+    for i, item in enumerate(items):
+        name = as_dict(item).get(key)
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            problems.append(
+                problem(
+                    (*base, i, key),
+                    f"{what} {key} {name!r} is also used by {base[-1]}[{seen[name]}]; "
+                    f"accepted: a {key} not used by another {what}",
+                )
+            )
+        else:
+            seen[name] = i
+    return problems

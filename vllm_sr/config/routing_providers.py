@@ -1,0 +1,464 @@
+"""pydantic models of the top-level ``providers:`` section, with upstream's fields, and its
+rules on raw mappings (:func:`providers_problems`).
+
+Field names and meanings follow the upstream vLLM Semantic Router (``C/canonical_providers.go``):
+``defaults`` (default_model, default_reasoning_effort, reasoning_families) and ``models[]``
+(reasoning_family, provider_model_id, external_model_ids, api_format, pricing, reliability,
+backend_refs[]). What vllm-sr does not act on is refused by name (see routing_base): Anthropic
+wire format, provider profiles other than OpenAI-compatible ones, chat_path / api_version /
+extra_headers, the Envoy settings under ``reliability`` for retries, ejection and health
+checks, and models with no backend. ``router/backends.py`` acts on the rest (weights,
+lb_policy, credentials, the model name per backend type)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, model_validator
+
+from vllm_sr.config.routing_base import (
+    Path,
+    Strict,
+    as_dict,
+    as_list,
+    duplicates,
+    problem,
+    raise_first,
+    refusal,
+)
+
+if TYPE_CHECKING:
+    from vllm_sr.config.problems import Problem
+
+# [scheme://]HOST[:PORT][/path]: upstream strips the scheme (it sets the protocol) and the path.
+ENDPOINT_RE = re.compile(
+    r"^(?:(?P<scheme>https?)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-_]+)"
+    r"(?::(?P<port>[0-9]{1,5}))?(?:/\S*)?$"
+)
+BASE_URL_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+GO_DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+HEADER_NAME_RE = r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$"
+DEFAULT_ENDPOINT_TYPE = "vllm"
+DEFAULT_CHAT_PATH = "/chat/completions"
+REASONING_FAMILY_TYPES = ("chat_template_kwargs", "reasoning_effort", "top_level_reasoning_effort")
+# Upstream's provider profiles; vllm-sr speaks the OpenAI-compatible chat API only.
+UPSTREAM_PROVIDERS = ("openai", "anthropic", "azure-openai", "bedrock", "gemini", "vertex-ai")
+SUPPORTED_PROVIDERS = ("openai",)
+SUPPORTED_API_FORMATS = ("openai",)
+HEALTH_SUPPORTED = (
+    "vllm-sr's own backend health (GET {api}/models every 5 s while healthy; after a failure "
+    "the backend is skipped and re-checked after a doubling backoff of 0.5 s to 30 s); "
+    "remove the field"
+)
+
+
+class BackendRef(Strict):
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    """The backend's name, unique within its model (upstream's endpoint id is
+    ``<model>_<name>``; default ``primary`` for the first, ``backend-<i+1>`` after)."""
+
+    endpoint: str | None = Field(default=None, max_length=300)
+    """An OpenAI-compatible server as HOST[:PORT] (the API lives under /v1). A scheme
+    (http:// or https://) sets the protocol; a path is ignored, as upstream does; the port
+    defaults to 443 with https, else 80."""
+
+    base_url: str | None = Field(default=None, max_length=2000)
+    """Or the server's API root as a URL, e.g. https://host/v1 (chat goes to
+    BASE_URL/chat/completions)."""
+
+    protocol: Literal["http", "https"] | None = None
+    """The scheme for ``endpoint`` (default http)."""
+
+    weight: int = Field(default=0, ge=0, le=1_000_000)
+    """The share of the model's chats this backend gets among the healthy ones (0 counts as
+    1, as upstream)."""
+
+    type: str | None = Field(default=None, min_length=1, max_length=64)
+    """The endpoint type: the key into the model's ``external_model_ids`` (default: the
+    ``provider``, else ``vllm``)."""
+
+    provider: str | None = Field(default=None, min_length=1, max_length=64)
+    """The provider profile: ``openai`` (an OpenAI-compatible API; the credential defaults to
+    ``Authorization: Bearer <key>``)."""
+
+    auth_header: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=HEADER_NAME_RE
+    )
+    """The header carrying the credential (default Authorization)."""
+
+    auth_prefix: str | None = Field(default=None, max_length=64)
+    """What precedes the key in that header (default by provider: ``Bearer``; empty counts as
+    unset, as upstream)."""
+
+    api_key: str | None = Field(default=None, min_length=1, max_length=4096)
+    """The credential itself (wins over api_key_env). Never written to logs."""
+
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable holding the credential; it is read at startup and
+    never written to logs or the config. With neither key, nothing is added."""
+
+    chat_path: str | None = Field(default=None, max_length=300)
+    """Upstream: the chat path under the server (vllm-sr: only /chat/completions)."""
+
+    api_version: str | None = Field(default=None, max_length=64)
+    """Upstream: Azure's api-version query parameter (refused by vllm-sr)."""
+
+    extra_headers: dict[str, str] | None = None
+    """Upstream: headers added to every request to this backend (refused by vllm-sr)."""
+
+    @property
+    def scheme(self) -> str:
+        """http or https: the endpoint's own scheme, else ``protocol``, else http."""
+        m = ENDPOINT_RE.match(self.endpoint or "")
+        if m and m.group("scheme"):
+            return m.group("scheme")
+        return self.protocol or "http"
+
+    def api_base(self) -> str:
+        """The API root without a trailing slash: SCHEME://HOST:PORT/v1 or base_url."""
+        if self.base_url is not None:
+            return self.base_url.rstrip("/")
+        m = ENDPOINT_RE.match(self.endpoint or "")
+        if m is None:  # the rules refuse such a config; keep the raw text for messages
+            return f"{self.scheme}://{self.endpoint}/v1"
+        port = m.group("port") or ("443" if self.scheme == "https" else "80")
+        return f"{self.scheme}://{m.group('host')}:{port}/v1"
+
+    @property
+    def endpoint_type(self) -> str:
+        """Upstream's endpoint type: ``type``, else ``provider``, else ``vllm``."""
+        return self.type or self.provider or DEFAULT_ENDPOINT_TYPE
+
+    @property
+    def effective_weight(self) -> int:
+        """``weight`` with 0 read as 1 (upstream)."""
+        return self.weight or 1
+
+    def endpoint_name(self, model: str, index: int) -> str:
+        """Upstream's endpoint id: ``<model>_<name>``, ``<model>_primary`` for an unnamed
+        first backend, ``<model>_backend-<index+1>`` for a later one."""
+        suffix = self.name or ("primary" if index == 0 else f"backend-{index + 1}")
+        return f"{model}_{suffix}"
+
+
+class ModelPricing(Strict):
+    currency: str | None = Field(default=None, min_length=1, max_length=8)
+    """The prices' currency (default USD when any price is set)."""
+
+    prompt_per_1m: float = Field(default=0.0, ge=0.0)
+    """Price per million prompt tokens."""
+
+    completion_per_1m: float = Field(default=0.0, ge=0.0)
+    """Price per million completion tokens."""
+
+    cached_input_per_1m: float = Field(default=0.0, ge=0.0)
+    """Price per million cached prompt tokens."""
+
+    cache_write_per_1m: float | None = Field(default=None, ge=0.0)
+    """Price per million prompt tokens written to the provider's cache."""
+
+    @property
+    def configured(self) -> bool:
+        """Upstream's rule: any price, or a currency alone (a free model)."""
+        return bool(
+            self.prompt_per_1m
+            or self.completion_per_1m
+            or self.cached_input_per_1m
+            or self.cache_write_per_1m is not None
+            or self.currency
+        )
+
+
+class ProviderReliability(Strict):
+    """Upstream's Envoy data-plane settings. vllm-sr acts on ``lb_policy``; it does not retry
+    and runs its own health checks, so the retry, ejection and health-check fields are refused
+    (``retry_count: 0`` is accepted)."""
+
+    lb_policy: Literal["round_robin", "least_request"] | None = None
+    """How chats spread over the model's healthy backends, by backend_refs[].weight:
+    least_request (and omitted): the fewest chats in flight per unit of weight first, a
+    weighted round robin breaking ties; round_robin: the plain weighted round robin."""
+
+    retry_count: int = Field(default=0, ge=0, le=5)
+    """Upstream: retries of a failed request (0-5)."""
+
+    retry_on: str | None = Field(default=None, min_length=1, max_length=300)
+    """Upstream: Envoy's retry conditions (required when retry_count > 0)."""
+
+    consecutive_5xx: int | None = Field(default=None, ge=0)
+    """Upstream: outlier ejection after this many 5xx answers in a row."""
+
+    base_ejection_time: str | None = Field(default=None, pattern=GO_DURATION_RE.pattern)
+    """Upstream: how long an ejected backend stays out (a Go duration, e.g. 30s)."""
+
+    max_ejection_percent: int | None = Field(default=None, ge=0, le=100)
+    """Upstream: the most backends ejected at once (percent)."""
+
+    health_check_path: str | None = Field(default=None, min_length=1, max_length=300)
+    """Upstream: Envoy's active health check path."""
+
+    health_check_interval: str | None = Field(default=None, pattern=GO_DURATION_RE.pattern)
+    """Upstream: how often Envoy checks (a Go duration)."""
+
+    health_check_timeout: str | None = Field(default=None, pattern=GO_DURATION_RE.pattern)
+    """Upstream: the health check's timeout (a Go duration)."""
+
+
+class ProviderModel(Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^\S+$")
+    """The model's name: what decisions' modelRefs and callers' ``model`` use."""
+
+    reasoning_family: str | None = Field(default=None, min_length=1, max_length=64)
+    """A ``defaults.reasoning_families`` key: how this model's reasoning is switched (§6)."""
+
+    provider_model_id: str | None = Field(default=None, min_length=1, max_length=256)
+    """The model name the backends expect in ``model`` (default: name)."""
+
+    external_model_ids: dict[str, str] | None = None
+    """Endpoint type -> the model name that type of backend expects; when set it replaces
+    provider_model_id (a backend whose type has no entry gets ``name``), as upstream."""
+
+    api_format: str | None = Field(default=None, min_length=1, max_length=32)
+    """The backends' wire format: ``openai`` (the default; the only one vllm-sr speaks)."""
+
+    pricing: ModelPricing | None = None
+    """Prices (reported in the inventory and /v1/models; for cost-aware algorithms)."""
+
+    reliability: ProviderReliability | None = None
+    """Upstream's load-balancing, retry and health settings (see ProviderReliability)."""
+
+    backend_refs: list[BackendRef] = Field(default_factory=list, max_length=64)
+    """The servers that serve this model; a request goes to a healthy one."""
+
+    @property
+    def backend_model(self) -> str:
+        """The ``model`` sent to a backend when external_model_ids is not set."""
+        return self.provider_model_id or self.name
+
+    def model_id_for(self, ref: BackendRef) -> str:
+        """The ``model`` sent to backend ``ref`` (upstream's ResolveExternalModelID):
+        external_model_ids[ref.endpoint_type] when external_model_ids is set (else name),
+        otherwise provider_model_id, otherwise name."""
+        if self.external_model_ids:
+            return self.external_model_ids.get(ref.endpoint_type) or self.name
+        return self.backend_model
+
+
+class ReasoningFamily(Strict):
+    type: Literal["chat_template_kwargs", "reasoning_effort", "top_level_reasoning_effort"]
+    """How reasoning is switched: chat_template_kwargs[parameter] = true/false; a reasoning
+    effort under ``parameter``; or the top-level ``reasoning_effort`` field."""
+
+    parameter: str = Field(min_length=1, max_length=128)
+    """The JSON key set (one literal key; must be reasoning_effort for
+    top_level_reasoning_effort)."""
+
+
+class ProviderDefaults(Strict):
+    default_model: str = Field(min_length=1, max_length=128)
+    """The model used when no decision matches, the chosen decision's models are all down,
+    or routing itself fails (signals' deployment down or full)."""
+
+    default_reasoning_effort: str | None = Field(default=None, min_length=1, max_length=32)
+    """The reasoning effort when the chosen modelRef sets none (default: medium)."""
+
+    reasoning_families: dict[str, ReasoningFamily] = Field(default_factory=dict)
+    """Named ways of switching reasoning, referred to by models[].reasoning_family."""
+
+
+class Providers(Strict):
+    defaults: ProviderDefaults
+    """Defaults for routing (default_model, reasoning)."""
+
+    models: list[ProviderModel] = Field(min_length=1, max_length=256)
+    """The LLMs chat requests can go to, each with its OpenAI-compatible backends."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> Providers:
+        raise_first(providers_problems(self.model_dump(by_alias=True, exclude_none=True)))
+        return self
+
+    def model(self, name: str) -> ProviderModel | None:
+        """The model named ``name``, or None."""
+        return next((m for m in self.models if m.name == name), None)
+
+    def reasoning_family_of(self, model: str) -> ReasoningFamily | None:
+        """The reasoning family of model ``model`` (None: no family, or no such model)."""
+        m = self.model(model)
+        if m is None or m.reasoning_family is None:
+            return None
+        return self.defaults.reasoning_families.get(m.reasoning_family)
+
+
+# -- rules on raw mappings -------------------------------------------------------------------
+
+
+def providers_problems(providers: Any) -> list[Problem]:
+    """Rules inside ``providers:``: duplicate model names, default_model and reasoning_family
+    unknown, reasoning families upstream rejects, malformed backend refs, and the refusals."""
+    prov = as_dict(providers)
+    models = as_list(prov.get("models"))
+    base: Path = ("providers", "models")
+    problems = duplicates(models, base, "model")
+    families = as_dict(as_dict(prov.get("defaults")).get("reasoning_families"))
+    problems += _family_problems(families)
+    for i, model in enumerate(models):
+        problems += _model_problems((*base, i), as_dict(model), families)
+    names = [m["name"] for m in models if isinstance(as_dict(m).get("name"), str)]
+    default = as_dict(prov.get("defaults")).get("default_model")
+    if isinstance(default, str) and names and default not in names:
+        problems.append(
+            problem(
+                ("providers", "defaults", "default_model"),
+                f"{default!r} names no model; accepted: one of {', '.join(names)}",
+            )
+        )
+    return problems
+
+
+def _family_problems(families: dict[str, Any]) -> list[Problem]:
+    problems = []
+    for name, fam in families.items():
+        fam = as_dict(fam)
+        if fam.get("type") == "top_level_reasoning_effort" and fam.get("parameter") not in (
+            None,
+            "reasoning_effort",
+        ):
+            problems.append(
+                problem(
+                    ("providers", "defaults", "reasoning_families", name, "parameter"),
+                    f"{fam.get('parameter')!r} with type top_level_reasoning_effort; accepted: "
+                    "reasoning_effort",
+                )
+            )
+    return problems
+
+
+def _model_problems(path: Path, model: dict[str, Any], families: dict[str, Any]) -> list[Problem]:
+    problems: list[Problem] = []
+    family = model.get("reasoning_family")
+    if isinstance(family, str) and family not in families:
+        problems.append(
+            problem(
+                (*path, "reasoning_family"),
+                f"{family!r} is not a providers.defaults.reasoning_families key; accepted: "
+                f"one of {', '.join(map(str, families)) or '(no reasoning_families declared)'}",
+            )
+        )
+    fmt = model.get("api_format")
+    if isinstance(fmt, str) and fmt not in SUPPORTED_API_FORMATS:
+        problems.append(
+            refusal((*path, "api_format"), f"api_format {fmt!r}", ", ".join(SUPPORTED_API_FORMATS))
+        )
+    problems += _reliability_problems((*path, "reliability"), as_dict(model.get("reliability")))
+    refs = as_list(model.get("backend_refs"))
+    if model.get("backend_refs") in (None, []):
+        problems.append(
+            refusal(
+                (*path, "backend_refs") if "backend_refs" in model else path,
+                "a model with no backend_refs (a metadata-only provider model)",
+                "at least one backend ref, {endpoint: HOST[:PORT]} or {base_url: URL}",
+            )
+        )
+    problems += duplicates(refs, (*path, "backend_refs"), "backend ref")
+    for j, ref in enumerate(refs):
+        problems += _backend_ref_problems((*path, "backend_refs", j), as_dict(ref))
+    return problems
+
+
+def _reliability_problems(path: Path, rel: dict[str, Any]) -> list[Problem]:
+    problems = []
+    count = rel.get("retry_count")
+    if isinstance(count, int) and count > 0:
+        problems.append(
+            refusal(
+                (*path, "retry_count"),
+                f"retry_count {count} (retrying a failed chat)",
+                "0: a backend that cannot be reached answers 502 and is skipped until it is "
+                "healthy again",
+            )
+        )
+    for key in (
+        "retry_on",
+        "consecutive_5xx",
+        "base_ejection_time",
+        "max_ejection_percent",
+        "health_check_path",
+        "health_check_interval",
+        "health_check_timeout",
+    ):
+        if rel.get(key) is not None:
+            problems.append(refusal((*path, key), f"reliability.{key}", HEALTH_SUPPORTED))
+    return problems
+
+
+def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:
+    problems = []
+    endpoint, base_url = ref.get("endpoint"), ref.get("base_url")
+    if endpoint is None and base_url is None:
+        problems.append(
+            problem(
+                path,
+                "a backend ref needs endpoint or base_url; accepted: {endpoint: HOST[:PORT]} "
+                "or {base_url: http(s)://HOST[:PORT]/v1}",
+            )
+        )
+    elif endpoint is not None and base_url is not None:
+        problems.append(
+            refusal(
+                path,
+                "a backend ref with both endpoint and base_url",
+                "one of them: {endpoint: HOST[:PORT]} or {base_url: http(s)://HOST[:PORT]/v1}",
+            )
+        )
+    if isinstance(endpoint, str) and not ENDPOINT_RE.match(endpoint):
+        problems.append(
+            problem(
+                (*path, "endpoint"),
+                f"{endpoint!r} is not HOST[:PORT]; accepted: e.g. 127.0.0.1:8000 "
+                "(use base_url for a URL)",
+            )
+        )
+    if isinstance(base_url, str) and not BASE_URL_RE.match(base_url):
+        problems.append(
+            problem(
+                (*path, "base_url"),
+                f"{base_url!r} is not a URL; accepted: http(s)://HOST[:PORT][/PATH], "
+                "e.g. https://api.example.com/v1",
+            )
+        )
+    provider = ref.get("provider")
+    if isinstance(provider, str) and provider not in SUPPORTED_PROVIDERS:
+        what = "provider" if provider in UPSTREAM_PROVIDERS else "unknown provider"
+        problems.append(
+            refusal(
+                (*path, "provider"),
+                f"{what} {provider!r}",
+                f"{', '.join(SUPPORTED_PROVIDERS)} (an OpenAI-compatible chat API)",
+            )
+        )
+    chat_path = ref.get("chat_path")
+    if isinstance(chat_path, str) and chat_path != DEFAULT_CHAT_PATH:
+        problems.append(
+            refusal(
+                (*path, "chat_path"),
+                f"chat_path {chat_path!r}",
+                f"{DEFAULT_CHAT_PATH} under the API root (put the root in base_url)",
+            )
+        )
+    if ref.get("api_version") is not None:
+        problems.append(
+            refusal(
+                (*path, "api_version"), "api_version", "no api_version (OpenAI-compatible APIs)"
+            )
+        )
+    if as_dict(ref.get("extra_headers")):
+        problems.append(
+            refusal(
+                (*path, "extra_headers"),
+                "extra_headers",
+                "the credential headers (auth_header, auth_prefix, api_key / api_key_env)",
+            )
+        )
+    return problems

@@ -1,0 +1,426 @@
+"""pydantic models of ``routing.signals``: every signal family
+upstream has (``C/canonical_config.go`` ``CanonicalSignals``), with upstream's field names and
+defaults, so an upstream file parses unchanged.
+
+vllm-sr evaluates keywords, embeddings, domains and the deterministic families (context,
+structure, conversation, language, metadata, role_bindings; their models live in
+``signal_families``). The other families (fact_check, user_feedbacks, reasks, preferences,
+complexity, modality, jailbreak, pii, kb, events, classifiers) are typed here
+so that a typo is still an unknown-key error, and ``routing_support`` refuses each one used by
+name."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from vllm_sr.config.routing_base import Strict
+from vllm_sr.config.routing_tree import RuleLeaf, RuleNode
+from vllm_sr.config.signal_families import (
+    ContextSignal,
+    ConversationSignal,
+    LanguageSignal,
+    MetadataSignal,
+    RoleBinding,
+    StructureSignal,
+)
+
+DEFAULT_BM25_THRESHOLD = 0.1
+DEFAULT_NGRAM_THRESHOLD = 0.4
+DEFAULT_NGRAM_ARITY = 3
+DEFAULT_FUZZY_THRESHOLD = 2
+MMLU_CATEGORIES = (
+    "biology",
+    "business",
+    "chemistry",
+    "computer science",
+    "economics",
+    "engineering",
+    "health",
+    "history",
+    "law",
+    "math",
+    "other",
+    "philosophy",
+    "physics",
+    "psychology",
+)
+
+Description = Field(default=None, max_length=4000)
+
+
+# -- the families vllm-sr evaluates ---------------------------------------------------------
+
+
+class KeywordSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name; rules name it as {type: keyword, name: NAME}."""
+
+    operator: Literal["AND", "OR", "NOR"] = "OR"
+    """OR: any keyword matches; AND: every keyword matches; NOR: none matches."""
+
+    method: Literal["regex", "bm25", "ngram"] | None = None
+    """Omitted: each keyword is a literal, matched on word boundaries (ASCII words; Han text
+    anywhere); regex: each keyword is a regular expression; bm25: each keyword is scored as a
+    document against the request (bm25_threshold); ngram: character n-gram similarity per
+    keyword, tolerant of typos (ngram_threshold, ngram_arity)."""
+
+    keywords: list[str] = Field(min_length=1, max_length=1024)
+    """The keywords (regular expressions with method regex)."""
+
+    case_sensitive: bool = False
+    """Match case exactly (default: case-insensitive)."""
+
+    fuzzy_match: bool = False
+    """Literal and regex methods: a keyword also matches a word of the request within
+    fuzzy_threshold edits (Levenshtein, lowercased)."""
+
+    fuzzy_threshold: int = Field(default=DEFAULT_FUZZY_THRESHOLD, ge=0, le=1000)
+    """The most edits for a fuzzy match (default 2)."""
+
+    bm25_threshold: float = Field(default=DEFAULT_BM25_THRESHOLD, gt=0.0, le=1000.0)
+    """method bm25: the least BM25 score at which a keyword counts as present (0 or omitted:
+    0.1)."""
+
+    ngram_threshold: float = Field(default=DEFAULT_NGRAM_THRESHOLD, gt=0.0, le=1.0)
+    """method ngram: the least n-gram similarity (0-1] at which a keyword counts as present
+    (0 or omitted: 0.4)."""
+
+    ngram_arity: int = Field(default=DEFAULT_NGRAM_ARITY, ge=2, le=8)
+    """method ngram: the n of the character n-grams (0 or omitted: 3; at least 2)."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    @field_validator("bm25_threshold", "ngram_threshold", "ngram_arity", mode="before")
+    @classmethod
+    def _zero_is_default(cls, value: object, info: ValidationInfo) -> object:
+        """Upstream reads 0 (or omitted) as the default."""
+        defaults = {
+            "bm25_threshold": DEFAULT_BM25_THRESHOLD,
+            "ngram_threshold": DEFAULT_NGRAM_THRESHOLD,
+            "ngram_arity": DEFAULT_NGRAM_ARITY,
+        }
+        return defaults[str(info.field_name)] if value == 0 and value is not False else value
+
+
+class EmbeddingSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name; rules name it as {type: embedding, name: NAME}."""
+
+    threshold: float = Field(ge=-1.0, le=1.0)
+    """The least cosine similarity (after aggregation) at which the signal matches."""
+
+    aggregation_method: Literal["max", "mean", "any"] = "max"
+    """max: the best candidate's similarity; mean: the mean over candidates; any: matches when
+    some candidate reaches the threshold (confidence: the first such candidate's similarity)."""
+
+    candidates: list[str] = Field(min_length=1, max_length=1024)
+    """Example phrases; embedded once per config generation and cached by the router."""
+
+    query_modality: Literal["text", "image"] | None = None
+    """What is embedded: the request's text (the default; image is refused by vllm-sr)."""
+
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr: the deployment that embeds the request (default: the decision model's)."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    @field_validator("query_modality", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+class ModelScore(Strict):
+    model: str = Field(min_length=1, max_length=128)
+    """A modelRef model of the decision named like this domain."""
+
+    score: float
+    """The static algorithm picks the highest-scoring modelRef (all 1.0: the first)."""
+
+    use_reasoning: bool | None = None
+    """Upstream metadata; reasoning is the modelRef's use_reasoning."""
+
+
+class DomainSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The domain (the classification label); rules name it as {type: domain, name: NAME}."""
+
+    description: str | None = Description
+    """What the domain covers; also used as one of the label's example texts."""
+
+    mmlu_categories: list[str] = Field(default_factory=list, max_length=14)
+    """Upstream: the MMLU-Pro labels of its fixed classifier that mean this domain. vllm-sr
+    classifies on its own deployment and uses these names as more example texts."""
+
+    model_scores: list[ModelScore] = Field(default_factory=list, max_length=64)
+    """For the decision named like this domain: how the static algorithm ranks its modelRefs."""
+
+    examples: list[str] = Field(default_factory=list, max_length=1024)
+    """vllm-sr: more example texts of the domain (the label's examples: description +
+    mmlu_categories + examples)."""
+
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    """vllm-sr: the least probability of the top label for the domain to match (default 0:
+    the top label is enough)."""
+
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr: the deployment that classifies the request (default: the decision model's).
+    All domains on one deployment form one label set."""
+
+    @field_validator("mmlu_categories")
+    @classmethod
+    def _mmlu(cls, value: list[str]) -> list[str]:
+        for cat in value:
+            if cat not in MMLU_CATEGORIES:
+                raise ValueError(
+                    f"mmlu category {cat!r} is not one of upstream's; accepted: "
+                    + ", ".join(MMLU_CATEGORIES)
+                )
+        return value
+
+    def label_examples(self) -> list[str]:
+        own = [self.description] if self.description else []
+        return own + [c for c in self.mmlu_categories if c != self.name] + list(self.examples)
+
+
+# -- families vllm-sr does not evaluate yet (typed, refused when used) -----------------------
+
+
+class NamedSignal(Strict):
+    """fact_check, user_feedbacks, modality: a name the model's label must equal."""
+
+    name: str = Field(min_length=1, max_length=128)
+    """The label (e.g. needs_fact_check, wrong_answer, DIFFUSION)."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+
+class ReaskSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Least similarity to a prior user turn (0: 0.8)."""
+
+    lookback_turns: int = Field(default=0, ge=0, le=64)
+    """Prior turns that must be similar (0: 1)."""
+
+
+class PreferenceSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name."""
+
+    description: str | None = Description
+    """What the preference is."""
+
+    examples: list[str] = Field(default_factory=list, max_length=1024)
+    """Example texts."""
+
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Least score (0: any)."""
+
+
+class ComplexityBank(Strict):
+    candidates: list[str] = Field(default_factory=list, max_length=1024)
+    """Example texts."""
+
+    image_candidates: list[str] = Field(default_factory=list, max_length=1024)
+    """Example images."""
+
+
+class ComplexitySignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The rule's name; decisions use NAME:hard / NAME:medium / NAME:easy."""
+
+    threshold: float = 0.0
+    """The margin beyond which the level is hard (or, negated, easy)."""
+
+    hard: ComplexityBank = Field(default_factory=ComplexityBank)
+    """Hard examples."""
+
+    easy: ComplexityBank = Field(default_factory=ComplexityBank)
+    """Easy examples."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    composer: RuleNode | RuleLeaf | None = None
+    """A rule tree over other signals that filters the result."""
+
+
+class JailbreakSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name."""
+
+    method: str | None = Field(default=None, max_length=32)
+    """classifier, hybrid or contrastive."""
+
+    threshold: float = 0.0
+    """Least risk."""
+
+    include_history: bool = False
+    """Also score prior turns."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    jailbreak_patterns: list[str] = Field(default_factory=list, max_length=1024)
+    """contrastive: jailbreak examples."""
+
+    benign_patterns: list[str] = Field(default_factory=list, max_length=1024)
+    """contrastive: benign examples."""
+
+
+class PIISignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name."""
+
+    threshold: float = 0.0
+    """Least entity confidence."""
+
+    pii_types_allowed: list[str] = Field(default_factory=list, max_length=64)
+    """Types that do not count."""
+
+    include_history: bool = False
+    """Also scan prior turns."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+
+class KBTarget(Strict):
+    kind: Literal["label", "group"]
+    """What value names."""
+
+    value: str = Field(min_length=1, max_length=256)
+    """The label or group."""
+
+
+class KBSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name."""
+
+    kb: str = Field(min_length=1, max_length=128)
+    """A global.model_catalog.kbs name."""
+
+    target: KBTarget
+    """The label or group to match."""
+
+    match: Literal["threshold", "best"] | None = None
+    """threshold (default) or best."""
+
+
+class EventSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    event_types: list[str] = Field(default_factory=list, max_length=1024)
+    """Event words."""
+
+    severities: list[str] = Field(default_factory=list, max_length=16)
+    """critical / high / medium / low."""
+
+    action_codes: list[str] = Field(default_factory=list, max_length=1024)
+    """Domain-specific codes."""
+
+    temporal: bool = False
+    """Match time-sensitive markers."""
+
+
+class ClassifierSignal(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    """The signal's name."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    type: Literal["local", "llm"]
+    """local (a model path) or llm (an external chat model)."""
+
+    model: str | None = Field(default=None, max_length=256)
+    """llm: a global.model_catalog.external name."""
+
+    model_path: str | None = Field(default=None, max_length=1000)
+    """local: the model's path."""
+
+    labels: list[str] = Field(min_length=1, max_length=256)
+    """The labels."""
+
+    instructions: str | None = Field(default=None, max_length=20000)
+    """llm: the instructions."""
+
+    use_cpu: bool = False
+    """local: run on CPU."""
+
+
+class Signals(Strict):
+    keywords: list[KeywordSignal] = Field(default_factory=list, max_length=1024)
+    """Keyword signals (no model needed)."""
+
+    embeddings: list[EmbeddingSignal] = Field(default_factory=list, max_length=1024)
+    """Embedding similarity signals (answered by a deployment)."""
+
+    domains: list[DomainSignal] = Field(default_factory=list, max_length=256)
+    """Domain classification signals (answered by a deployment)."""
+
+    context: list[ContextSignal] = Field(default_factory=list, max_length=1024)
+    """Token-count bands."""
+
+    structure: list[StructureSignal] = Field(default_factory=list, max_length=1024)
+    """Counts and densities of patterns in the request text."""
+
+    conversation: list[ConversationSignal] = Field(default_factory=list, max_length=1024)
+    """The conversation's shape: turns, tools, images."""
+
+    language: list[LanguageSignal] = Field(default_factory=list, max_length=256)
+    """The request's language."""
+
+    metadata: list[MetadataSignal] = Field(default_factory=list, max_length=1024)
+    """The request's ``metadata`` object."""
+
+    role_bindings: list[RoleBinding] = Field(default_factory=list, max_length=1024)
+    """Roles from the identity headers (leaves: {type: authz, name: ROLE})."""
+
+    fact_check: list[NamedSignal] = Field(default_factory=list, max_length=16)
+    """Upstream (refused by vllm-sr): fact-check classifier."""
+
+    user_feedbacks: list[NamedSignal] = Field(default_factory=list, max_length=16)
+    """Upstream (refused by vllm-sr): feedback classifier."""
+
+    reasks: list[ReaskSignal] = Field(default_factory=list, max_length=256)
+    """Upstream (refused by vllm-sr): repeated questions."""
+
+    preferences: list[PreferenceSignal] = Field(default_factory=list, max_length=256)
+    """Upstream (refused by vllm-sr): contrastive preferences."""
+
+    complexity: list[ComplexitySignal] = Field(default_factory=list, max_length=256)
+    """Upstream (refused by vllm-sr): hard/easy margins."""
+
+    modality: list[NamedSignal] = Field(default_factory=list, max_length=16)
+    """Upstream (refused by vllm-sr): AR / DIFFUSION / BOTH."""
+
+    jailbreak: list[JailbreakSignal] = Field(default_factory=list, max_length=256)
+    """Upstream (refused by vllm-sr): prompt-injection detection."""
+
+    pii: list[PIISignal] = Field(default_factory=list, max_length=256)
+    """Upstream (refused by vllm-sr): PII detection."""
+
+    kb: list[KBSignal] = Field(default_factory=list, max_length=1024)
+    """Upstream (refused by vllm-sr): knowledge-base labels."""
+
+    events: list[EventSignal] = Field(default_factory=list, max_length=1024)
+    """Upstream (refused by vllm-sr): event words."""
+
+    classifiers: list[ClassifierSignal] = Field(default_factory=list, max_length=256)
+    """Upstream (refused by vllm-sr): local or LLM label classifiers."""

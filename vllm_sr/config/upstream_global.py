@@ -1,0 +1,450 @@
+"""pydantic models of the upstream vLLM Semantic Router's ``global`` sections that vllm-sr
+reads but does not own: the router switches beside ours, ``services``, ``stores`` and
+``integrations`` (upstream ``pkg/config/canonical_global.go`` and the structs it names).
+
+Field names and defaults are upstream's, so an upstream file loads unchanged. Most of these
+settings configure upstream services that vllm-sr does not run (Envoy, Redis, Milvus, the
+Responses API...). Such a setting is accepted when it cannot change routing or the request
+(observability, the management API's address); a switch that would turn on behaviour vllm-sr
+lacks is refused by ``upstream_refusals`` with "not supported by vllm-sr". Non-connection
+sub-blocks (observability, management auth, Router Learning, selector globals) are typed in
+``upstream_settings``. The connection blocks of stores and services (``redis``, ``postgres``,
+``milvus``, ...) are :data:`BackendSettings`: mappings kept as written and not checked key by
+key, because nothing in vllm-sr connects to them and their switch is refused whenever it would.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from vllm_sr.config.routing_base import Strict
+from vllm_sr.config.upstream_settings import (
+    API,
+    ManagementAuth,
+    Observability,
+)
+
+BackendSettings = dict[str, Any]
+"""Connection settings of an upstream backend vllm-sr never connects to (kept as written)."""
+
+DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
+DEFAULT_USER_ID_HEADER = "x-authz-user-id"
+DEFAULT_USER_GROUPS_HEADER = "x-authz-user-groups"
+
+
+# -- global.router (upstream's part; schema.Router adds vllm-sr's) ---------------------------
+
+
+class StreamedBody(Strict):
+    enabled: bool = False
+    """Upstream: Envoy streams the request body to the router. vllm-sr reads whole bodies."""
+
+    max_bytes: int | None = Field(default=None, ge=0)
+    """Upstream: largest streamed body."""
+
+    timeout_sec: int | None = Field(default=None, ge=0)
+    """Upstream: streamed body timeout."""
+
+
+class SkipProcessing(Strict):
+    enabled: bool = False
+    """Upstream: honour ``x-vsr-skip-processing: true`` (pass the request through unrouted).
+    vllm-sr routes every auto request; only false is supported."""
+
+
+# -- global.services ---------------------------------------------------------------------------
+
+
+class Identity(Strict):
+    user_id_header: str = Field(default=DEFAULT_USER_ID_HEADER, min_length=1, max_length=256)
+    """Request header carrying the caller's user id (role_bindings subjects of kind User)."""
+
+    user_groups_header: str = Field(
+        default=DEFAULT_USER_GROUPS_HEADER, min_length=1, max_length=256
+    )
+    """Request header carrying the caller's comma-separated groups (subjects of kind Group)."""
+
+
+class AuthzProvider(Strict):
+    type: str = Field(min_length=1)
+    """Upstream: credential provider type (e.g. header-injection)."""
+
+    headers: dict[str, str] | None = None
+    """Upstream: headers the provider injects."""
+
+
+class Authz(Strict):
+    fail_open: bool = False
+    """A request without a user id matches no role instead of being refused (403) when
+    role_bindings are configured."""
+
+    identity: Identity = Field(default_factory=Identity)
+    """The identity headers the role_bindings signal reads."""
+
+    providers: list[AuthzProvider] = Field(default_factory=list)
+    """Upstream: credential providers that inject headers. vllm-sr has none: only an empty
+    list is supported."""
+
+
+class RateLimitProvider(Strict):
+    type: str = Field(min_length=1)
+    """Upstream: envoy-ratelimit or local-limiter."""
+
+    address: str | None = None
+    """Upstream: rate limit service address."""
+
+    domain: str | None = None
+    """Upstream: rate limit domain."""
+
+    rules: list[BackendSettings] | None = None
+    """Upstream: local limiter rules."""
+
+
+class RateLimit(Strict):
+    fail_open: bool = False
+    """Upstream: let requests through when the limiter fails."""
+
+    providers: list[RateLimitProvider] = Field(default_factory=list)
+    """Upstream: rate limiters. vllm-sr limits nothing: only an empty list is supported."""
+
+
+class ResponseAPI(Strict):
+    enabled: bool = False
+    """Upstream: serve the OpenAI Responses API (/v1/responses). vllm-sr does not: only false
+    is supported (upstream's default is true; write false)."""
+
+    store_backend: str | None = None
+    """Upstream: where responses are stored."""
+
+    ttl_seconds: int | None = Field(default=None, ge=0)
+    """Upstream: stored response lifetime."""
+
+    max_responses: int | None = Field(default=None, ge=0)
+    """Upstream: most stored responses."""
+
+    redis: BackendSettings | None = None
+    """Upstream: Redis connection."""
+
+
+class RouterReplay(Strict):
+    enabled: bool = False
+    """Upstream: record every routed exchange for replay. vllm-sr records none: only false is
+    supported."""
+
+    store_backend: str | None = None
+    """Upstream: replay store (memory, redis, postgres, milvus, qdrant)."""
+
+    ttl_seconds: int | None = Field(default=None, ge=0)
+    """Upstream: record lifetime."""
+
+    async_writes: bool | None = None
+    """Upstream: write records asynchronously."""
+
+    redis: BackendSettings | None = None
+    """Upstream: Redis connection."""
+
+    postgres: BackendSettings | None = None
+    """Upstream: Postgres connection."""
+
+    milvus: BackendSettings | None = None
+    """Upstream: Milvus connection."""
+
+    qdrant: BackendSettings | None = None
+    """Upstream: Qdrant connection."""
+
+
+class ManagementAPI(Strict):
+    bind_address: str | None = None
+    """Upstream: the management API's bind address (default 127.0.0.1)."""
+
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """Upstream: the management API's port (default 8080)."""
+
+    remote_exposure: bool | None = None
+    """Upstream: allow binding beyond loopback."""
+
+    auth: ManagementAuth | None = None
+    """Upstream: management API auth (mode, tokens, roles)."""
+
+
+class StartupStatus(Strict):
+    store_backend: str | None = None
+    """Upstream: where startup status is kept (file, redis)."""
+
+    redis: BackendSettings | None = None
+    """Upstream: Redis connection."""
+
+
+class Services(Strict):
+    api: API = Field(default_factory=API)
+    """Upstream: API limits."""
+
+    response_api: ResponseAPI = Field(default_factory=ResponseAPI)
+    """Upstream: the Responses API (refused when enabled)."""
+
+    observability: Observability = Field(default_factory=Observability)
+    """Upstream: tracing and metrics (accepted; deployment only)."""
+
+    authz: Authz = Field(default_factory=Authz)
+    """Identity headers and fail_open of the role_bindings (authz) signal."""
+
+    ratelimit: RateLimit = Field(default_factory=RateLimit)
+    """Upstream: rate limiting (refused when a provider is configured)."""
+
+    management_api: ManagementAPI = Field(default_factory=ManagementAPI)
+    """Upstream: the management API's address and auth (accepted; deployment only)."""
+
+    router_replay: RouterReplay = Field(default_factory=RouterReplay)
+    """Upstream: exchange recording (refused when enabled)."""
+
+    startup_status: StartupStatus = Field(default_factory=StartupStatus)
+    """Upstream: startup status store (accepted; deployment only)."""
+
+
+# -- global.stores -----------------------------------------------------------------------------
+
+
+class ResponseCache(Strict):
+    """Upstream's response cache. Decisions use it through their response-cache plugin (which
+    vllm-sr refuses); with no decisions at all, ``enabled`` caches every request."""
+
+    enabled: bool = False
+    """Upstream: the cache switch."""
+
+    backend_type: str | None = None
+    """Upstream: memory, redis, valkey, milvus, qdrant."""
+
+    similarity_threshold: float | None = Field(default=None, ge=0, le=1)
+    """Upstream: semantic hit threshold."""
+
+    max_entries: int | None = Field(default=None, ge=0)
+    """Upstream: most cached entries."""
+
+    ttl_seconds: int | None = Field(default=None, ge=0)
+    """Upstream: entry lifetime."""
+
+    eviction_policy: str | None = None
+    """Upstream: fifo, lru, lfu."""
+
+    embedding_model: str | None = None
+    """Upstream: the embedding model of the semantic tier."""
+
+    redis: BackendSettings | None = None
+    """Upstream: Redis connection."""
+
+    valkey: BackendSettings | None = None
+    """Upstream: Valkey connection."""
+
+    milvus: BackendSettings | None = None
+    """Upstream: Milvus connection."""
+
+    qdrant: BackendSettings | None = None
+    """Upstream: Qdrant connection."""
+
+
+class Memory(Strict):
+    """Upstream's agentic memory (recall injected into requests)."""
+
+    enabled: bool = False
+    """Upstream: memory on. vllm-sr has none: only false is supported."""
+
+    backend: str | None = None
+    """Upstream: milvus, valkey, qdrant."""
+
+    auto_store: bool | None = None
+    """Upstream: store every conversation."""
+
+    disabled_routes: list[str] | None = None
+    """Upstream: decisions without memory."""
+
+    disabled_models: list[str] | None = None
+    """Upstream: models without memory."""
+
+    milvus: BackendSettings | None = None
+    """Upstream: Milvus connection."""
+
+    valkey: BackendSettings | None = None
+    """Upstream: Valkey connection."""
+
+    qdrant: BackendSettings | None = None
+    """Upstream: Qdrant connection."""
+
+    redis_cache: BackendSettings | None = None
+    """Upstream: Redis read cache."""
+
+    embedding_model: str | None = None
+    """Upstream: memory embedding model."""
+
+    extraction_batch_size: int | None = None
+    """Upstream: extraction batch size."""
+
+    default_retrieval_limit: int | None = None
+    """Upstream: memories recalled per request."""
+
+    default_similarity_threshold: float | None = None
+    """Upstream: recall threshold."""
+
+    hybrid_search: bool | None = None
+    """Upstream: hybrid search on."""
+
+    hybrid_mode: str | None = None
+    """Upstream: hybrid mode."""
+
+    adaptive_threshold: bool | None = None
+    """Upstream: adaptive threshold."""
+
+    quality_scoring: BackendSettings | None = None
+    """Upstream: memory quality scoring."""
+
+    reflection: BackendSettings | None = None
+    """Upstream: memory reflection."""
+
+
+class VectorStore(Strict):
+    """Upstream's vector store (the /v1/vector_stores API and RAG)."""
+
+    enabled: bool = False
+    """Upstream: vector store on. vllm-sr has none: only false is supported."""
+
+    backend_type: str | None = None
+    """Upstream: memory, milvus, llama_stack, valkey, qdrant."""
+
+    file_storage_dir: str | None = None
+    """Upstream: uploaded files' directory."""
+
+    max_file_size_mb: int | None = None
+    """Upstream: upload size cap."""
+
+    embedding_model: str | None = None
+    """Upstream: document embedding model."""
+
+    embedding_dimension: int | None = None
+    """Upstream: vector size."""
+
+    ingestion_workers: int | None = None
+    """Upstream: ingestion workers."""
+
+    ingestion_drain_timeout_seconds: int | None = None
+    """Upstream: shutdown drain window."""
+
+    supported_formats: list[str] | None = None
+    """Upstream: accepted upload formats."""
+
+    metadata_store: str | None = None
+    """Upstream: registry store."""
+
+    metadata_postgres: BackendSettings | None = None
+    """Upstream: Postgres registry connection."""
+
+    memory: BackendSettings | None = None
+    """Upstream: memory backend settings."""
+
+    milvus: BackendSettings | None = None
+    """Upstream: Milvus connection."""
+
+    llama_stack: BackendSettings | None = None
+    """Upstream: Llama Stack connection."""
+
+    valkey: BackendSettings | None = None
+    """Upstream: Valkey connection."""
+
+    qdrant: BackendSettings | None = None
+    """Upstream: Qdrant connection."""
+
+
+class Stores(Strict):
+    response_cache: ResponseCache = Field(default_factory=ResponseCache)
+    """Upstream: the response cache (used by the refused response-cache plugin)."""
+
+    memory: Memory = Field(default_factory=Memory)
+    """Upstream: agentic memory (refused when enabled)."""
+
+    vector_store: VectorStore | None = None
+    """Upstream: the vector store (refused when enabled)."""
+
+
+# -- global.integrations -----------------------------------------------------------------------
+
+
+class Tools(Strict):
+    """Upstream's tool database, used by decisions' tools / tool_selection plugins (refused)."""
+
+    enabled: bool = False
+    """Upstream: tool database loaded."""
+
+    top_k: int | None = None
+    """Upstream: tools selected per request."""
+
+    similarity_threshold: float | None = None
+    """Upstream: tool similarity threshold."""
+
+    tools_db_path: str | None = None
+    """Upstream: the tool database file."""
+
+    fallback_to_empty: bool | None = None
+    """Upstream: no tools when none match."""
+
+    advanced_filtering: BackendSettings | None = None
+    """Upstream: advanced tool filtering."""
+
+
+class LooperSlugs(Strict):
+    model_names: list[str] = Field(default_factory=list)
+    """Upstream: request model names that run this looper directly."""
+
+
+class LooperFlow(Strict):
+    model_names: list[str] = Field(default_factory=list)
+    """Upstream: request model names that run the flow looper directly."""
+
+    state: BackendSettings | None = None
+    """Upstream: workflow state store."""
+
+
+class Looper(Strict):
+    endpoint: str = DEFAULT_LOOPER_ENDPOINT
+    """Upstream: where multi-call (looper) algorithms send their calls; upstream's default is
+    http://localhost:8899/v1/chat/completions. Upstream runs a looper decision (confidence,
+    ratings, remom, fusion, workflows) as static only when this is empty; vllm-sr runs loopers
+    only that way, so a looper decision needs ``endpoint: ""``."""
+
+    grpc_max_msg_size_mb: int | None = None
+    """Upstream: gRPC message cap."""
+
+    max_response_bytes_mb: int | None = None
+    """Upstream: looper response cap."""
+
+    timeout_seconds: int | None = None
+    """Upstream: looper call timeout."""
+
+    retry_count: int | None = None
+    """Upstream: looper retries."""
+
+    headers: dict[str, str] | None = None
+    """Upstream: headers on looper calls."""
+
+    remom: LooperSlugs = Field(default_factory=LooperSlugs)
+    """Upstream: ReMoM slugs."""
+
+    fusion: LooperSlugs = Field(default_factory=LooperSlugs)
+    """Upstream: Fusion slugs."""
+
+    flow: LooperFlow = Field(default_factory=LooperFlow)
+    """Upstream: Flow slugs and state."""
+
+    def slugs(self) -> list[str]:
+        """Every request model name that names a looper directly (refused as entrypoints)."""
+        return [*self.remom.model_names, *self.fusion.model_names, *self.flow.model_names]
+
+
+class Integrations(Strict):
+    tools: Tools = Field(default_factory=Tools)
+    """Upstream: the tool database (used only by refused plugins)."""
+
+    looper: Looper = Field(default_factory=Looper)
+    """Upstream: the looper endpoint of multi-call algorithms."""
+
+
+RoutingStrategy = Literal["priority", "confidence"]

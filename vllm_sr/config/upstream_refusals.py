@@ -1,0 +1,192 @@
+"""Refusals of upstream ``global`` settings vllm-sr does not act on (issue 24 section 1).
+
+Each is a Problem at the setting's YAML path whose message says "not supported by vllm-sr"
+and what is supported instead (``routing_base.refusal``); all are collected, so one ``config
+validate`` run lists them all. The rule for what is refused: a written value that would change
+routing or the request (or turn on a service an operator would rely on) and that vllm-sr does
+not implement. A value that only matters to something already refused elsewhere (a plugin, a
+signal family, a selector algorithm) is accepted: the refusal of that thing is what tells the
+operator. docs/router.md ("Upstream fields outside routing and providers") lists every field
+and its verdict. (A looper decision
+that upstream would run through ``global.integrations.looper.endpoint`` is refused at the
+decision by ``routing_rules.routing_problems``.)
+
+Works on the raw mapping (wrong types tolerated: field validation reports those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from vllm_sr.config.problems import Problem
+from vllm_sr.config.routing_base import as_dict, as_list, refusal
+
+Path = tuple[str | int, ...]
+
+
+def routings(raw: dict[str, Any]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every routing profile of the file with its path: the top level's, then each recipe's."""
+    if isinstance(raw.get("routing"), dict):
+        yield ("routing",), raw["routing"]
+    for i, rec in enumerate(as_list(raw.get("recipes"))):
+        routing = as_dict(rec).get("routing")
+        if isinstance(routing, dict):
+            yield ("recipes", i, "routing"), routing
+
+
+def _is_true(value: Any) -> bool:
+    return value is True
+
+
+def global_refusals(raw: Any) -> list[Problem]:
+    """Every refused ``global`` setting of a raw config mapping."""
+    if not isinstance(raw, dict):
+        return []
+    glob = as_dict(raw.get("global"))
+    problems = _router_refusals(as_dict(glob.get("router")))
+    problems += _service_refusals(as_dict(glob.get("services")))
+    problems += _store_refusals(raw, as_dict(glob.get("stores")))
+    return problems + _catalog_refusals(raw, as_dict(glob.get("model_catalog")))
+
+
+def _router_refusals(router: dict[str, Any]) -> list[Problem]:
+    base: Path = ("global", "router")
+    problems: list[Problem] = []
+    source = router.get("config_source")
+    if isinstance(source, str) and source != "file":
+        problems.append(
+            refusal(
+                (*base, "config_source"),
+                f"config_source {source!r} (config from Kubernetes resources)",
+                "file (vllm-sr reads config.yaml)",
+            )
+        )
+    if _is_true(as_dict(router.get("skip_processing")).get("enabled")):
+        problems.append(
+            refusal(
+                (*base, "skip_processing", "enabled"),
+                "skip_processing enabled (x-vsr-skip-processing passes a request unrouted)",
+                "false (every auto request is routed)",
+            )
+        )
+    if _is_true(as_dict(router.get("learning")).get("enabled")):
+        problems.append(
+            refusal(
+                (*base, "learning", "enabled"),
+                "Router Learning (a learned override of the decision's selector)",
+                "false (each decision's algorithm selects the model)",
+            )
+        )
+    return problems
+
+
+def _service_refusals(services: dict[str, Any]) -> list[Problem]:
+    base: Path = ("global", "services")
+    problems: list[Problem] = []
+    if _is_true(as_dict(services.get("response_api")).get("enabled")):
+        problems.append(
+            refusal(
+                (*base, "response_api", "enabled"),
+                "the Responses API (/v1/responses)",
+                "false (vllm-sr serves /v1/chat/completions and /v1/models)",
+            )
+        )
+    if _is_true(as_dict(services.get("router_replay")).get("enabled")):
+        problems.append(
+            refusal(
+                (*base, "router_replay", "enabled"),
+                "router replay (recording routed exchanges)",
+                "false (vllm-sr's metrics and logs)",
+            )
+        )
+    for key, what, supported in (
+        ("ratelimit", "rate limiting", "an empty providers list (no rate limit)"),
+        ("authz", "authz credential providers", "an empty providers list"),
+    ):
+        providers = as_list(as_dict(services.get(key)).get("providers"))
+        if providers:
+            types = [str(as_dict(p).get("type")) for p in providers]
+            problems.append(
+                refusal(
+                    (*base, key, "providers"),
+                    f"{what} ({', '.join(types)})",
+                    supported,
+                )
+            )
+    return problems
+
+
+def _has_decisions(raw: dict[str, Any]) -> bool:
+    return any(as_list(rt.get("decisions")) for _, rt in routings(raw))
+
+
+def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem]:
+    base: Path = ("global", "stores")
+    problems: list[Problem] = []
+    for key, what in (("memory", "agentic memory"), ("vector_store", "the vector store")):
+        if _is_true(as_dict(stores.get(key)).get("enabled")):
+            problems.append(refusal((*base, key, "enabled"), what, "false"))
+    if _is_true(as_dict(stores.get("response_cache")).get("enabled")) and not _has_decisions(raw):
+        # With decisions, upstream caches only through a decision's response-cache plugin
+        # (refused in routing); with none, the global switch caches every request.
+        problems.append(
+            refusal(
+                (*base, "response_cache", "enabled"),
+                "the response cache without decisions (upstream then caches every request)",
+                "false",
+            )
+        )
+    return problems
+
+
+def _uses_embeddings(raw: dict[str, Any]) -> bool:
+    return any(as_list(as_dict(rt.get("signals")).get("embeddings")) for _, rt in routings(raw))
+
+
+def _catalog_refusals(raw: dict[str, Any], catalog: dict[str, Any]) -> list[Problem]:
+    base: Path = ("global", "model_catalog")
+    problems: list[Problem] = []
+    comp = as_dict(as_dict(catalog.get("modules")).get("prompt_compression"))
+    max_tokens = comp.get("max_tokens")
+    if _is_true(comp.get("enabled")) and isinstance(max_tokens, int) and max_tokens > 0:
+        problems.append(
+            refusal(
+                (*base, "modules", "prompt_compression", "enabled"),
+                "prompt compression (signals would see a compressed text)",
+                "false (signals see the request's text)",
+            )
+        )
+    if not _uses_embeddings(raw):
+        return problems
+    # Only where embedding signals exist do these options change a routing result.
+    cfg_path: Path = (*base, "embeddings", "semantic", "embedding_config")
+    cfg = as_dict(
+        as_dict(as_dict(catalog.get("embeddings")).get("semantic")).get("embedding_config")
+    )
+    if _is_true(cfg.get("enable_soft_matching")):
+        problems.append(
+            refusal(
+                (*cfg_path, "enable_soft_matching"),
+                "soft matching of embedding signals",
+                "false (an embedding signal matches when its score reaches its threshold)",
+            )
+        )
+    top_k = cfg.get("top_k")
+    if isinstance(top_k, int) and top_k != 0:
+        problems.append(
+            refusal(
+                (*cfg_path, "top_k"),
+                f"top_k {top_k} (keeping only the best embedding matches)",
+                "0 (every embedding signal that matches is kept)",
+            )
+        )
+    if _is_true(as_dict(cfg.get("prototype_scoring")).get("enabled")):
+        problems.append(
+            refusal(
+                (*cfg_path, "prototype_scoring", "enabled"),
+                "prototype scoring of embedding candidates",
+                "false (aggregation_method over every candidate: max, mean or any)",
+            )
+        )
+    return problems

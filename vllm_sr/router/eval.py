@@ -1,0 +1,226 @@
+"""``POST /api/v1/eval``: upstream's routing preview (``pkg/apiserver/route_classify.go``,
+``pkg/services/classification_signal_*.go``). It evaluates every declared signal of the routing
+config on the request, every decision's rule tree, the winner and static's model, and answers
+upstream's document; it calls no backend and skips authz, as upstream does. Recipe probes
+(upstream's ``probes.yaml``) are run against it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_sr.errors import VllmSrError
+from vllm_sr.router.request_view import RequestView
+from vllm_sr.router.route import Router, SignalRun
+from vllm_sr.router.rules import SignalKey, leaves, trace
+
+MAX_EVAL_BODY = 10 * 1024 * 1024
+
+# Rule-leaf type -> key of upstream's MatchedSignals document.
+FAMILY_KEY = {
+    "keyword": "keywords",
+    "embedding": "embeddings",
+    "domain": "domains",
+    "fact_check": "fact_check",
+    "user_feedback": "user_feedback",
+    "reask": "reask",
+    "preference": "preferences",
+    "language": "language",
+    "context": "context",
+    "structure": "structure",
+    "complexity": "complexity",
+    "modality": "modality",
+    "authz": "authz",
+    "jailbreak": "jailbreak",
+    "pii": "pii",
+    "kb": "kb",
+    "conversation": "conversation",
+    "event": "event",
+    "metadata": "metadata",
+    "classifier": "classifier",
+    "projection": "projection",
+}
+# Upstream leaves these out of unmatched_signals.
+NOT_REPORTED_UNMATCHED = frozenset({"kb", "conversation", "event"})
+
+
+class EvalError(VllmSrError):
+    """An eval request upstream would refuse; ``code`` is upstream's (INVALID_INPUT, ...)."""
+
+    http_status = 400
+    retryable = False
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error_body(exc: EvalError) -> bytes:
+    """Upstream's eval error document."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return json.dumps(
+        {"error": {"code": exc.code, "message": exc.message, "timestamp": stamp}}
+    ).encode()
+
+
+def parse_payload(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_EVAL_BODY:
+        raise EvalError("INVALID_INPUT", f"the body is {len(raw)} bytes; accepted: at most 10 MiB")
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EvalError("INVALID_INPUT", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise EvalError("INVALID_INPUT", "the body must be a JSON object")
+    return payload
+
+
+def grouped(keys: list[SignalKey] | set[SignalKey]) -> dict[str, list[str]]:
+    """Signal keys -> upstream's {family: [names]} (families with no names omitted)."""
+    out: dict[str, list[str]] = {}
+    for kind, name in sorted(keys):
+        out.setdefault(FAMILY_KEY.get(kind, kind), []).append(name)
+    return out
+
+
+def _signal_maps(run: SignalRun) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    confidences: dict[str, float] = {}
+    values: dict[str, float] = {}
+    for (kind, name), res in run.results.items():
+        key = f"{kind}:{name}"
+        if res.matched:
+            confidences[key] = res.confidence
+        if res.value is not None:
+            values[key] = float(res.value)
+    errors = {f"{kind}:{name}": why for (kind, name), why in run.errors.items()}
+    return confidences, values, errors
+
+
+def _metrics(run: SignalRun) -> dict[str, dict[str, float]]:
+    best: dict[str, float] = {}
+    for (kind, _), res in run.results.items():
+        if res.matched:
+            best[kind] = max(best.get(kind, 0.0), res.confidence)
+    best.update(run.family_confidence)
+    return {
+        kind: {"execution_time_ms": round(ms, 3), "confidence": best.get(kind, 0.0)}
+        for kind, ms in sorted(run.timings_ms.items())
+    }
+
+
+async def evaluate(
+    router: Router, payload: Mapping[str, Any], *, model: str, recipe: str, want_trace: bool
+) -> dict[str, Any]:
+    """The eval document for one request (``model`` already resolved to an auto name)."""
+    view = RequestView.from_eval(payload)
+    run = await router.signals(view, router.eval_plan, authz=False)
+    matches = router.winner(run)
+    matched = {key for key, res in run.results.items() if res.matched}
+    unmatched = {
+        key for key in run.results if key not in matched and key[0] not in NOT_REPORTED_UNMATCHED
+    }
+    confidences, values, errors = _signal_maps(run)
+    doc: dict[str, Any] = {
+        "original_text": view.text,
+        "requested_model": model,
+        "recipe": recipe,
+        "metrics": _metrics(run),
+        "signal_confidences": confidences,
+        "signal_values": values,
+        "signal_errors": errors,
+    }
+    best = matches[0] if matches else None
+    decision = best.decision if best is not None else None
+    result: dict[str, Any] = {
+        "decision_name": decision.name if decision is not None else "",
+        "algorithm": router.algorithms[decision.name][0] if decision is not None else "static",
+        "used_signals": grouped(set(leaves(decision.rules))) if decision is not None else {},
+        "matched_signals": grouped(matched),
+        "unmatched_signals": grouped(unmatched),
+    }
+    if decision is not None:
+        plugins = [p.type for p in (getattr(decision, "plugins", None) or [])]
+        if plugins:
+            result["plugins"] = plugins
+    doc["decision_result"] = result
+    if want_trace:
+        doc["eval_trace"] = [
+            {
+                "decision_name": dec.name,
+                "matched": node["matched"],
+                "confidence": node["confidence"],
+                "root_trace": node,
+            }
+            for dec in router.routing.decisions
+            for node in [trace(dec.rules, run.results, run.errors)]
+        ]
+    doc.update(_selection(router, decision))
+    return doc
+
+
+def _selection(router: Router, decision: Any) -> dict[str, Any]:
+    """Static's preview: the decision's pick, or the default model when none matched."""
+    if decision is None:
+        return {
+            "selected_model": router.default_model,
+            "selection_status": "fallback",
+            "selection_method": "default",
+            "selection_reason": "no decision matched: providers.defaults.default_model",
+        }
+    refs = list(getattr(decision, "model_refs", None) or [])
+    if not refs:
+        return {
+            "selected_model": router.default_model,
+            "selection_status": "fallback",
+            "selection_method": "default",
+            "selection_reason": f"decision {decision.name!r} has no modelRefs: default_model",
+        }
+    ref = router.static_pick(decision)
+    lora = getattr(ref, "lora_name", None)
+    kind, status = router.algorithms[decision.name]
+    if status != "selected":  # a looper run as static: upstream's eval plans, it does not pick
+        final = planned_final_model(decision) if status == "planned_final" else None
+        return {
+            "recommended_models": [r.model for r in refs],
+            "routing_decision": decision.name,
+            **({"selected_model": final} if final else {}),
+            "selection_status": status,
+            "selection_method": kind,
+            "selection_reason": f"{kind} is a multi-call algorithm; with no looper endpoint "
+            "vllm-sr (as upstream) sends the chat to static's choice",
+        }
+    return {
+        "recommended_models": [r.model for r in refs],
+        "routing_decision": decision.name,
+        "selected_model": lora or ref.model,
+        "selection_status": "selected",
+        "selection_method": "single" if len(refs) == 1 else "static",
+        "selection_reason": (
+            "the decision's only modelRef"
+            if len(refs) == 1
+            else "static: the first modelRef, unless the domain named like the decision "
+            "scores another higher in model_scores"
+        ),
+    }
+
+
+def planned_final_model(decision: Any) -> str | None:
+    """The final model a looper names (fusion.model, workflows.final.model,
+    remom.synthesis_model), as upstream's eval reports it for planned_final."""
+    algorithm = getattr(decision, "algorithm", None)
+    if algorithm is None:
+        return None
+    kind = algorithm.type
+    block = getattr(algorithm, kind, None)
+    if not isinstance(block, dict):
+        return None
+    if kind == "fusion":
+        value = block.get("model")
+    elif kind == "workflows":
+        value = (block.get("final") or {}).get("model")
+    else:
+        value = block.get("synthesis_model")
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,268 @@
+"""The :class:`~vllm_sr.router.request_view.RequestView` of an ``/api/v1/eval`` payload, as
+upstream's eval reads one (``services/intent_request_messages.go``). It differs from a chat's
+in small ways upstream has too: roles are compared trimmed and lowercased, texts are trimmed,
+``input_text`` parts count as text, an image-only user turn keeps the previous user text, and a
+payload ``text`` fills in when the messages carry none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_sr.errors import InvalidRequest
+from vllm_sr.router.context_estimate import request_token_floor
+from vllm_sr.router.request_view import (
+    ConversationFacts,
+    RequestView,
+    _json_type,
+    check_metadata,
+)
+
+ESTIMATE_FIELDS = (
+    "tools",
+    "functions",
+    "tool_choice",
+    "function_call",
+    "response_format",
+    "max_tokens",
+    "max_completion_tokens",
+)
+EVAL_IMAGE_TYPES = frozenset({"image_url", "input_image"})
+
+
+def _parts(content: Any) -> list[Mapping[str, Any]]:
+    if isinstance(content, list):
+        return [p for p in content if isinstance(p, Mapping)]
+    if isinstance(content, Mapping):
+        return [content]
+    return []
+
+
+def _kind(part: Mapping[str, Any]) -> str:
+    kind = part.get("type")
+    return kind.strip().lower() if isinstance(kind, str) else ""
+
+
+def raw_text(content: Any) -> str:
+    """A message's text: a string as is, else its text / input_text (or untyped) parts with
+    non-empty text, joined by a space."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in _parts(content):
+        text = part.get("text")
+        if _kind(part) in ("", "text", "input_text") and isinstance(text, str) and text:
+            texts.append(text)
+    return " ".join(texts)
+
+
+def image_count(content: Any) -> int:
+    return sum(1 for p in _parts(content) if _kind(p) in EVAL_IMAGE_TYPES)
+
+
+def first_data_image(content: Any) -> str:
+    """The first inline base64 image (a data: URI; upstream refuses fetching URLs)."""
+    for part in _parts(content):
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, Mapping) else image
+        if isinstance(url, str):
+            u = url.strip()
+            low = u.lower()
+            if low.startswith("data:image/") and ";base64," in low:
+                return u
+    return ""
+
+
+def _list(payload: Mapping[str, Any], key: str) -> list[Any]:
+    value = payload.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"field {key} must be an array, got {_json_type(value)}", field=key)
+    return value
+
+
+def eval_view(payload: Mapping[str, Any], headers: dict[str, str]) -> RequestView:
+    metadata_raw = payload.get("metadata")
+    if metadata_raw is not None and not isinstance(metadata_raw, Mapping):
+        raise InvalidRequest(
+            f"field metadata must be an object of strings, got {_json_type(metadata_raw)}",
+            field="metadata",
+        )
+    metadata = check_metadata(metadata_raw or {})
+    text_field = payload.get("text", "")
+    if text_field is None:
+        text_field = ""
+    if not isinstance(text_field, str):
+        raise InvalidRequest(
+            f"field text must be a string, got {_json_type(text_field)}", field="text"
+        )
+    messages = _list(payload, "messages")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping):
+            raise InvalidRequest(
+                f"field messages[{i}] must be an object, got {_json_type(msg)}",
+                field=f"messages[{i}]",
+            )
+    tool_definitions = len(_list(payload, "tools")) + len(_list(payload, "functions"))
+    envelope = {k: payload[k] for k in ESTIMATE_FIELDS if payload.get(k) is not None}
+
+    if messages:
+        walk = _EvalWalk(tool_definitions)
+        for msg in messages:
+            walk.message(msg)
+        view = walk.view(text_field, envelope, messages, metadata, headers, payload)
+        if view is not None:
+            return view
+    if text_field == "" and not metadata:
+        raise InvalidRequest(
+            "the eval request needs text or messages (with text, an image or a conversation "
+            "shape) or metadata",
+            field="text",
+        )
+    extra = [{"role": "user", "content": text_field}] if text_field else []
+    trimmed = text_field.strip()
+    return RequestView(
+        text=trimmed,
+        current_user_text=text_field,
+        context_text=trimmed,
+        context_floor=request_token_floor({**envelope, "messages": extra}),
+        facts=ConversationFacts(
+            user_messages=1, tool_definitions=tool_definitions, last_role="user"
+        ),
+        metadata=metadata,
+        headers=headers,
+        body=payload,
+    )
+
+
+class _EvalWalk:
+    def __init__(self, tool_definitions: int) -> None:
+        self.tool_definitions = tool_definitions
+        self.current = ""
+        self.current_raw = ""
+        self.current_image = ""
+        self.prior: list[str] = []
+        self.non_user: list[str] = []
+        self.has_assistant_reply = False
+        self.counts = {"user": 0, "assistant": 0, "system": 0, "tool": 0}
+        self.developer = False
+        self.tool_calls = 0
+        self.images = 0
+        self.last_role = ""
+        self.last_tool_result = False
+        self.last_user_after_tool = False
+
+    def message(self, msg: Mapping[str, Any]) -> None:
+        role_raw = msg.get("role")
+        role = role_raw.strip().lower() if isinstance(role_raw, str) else ""
+        content = msg.get("content")
+        raw = raw_text(content)
+        text = raw.strip()
+        if role == "user":
+            if raw:
+                self.current_raw = raw
+            self.images += image_count(content)
+        previous_was_tool = self.last_tool_result
+        self.last_role = role
+        self.last_tool_result = False
+        self.last_user_after_tool = False
+        if role in self.counts:
+            self.counts[role] += 1
+        if role == "user":
+            self.last_user_after_tool = previous_was_tool
+        elif role == "assistant":
+            calls = msg.get("tool_calls")
+            self.tool_calls += len(calls) if isinstance(calls, list) else 0
+        elif role == "developer":
+            self.developer = True
+        elif role == "tool":
+            self.last_tool_result = True
+        if role == "user":
+            image = first_data_image(content)
+            if text == "" and image == "":
+                return
+            if text == "":
+                self.current_image = image
+                return
+            if self.current:
+                self.prior.append(self.current)
+            self.current = text
+            self.current_image = image
+            return
+        if text and role in ("system", "developer", "assistant"):
+            self.non_user.append(text)
+            self.has_assistant_reply = self.has_assistant_reply or role == "assistant"
+
+    def facts(self) -> ConversationFacts:
+        return ConversationFacts(
+            user_messages=self.counts["user"],
+            assistant_messages=self.counts["assistant"],
+            system_messages=self.counts["system"],
+            tool_messages=self.counts["tool"],
+            has_developer_message=self.developer,
+            tool_definitions=self.tool_definitions,
+            assistant_tool_calls=self.tool_calls,
+            tool_results=self.counts["tool"],
+            image_parts=self.images,
+            last_role=self.last_role,
+            last_message_tool_result=self.last_tool_result,
+            last_user_after_tool_result=self.last_user_after_tool,
+        )
+
+    def view(
+        self,
+        text_field: str,
+        envelope: dict[str, Any],
+        messages: list[Any],
+        metadata: dict[str, str],
+        headers: dict[str, str],
+        payload: Mapping[str, Any],
+    ) -> RequestView | None:
+        """The view, or None when the messages carry nothing to evaluate (upstream then falls
+        back to ``text``)."""
+        facts = self.facts()
+        evaluation = self.current
+        context = " ".join(self.non_user)
+        current_text = self.current_raw
+        if evaluation == "" and self.current_image == "" and self.non_user:
+            evaluation = " ".join(self.non_user)
+            context = evaluation
+        if self.current:
+            context = " ".join([*self.non_user, self.current])
+        shape = (
+            facts.user_messages
+            or facts.assistant_messages
+            or facts.system_messages
+            or facts.tool_messages
+            or facts.image_parts
+            or facts.tool_definitions
+            or facts.assistant_tool_calls
+            or facts.tool_results
+            or facts.has_developer_message
+        )
+        if not (evaluation.strip() or current_text or self.current_image or shape):
+            return None
+        fallback = text_field != "" and evaluation.strip() == ""
+        if fallback:
+            trimmed = text_field.strip()
+            evaluation = trimmed
+            if context.strip() == "":
+                context = trimmed
+            if current_text == "":
+                current_text = text_field
+        extra = [{"role": "user", "content": text_field}] if fallback else []
+        return RequestView(
+            text=evaluation,
+            current_user_text=current_text,
+            prior_user_texts=tuple(self.prior),
+            non_user_texts=tuple(self.non_user),
+            context_text=context,
+            context_floor=request_token_floor({**envelope, "messages": [*messages, *extra]}),
+            has_assistant_reply=self.has_assistant_reply,
+            facts=facts,
+            metadata=metadata,
+            headers=headers,
+            body=payload,
+        )
