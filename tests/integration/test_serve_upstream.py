@@ -85,6 +85,8 @@ async def test_upstream_fragments_route_on_a_real_serve_with_the_embedded_defaul
     try:
         await wait_ready(url, proc, log)
         assert "the embedded default runs" in log.read_text()
+        assert "language models loaded" in log.read_text()  # before the loop, not on a chat
+        assert "written" not in log.read_text()  # no deployment flag: the file is left alone
         client = openai.AsyncOpenAI(
             base_url=url + "/v1",
             api_key="unused",
@@ -107,6 +109,7 @@ async def test_upstream_fragments_route_on_a_real_serve_with_the_embedded_defaul
                 **extra,
             )
             assert raw.headers["x-vsr-selected-decision"] == decision, (decision, raw.headers)
+            assert "x-vsr-routing-fallback" not in raw.headers, raw.headers  # backends healthy
         assert coder.received[-1].body["chat_template_kwargs"] == {"enable_thinking": True}
         async with (
             aiohttp.ClientSession() as s,

@@ -11,6 +11,10 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_sr.supervisor.reload import ServicePlan
 
 log = logging.getLogger("vllm_sr.serve")
 
@@ -86,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
             plan.embedded_default,
         )
     _threads_record_dir(settings.state_dir)
+    _preload_language_models(plan)
     # Tests (and debugging) may run another worker command; the default is `vllm-sr worker`.
     options = ServeOptions(
         settings=settings,
@@ -95,6 +100,24 @@ def _run(args: argparse.Namespace) -> int:
     from vllm_sr.aio import run
 
     return run(serve(planner, options, scaler=config_scaler(config_path)))
+
+
+def _preload_language_models(plan: ServicePlan) -> None:
+    """The language signal's models load holding the GIL for seconds: before the event loop
+    runs, so that nothing (worker readiness, backend health checks) stalls behind them."""
+    router = plan.router
+    if router is None or not router.enabled or router.providers is None:
+        return
+    if not any(routing.signals.language for routing in router.recipes.values()):
+        return
+    import time
+
+    from vllm_sr.router.deterministic import preload_language_models
+
+    started = time.monotonic()
+    log.info("loading the language signal's models (every language, about 1 GB)")
+    preload_language_models()
+    log.info("language models loaded in %.1f s", time.monotonic() - started)
 
 
 def _threads_record_dir(state_dir: Path) -> None:

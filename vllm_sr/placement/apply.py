@@ -74,6 +74,10 @@ class _Edit:
     placement: PlacementRequest = field(default_factory=PlacementRequest)
 
 
+def _is_noop(edit: _Edit) -> bool:
+    return edit == _Edit(deployment=edit.deployment)
+
+
 def _edit_document(
     doc: Any,
     current: RootConfig,
@@ -85,7 +89,7 @@ def _edit_document(
     """Apply ``edit`` to the round-trip document in place; returns the placement notes. An
     edit that asks for nothing leaves the document alone (``serve`` with no deployment flags
     on a file that declares no deployment keeps running the embedded default unwritten)."""
-    if edit == _Edit(deployment=edit.deployment):
+    if _is_noop(edit):
         return []
     dep = current.deployments[name]
     dep_doc = deployment_doc(doc, name)
@@ -132,7 +136,8 @@ def _edit_and_finish(
                 f"deployment {name!r} is not in {path}; accepted: {', '.join(current.deployments)}"
             )
         notes = _edit_document(doc, current, name, edit, provider, env)
-        new_text = dump_document(doc)
+        # Nothing asked: the operator's file stays byte for byte (a re-dump may reformat it).
+        new_text = old_text if existed and _is_noop(edit) else dump_document(doc)
         config = parse_config(new_text, str(path))
         if artifacts_dir is not None:
             check_artifacts(config, new_text, str(path), artifacts_dir)

@@ -87,16 +87,29 @@ _detector: Any = None
 _detector_lock = threading.Lock()
 
 
-def language_detector() -> Any:
-    """The process's lingua detector over every language, built on first use. Its models load
-    lazily on the first detection (seconds, about 1 GB): :meth:`DeterministicSignals.warm`."""
+def language_detector(*, preload: bool = False) -> Any:
+    """The process's lingua detector over every language, built on first use. Without
+    ``preload`` its models load lazily, per script, on the detections that need them.
+
+    Loading holds the GIL (lingua's Rust code does not release it): about 1 GB and 10-20 s
+    for every language, during which no other Python thread runs. So ``vllm-sr serve``
+    preloads the models before its event loop starts when the config has a language rule
+    (:func:`preload_language_models`); otherwise a first detection would stall the loop."""
     global _detector
     with _detector_lock:
         if _detector is None:
             from lingua import LanguageDetectorBuilder
 
-            _detector = LanguageDetectorBuilder.from_all_languages().build()
+            builder = LanguageDetectorBuilder.from_all_languages()
+            if preload:
+                builder = builder.with_preloaded_language_models()
+            _detector = builder.build()
         return _detector
+
+
+def preload_language_models() -> None:
+    """Load every language model now (see :func:`language_detector`)."""
+    language_detector(preload=True)
 
 
 def detect_language(text: str, floor: float) -> tuple[str, float]:
