@@ -37,8 +37,8 @@ class Notifier(Protocol):
     def ready(self, status: str | None = None) -> None: ...
 
 
-# What a reload may take beyond the new workers' ready timeout (planning, the compatibility
-# check, publishing, stopping staged workers of a failed reload).
+# What a reload may take beyond the new workers' ready timeout once they are started (the
+# compatibility check, publishing, stopping the staged workers of a failed reload).
 RELOAD_MARGIN_S = 30.0
 
 
