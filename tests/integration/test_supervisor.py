@@ -22,13 +22,15 @@ from tests.integration.test_supervisor_fake import (
     REPO_ROOT,
     FakeSpec,
     fake_plan,
+    fake_spec,
     replica_doc,
     start_service,
     wait_for,
 )
 from vllm_sr import events as ev
 from vllm_sr.control.commands import Command
-from vllm_sr.errors import ConfigError
+from vllm_sr.errors import ConfigError, VllmSrError
+from vllm_sr.supervisor.reconfigure import RELOAD_MARGIN_S
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 
 
@@ -340,7 +342,12 @@ async def test_systemd_hears_ready_once_status_reload_and_stopping() -> None:
         replicas["n"] = 2
         await svc.sup.submit(Command("reload"))
         kinds = notifier.kinds()
-        assert kinds[kinds.index("reloading") + 1] == "ready"
+        at = kinds.index("reloading")
+        # The reload's answer comes after READY=1; its time bound is the new workers' ready
+        # timeout plus a margin, given to systemd (whose reload timer is TimeoutStartSec=).
+        assert kinds[at : at + 3] == ["reloading", "extend_timeout", "ready"]
+        extended = [v for k, v in notifier.calls if k == "extend_timeout"][-1]
+        assert extended == svc.sup.options.ready_timeout_s + RELOAD_MARGIN_S
         await wait_for(
             lambda: any("2/2" in str(v) for k, v in notifier.calls if k == "status"),
             10,
@@ -349,3 +356,29 @@ async def test_systemd_hears_ready_once_status_reload_and_stopping() -> None:
     finally:
         await svc.stop()
     assert notifier.kinds()[-1] == "stopping" and notifier.kinds().count("ready") == 2
+
+
+async def test_a_failed_reload_answers_after_ready() -> None:
+    notifier = RecordingNotifier()
+    bad = {"on": False}
+
+    def planner() -> ServicePlan:
+        plan = fake_plan(1)
+        if bad["on"]:  # a second worker that is still loading when its ready timeout ends
+            spec = fake_spec("primary", 1, env={"FAKE_READY_DELAY_S": "60"})
+            plan.deployments["primary"].replicas.append(spec)
+        return plan
+
+    svc = await start_service(planner, notifier=notifier, ready_timeout_s=2.0)
+    try:
+        pid = svc.sup.replicas["primary-0"].pid
+        bad["on"] = True
+        with pytest.raises(VllmSrError, match=r"new workers not ready within 2 s: \['primary-1'\]"):
+            await svc.sup.submit(Command("reload"))
+        kinds = notifier.kinds()  # as they were when the answer came
+        at = kinds.index("reloading")
+        assert kinds[at : at + 3] == ["reloading", "extend_timeout", "ready"]
+        assert svc.sup.generation == 0 and svc.sup.replicas["primary-0"].pid == pid
+        assert "primary-1" not in svc.sup.replicas
+    finally:
+        await svc.stop()

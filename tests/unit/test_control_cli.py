@@ -18,8 +18,10 @@ from tests.support.control_fake import FakeBackend, ThreadedControlServer, sampl
 from tests.support.workers import short_socket_dir
 from vllm_sr import errors
 from vllm_sr.cli import main
-from vllm_sr.commands.ctl import SOCKET_ENV, default_socket
+from vllm_sr.commands.ctl import SOCKET_ENV, default_command_timeout, default_socket
+from vllm_sr.config import service as service_config
 from vllm_sr.control import render
+from vllm_sr.supervisor.reconfigure import RELOAD_MARGIN_S
 
 
 @pytest.fixture
@@ -118,6 +120,38 @@ def test_scale_reload_readmit_json(
     assert json.loads(readmit_json)["state"] == "ready"
     kinds = [c.kind for c in served.backend.commands]
     assert kinds == ["scale", "reload", "eject", "readmit"]
+
+
+def test_refused_reload_exits_1_with_every_problem_on_stderr(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the unit's ExecReload= prints when the new config is refused: systemd shows it.
+    problems = [
+        "/etc/vllm-sr/config.yaml:9: ...primary.bogus_setting: unknown key",
+        "/etc/vllm-sr/config.yaml:12: ...primary.timeout_ms: -1: must be > 0",
+    ]
+    served.backend.refuse = errors.ConfigError("/etc/vllm-sr/config.yaml: 2 problem(s)", problems)
+    # 1, as for every refusal: 78 is the service's own "do not restart me", not the CLI's.
+    assert run("ctl", "reload", "--socket", str(served.path)) == errors.EXIT_FAILURE
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"vllm-sr: {p}" for p in problems]
+    assert captured.out == ""
+    served.backend.refuse = errors.VllmSrError("new worker primary-2 failed: exit 78")
+    assert run("ctl", "reload", "--socket", str(served.path)) == errors.EXIT_FAILURE
+    assert capsys.readouterr().err == "vllm-sr: new worker primary-2 failed: exit 78\n"
+
+
+def test_reload_waits_as_long_as_the_service_may(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = tmp_path / "vllm-sr.toml"
+    monkeypatch.setattr(service_config, "DEFAULT_SERVICE_CONFIG_PATH", settings)
+    assert default_command_timeout() == 900.0  # no settings file: 600 s ready timeout
+    settings.write_text("ready_timeout_s = 1800\n")
+    # The service's own bound on a reload is the ready timeout + RELOAD_MARGIN_S.
+    assert default_command_timeout() == 1800.0 + 2 * RELOAD_MARGIN_S
+    settings.write_text("ready_timeout_s = 'soon'\n")
+    assert default_command_timeout() == 900.0  # the service cannot run on these either
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -40,14 +40,31 @@ def add_common(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds to wait for a change to be applied (default 900; reads: 30)",
+        help="seconds to wait for a change to be applied (default 900, or the host settings' "
+        "ready_timeout_s + 60 when longer; reads: 30)",
     )
 
 
-def client_for(args: argparse.Namespace) -> Any:
-    from vllm_sr.control.client import COMMAND_TIMEOUT_S, ControlClient
+def default_command_timeout() -> float:
+    """How long a change may take to be applied: 900 s, or longer when the host settings give
+    new workers more than that to get ready (``ready_timeout_s``), so that `ctl reload` (the
+    unit's ExecReload=) never gives up on a reload the service is still waiting for."""
+    from vllm_sr.config.service import load_service_settings
+    from vllm_sr.control.client import COMMAND_TIMEOUT_S
+    from vllm_sr.errors import VllmSrError
+    from vllm_sr.supervisor.reconfigure import RELOAD_MARGIN_S
 
-    timeout = args.timeout if args.timeout is not None else COMMAND_TIMEOUT_S
+    try:
+        ready_timeout_s = load_service_settings().ready_timeout_s
+    except VllmSrError:
+        return COMMAND_TIMEOUT_S  # the service could not have started on those settings
+    return max(COMMAND_TIMEOUT_S, ready_timeout_s + 2 * RELOAD_MARGIN_S)
+
+
+def client_for(args: argparse.Namespace) -> Any:
+    from vllm_sr.control.client import ControlClient
+
+    timeout = args.timeout if args.timeout is not None else default_command_timeout()
     if timeout <= 0:
         from vllm_sr.errors import UsageError
 

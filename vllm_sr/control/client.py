@@ -19,7 +19,14 @@ import httpx
 
 from vllm_sr import errors
 from vllm_sr.control.protocol import HEARTBEAT
-from vllm_sr.errors import DeadlineExceeded, Forbidden, ServiceNotRunning, VllmSrError
+from vllm_sr.errors import (
+    EXIT_FAILURE,
+    ConfigError,
+    DeadlineExceeded,
+    Forbidden,
+    ServiceNotRunning,
+    VllmSrError,
+)
 
 DEFAULT_TIMEOUT_S = 30.0
 # A mutation answers once applied: a scale or reload waits for new workers to get ready, which
@@ -50,13 +57,21 @@ def error_from_response(status: int, body: bytes) -> VllmSrError:
     except (ValueError, KeyError, TypeError):
         code, message = "", body.decode("utf-8", errors="replace").strip() or f"HTTP {status}"
     cls = _error_classes().get(code) or _BY_STATUS.get(status, VllmSrError)
+    details = _safe_details(body)
+    problems = details.get("problems") if details else None
+    exc: VllmSrError
     try:
-        exc = cls(message)
+        if issubclass(cls, ConfigError) and isinstance(problems, list):
+            exc = cls(message, [str(p) for p in problems])
+        else:
+            exc = cls(message)
     except TypeError:
         exc = VllmSrError(message)
-    details = _safe_details(body)
     if details:
         exc.details = details
+    # The service refused or failed the request: for the CLI that is exit 1 whatever the
+    # error's code means in the service (78 there is "restarting cannot help").
+    exc.exit_code = EXIT_FAILURE
     return exc
 
 

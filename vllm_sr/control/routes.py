@@ -22,7 +22,7 @@ from vllm_sr.control.protocol import (
     STREAM_CLOSED,
     STREAM_DROPPED,
 )
-from vllm_sr.errors import Forbidden, InvalidRequest, VllmSrError
+from vllm_sr.errors import ConfigError, Forbidden, InvalidRequest, VllmSrError
 from vllm_sr.events import EventBus, Subscription
 
 log = logging.getLogger("vllm_sr.control")
@@ -78,6 +78,16 @@ _HTTP_CODES = {
 }
 
 
+def error_body(exc: VllmSrError) -> dict[str, Any]:
+    """The error as JSON. A config error's problems (each naming its file, line and field)
+    travel in ``details.problems``: its message alone only counts them, and a refused reload
+    must say what is wrong (``systemctl reload`` shows the reload command's stderr)."""
+    body = exc.to_json()
+    if isinstance(exc, ConfigError) and exc.problems != [exc.message]:
+        body["error"].setdefault("details", {})["problems"] = list(exc.problems)
+    return body
+
+
 @web.middleware
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -85,7 +95,7 @@ async def error_middleware(
     try:
         return await handler(request)
     except VllmSrError as exc:
-        return _json(exc.to_json(), exc.http_status)
+        return _json(error_body(exc), exc.http_status)
     except web.HTTPException as exc:
         if exc.status == 404:
             message = f"no endpoint {request.method} {request.path}; see docs/control-api.md"

@@ -33,7 +33,13 @@ Planner = Callable[[], ServicePlan]
 
 class Notifier(Protocol):
     def reloading(self) -> None: ...
+    def extend_timeout(self, seconds: float) -> None: ...
     def ready(self, status: str | None = None) -> None: ...
+
+
+# What a reload may take beyond the new workers' ready timeout once they are started (the
+# compatibility check, publishing, stopping the staged workers of a failed reload).
+RELOAD_MARGIN_S = 30.0
 
 
 def resolve(
@@ -141,6 +147,9 @@ class Reconfiguration:
     async def _run(self, plan: ServicePlan, cmd: Command) -> None:
         fleet = self.fleet
         self.notifier.reloading()
+        # systemd times a reload with TimeoutStartSec= (and kills the reload command when it
+        # runs out); new workers may take up to the ready timeout, as at start.
+        self.notifier.extend_timeout(self.ready_timeout_s + RELOAD_MARGIN_S)
         running = {rid: fleet.replicas[rid].spec for rid in fleet.published}
         diff = diff_plans(running, plan.specs())
         staged = [self.spawn(spec) for spec in diff.start]
@@ -148,6 +157,7 @@ class Reconfiguration:
         size_caches(staged, plan, self.cache_bytes)
         self.starts = start_in_order(staged, list(fleet.replicas.values()))
         published = False
+        failure: VllmSrError | None = None
         try:
             await self._wait_ready(staged)
             self._check_compatible(plan, staged, diff.retire)
@@ -157,8 +167,7 @@ class Reconfiguration:
         except VllmSrError as exc:
             log.error("reload failed, the running generation keeps serving: %s", exc.message)
             self.events.publish(ev.RELOAD_FAILED, reason=exc.message, source=cmd.source)
-            resolve(cmd, exc=exc)
-            return
+            failure = exc
         finally:
             for rep in staged:
                 with contextlib.suppress(ValueError):
@@ -166,6 +175,11 @@ class Reconfiguration:
                 if not published:
                     await rep.stop(1.0)
             self.notifier.ready(self.status())
+        # Answered only now, after READY=1: whoever waits on the reload (`systemctl reload`
+        # through `vllm-sr ctl reload`) finds the unit active again when it returns.
+        if failure is not None:
+            resolve(cmd, exc=failure)
+            return
         resolve(
             cmd,
             result={
