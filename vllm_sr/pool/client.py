@@ -36,7 +36,10 @@ from vllm_sr.errors import DeadlineExceeded, WorkerFailed
 # Cap on what a worker may send back; a larger answer is a broken worker, not a big result.
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
-PASSED_HEADERS = (b"server-timing",)
+# What the frontend's answer contract passes on to callers from a worker's answer (docs/serve.md):
+# the worker's timing split, and a 429's or 503's advice on when to try again.
+PASSED_HEADERS = (b"server-timing", b"retry-after")
+FORWARD_HEADER = b"x-vsr-forward"  # the worker's "1"/"0": did a forward produce the answer
 CA_FILE_ENV = "VLLM_SR_ENDPOINT_CA_FILE"  # a CA bundle for https:// endpoints (PEM)
 
 
@@ -46,6 +49,9 @@ class WorkerResponse:
     body: bytes
     content_type: str
     headers: dict[str, str]
+    # Whether a forward produced the answer (``X-Vsr-Forward``); None when the worker does
+    # not say (an attached runtime that is not ours).
+    forward: bool | None = None
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -78,6 +84,7 @@ class _Conn(asyncio.Protocol):
         self.until_eof = True  # no Content-Length nor chunked: the body ends with the stream
         self.ctype = "application/json"
         self.passed: dict[str, str] = {}
+        self.forward: bool | None = None
         self.parts: list[bytes] = []
         self.size = 0
 
@@ -160,6 +167,8 @@ class _Conn(asyncio.Protocol):
             self.until_eof = False
         elif key in PASSED_HEADERS:
             self.passed[name.decode("latin-1")] = value.decode("latin-1")
+        elif key == FORWARD_HEADER:
+            self.forward = value.strip() == b"1"
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -189,7 +198,8 @@ class _Conn(asyncio.Protocol):
         parts = self.parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.parts = []
-        return WorkerResponse(self.parser.get_status_code(), body, self.ctype, self.passed)
+        status = self.parser.get_status_code()
+        return WorkerResponse(status, body, self.ctype, self.passed, self.forward)
 
 
 def _ssl_context(ca_file: str | None, value: str) -> ssl.SSLContext:
