@@ -1,7 +1,9 @@
 """Supervision that heals itself (issue 25 part 1), on real processes with the stand-in worker:
 a spawn that fails (EMFILE) backs off and is tried again, a life loop that raises is reported
 and revived by the reconcile pass, a service task that raises runs again, and a real
-open-file limit on a real `vllm-sr serve` (prlimit) does not leave a killed replica down."""
+open-file limit on a real `vllm-sr serve` (prlimit) does not leave a killed replica down. And
+part 5's connection cap: a flood of idle connections leaves the control socket and worker
+restarts working."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ import pytest
 
 from tests.integration.test_serve import serve, wait_for_ready
 from tests.integration.test_supervisor_fake import fake_plan, replica_doc, start_service, wait_for
+from tests.support.workers import short_socket_dir
 from vllm_sr import events as ev
+from vllm_sr.control.client import AsyncControlClient
+from vllm_sr.control.server import ControlServer
 from vllm_sr.supervisor import keeper, supervisor, usage
 from vllm_sr.supervisor import process as process_module
 
@@ -162,4 +167,44 @@ async def test_an_open_file_limit_on_serve_does_not_keep_a_killed_replica_down(
         assert after["primary-1"] not in (None, victim)
         assert served.proc.returncode is None
         assert "replica_backoff" in served.text()
-        await asyncio.sleep(0)
+
+
+async def test_a_connection_flood_leaves_the_control_socket_and_restarts_working() -> None:
+    svc = await start_service(lambda: fake_plan(2), **FAST)
+    svc.frontend.server.max_connections = 30
+    sock = short_socket_dir(prefix="vsr-ctl-") / "control.sock"
+    control = ControlServer(svc.sup, sock, group=None)
+    await control.start()
+    host, port = svc.url.removeprefix("http://").rsplit(":", 1)
+    flood: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(300):  # idle connections, never a request
+            _, writer = await asyncio.open_connection(host, int(port))
+            flood.append(writer)
+        await wait_for(lambda: svc.frontend.server.turned_away >= 270, 20, "the excess refused")
+        assert len(svc.frontend.server.connections) <= 30
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        head = await asyncio.wait_for(reader.read(), 10)
+        assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+        writer.close()
+        # The control socket answers, and a killed worker is spawned again, during the flood.
+        async with AsyncControlClient(sock) as ctl:
+            inv = await ctl.inventory()
+        assert inv["deployments"][0]["ready_replicas"] == 2
+        old = svc.sup.replicas["primary-0"].pid
+        assert old is not None
+        os.kill(old, signal.SIGKILL)
+        await wait_for(
+            lambda: (
+                replica_doc(svc.sup, "primary-0")["ready"]
+                and replica_doc(svc.sup, "primary-0")["pid"] not in (None, old)
+            ),
+            30,
+            "the killed worker back during the flood",
+        )
+    finally:
+        for writer in flood:
+            writer.close()
+        await control.stop()
+        await svc.stop()
