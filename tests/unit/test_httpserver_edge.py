@@ -95,3 +95,27 @@ async def test_a_connection_flood_past_the_cap_is_answered_503_and_the_held_ones
 def test_the_cap_must_be_at_least_one() -> None:
     with pytest.raises(ValueError, match="max_connections: 0"):
         HttpServer(Echo(), max_body=1, read_timeout_s=1.0, max_connections=0)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # CL and TE together
+        b"POST /s HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + CHUNKED_BODY,
+        # two Content-Lengths that differ
+        b"POST /s HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nContent-Length: 4\r\n\r\nabcd",
+        # a chunk size that is not hex
+        b"POST /s HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+        # obs-fold: a header continued on the next line
+        b"POST /s HTTP/1.1\r\nHost: t\r\nX-Thing: a\r\n  b\r\nContent-Length: 2\r\n\r\nab",
+    ],
+    ids=["cl-and-te", "duplicate-cl", "bad-chunk-size", "obs-fold"],
+)
+async def test_smuggling_vectors_are_refused_400(running: Running, request_bytes: bytes) -> None:
+    reader, writer = await running.connect()
+    writer.write(request_bytes)
+    status, headers, _ = await read_answer(reader)
+    assert status == 400 and headers["connection"] == "close"
+    assert running.echo.seen == []
+    writer.close()

@@ -63,7 +63,7 @@ class AttachedReplica(ManagedReplica):
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # reported on its end
                 await self._task
         self.ready.clear()
         await self.client.close()
