@@ -224,7 +224,7 @@ def report(
     late = sum(1 for r in records if r.t1 - r.t0 > LATE_S)
     fails = ", ".join(f"{k}:{v}" for k, v in sorted(lost.items())) or "none"
     rec = f"{recover_s:6.1f} s" if recover_s is not None else "     - "
-    print(f"{name:<36} {len(records):>7} {fails:<16} {timeouts:>8} {late:>5}  {rec}  {note}",
+    print(f"{name:<42} {len(records):>7} {fails:<16} {timeouts:>8} {late:>5}  {rec}  {note}",
           flush=True)  # fmt: skip
     return {"fault": name, "requests": len(records), "failures": dict(lost),
             "timeouts": timeouts, "late": late, "recover_s": recover_s}  # fmt: skip
@@ -445,7 +445,7 @@ async def main() -> int:
     load = Load(svc.url)
     stop = asyncio.Event()
     task = asyncio.ensure_future(load.run(stop))
-    print(f"{'fault':<36} {'requests':>7} {'lost':<16} {'timeouts':>8} {'late':>5}  recover  note")
+    print(f"{'fault':<42} {'requests':>7} {'lost':<16} {'timeouts':>8} {'late':>5}  recover  note")
     results = []
     try:
         await asyncio.sleep(3.0)
