@@ -119,3 +119,14 @@ async def test_smuggling_vectors_are_refused_400(running: Running, request_bytes
     assert status == 400 and headers["connection"] == "close"
     assert running.echo.seen == []
     writer.close()
+
+
+def test_the_frontends_connection_cap_is_a_host_setting_with_a_sane_default() -> None:
+    from pydantic import ValidationError
+
+    from vllm_sr.config.service import ServiceSettings
+
+    assert ServiceSettings().max_connections == 4096
+    assert ServiceSettings(max_connections=100).max_connections == 100
+    with pytest.raises(ValidationError, match="max_connections"):
+        ServiceSettings(max_connections=0)

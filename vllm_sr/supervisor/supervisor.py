@@ -298,8 +298,12 @@ class Supervisor:
         swaps generations in one step, so the plan and the workers always agree here."""
         if self.stopping:
             return
-        cache = self.options.worker_cache_bytes
-        for action, rep in self.fleet.reconcile(self.spawn, cache):
+        try:
+            done = self.fleet.reconcile(self.spawn, self.options.worker_cache_bytes)
+        except Exception:  # it must not take the pools' clocks and probes down with it
+            log.exception("reconcile pass failed; the next pass tries again")
+            return
+        for action, rep in done:
             log.warning("%s: reconcile: %s (its life loop had ended)", rep.id, action)
 
     async def _probe(self, pool: ReplicaPool, rid: str, probing: set[str]) -> None:
