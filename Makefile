@@ -54,8 +54,8 @@ bench-frontend: install
 bench-threads: install
 	$(PY) bench/threads.py
 
-bench-chaos: install
-	$(PY) bench/chaos.py
+bench-chaos: install  # ROWS=emfile,hung-cache runs only those rows
+	$(PY) bench/chaos.py $(if $(ROWS),--rows $(ROWS))
 
 bench-service: install
 	$(PY) bench/service.py

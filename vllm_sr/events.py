@@ -31,6 +31,9 @@ REPLICA_READMITTED = "replica_readmitted"  # deployment, replica, device, pid,
 REPLICA_EJECTION_WITHHELD = "replica_ejection_withheld"  # deployment, replica, timeouts,
 # rule: one_worker | no_other_replica_answered | max_ejection_percent
 REPLICA_HUNG = "replica_hung"  # deployment, replica, device, pid, forward_running_s, bound_s
+# deployment, replica, device, pid, error, failures (its life loop raised; it is started again)
+REPLICA_SUPERVISION_FAILED = "replica_supervision_failed"
+SERVICE_TASK_FAILED = "service_task_failed"  # task, error, failures, restart_in_s
 EXCHANGE_RETRIED = "exchange_retried"  # deployment, replica (the failed one), count, error
 POOL_PUBLISHED = "pool_published"  # generation, deployments
 RELOAD_FAILED = "reload_failed"  # reason
@@ -47,6 +50,8 @@ WARNING_EVENTS = frozenset(
         REPLICA_EJECTED,
         REPLICA_BACKOFF,
         REPLICA_HUNG,
+        REPLICA_SUPERVISION_FAILED,
+        SERVICE_TASK_FAILED,
         EXCHANGE_RETRIED,
         RELOAD_FAILED,
         THREADS_RETIRED,

@@ -25,6 +25,14 @@ What it does, and what the tests pin down:
   both close the connection, and when answers are still owed on it the refusal is not sent:
   those answers go out, then the connection closes.
 
+- a request whose ``Transfer-Encoding`` is anything but exactly ``chunked`` (``identity,
+  chunked``, ``gzip, chunked``, ``chunked, chunked`` ...) is refused 501 and its connection
+  closed: RFC 9112 asks that of a server that does not implement the coding, and framing a
+  body by a coding list is where request smuggling lives;
+- with ``max_connections``, a connection past that many open ones is answered 503
+  ``unavailable`` (``Retry-After: 1``) and closed at once, so a flood of idle connections
+  cannot take the file descriptors that worker restarts and the control socket need.
+
 Errors found while reading (413, 408) reach the handler as ``Request.error`` rather than being
 answered here, so the application answers them like any other error (its headers, its
 metrics). ``close(grace_s)`` stops accepting, closes idle connections, lets requests being
@@ -58,6 +66,19 @@ log = logging.getLogger("vllm_sr.httpserver")
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
 IDLE_TIMEOUT_S = 75.0  # a kept-alive connection with no request for this long is closed
 LINGER_S = 2.0  # after refusing bad bytes: how long the client may go on sending before the close
+
+
+class CodingNotImplemented(VllmSrError):
+    """A transfer coding other than ``chunked``: the body cannot be framed, so it is refused."""
+
+    code = "not_implemented"
+    http_status = 501
+
+
+FULL_ANSWER = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
 
 
 class Request:
@@ -215,6 +236,12 @@ def render(response: Response, *, head_only: bool, close: bool) -> bytes:
     return head if head_only else head + response.body
 
 
+class _Unframeable(Exception):
+    def __init__(self, coding: str) -> None:
+        super().__init__(coding)
+        self.coding = coding
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parses requests, runs them through the handler one at a time
     (in the order they came), writes each answer."""
@@ -246,6 +273,13 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports (the frontend runs on uvloop) are not asyncio.Transport subclasses
         self.transport = cast(asyncio.Transport, transport)
+        cap = self.server.max_connections
+        if cap is not None and len(self.server.connections) >= cap:
+            self.server.turned_away += 1
+            self.discarding = True  # whatever it sends is not read
+            self.transport.write(self.server.full_answer)
+            self.transport.close()
+            return
         self.server.connections.add(self)
         self._await_next()
 
@@ -293,6 +327,15 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self.closing = True  # no protocol switches here; answer what was read, then close
         except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _Unframeable):  # raised in a callback, wrapped
+                coding = exc.__context__.coding
+                self._refuse(
+                    CodingNotImplemented(
+                        f"Transfer-Encoding: {coding!r} is not implemented; send the body "
+                        "with Content-Length or with Transfer-Encoding: chunked alone"
+                    )
+                )
+                return
             if self.head_size > MAX_HEAD_BYTES:
                 cap = MAX_HEAD_BYTES
                 self._refuse(RequestTooLarge(f"request head: over the cap of {cap} bytes"))
@@ -324,6 +367,9 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            raise _Unframeable(coding)  # stops the parser; data_received refuses it
         if self.dropping:
             return
         length = self.headers.get("content-length")
@@ -553,6 +599,7 @@ class HttpServer:
         read_timeout_s: float,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         cancel_on_disconnect: bool = False,
+        max_connections: int | None = None,
     ) -> None:
         if max_body < 0:
             raise ValueError(f"max_body: {max_body} is below 0")
@@ -560,6 +607,8 @@ class HttpServer:
             raise ValueError(f"read_timeout_s: {read_timeout_s} is not above 0")
         if idle_timeout_s <= 0:
             raise ValueError(f"idle_timeout_s: {idle_timeout_s} is not above 0")
+        if max_connections is not None and max_connections < 1:
+            raise ValueError(f"max_connections: {max_connections} is below 1")
         self.handler = handler
         self.max_body = max_body
         self.read_timeout_s = read_timeout_s
@@ -568,6 +617,18 @@ class HttpServer:
         # False: it runs to its end (a worker's forward is queued already).
         self.cancel_on_disconnect = cancel_on_disconnect
         self.connections: set[_Connection] = set()
+        self.max_connections = max_connections  # None: no cap (a worker: only the frontend)
+        self.turned_away = 0  # connections answered 503 at the cap
+        body = json.dumps(
+            {
+                "error": {
+                    "code": "unavailable",
+                    "message": "too many open connections; try again shortly",
+                    "retryable": True,
+                }
+            }
+        ).encode()
+        self.full_answer = FULL_ANSWER % (len(body), body)
         self.servers: list[asyncio.AbstractServer] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._all_gone: asyncio.Event | None = None  # set by close(): the last one went

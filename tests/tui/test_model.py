@@ -183,3 +183,16 @@ def test_usage_cells_show_cpu_rss_and_gpu_as_htop_and_nvitop_do() -> None:
     ]
     assert usage_cells(None) == ["-", "-", "-"]
     assert COLUMNS.index("CPU%") < COLUMNS.index("DEVICE")
+
+
+def test_the_last_error_column_shows_the_replicas_last_error_on_one_line() -> None:
+    from vllm_sr_top.model import COLUMNS, LAST_ERROR_WIDTH, last_error_cell, replica_cells
+
+    assert COLUMNS[-1] == "LAST ERROR"
+    spawn = "spawn failed: OSError: [Errno 24] Too many open files"
+    row = replica_cells({"id": "primary-0", "state": "backoff", "last_error": spawn}, 0.0)
+    assert row[-1] == spawn and len(row) == len(COLUMNS)
+    assert last_error_cell(None) == "-" and last_error_cell("") == "-"
+    long = "supervision failed: RuntimeError: " + "x" * 100 + "\nsecond line"
+    cell = last_error_cell(long)
+    assert len(cell) == LAST_ERROR_WIDTH and cell.endswith("…") and "\n" not in cell

@@ -89,13 +89,20 @@ def test_ties_go_to_the_least_recently_assigned() -> None:
 
 def test_release_returns_bytes_and_inflight() -> None:
     pool, _, _ = make_pool(1)
-    leases = [pool.acquire(100) for _ in range(5)]
+    leases = [pool.acquire(100) for _ in range(6)]
     r = pool.replica("primary-0")
-    assert (r.inflight, r.outstanding_bytes) == (5, 500)
+    assert (r.inflight, r.outstanding_bytes) == (6, 600)
     for lease, outcome in zip(leases, OUTCOMES, strict=True):
         pool.release(lease, outcome)
     assert (r.inflight, r.outstanding_bytes) == (0, 0)
-    assert r.outcomes == {"success": 1, "timeout": 1, "failure": 1, "cancelled": 1, "refused": 1}
+    assert r.outcomes == {
+        "success": 1,
+        "timeout": 1,
+        "failure": 1,
+        "cancelled": 1,
+        "refused": 1,
+        "no_forward": 1,
+    }
 
 
 def test_second_release_of_a_lease_is_ignored() -> None:
@@ -377,7 +384,7 @@ def test_inventory_shape_and_deployment_state() -> None:
         "outstanding_bytes", "restarts", "limits", "last_error", "ejected_until", "ejections",
         "consecutive_timeouts", "threads", "requests", "requests_per_s", "latency_p50_ms",
         "latency_p99_ms", "adaptive_threads", "requests_by_kind", "retried_away",
-        "restart_reason", "usage", "revision",
+        "restart_reason", "usage", "revision", "supervision_failures",
     }  # fmt: skip
     assert rep["latency_p50_ms"] == pytest.approx(20.0)
     assert (rep["requests"], rep["pid"], rep["device"], rep["max_inflight"]) == (

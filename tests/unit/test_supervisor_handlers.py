@@ -110,6 +110,16 @@ class MemoryReplica:
     def retire(self) -> None:
         pass
 
+    lapse = False  # a test sets it: the life loop has ended while the replica is planned
+
+    def lapsed(self) -> bool:
+        return self.lapse
+
+    def revive(self) -> None:
+        self.lapse = False
+        self.restarts += 1
+        self._life(restarted=True)
+
     async def stop(self, grace_s: float | None = None) -> None:
         self.stopped, self.pid = True, None
 
@@ -280,6 +290,25 @@ def test_a_forward_running_past_the_hang_bound_restarts_the_worker() -> None:
         doc = h.sup.inventory()["deployments"][0]["replicas"][0]
         assert doc["restart_reason"].startswith("hung: forward running 10.5 s")
         assert doc["restarts"] == 1 and doc["state"] == "ready"
+
+    serve([plan_of(2)], body)
+
+
+def test_the_reconcile_pass_revives_a_lapsed_life_loop_and_replaces_a_missing_worker() -> None:
+    async def body(h: Harness) -> None:
+        rep = h.sup.replicas["primary-1"]
+        rep.lapse = True
+        h.sup._wake.set()  # as the lapse's report does
+        await until(lambda: not rep.lapse and rep.restarts == 1)
+        assert h.of(ev.REPLICA_RESTARTED)[-1]["replica"] == "primary-1"
+        # A planned id with no worker (only a bug could do it): a new worker is spawned.
+        gone = h.sup.fleet.replicas.pop("primary-0")
+        h.sup.fleet.published.discard("primary-0")
+        h.sup.pools["primary"].remove_replica("primary-0")
+        h.sup._wake.set()
+        await until(lambda: "primary-0" in h.sup.replicas)
+        assert h.sup.replicas["primary-0"] is not gone
+        await until(lambda: h.sup.pools["primary"].replica("primary-0").serving)
 
     serve([plan_of(2)], body)
 

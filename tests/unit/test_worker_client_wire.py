@@ -6,6 +6,8 @@ the first byte of an answer)."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -266,3 +268,46 @@ async def test_host_header_and_prefix_come_from_the_base_url() -> None:
         server.close()
     first_lines = heads[0].split(b"\r\n")[:2]
     assert first_lines == [b"POST /v1/embeddings HTTP/1.1", f"Host: 127.0.0.1:{port}".encode()]
+
+
+def slow_ok(delay_s: float) -> Reply:
+    async def reply(writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(delay_s)
+        writer.write(OK)
+        await writer.drain()
+        return True
+
+    return reply
+
+
+async def test_out_of_descriptors_a_request_waits_for_a_connection_in_use(
+    scripted: Scripted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE on connect is this process's shortage, not the worker's: with an exchange under
+    way, the next request waits for its connection instead of failing (issue 25)."""
+    scripted.replies["/slow"] = slow_ok(0.3)
+    client = WorkerClient(uds=scripted.path, replica_id="r0")
+    loop = asyncio.get_running_loop()
+    real = loop.create_unix_connection
+    starved = {"on": False}
+
+    async def connect(*args: object, **kwargs: object) -> object:
+        if starved["on"]:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "create_unix_connection", connect)
+    try:
+        first = asyncio.ensure_future(client.post("/slow", b"{}", timeout_s=5))
+        while scripted.requests != ["/slow"]:
+            await asyncio.sleep(0.01)
+        starved["on"] = True
+        second = await client.post("/ok", b"{}", timeout_s=5)  # today's main: WorkerFailed
+        assert second.status == 200 and (await first).status == 200
+        assert scripted.connections == 1  # the second went over the first's connection
+        # Nothing under way to wait for: the shortage is answered at once, before any answer.
+        await client.close()  # its idle connection goes
+        failure = await _failure(client, "/ok")
+        assert failure.details["before_answer"] is True and "Errno 24" in failure.message
+    finally:
+        await client.close()

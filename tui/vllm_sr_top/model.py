@@ -121,7 +121,19 @@ COLUMNS: tuple[str, ...] = (
     "GPU",
     "DEVICE",
     "PID",
+    "LAST ERROR",
 )
+
+LAST_ERROR_WIDTH = 60  # the whole text is in `vllm-sr ctl inventory`
+
+
+def last_error_cell(error: Any) -> str:
+    """The replica's last error (an exit, a failed spawn, a failed health probe, its
+    supervision raising), cut to ``LAST_ERROR_WIDTH``; "-" when it has none."""
+    if not error:
+        return "-"
+    text = " ".join(str(error).split())  # one line, whatever the worker wrote
+    return text if len(text) <= LAST_ERROR_WIDTH else text[: LAST_ERROR_WIDTH - 1] + "…"
 
 
 def threads_cell(threads: Any, adaptive: Any) -> str:
@@ -176,6 +188,7 @@ def replica_cells(replica: dict[str, Any], now: float) -> list[Text | str]:
         *usage_cells(replica.get("usage")),
         str(replica.get("device") or replica.get("endpoint") or "-"),
         str(pid) if pid else "-",
+        last_error_cell(replica.get("last_error")),
     ]
 
 

@@ -28,6 +28,11 @@ class ServiceSettings(BaseModel):
     """Frontend HTTP address, HOST:PORT ([v6]:PORT for IPv6). Loopback by default: expose it
     on purpose."""
 
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000)
+    """Open client connections the frontend holds at once; one past it is answered 503 and
+    closed, so a flood of idle connections cannot take the file descriptors that worker
+    restarts and the control socket need (keep it well under LimitNOFILE)."""
+
     control_socket: Path = Path("/run/vllm-sr/control.sock")
     """Unix socket of the control API (vllm-sr ctl, vllm-sr-top)."""
 

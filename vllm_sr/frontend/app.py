@@ -88,7 +88,9 @@ class Service(Protocol):
 
 
 class Frontend:
-    def __init__(self, service: Service, *, cache_entries: int = 4096) -> None:
+    def __init__(
+        self, service: Service, *, cache_entries: int = 4096, max_connections: int | None = None
+    ) -> None:
         self.service = service
         self.directory = service.directory
         self.caches: dict[str, ResultCache] = {}
@@ -118,6 +120,7 @@ class Frontend:
             max_body=MAX_BODY_BYTES,
             read_timeout_s=READ_TIMEOUT_S,
             cancel_on_disconnect=True,
+            max_connections=max_connections,  # the host setting; past it: 503 and closed
         )
         self.address: str = ""
 

@@ -16,11 +16,15 @@ of an answer had arrived (True: refused, reset or closed before answering, so th
 be sent to another replica); a deadline that runs out is ``DeadlineExceeded`` (504); neither
 hangs. A connection whose exchange did not finish cleanly (cancelled, timed out, broken, bytes
 beyond the answer) is closed, never reused; chunked answers are read through their trailers.
+When this process is out of descriptors (EMFILE) a new connection waits for one of the worker's
+connections in use to come back instead of failing, so a shortage of ours is not counted
+against the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import ssl
@@ -36,7 +40,10 @@ from vllm_sr.errors import DeadlineExceeded, WorkerFailed
 # Cap on what a worker may send back; a larger answer is a broken worker, not a big result.
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
-PASSED_HEADERS = (b"server-timing",)
+# What the frontend's answer contract passes on to callers from a worker's answer (docs/serve.md):
+# the worker's timing split, and a 429's or 503's advice on when to try again.
+PASSED_HEADERS = (b"server-timing", b"retry-after")
+FORWARD_HEADER = b"x-vsr-forward"  # the worker's "1"/"0": did a forward produce the answer
 CA_FILE_ENV = "VLLM_SR_ENDPOINT_CA_FILE"  # a CA bundle for https:// endpoints (PEM)
 
 
@@ -46,17 +53,25 @@ class WorkerResponse:
     body: bytes
     content_type: str
     headers: dict[str, str]
+    # Whether a forward produced the answer (``X-Vsr-Forward``); None when the worker does
+    # not say (an attached runtime that is not ours).
+    forward: bool | None = None
 
     def json(self) -> Any:
         return json.loads(self.body)
 
 
+# A connect that fails for want of our own resources says nothing of the worker.
+LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
 class _Broken(Exception):
     """The exchange on one connection ended without a whole answer."""
 
-    def __init__(self, reason: str, *, before_answer: bool) -> None:
+    def __init__(self, reason: str, *, before_answer: bool, local: bool = False) -> None:
         super().__init__(reason)
         self.before_answer = before_answer
+        self.local = local  # this process is out of descriptors (or memory) to connect with
 
 
 class _Conn(asyncio.Protocol):
@@ -78,6 +93,7 @@ class _Conn(asyncio.Protocol):
         self.until_eof = True  # no Content-Length nor chunked: the body ends with the stream
         self.ctype = "application/json"
         self.passed: dict[str, str] = {}
+        self.forward: bool | None = None
         self.parts: list[bytes] = []
         self.size = 0
 
@@ -160,6 +176,8 @@ class _Conn(asyncio.Protocol):
             self.until_eof = False
         elif key in PASSED_HEADERS:
             self.passed[name.decode("latin-1")] = value.decode("latin-1")
+        elif key == FORWARD_HEADER:
+            self.forward = value.strip() == b"1"
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -189,7 +207,8 @@ class _Conn(asyncio.Protocol):
         parts = self.parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.parts = []
-        return WorkerResponse(self.parser.get_status_code(), body, self.ctype, self.passed)
+        status = self.parser.get_status_code()
+        return WorkerResponse(status, body, self.ctype, self.passed, self.forward)
 
 
 def _ssl_context(ca_file: str | None, value: str) -> ssl.SSLContext:
@@ -230,6 +249,8 @@ class WorkerClient:
         self._prefix = prefix
         self._max_idle = max_idle
         self._idle: list[_Conn] = []
+        self._busy = 0  # connections carrying an exchange now
+        self._freed: asyncio.Event | None = None  # made while someone waits for a connection
         self._host_header = f"Host: {netloc}\r\n".encode()
 
     @classmethod
@@ -272,8 +293,24 @@ class WorkerClient:
                 )
         except OSError as exc:  # refused, no such socket, DNS, TLS handshake or certificate
             reason = f"cannot connect: {type(exc).__name__}: {exc}"
-            raise _Broken(reason, before_answer=True) from exc
+            local = exc.errno in LOCAL_SHORTAGE
+            raise _Broken(reason, before_answer=True, local=local) from exc
         return conn
+
+    async def _open_or_wait(self) -> _Conn | None:
+        """A new connection; or, when this process is out of descriptors (EMFILE: the file
+        limit, a flood) while exchanges with this worker are under way on other connections,
+        None once one of those is back in the idle pool (within the request's deadline), so
+        that a shortage of ours is not taken for a broken worker."""
+        try:
+            return await self._open()
+        except _Broken as exc:
+            if not exc.local or self._busy == 0:
+                raise
+        if self._freed is None:
+            self._freed = asyncio.Event()
+        await self._freed.wait()
+        return None
 
     def _head(
         self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None
@@ -301,17 +338,20 @@ class WorkerClient:
         data = self._head(method, path, body, headers) + (body or b"")
         try:
             async with asyncio.timeout(timeout_s):
-                while self._idle:
-                    conn = self._idle.pop()
-                    if conn.closed or conn.transport is None or conn.transport.is_closing():
-                        continue
-                    try:
-                        return await self._exchange(conn, data)
-                    except _Broken as exc:
-                        if exc.before_answer:
-                            continue  # closed while idle: take another (or a new one)
-                        raise
-                return await self._exchange(await self._open(), data)
+                while True:
+                    while self._idle:
+                        conn = self._idle.pop()
+                        if conn.closed or conn.transport is None or conn.transport.is_closing():
+                            continue
+                        try:
+                            return await self._exchange(conn, data)
+                        except _Broken as exc:
+                            if exc.before_answer:
+                                continue  # closed while idle: take another (or a new one)
+                            raise
+                    fresh = await self._open_or_wait()
+                    if fresh is not None:
+                        return await self._exchange(fresh, data)
         except TimeoutError as exc:
             raise DeadlineExceeded(
                 f"worker {self.replica_id} did not answer within {timeout_s:.3f} s",
@@ -326,11 +366,13 @@ class WorkerClient:
 
     async def _exchange(self, conn: _Conn, data: bytes) -> WorkerResponse:
         done = False
+        self._busy += 1
         try:
             resp = await conn.begin(data)
             done = True
             return resp
         finally:
+            self._busy -= 1
             conn.waiter = None
             # Reuse only a connection whose exchange finished cleanly; a cancelled or failed
             # one may still carry half an answer.
@@ -342,6 +384,9 @@ class WorkerClient:
                     conn.transport.close()
             else:
                 conn.abort()
+            if self._freed is not None:  # someone waits for a connection (or a descriptor)
+                self._freed.set()
+                self._freed = None
 
     async def post(
         self,

@@ -1,7 +1,8 @@
 """One exchange with a deployment, owned by its pool: admit and pick a replica, send the
 caller's bytes with the exchange's deadline, classify how it ended, release, and feed the
-outcome back (success / timeout / failure / cancelled / refused) so backoff and outlier ejection
-see every exchange.
+outcome back (success / timeout / failure / cancelled / refused / no_forward) so backoff and
+outlier ejection see every exchange; only an answer a forward produced is a success
+(``outcome_of``).
 
 Retry: an exchange whose worker broke before answering (``WorkerFailed``: it died, the
 connection was refused or reset) is sent once more to another replica picked by the same rule,
@@ -44,12 +45,26 @@ class Answer:
     retried_from: str | None = None
 
 
-def outcome_of(status: int) -> Outcome:
+def outcome_of(status: int, forward: bool | None = None) -> Outcome:
+    """How an answer counts for the replica that gave it (``forward``: the worker's
+    ``X-Vsr-Forward``, None when it does not say).
+
+    Only an answer a forward produced is a ``success``: a worker whose forward hangs still
+    answers its result cache and refuses bad input from its HTTP loop, and those answers must
+    not reset its timeouts, clear its backoff or vouch for it to its peers (``no_forward``
+    neither counts nor resets, like ``refused``). A 504 is the worker's own deadline passing
+    with the rows still queued: a ``timeout``, like one the pool saw itself. An answer from a
+    runtime that does not say is a success when 2xx (nothing better is known) and a verdict
+    on the input (``no_forward``) when 4xx."""
     if status == 429:
         return "refused"  # the worker's own admission said no: neither a success nor a fault
+    if status == 504:
+        return "timeout"  # deadline_exceeded: the exchange ran out of its deadline there
     if status >= 500:
         return "failure"
-    return "success"  # 2xx and the worker's 4xx verdicts on the input are answers
+    if forward is None:
+        return "success" if status < 400 else "no_forward"
+    return "success" if forward else "no_forward"
 
 
 def with_model(body: bytes, model: str) -> bytes:
@@ -90,7 +105,7 @@ async def exchange(
         outcome: Outcome = "failure"
         try:
             resp = await _send(rep, path, body, remaining)
-            outcome = outcome_of(resp.status)
+            outcome = outcome_of(resp.status, resp.forward)
         except DeadlineExceeded:
             outcome = "timeout"
             raise

@@ -217,10 +217,11 @@ class ReplicaPool(Lifecycle):
         )
 
     def release(self, lease: Lease, outcome: Outcome, latency_s: float | None = None) -> None:
-        """Give back an exchange with how it ended: ``success``, ``timeout`` (ran out of its
-        deadline), ``failure`` (the worker failed or died), ``cancelled`` (the caller went
-        away) or ``refused`` (the worker refused it). ``latency_s`` defaults to now minus
-        the lease's start."""
+        """Give back an exchange with how it ended: ``success`` (a forward produced the
+        answer), ``timeout`` (ran out of its deadline, here or in the worker), ``failure``
+        (the worker failed or died), ``cancelled`` (the caller went away), ``refused`` (the
+        worker refused it) or ``no_forward`` (answered without a forward: a result-cache hit,
+        a verdict on the input). ``latency_s`` defaults to now minus the lease's start."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
         if lease.released:
@@ -252,7 +253,10 @@ class ReplicaPool(Lifecycle):
             self._on_timeout(r, lease)
         elif outcome == "failure":
             self._on_failure(r, lease, now)
-        # cancelled / refused: neither counts nor resets the run of timeouts.
+        elif outcome == "no_forward":
+            r.latency.add(latency_s if latency_s is not None else now - lease.started)
+        # cancelled / refused / no_forward: neither counts nor resets the run of timeouts
+        # (an answer no forward produced says nothing of whether the forward works).
 
     def _on_success(self, r: Replica, now: float) -> None:
         r.last_success_at = now
@@ -436,13 +440,22 @@ class ReplicaPool(Lifecycle):
 
     def _restore_if_none_serve(self) -> bool:
         """If no replica outside ejection can take requests, the ejected ones serve again.
-        Returns whether any was readmitted."""
-        serving = [r for r in self._replicas.values() if r.serving]
-        if not serving or any(not r.ejected for r in serving):
-            return False
-        for r in serving:
+        "Can take requests" is read as: ready, healthy and not in its short failure backoff;
+        one that is merely full can (its slots free soon: callers keep the 429), while one
+        backing off, starting, draining or unreachable cannot. Returns whether any was
+        readmitted."""
+        now = self._clock.monotonic()
+        ejected = []
+        for r in self._replicas.values():
+            if not r.serving:
+                continue
+            if not r.ejected and not r.in_backoff(now):
+                return False  # it can take requests (perhaps once a slot frees)
+            if r.ejected:
+                ejected.append(r)
+        for r in ejected:
             self._readmit(r, outlier.WHY_NO_OTHER)
-        return True
+        return bool(ejected)
 
     def _who(self, r: Replica) -> dict[str, Any]:
         return {"deployment": self.deployment, "replica": r.id, "device": r.device, "pid": r.pid}

@@ -42,8 +42,15 @@ class Client(Protocol):
     ) -> Any: ...
 
 
-Outcome = Literal["success", "timeout", "failure", "cancelled", "refused"]
-OUTCOMES: tuple[Outcome, ...] = ("success", "timeout", "failure", "cancelled", "refused")
+Outcome = Literal["success", "timeout", "failure", "cancelled", "refused", "no_forward"]
+OUTCOMES: tuple[Outcome, ...] = (
+    "success",
+    "timeout",
+    "failure",
+    "cancelled",
+    "refused",
+    "no_forward",
+)
 
 
 @dataclass(eq=False)
@@ -69,6 +76,7 @@ class Replica:
     client: Client | None = field(default=None, repr=False)  # how exchanges reach the worker
     served_model: str | None = None  # attached runtimes: the name to put in "model"
     restart_reason: str | None = None  # why the last restart happened (exit, hung, request)
+    supervision_failures: int = 0  # times the supervisor's life loop for it raised
     usage: dict[str, Any] | None = None  # sampled process / device usage (CPU %, RSS, GPU)
 
     # Dispatch accounting.
@@ -162,5 +170,6 @@ class Replica:
             "requests_by_kind": dict(self.by_kind),
             "retried_away": self.retried_away,
             "restart_reason": self.restart_reason,
+            "supervision_failures": self.supervision_failures,
             "usage": self.usage,
         }

@@ -32,9 +32,17 @@ class AttachedReplica(ManagedReplica):
     def pid(self) -> int | None:
         return None
 
-    async def _run(self) -> None:
+    def lapsed(self) -> bool:
+        """Its wait for the endpoint ends once it is ready (nothing to supervise after that):
+        only a wait that raised has lapsed."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled() or self._stopping:
+            return False
+        return task.exception() is not None
+
+    async def _run(self, restarted: bool = False) -> None:
         self._new_life()
-        self.hooks.on_starting(self, False)
+        self.hooks.on_starting(self, restarted)
         while not self._stopping:
             try:
                 status, doc = await self.client.health(timeout_s=2.0)
@@ -55,7 +63,7 @@ class AttachedReplica(ManagedReplica):
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # reported on its end
                 await self._task
         self.ready.clear()
         await self.client.close()

@@ -112,6 +112,28 @@ class Fleet:
         self.emit(ev.POOL_PUBLISHED, generation=self.generation, deployments=list(plan.deployments))
         return retiring
 
+    def reconcile(self, spawn: Spawn, cache_bytes: int = 0) -> list[tuple[str, ManagedReplica]]:
+        """gunicorn's ``manage_workers``: compare the plan's replicas with the supervised
+        ones and repair a difference. A planned id with no worker gets a new one (joined and
+        started); a worker whose life loop has ended while it is still planned is revived
+        (through its backoff). Returns what was done, as (``"spawned"``/``"revived"``, rep)."""
+        done: list[tuple[str, ManagedReplica]] = []
+        if self.plan is None:
+            return done
+        for spec in self.plan.specs():
+            rep = self.replicas.get(spec.id)
+            pool = self.pools.get(spec.deployment)
+            if rep is None and pool is not None and spec.id not in pool:
+                rep = spawn(spec)
+                self.join(rep, pool)
+                size_caches([rep], self.plan, cache_bytes)
+                rep.start()
+                done.append(("spawned", rep))
+            elif rep is not None and rep.lapsed():
+                rep.revive()
+                done.append(("revived", rep))
+        return done
+
     def forget(self, rep: ManagedReplica) -> None:
         """A retired worker has stopped: drop its record, and a deployment that left the plan
         once its last worker has."""

@@ -6,6 +6,13 @@ reports each transition to its ``ReplicaHooks`` (the supervisor, which updates t
 publishes events in one place). An exit with the "do not restart" code (78) ends the loop with
 the replica ``failed`` and the worker's own last words as the reason. Waiters await events
 (``wait_settled``, ``wait_new_life``), never poll.
+
+A spawn that fails (``create_subprocess_exec`` raising EMFILE, ENOMEM, ENOENT ...) is a failure
+like an exit: backoff, ``on_backoff`` with the reason, another try. Anything else the life loop
+raises (a bug in a hook) ends its task; the task's done callback reports it
+(``on_supervision_failed``) and ``lapsed`` says so, and the supervisor's reconcile pass calls
+``revive``, which starts the loop again through the usual backoff: supervision never dies
+silently.
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ class ProcessOptions:
     worker_argv: Sequence[str] | None = None  # tests run another command than `vllm-sr worker`
 
 
+class SpawnFailed(Exception):
+    """The worker process could not be started at all (the OS refused the spawn)."""
+
+
 class ReplicaHooks(Protocol):
     def on_starting(self, rep: ManagedReplica, restarted: bool) -> None: ...
     def on_ready(self, rep: ManagedReplica) -> None: ...
@@ -48,6 +59,7 @@ class ReplicaHooks(Protocol):
     def on_backoff(self, rep: ManagedReplica, delay_s: float) -> None: ...
     def on_failed(self, rep: ManagedReplica, reason: str) -> None: ...
     def on_health(self, rep: ManagedReplica, doc: dict[str, Any]) -> None: ...
+    def on_supervision_failed(self, rep: ManagedReplica, error: str) -> None: ...
 
 
 class ManagedReplica:
@@ -73,6 +85,7 @@ class ManagedReplica:
         self.ready = asyncio.Event()  # set while the current process is ready
         self.settled = asyncio.Event()  # ready or failed for good (a reload waits on it)
         self.lives = 0  # processes started so far
+        self.supervision_failures = 0  # times its life loop raised (and was started again)
         self._life = asyncio.Event()  # set (and replaced) each time a process starts
         self.record: Any = None  # its pool Replica record while published
         self.served_model: str | None = None  # attached runtimes: the name to put in "model"
@@ -99,7 +112,56 @@ class ManagedReplica:
         return lim if isinstance(lim, dict) else None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"replica-{self.id}")
+        self._supervise(self._run())
+
+    def _supervise(self, coro: Any) -> None:
+        self._task = asyncio.create_task(coro, name=f"replica-{self.id}")
+        self._task.add_done_callback(self._ended)
+
+    def lapsed(self) -> bool:
+        """Its life loop has ended while it should still run (not stopping, not failed for
+        good): the supervisor's reconcile pass revives it."""
+        task = self._task
+        return task is not None and task.done() and not self._stopping and self.state != "failed"
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The life loop's task is done: a lapse is counted and reported, never silent (and
+        the exception is retrieved here, so asyncio has nothing to complain of later)."""
+        if task.cancelled() or task is not self._task:
+            return
+        exc = task.exception()
+        if not self.lapsed():
+            return
+        self.ready.clear()
+        self.supervision_failures += 1
+        if exc is not None:
+            error = f"supervision failed: {type(exc).__name__}: {exc}"
+            log.error("%s: %s", self.id, error, exc_info=exc)
+        else:
+            error = "supervision failed: the life loop ended while the replica is planned"
+            log.error("%s: %s", self.id, error)
+        self.last_error = error
+        with contextlib.suppress(Exception):  # a hook that raises here too: lapsed() still says
+            self.hooks.on_supervision_failed(self, error)
+
+    def revive(self) -> None:
+        """Start a lapsed life loop again: what is left of its process is stopped, the usual
+        backoff is waited, then the loop runs as a restart."""
+        if self.lapsed():
+            self._supervise(self._recover())
+
+    async def _recover(self) -> None:
+        # The wait comes first, so a hook that keeps raising cannot make the revival spin.
+        delay = self._backoff.next_delay()
+        self.state = "backoff"
+        with contextlib.suppress(Exception):
+            self.hooks.on_backoff(self, delay)
+        if self.process is not None and self.process.running:
+            await self.process.stop(self.options.stop_grace_s)
+        await self._sleep(delay)
+        if not self._stopping:
+            self.restarts += 1
+            await self._run(restarted=True)
 
     async def wait_settled(self) -> None:
         """Until the worker is ready, or failed for good (then ``state == "failed"``)."""
@@ -129,7 +191,8 @@ class ManagedReplica:
         if self.process is not None:
             await self.process.stop(self.options.stop_grace_s if grace_s is None else grace_s)
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
+            # A loop that raised was reported when it ended (``_ended``); stopping goes on.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         await self.client.close()
 
@@ -149,17 +212,23 @@ class ManagedReplica:
         if self.process is not None:
             await self.process.stop(self.options.stop_grace_s)
 
-    async def _run(self) -> None:
-        restarted = False
+    async def _run(self, restarted: bool = False) -> None:
         while not self._stopping:
-            returncode = await self._one_life(restarted)
+            try:
+                returncode: int | None = await self._one_life(restarted)
+            except SpawnFailed as exc:
+                returncode, reason = None, str(exc)
             self.ready.clear()
             if self._stopping:
                 break
             self._backoff.mark_down()
-            reason = self._exit_reason(returncode)
-            self.last_error = reason
-            self.hooks.on_exited(self, returncode, reason)
+            if returncode is None:  # no process: nothing exited, the try failed
+                self.last_error = reason
+                log.warning("%s: %s", self.id, reason)
+            else:
+                reason = self._exit_reason(returncode)
+                self.last_error = reason
+                self.hooks.on_exited(self, returncode, reason)
             if returncode == EXIT_DO_NOT_RESTART:
                 self.state = "failed"
                 self.settled.set()
@@ -172,12 +241,16 @@ class ManagedReplica:
                 delay = self._backoff.next_delay()
                 self.state = "backoff"
                 self.hooks.on_backoff(self, delay)
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                await self._sleep(delay)
             restarted = True
             if not self._stopping:
                 self.restarts += 1
+
+    async def _sleep(self, delay: float) -> None:
+        """The backoff's wait; ``stop``/``retire`` end it early."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
 
     async def _one_life(self, restarted: bool) -> int:
         """Spawn, wait until ready, wait for the exit. Returns the exit code."""
@@ -194,7 +267,10 @@ class ManagedReplica:
         )
         self.process = proc
         self._stderr_tail.clear()
-        await proc.start(stderr_sink=self._stderr_tail)
+        try:
+            await proc.start(stderr_sink=self._stderr_tail)
+        except OSError as exc:  # EMFILE, ENOMEM, ENOENT (a package upgraded under us) ...
+            raise SpawnFailed(f"spawn failed: {type(exc).__name__}: {exc}") from exc
         self.state = "starting"
         self.health = {}
         self.last_error = None

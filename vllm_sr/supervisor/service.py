@@ -147,7 +147,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
     sup.usage.gpu_probe = _gpu_probe
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
-    frontend = Frontend(sup)
+    frontend = Frontend(sup, max_connections=settings.max_connections)
     sup.router_view = frontend.chat.inventory
     control = ControlServer(
         sup, settings.control_socket, group=settings.control_group, admin_group=settings.admin_group

@@ -33,6 +33,7 @@ from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.supervisor.affinity import place_service
 from vllm_sr.supervisor.attached import AttachedReplica
 from vllm_sr.supervisor.fleet import Fleet, Spawn, mark_ready, size_caches, start_in_order, who
+from vllm_sr.supervisor.keeper import TaskKeeper
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler, resolve, wait_idle
 from vllm_sr.supervisor.reload import ServicePlan
@@ -74,6 +75,7 @@ class Supervisor:
         self.queue = CommandQueue()
         self._wake = asyncio.Event()
         self.fleet = Fleet(clock, self.events.publish, on_wake=self._wake.set)
+        self.keeper = TaskKeeper(clock, self.events.publish)
         self.started_at = clock.time()
         self.admitting = True
         self.stopping = False
@@ -147,6 +149,7 @@ class Supervisor:
                 "started_at": self.started_at,
                 "uptime_s": round(now - self.started_at, 3),
                 "generation": self.generation,
+                "task_failures": dict(self.keeper.failures),
             },
             "deployments": deployments,
         }
@@ -197,12 +200,16 @@ class Supervisor:
         self._starts = start_in_order(workers, [])
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
         self.place_self()
-        self._task(self._maintain(), "maintain")
-        self._task(self.notifier.run_watchdog(), "watchdog")
-        self._task(self.usage.run(lambda: list(self.replicas.values()), USAGE_EVERY_S), "usage")
+        # Kept: one that raises is reported and run again (supervision never dies silently).
+        self._task(self.keeper.keep("maintain", self._maintain), "maintain")
+        self._task(self.keeper.keep("watchdog", self.notifier.run_watchdog), "watchdog")
+        self._task(self.keeper.keep("usage", self._sample_usage), "usage")
         self.events.publish(
             ev.POOL_PUBLISHED, generation=self.generation, deployments=list(self.pools)
         )
+
+    async def _sample_usage(self) -> None:
+        await self.usage.run(lambda: list(self.replicas.values()), USAGE_EVERY_S)
 
     def place_self(self) -> None:
         """Keep the service's own per-request work off the workers' pinned CPUs."""
@@ -269,6 +276,7 @@ class Supervisor:
         probing: set[str] = set()
         while True:
             self._wake.clear()
+            self._reconcile()
             delays = []
             for pool in list(self.pools.values()):
                 delay = pool.tick()  # also schedules re-probes of replicas a failed probe took out
@@ -283,6 +291,20 @@ class Supervisor:
             timeout = min(delays) + 0.001 if delays else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _reconcile(self) -> None:
+        """Every pass of the maintenance loop: the plan's replicas against the supervised ones
+        (``Fleet.reconcile``). Not while stopping (workers leave on purpose then); a reload
+        swaps generations in one step, so the plan and the workers always agree here."""
+        if self.stopping:
+            return
+        try:
+            done = self.fleet.reconcile(self.spawn, self.options.worker_cache_bytes)
+        except Exception:  # it must not take the pools' clocks and probes down with it
+            log.exception("reconcile pass failed; the next pass tries again")
+            return
+        for action, rep in done:
+            log.warning("%s: reconcile: %s (its life loop had ended)", rep.id, action)
 
     async def _probe(self, pool: ReplicaPool, rid: str, probing: set[str]) -> None:
         try:
@@ -364,9 +386,28 @@ class Supervisor:
         pool = self.fleet.pool_of(rep)
         if pool is not None:
             pool.mark_backoff_restart(rep.id, self.clock.monotonic() + delay_s)
+            if rep.last_error:  # a spawn that failed has no exit to say why
+                pool.set_last_error(rep.id, rep.last_error)
         self.events.publish(
             ev.REPLICA_BACKOFF, **who(rep), pid=None, backoff_s=delay_s, reason=rep.last_error
         )
+
+    def on_supervision_failed(self, rep: ManagedReplica, error: str) -> None:
+        """Its life loop raised: reported once here; the reconcile pass (woken now) revives
+        it through its backoff."""
+        pool = self.fleet.pool_of(rep)
+        if pool is not None:
+            record = pool.replica(rep.id)
+            record.supervision_failures = rep.supervision_failures
+            record.last_error = error
+        self.events.publish(
+            ev.REPLICA_SUPERVISION_FAILED,
+            **who(rep),
+            pid=rep.pid,
+            error=error,
+            failures=rep.supervision_failures,
+        )
+        self._wake.set()
 
     def on_failed(self, rep: ManagedReplica, reason: str) -> None:
         pool = self.fleet.pool_of(rep)

@@ -1,6 +1,7 @@
 """The worker's HTTP API, served by ``vllm_sr.httpserver``. Handlers stay small: parse, tokenize,
 hand rows to the engine, await the forward thread's answer, write JSON. Every response carries
-Server-Timing."""
+Server-Timing, and ``X-Vsr-Forward: 1`` or ``0``: whether a forward produced it (a result-cache
+hit or a verdict on the input did not), so the pool counts only forwards as successes."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ DEFAULT_MAX_BODY = 8 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 30.0
 DEADLINE_HEADER = "X-Request-Timeout-Ms"  # the exchange's milliseconds left (frontend sends it)
 DEADLINE_HEADER_KEY = DEADLINE_HEADER.lower()  # as the server keys headers
+FORWARD_HEADER = "X-Vsr-Forward"  # "1": a forward produced this answer; "0": none did
 
 
 RequestTimeout = jsonbody.RequestTimeout
@@ -80,12 +82,13 @@ class WorkerState:
 class Timing:
     """One request's Server-Timing marks, and the rows it sent to the engine (for metrics)."""
 
-    __slots__ = ("marks", "rows", "start")
+    __slots__ = ("forward", "marks", "rows", "start")
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.marks: dict[str, float] = {}
         self.rows = 0
+        self.forward = False  # a forward ran this request's rows
 
     def lap(self, name: str, since: float) -> float:
         now = time.perf_counter()
@@ -134,6 +137,7 @@ async def dispatch(
         log.exception("internal error on %s %s", request.method, request.path)
         resp = _error_response(VllmSrError("internal error"))
     resp.headers["Server-Timing"] = timing.header()
+    resp.headers[FORWARD_HEADER] = "1" if timing.forward else "0"
     surface = SURFACE_BY_PATH.get(request.path)
     if surface is not None:
         state.metrics.count_request(surface, resp.status, timing.rows)
@@ -289,6 +293,7 @@ async def handle_surface(state: WorkerState, request: Request, timing: Timing) -
 
 def record_job(timing: Timing, job: Job) -> None:
     timing.marks["queue"] = job.queue_s
+    timing.forward = job.first_forward_at is not None
     if job.done_at is not None and job.first_forward_at is not None:
         timing.marks["forward"] = job.done_at - job.first_forward_at
 

@@ -1,0 +1,60 @@
+"""Keeping the service's long-running tasks alive (the maintenance loop, the systemd watchdog,
+the usage sampler): a task that raises is logged, counted and reported as a
+``service_task_failed`` event, and run again after a doubling backoff (1 s to 60 s, reset after
+a minute without failure). Before this an EMFILE in the usage sampler ended it for good with
+only asyncio's "Task exception was never retrieved" to say so."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from vllm_sr import events as ev
+from vllm_sr.backoff import Backoff
+from vllm_sr.clock import Clock
+
+log = logging.getLogger("vllm_sr.supervisor")
+
+Emit = Callable[..., Any]
+
+
+class TaskKeeper:
+    """Runs ``factory()`` until it returns; restarts it with backoff when it raises."""
+
+    initial_s = 1.0
+    max_s = 60.0
+    reset_after_s = 60.0
+
+    def __init__(self, clock: Clock, emit: Emit) -> None:
+        self.clock = clock
+        self.emit = emit
+        self.failures: dict[str, int] = {}  # task name -> times it raised
+
+    async def keep(self, name: str, factory: Callable[[], Awaitable[Any]]) -> None:
+        backoff = Backoff(
+            self.initial_s, self.max_s, reset_after_s=self.reset_after_s, clock=self.clock
+        )
+        while True:
+            backoff.mark_ready()
+            try:
+                await factory()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                backoff.mark_down()
+                delay = backoff.next_delay()
+                count = self.failures[name] = self.failures.get(name, 0) + 1
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("service task %s failed (%s); again in %.1f s", name, error, delay,
+                          exc_info=exc)  # fmt: skip
+                self.emit(
+                    ev.SERVICE_TASK_FAILED,
+                    task=name,
+                    error=error,
+                    failures=count,
+                    restart_in_s=delay,
+                )
+            await asyncio.sleep(delay)
