@@ -77,7 +77,8 @@ async def test_shows_the_inventory_and_moves_with_keys(live: LiveControl, clock:
         assert set(rows) == {"primary-0", "primary-1", "primary-2", "classifier-0"}
         assert rows["primary-1"][:5] == ["primary-1", "ejected", "██░░░░░░  7/32", "2 (25s)", "3"]
         assert rows["primary-2"][2] == "████░░░░ 14/32"
-        assert rows["primary-2"][-2:] == ["cpu", str(live.backend.replica("primary-2").pid)]
+        pid = str(live.backend.replica("primary-2").pid)
+        assert rows["primary-2"][-3:] == ["cpu", pid, "-"]  # LAST ERROR: none
         # The time left of an ejection counts down on the clock between polls.
         clock.advance(10)
         await app._tick()

@@ -139,7 +139,7 @@ def test_replica_row_and_title_render_inventory_fields() -> None:
     cells = [c if isinstance(c, str) else c.plain for c in replica_cells(replica, now=0.0)]
     assert cells == [
         "primary-0", "ready", "█░░░░░░░  4/32", "1", "2", "12.5", "3.2", "140", "2.0 KiB",
-        "3", "2", "-", "-", "-", "cpu", "4242",
+        "3", "2", "-", "-", "-", "cpu", "4242", "-",
     ]  # fmt: skip
     title = deployment_title(
         {"name": "primary", "state": "degraded", "desired_replicas": 2, "ready_replicas": 1,
