@@ -417,10 +417,12 @@ async def measure(
     counts: dict[int, int],
     uds: Path | None,
     router_pid: int | None,
-) -> dict[int, tuple[float, float]]:
-    """-> per concurrency, the added (p50, p99) in ms. With ``router_pid``, also the router
+) -> tuple[dict[int, tuple[float, float]], float | None]:
+    """-> per concurrency, the added (p50, p99) in ms; one bare d3-edge forward's p50 at c=1
+    (embedding+domain), else None. With ``router_pid``, also the router
     process's CPU per routed chat (parse, route, proxy: what the router spends, load aside)."""
     added: dict[int, tuple[float, float]] = {}
+    forward_p50: float | None = None
     connector = aiohttp.TCPConnector(limit=0)
     worker = None
     if profile.needs_worker and uds is not None:
@@ -453,7 +455,10 @@ async def measure(
                 d50, d99 = pct(d_all, 0.5), pct(d_all, 0.99)
                 r50, r99 = pct(r_all, 0.5), pct(r_all, 0.99)
                 added[conc] = (r50 - d50, r99 - d99)
-                extra = f" | one d3-edge forward p50 {pct(f_all, 0.5):6.2f} ms" if f_all else ""
+                extra = ""
+                if f_all:
+                    forward_p50 = pct(f_all, 0.5)
+                    extra = f" | one d3-edge forward p50 {forward_p50:6.2f} ms"
                 if router_pid is not None:
                     extra += f" | router CPU per chat {router_cpu / len(r_all) * 1000.0:5.2f} ms"
                 print(
@@ -466,7 +471,7 @@ async def measure(
     finally:
         if worker is not None:
             await worker.close()
-    return added
+    return added, forward_p50
 
 
 # -- the machine ----------------------------------------------------------------------------
@@ -586,7 +591,9 @@ def run(args: argparse.Namespace, procs: Procs, tmp: Path) -> None:
         if res["warm_s"] is not None:
             print(f"  in process: language detector warm-up {res['warm_s']:.2f} s (before timing)")
         print_in_process(res)
-        added = asyncio.run(measure(profile, backend, router, args.rounds, counts, uds, router_pid))
+        added, res["forward_p50"] = asyncio.run(
+            measure(profile, backend, router, args.rounds, counts, uds, router_pid)
+        )
         summary.append((profile.name, res, added))
         procs.stop(procs.procs[-1])
     print_summary(summary)
@@ -597,17 +604,27 @@ def meets(ms: float) -> str:
 
 
 def print_summary(summary: Summary) -> None:
-    print(f"summary: routing overhead per chat, ms (aim: p50 < {AIM_MS:g} ms)")
+    print(
+        f"summary: routing overhead per chat, ms (aims: p50 < {AIM_MS:g} ms; embedding+domain: "
+        "one d3-edge forward + 3 ms at c=1)"
+    )
     for name, res, added in summary:
         p50, p99 = pct(res["samples"], 0.5), pct(res["samples"], 0.99)
         e2e = " | ".join(
             f"end to end c={c} p50 {a50:+6.2f} p99 {a99:+6.2f}" for c, (a50, a99) in added.items()
         )
         c50 = pct(res["cpu"], 0.5)
-        verdict = f"wall {meets(p50)}, CPU {meets(c50)}"
+        verdict = f"wall {meets(p50)}, CPU {meets(c50)} the aim"
+        if res.get("forward_p50") is not None and 1 in added:
+            # The second aim: the routed chat's extra at c=1 against one forward + 3 ms.
+            budget = res["forward_p50"] + 3.0
+            verdict = (
+                f"end to end c=1 added p50 {added[1][0]:.2f} ms vs one forward + 3 = "
+                f"{budget:.2f} ms: {'meets' if added[1][0] <= budget else 'MISSES'} the aim"
+            )
         print(
             f"  {name:<17} in process wall p50 {p50:6.3f} p99 {p99:6.3f}, CPU p50 {c50:6.3f} "
-            f"({verdict} the aim) | {e2e}"
+            f"({verdict}) | {e2e}"
         )
 
 
