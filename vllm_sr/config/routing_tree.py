@@ -7,7 +7,7 @@ Leaf types are every type upstream has (lowercased on load, as upstream compares
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator
 
@@ -15,30 +15,6 @@ from vllm_sr.config.routing_base import Strict
 from vllm_sr.config.signal_families import NumericPredicate
 
 # Every leaf type upstream's decisions name (``routing_surface_catalog.go`` + projection).
-LEAF_TYPES = (
-    "keyword",
-    "embedding",
-    "domain",
-    "fact_check",
-    "user_feedback",
-    "reask",
-    "preference",
-    "language",
-    "context",
-    "structure",
-    "complexity",
-    "modality",
-    "authz",
-    "jailbreak",
-    "pii",
-    "kb",
-    "conversation",
-    "event",
-    "metadata",
-    "classifier",
-    "projection",
-)
-
 LeafType = Literal[
     "keyword",
     "embedding",
@@ -62,6 +38,7 @@ LeafType = Literal[
     "classifier",
     "projection",
 ]
+LEAF_TYPES: tuple[str, ...] = get_args(LeafType)
 
 Predicate = NumericPredicate
 """Bounds on a signal's value: at least one of gt, gte, lt, lte; not gt with gte nor lt with

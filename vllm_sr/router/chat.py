@@ -40,6 +40,7 @@ from vllm_sr.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Vl
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router import eval as route_eval
 from vllm_sr.router.backends import Backend, BackendSet
+from vllm_sr.router.families import DEBUG_HEADER_WORD
 from vllm_sr.router.reasoning import apply_reasoning, reasoning_enabled
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
@@ -60,28 +61,6 @@ H_DEBUG = "x-vsr-debug"
 H_RECIPE = "x-vsr-selected-recipe"
 DEFAULT_EVAL_MODEL = "vllm-sr/auto"  # upstream's eval reads an empty model as this alias
 H_CONTEXT_TOKENS = "x-vsr-context-token-count"
-# Rule-leaf type -> the debug header's family word (upstream's names).
-DEBUG_FAMILY = {
-    "keyword": "keywords",
-    "embedding": "embeddings",
-    "domain": "domains",
-    "fact_check": "fact-check",
-    "user_feedback": "user-feedback",
-    "reask": "reask",
-    "preference": "preference",
-    "language": "language",
-    "context": "context",
-    "structure": "structure",
-    "complexity": "complexity",
-    "modality": "modality",
-    "authz": "authz",
-    "jailbreak": "jailbreak",
-    "pii": "pii",
-    "kb": "kb",
-    "conversation": "conversation",
-    "event": "event",
-    "projection": "projections",
-}
 
 
 class ModelNotAvailable(InvalidRequest):
@@ -140,8 +119,8 @@ def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str
         families: dict[str, list[str]] = {}
         for sig in result.matched_signals:
             kind, _, name = sig.partition(":")
-            if kind in DEBUG_FAMILY:
-                families.setdefault(DEBUG_FAMILY[kind], []).append(name)
+            if kind in DEBUG_HEADER_WORD:
+                families.setdefault(DEBUG_HEADER_WORD[kind], []).append(name)
         for family, names in families.items():
             headers[f"x-vsr-matched-{family}"] = ",".join(names)
         headers[H_REASONING] = "on" if reasoning_enabled(result.model_ref) else "off"

@@ -13,36 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_sr.errors import VllmSrError
+from vllm_sr.router.families import EVAL_KEY
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, SignalRun
 from vllm_sr.router.rules import SignalKey, leaves, trace
 
 MAX_EVAL_BODY = 10 * 1024 * 1024
 
-# Rule-leaf type -> key of upstream's MatchedSignals document.
-FAMILY_KEY = {
-    "keyword": "keywords",
-    "embedding": "embeddings",
-    "domain": "domains",
-    "fact_check": "fact_check",
-    "user_feedback": "user_feedback",
-    "reask": "reask",
-    "preference": "preferences",
-    "language": "language",
-    "context": "context",
-    "structure": "structure",
-    "complexity": "complexity",
-    "modality": "modality",
-    "authz": "authz",
-    "jailbreak": "jailbreak",
-    "pii": "pii",
-    "kb": "kb",
-    "conversation": "conversation",
-    "event": "event",
-    "metadata": "metadata",
-    "classifier": "classifier",
-    "projection": "projection",
-}
 # Upstream leaves these out of unmatched_signals.
 NOT_REPORTED_UNMATCHED = frozenset({"kb", "conversation", "event"})
 
@@ -82,7 +59,7 @@ def grouped(keys: list[SignalKey] | set[SignalKey]) -> dict[str, list[str]]:
     """Signal keys -> upstream's {family: [names]} (families with no names omitted)."""
     out: dict[str, list[str]] = {}
     for kind, name in sorted(keys):
-        out.setdefault(FAMILY_KEY.get(kind, kind), []).append(name)
+        out.setdefault(EVAL_KEY.get(kind, kind), []).append(name)
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.context_estimate import request_token_floor
 from vllm_sr.router.request_view import (
+    ChatWalk,
     ConversationFacts,
     RequestView,
     _json_type,
@@ -137,22 +138,12 @@ def eval_view(payload: Mapping[str, Any], headers: dict[str, str]) -> RequestVie
     )
 
 
-class _EvalWalk:
+class _EvalWalk(ChatWalk):
     def __init__(self, tool_definitions: int) -> None:
+        super().__init__()
         self.tool_definitions = tool_definitions
-        self.current = ""
         self.current_raw = ""
         self.current_image = ""
-        self.prior: list[str] = []
-        self.non_user: list[str] = []
-        self.has_assistant_reply = False
-        self.counts = {"user": 0, "assistant": 0, "system": 0, "tool": 0}
-        self.developer = False
-        self.tool_calls = 0
-        self.images = 0
-        self.last_role = ""
-        self.last_tool_result = False
-        self.last_user_after_tool = False
 
     def message(self, msg: Mapping[str, Any]) -> None:
         role_raw = msg.get("role")
@@ -195,20 +186,9 @@ class _EvalWalk:
             self.non_user.append(text)
             self.has_assistant_reply = self.has_assistant_reply or role == "assistant"
 
-    def facts(self) -> ConversationFacts:
-        return ConversationFacts(
-            user_messages=self.counts["user"],
-            assistant_messages=self.counts["assistant"],
-            system_messages=self.counts["system"],
-            tool_messages=self.counts["tool"],
-            has_developer_message=self.developer,
-            tool_definitions=self.tool_definitions,
-            assistant_tool_calls=self.tool_calls,
-            tool_results=self.counts["tool"],
-            image_parts=self.images,
-            last_role=self.last_role,
-            last_message_tool_result=self.last_tool_result,
-            last_user_after_tool_result=self.last_user_after_tool,
+    def facts(self, tool_definitions: int | None = None) -> ConversationFacts:
+        return super().facts(
+            self.tool_definitions if tool_definitions is None else tool_definitions
         )
 
     def view(

@@ -90,7 +90,7 @@ class RequestView:
     def from_chat(body: Mapping[str, Any], headers: Mapping[str, str]) -> RequestView:
         """The view of a chat-completions request body (already parsed JSON)."""
         metadata = chat_metadata(body)
-        walk = _ChatWalk()
+        walk = ChatWalk()
         messages = body.get("messages")
         if isinstance(messages, list):
             for msg in messages:
@@ -230,8 +230,9 @@ def image_parts(content: Any) -> int:
     return sum(1 for p in content if isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES)
 
 
-class _ChatWalk:
-    """Upstream's single pass over a chat's messages (``consumeFastExtractMessage``)."""
+class ChatWalk:
+    """Upstream's single pass over a chat's messages (``consumeFastExtractMessage``); its
+    state is shared with the eval request's walk (``eval_view``), whose rules differ."""
 
     def __init__(self) -> None:
         self.current = ""
