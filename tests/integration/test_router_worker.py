@@ -13,6 +13,7 @@ import pytest
 from tests.support.workers import WorkerHandle, short_socket_dir, start_worker, stop_worker
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router
 
 pytestmark = pytest.mark.slow
@@ -72,6 +73,10 @@ def d3() -> Iterator[WorkerHandle]:
     stop_worker(handle)
 
 
+def chat(text: str) -> RequestView:
+    return RequestView.from_chat({"messages": [{"role": "user", "content": text}]}, {})
+
+
 async def test_real_worker_answers_route_by_meaning(d3: WorkerHandle) -> None:
     calls: Counter[str] = Counter()
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(d3.uds))) as s:
@@ -90,13 +95,15 @@ async def test_real_worker_answers_route_by_meaning(d3: WorkerHandle) -> None:
         )
         q = router.plan.deployments["primary"]
         assert q.candidates is None
-        billing = await router.route("Hello, my card was charged twice and I need my money back")
+        billing = await router.route(
+            chat("Hello, my card was charged twice and I need my money back")
+        )
         assert calls["primary"] == 1 and q.candidates is not None  # candidates came along
         assert billing.fallback is None
         assert billing.decision == "billing", billing
-        maths = await router.route("What is the derivative of x squared times sine of x?")
+        maths = await router.route(chat("What is the derivative of x squared times sine of x?"))
         assert maths.decision == "maths", maths
-        legal = await router.route("Is my employment contract legally binding in court?")
+        legal = await router.route(chat("Is my employment contract legally binding in court?"))
         assert legal.decision == "legal", legal
         assert calls["primary"] == 3  # one exchange per routed request
         assert "domain:math" in maths.matched_signals
