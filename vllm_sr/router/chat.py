@@ -27,6 +27,7 @@ Errors are ``{"error": {"code", "message", "retryable"}}``, which OpenAI clients
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -36,10 +37,17 @@ from typing import TYPE_CHECKING, Any
 from vllm_sr import httpserver
 from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing_plugins import DecisionPlugins, decision_plugins
 from vllm_sr.errors import InvalidRequest, NotFound, Overloaded, Unavailable, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router import eval as route_eval
-from vllm_sr.router.backends import Backend, BackendSet
+from vllm_sr.router import fallback
+from vllm_sr.router.backends import AttemptFailed, Backend, BackendSet
+from vllm_sr.router.cache import embedding as cache_embedding
+from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
+from vllm_sr.router.plugins import shapers
+from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
+from vllm_sr.router.plugins.response_cache import CachePlan, ResponseCache, build_store
 from vllm_sr.router.reasoning import apply_reasoning, reasoning_enabled
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
@@ -58,6 +66,11 @@ H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
 H_DEBUG = "x-vsr-debug"
 H_RECIPE = "x-vsr-selected-recipe"
+H_CACHE_HIT = "x-vsr-cache-hit"
+H_CACHE_SIMILARITY = "x-vsr-cache-similarity"
+H_RESPONSE_PATH = "x-vsr-response-path"
+TIMEOUT_KEY = "x-request-timeout-ms"  # the caller's deadline, as the frontend reads it
+NO_PLUGINS = DecisionPlugins()
 # Rule-leaf type -> the debug header's family word (upstream's names).
 DEBUG_FAMILY = {
     "keyword": "keywords",
@@ -159,6 +172,9 @@ class ChatRouter:
         auto_model_names: list[str],
         recipes: Mapping[str, Router] | None = None,
         entrypoints: Mapping[str, str] | None = None,
+        *,
+        cache: ResponseCache | None = None,
+        authz: AuthzOptions | None = None,
     ) -> None:
         self.router = router  # the default recipe's
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
@@ -167,6 +183,13 @@ class ChatRouter:
         self.auto_model_names = list(auto_model_names)
         self.model_names = [m.name for m in router.providers.models]
         self.provider_models = {m.name: m for m in router.providers.models}
+        self.cache = cache
+        self.authz = authz or AuthzOptions()
+        # (recipe, decision) -> the decision and its plugins
+        self.decisions = {
+            (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
+        }
+        self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
 
     @property
     def stats(self) -> RouterStats:
@@ -180,31 +203,134 @@ class ChatRouter:
         }
 
     async def handle_chat(self, request: Request) -> Response | StreamResponse:
+        """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
+        ``system_prompt``, ``request_params``, ``header_mutation`` on the request to the
+        backend (with fallback before the first byte); cache write."""
         try:
             if request.error is not None:
                 raise request.error
+            deadline = self._deadline(request)
             body = parse_chat(request.body)
             view = RequestView.from_chat(body, request.headers)
+            query = cache_embedding.watch(self.router.decision_deployment, view.text)
             result = await self.resolve(body, view)
-            backend = self.backends.pick(result.model)
-            outgoing = self.outgoing_body(body, result, backend)
-            headers = answer_headers(result, debug=is_debug(request.headers))
-            lora = getattr(result.model_ref, "lora_name", None)
-            return await self.backends.proxy(
-                backend, outgoing, request, headers, upstream_model=lora
+            plugins = self.plugins_of(result)
+            debug = is_debug(request.headers)
+            stream = body.get("stream") is True
+            if plugins.fast_response is not None:
+                return self.fast_answer(result, plugins.fast_response.message, stream)
+            plan = self.cache_plan(result, plugins, body, request.headers, query)
+            if plan is not None and self.cache is not None:
+                hit = await self.cache.lookup(plan)
+                if hit is not None:
+                    return self.cache_answer(result, hit, stream, debug)
+            recorder = AnswerRecorder() if plan is not None else None
+            answer, answered_by = await self.forward(
+                body, result, plugins, request, debug, deadline, recorder
             )
+            # (an answer from a fallback model is not filed under the chosen model)
+            chosen_answered = answered_by == result.model
+            if plan is not None and recorder is not None and self.cache and chosen_answered:
+                await self.cache.write(plan, recorder.document())
+            return answer
         except VllmSrError as exc:
             return error_response(exc)
 
+    def _deadline(self, request: Request) -> float | None:
+        raw = request.headers.get(TIMEOUT_KEY)
+        if raw is None:
+            return None
+        try:
+            ms = float(raw)
+        except ValueError:
+            ms = -1.0
+        if not ms > 0 or not math.isfinite(ms):
+            raise InvalidRequest(
+                f"header X-Request-Timeout-Ms must be a positive number of milliseconds, "
+                f"got {raw!r}"
+            )
+        return self.backends.clock.monotonic() + ms / 1000.0
+
+    def plugins_of(self, result: RouteResult) -> DecisionPlugins:
+        """The matched decision's plugins (none for a named model or no decision)."""
+        if not result.routed or result.decision is None:
+            return NO_PLUGINS
+        return self.plugins.get((result.recipe, result.decision), NO_PLUGINS)
+
+    async def forward(
+        self,
+        body: dict[str, Any],
+        result: RouteResult,
+        plugins: DecisionPlugins,
+        request: Request,
+        debug: bool,
+        deadline: float | None,
+        recorder: AnswerRecorder | None,
+    ) -> tuple[Response | StreamResponse, str]:
+        """The chat to its model's backend, falling back before the first byte
+        (vllm_sr/router/fallback.py). -> (the answer, the model that answered)."""
+        order = fallback.candidates(result, self.router.default_model, self.backends.healthy)
+        failed: list[tuple[str, str]] = []
+        last: AttemptFailed | None = None
+        set_headers, drop_headers = (
+            shapers.header_changes(plugins.header_mutation)
+            if plugins.header_mutation is not None
+            else ({}, [])
+        )
+        clock = self.backends.clock
+        for i, (model, ref) in enumerate(order):
+            remaining = None if deadline is None else deadline - clock.monotonic()
+            if remaining is not None and remaining <= 0 and last is not None:
+                break
+            attempt = result if i == 0 else dataclasses.replace(result, model=model, model_ref=ref)
+            backend = self.backends.pick(model)
+            outgoing = self.outgoing_body(body, attempt, backend, plugins)
+            headers = answer_headers(attempt, debug=debug)
+            if failed:
+                headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
+            try:
+                answer = await self.backends.proxy(
+                    backend,
+                    outgoing,
+                    request,
+                    headers,
+                    upstream_model=getattr(ref, "lora_name", None),
+                    early_failure=i < len(order) - 1,
+                    first_byte_timeout_s=remaining,
+                    tap=recorder if i == 0 else None,
+                    extra_headers=set_headers,
+                    drop_headers=drop_headers,
+                )
+                return answer, model
+            except AttemptFailed as exc:
+                log.info(
+                    "model %s failed before its first byte (%s); trying the next", model, exc.reason
+                )
+                failed.append((model, exc.reason))
+                self.stats.backend_fallbacks[(model, exc.reason)] += 1
+                last = exc
+        assert last is not None
+        if last.answer is not None:
+            last.answer.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
+            return last.answer, failed[-1][0]
+        err = error_response(last.error or Unavailable("no backend answered"))
+        err.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
+        return err, failed[-1][0]
+
     def outgoing_body(
-        self, body: dict[str, Any], result: RouteResult, backend: Backend
+        self,
+        body: dict[str, Any],
+        result: RouteResult,
+        backend: Backend,
+        plugins: DecisionPlugins = NO_PLUGINS,
     ) -> dict[str, Any]:
         """Upstream's reasoning fields for an auto-routed chat whose decision matched (a
-        decision without modelRefs turns reasoning off on the default model); a named model,
-        or a chat no decision matched, goes as the caller wrote it."""
+        decision without modelRefs turns reasoning off on the default model), then the
+        decision's ``system_prompt`` and ``request_params``; a named model, or a chat no
+        decision matched, goes as the caller wrote it."""
         if result.decision is None:
             return body
-        return apply_reasoning(
+        out = apply_reasoning(
             body,
             result.model_ref,
             self.provider_models[result.model],
@@ -212,6 +338,61 @@ class ChatRouter:
             backend.ref,
             decision_refs=result.decision_refs,
         )
+        if plugins.system_prompt is not None:
+            out = shapers.apply_system_prompt(out, plugins.system_prompt)
+        if plugins.request_params is not None:
+            out = shapers.apply_request_params(out, plugins.request_params)
+        return out
+
+    def cache_plan(
+        self,
+        result: RouteResult,
+        plugins: DecisionPlugins,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        query: cache_embedding.QueryEmbedding,
+    ) -> CachePlan | None:
+        conf = plugins.response_cache
+        if self.cache is None or conf is None or not conf.enabled or result.decision is None:
+            return None
+        if result.fallback is not None:
+            return None  # routing could not decide: not the decision's answer
+        return self.cache.plan(
+            conf,
+            body=body,
+            headers=headers,
+            recipe=result.recipe,
+            decision=self.decisions[(result.recipe, result.decision)],
+            selected_model=result.model,
+            user_id_header=self.authz.user_id_header,
+            user_groups_header=self.authz.user_groups_header,
+            embedding=query,
+        )
+
+    def cache_answer(self, result: RouteResult, hit: Any, stream: bool, debug: bool) -> Response:
+        headers = {
+            H_CACHE_HIT: "true",
+            H_DECISION: result.decision or "",
+            H_RECIPE: result.recipe,
+            H_MODEL: result.model,
+            H_RESPONSE_PATH: "cache",
+        }
+        if debug:
+            headers[H_CACHE_SIMILARITY] = f"{hit.similarity:.4f}"
+        if stream:
+            return Response(replay_sse(hit.doc), 200, "text/event-stream", headers)
+        return Response(json.dumps(hit.doc, ensure_ascii=False).encode(), 200, headers=headers)
+
+    def fast_answer(self, result: RouteResult, message: str, stream: bool) -> Response:
+        raw, content_type = fast_body(message, stream=stream)
+        headers = {
+            H_FAST: "true",
+            H_DECISION: result.decision or "",
+            H_RECIPE: result.recipe,
+            H_ALGORITHM: "fast_response",
+            H_RESPONSE_PATH: "fast_response",
+        }
+        return Response(raw, 200, content_type, headers)
 
     def recipe_of(self, model: str) -> str | None:
         """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
@@ -289,8 +470,18 @@ class ChatRouter:
         return Response(json.dumps({"object": "list", "data": self.models_data()}).encode())
 
     def inventory(self) -> dict[str, Any]:
-        """For the inventory document (key "router"): backends and decision counters."""
-        return {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
+        """For the inventory document (key "router"): backends, decision counters and the
+        response cache's."""
+        doc: dict[str, Any] = {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
+        if self.cache is not None:
+            usage = self.cache.store.usage()
+            doc["cache"] = {
+                "store": self.cache.store.kind,
+                "entries": None if usage is None else usage[0],
+                "bytes": None if usage is None else usage[1],
+                **self.cache.stats.to_json(),
+            }
+        return doc
 
 
 def build_chat_router(
@@ -307,12 +498,28 @@ def build_chat_router(
     recipes: Mapping[str, Routing] | None = None,
     entrypoints: Mapping[str, str] | None = None,
     global_: GlobalSection | None = None,
+    cache: ResponseCache | bool | None = True,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
     ``stats`` to keep the counters across a reload; ``backends`` is started by the caller
-    (``await backends.start()``) and closed when the generation is replaced."""
+    (``await backends.start()``) and closed when the generation is replaced. ``cache``: a
+    response cache to keep (a reload that keeps the store), True to build one from
+    ``global.stores.response_cache``, None/False for none."""
     backends = backends if backends is not None else BackendSet(providers)
     stats = stats if stats is not None else RouterStats()
+    raw_exchange = exchange
+    exchange = cache_embedding.tapping(exchange)  # the semantic cache reuses routing's embedding
+    if cache is True:
+        store, ttl = build_store(global_)
+        cache = (
+            ResponseCache(
+                store, exchange=raw_exchange, default_ttl_s=ttl, signal_timeout_ms=signal_timeout_ms
+            )
+            if store is not None
+            else None
+        )
+    elif cache is False:
+        cache = None
 
     def router_for(recipe: str, recipe_routing: Routing) -> Router:
         return Router(
@@ -331,7 +538,14 @@ def build_chat_router(
     others = {
         name: router_for(name, r) for name, r in (recipes or {}).items() if name != DEFAULT_RECIPE
     }
-    return ChatRouter(router_for(DEFAULT_RECIPE, routing), auto_model_names, others, entrypoints)
+    return ChatRouter(
+        router_for(DEFAULT_RECIPE, routing),
+        auto_model_names,
+        others,
+        entrypoints,
+        cache=cache,
+        authz=authz,
+    )
 
 
 async def engine_mode_chat(request: Request) -> Response:
