@@ -59,6 +59,10 @@ class StandInBackend:
         self.received: list[Received] = []
         self.healthy = True
         self.gate: asyncio.Event | None = None  # set: streams wait on it after the first chunk
+        # Every chat fails this way: "reset" (connection dropped, no answer), "503"/"429"
+        # (that status), "stream_before_first" (SSE headers, then dropped before any chunk),
+        # "stream_after_first" (dropped after the first chunk).
+        self.fault: str | None = None
         self.app = web.Application()
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -90,6 +94,13 @@ class StandInBackend:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(Received(body, dict(request.headers)))
+        if self.fault == "reset":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        if self.fault in ("503", "429"):
+            err = {"error": {"message": f"{self.name} fault {self.fault}", "type": "server_error"}}
+            return web.json_response(err, status=int(self.fault))
         text = last_user_text(body)
         if text.startswith("FAIL "):
             status = int(text.split()[1])
@@ -124,6 +135,10 @@ class StandInBackend:
         step = max(1, len(words) // self.chunks)
         pieces = [" ".join(words[i : i + step]) for i in range(0, len(words), step)]
         for i, piece in enumerate(pieces):
+            if self.fault == "stream_before_first" or (self.fault == "stream_after_first" and i):
+                assert request.transport is not None
+                request.transport.abort()
+                return out
             delta = {"role": "assistant", "content": piece} if i == 0 else {"content": " " + piece}
             await out.write(_sse(model, delta, None))
             if i == 0 and self.gate is not None:

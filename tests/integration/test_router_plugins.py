@@ -1,0 +1,348 @@
+"""Decision plugins and backend fallback on real sockets: the Router-mode handlers in our HTTP
+server, real stand-in OpenAI-compatible backends that record what they receive (and fail on
+demand), the official openai SDK as the client. The cache here is the memory store (the
+Redis store has its own test, test_router_cache_redis.py)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.backends import FakeWorkerExchange, StandInBackend
+from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
+from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.chat import ChatRouter, build_chat_router
+
+AUTO = "vllm-sr/auto"
+
+
+def kw(name: str) -> dict[str, Any]:
+    return {"operator": "AND", "conditions": [{"type": "keyword", "name": name}]}
+
+
+def cache(**conf: Any) -> dict[str, Any]:
+    return {"type": "semantic-cache", "configuration": {"enabled": True, **conf}}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+SIGNALS = {
+    "keywords": [{"name": n, "operator": "OR", "keywords": [n]}
+                 for n in ("cacheme", "busy", "shape", "fallback", "deadpath", "globalcache")],
+    "embeddings": [{"name": "billing", "threshold": 0.6,
+                    "candidates": ["refund my order", "I was charged twice"]}],
+}  # fmt: skip
+DECISIONS = [
+    {"name": "fast", "priority": 100, "rules": kw("busy"),
+     "plugins": [{"type": "fast_response", "configuration": {"message": "Busy, try later."}}]},
+    {"name": "exact", "priority": 90, "rules": kw("cacheme"), "modelRefs": [{"model": "general"}],
+     "plugins": [cache(mode="exact", request_controls={"enabled": True})]},
+    {"name": "shared", "priority": 85, "rules": kw("globalcache"),
+     "modelRefs": [{"model": "general"}], "plugins": [cache(mode="exact", scope="global")]},
+    {"name": "shaped", "priority": 80, "rules": kw("shape"), "modelRefs": [{"model": "coder"}],
+     "plugins": [
+         {"type": "system_prompt", "configuration": {"system_prompt": "Be brief."}},
+         {"type": "request_params", "configuration": {
+             "blocked_params": ["logprobs"], "max_tokens_limit": 5, "max_n": 1}},
+         {"type": "header_mutation", "configuration": {
+             "add": [{"name": "X-Tenant-Tier", "value": "premium"}],
+             "delete": ["Authorization"]}},
+     ]},
+    {"name": "fb", "priority": 70, "rules": kw("fallback"),
+     "modelRefs": [{"model": "broken"}, {"model": "coder"}]},
+    {"name": "fbdead", "priority": 70, "rules": kw("deadpath"),
+     "modelRefs": [{"model": "dead"}, {"model": "broken"}]},
+    {"name": "billing", "priority": 60,
+     "rules": {"operator": "AND", "conditions": [{"type": "embedding", "name": "billing"}]},
+     "modelRefs": [{"model": "coder"}],
+     "plugins": [cache(mode="semantic", semantic={"similarity_threshold": 0.9})]},
+]  # fmt: skip
+
+
+@dataclass
+class Stack:
+    url: str
+    general: StandInBackend
+    coder: StandInBackend
+    broken: StandInBackend
+    chat: ChatRouter
+    exchange: FakeWorkerExchange
+    client: openai.AsyncOpenAI
+
+    def user(self, name: str | None) -> openai.AsyncOpenAI:
+        headers = {} if name is None else {"x-authz-user-id": name}
+        return openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1", api_key="caller-key", max_retries=0, default_headers=headers
+        )
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    general = await StandInBackend("general").start()
+    coder = await StandInBackend("coder").start()
+    broken = await StandInBackend("broken").start()
+    providers = Providers.model_validate(
+        {
+            "defaults": {"default_model": "general"},
+            "models": [
+                {"name": "general", "backend_refs": [{"endpoint": general.endpoint}]},
+                {"name": "coder", "backend_refs": [{"endpoint": coder.endpoint}]},
+                {"name": "broken", "backend_refs": [{"endpoint": broken.endpoint}]},
+                {"name": "dead", "backend_refs": [{"endpoint": f"127.0.0.1:{closed_port()}"}]},
+            ],
+        }
+    )
+    routing = Routing.model_validate({"signals": SIGNALS, "decisions": DECISIONS})
+    backends = BackendSet(providers)
+    await backends.start(health_checks=False)
+    exchange = FakeWorkerExchange({"primary"})
+    chat = build_chat_router(
+        providers,
+        routing,
+        exchange=exchange,
+        decision_deployment="primary",
+        auto_model_names=[AUTO],
+        backends=backends,
+    )
+    routes = chat.routes()
+
+    async def handle(request: Request) -> Response | StreamResponse:
+        return await resolve(routes, request)(request)
+
+    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30, cancel_on_disconnect=True)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    st = Stack(url, general, coder, broken, chat, exchange, None)  # type: ignore[arg-type]
+    st.client = st.user("alice")
+    try:
+        yield st
+    finally:
+        await st.client.close()
+        await server.close(5.0)
+        await backends.close()
+        for b in (general, coder, broken):
+            await b.stop()
+
+
+async def ask(client: openai.AsyncOpenAI, text: str, **extra: Any) -> Any:
+    return await client.chat.completions.with_raw_response.create(
+        model=AUTO, messages=[{"role": "user", "content": text}], **extra
+    )
+
+
+async def ask_stream(client: openai.AsyncOpenAI, text: str, **extra: Any) -> tuple[Any, str]:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=AUTO, messages=[{"role": "user", "content": text}], stream=True, **extra
+    )
+    parts = [c.choices[0].delta.content or "" async for c in raw.parse() if c.choices]
+    return raw, "".join(parts)
+
+
+# -- response cache --------------------------------------------------------------------------
+
+
+async def test_exact_hit_serves_the_same_answer_without_the_backend(stack: Stack) -> None:
+    first = await ask(stack.client, "cacheme what is two plus two")
+    second = await ask(stack.client, "cacheme what is two plus two")
+    assert len(stack.general.received) == 1
+    assert "x-vsr-cache-hit" not in first.headers
+    assert second.headers["x-vsr-cache-hit"] == "true"
+    assert second.headers["x-vsr-selected-decision"] == "exact"
+    a, b = first.parse(), second.parse()
+    assert b.choices[0].message.content == a.choices[0].message.content
+    assert stack.chat.cache is not None
+    assert stack.chat.cache.stats.hits[("exact", "exact")] == 1
+    assert stack.chat.cache.stats.misses[("exact", "exact")] == 1
+    # a different question is a miss
+    await ask(stack.client, "cacheme what is three plus three")
+    assert len(stack.general.received) == 2
+
+
+async def test_per_user_entries_are_never_served_to_another_user(stack: Stack) -> None:
+    bob = stack.user("bob")
+    try:
+        a = await ask(stack.client, "cacheme my secret plan")
+        b = await ask(bob, "cacheme my secret plan")
+        assert len(stack.general.received) == 2  # bob did not get alice's entry
+        assert "x-vsr-cache-hit" not in b.headers
+        again = await ask(bob, "cacheme my secret plan")
+        assert again.headers["x-vsr-cache-hit"] == "true"  # bob's own entry
+        assert a.parse().choices[0].message.content == again.parse().choices[0].message.content
+    finally:
+        await bob.close()
+
+
+async def test_no_identity_is_not_cached_and_global_scope_is_shared(stack: Stack) -> None:
+    anon = stack.user(None)
+    bob = stack.user("bob")
+    try:
+        await ask(anon, "cacheme anonymous question")
+        await ask(anon, "cacheme anonymous question")
+        assert len(stack.general.received) == 2  # user scope without a user: never cached
+        await ask(stack.client, "globalcache shared question")
+        shared = await ask(bob, "globalcache shared question")
+        assert shared.headers["x-vsr-cache-hit"] == "true"
+        assert len(stack.general.received) == 3
+    finally:
+        await anon.close()
+        await bob.close()
+
+
+async def test_cache_control_no_store_and_no_cache(stack: Stack) -> None:
+    nostore = {"extra_headers": {"x-vsr-cache-control": "no-store"}}
+    await ask(stack.client, "cacheme do not keep this", **nostore)
+    await ask(stack.client, "cacheme do not keep this")
+    assert len(stack.general.received) == 2  # the first was not written
+    nocache = await ask(
+        stack.client, "cacheme do not keep this", extra_headers={"x-vsr-cache-control": "no-cache"}
+    )
+    assert "x-vsr-cache-hit" not in nocache.headers
+    assert len(stack.general.received) == 3
+
+
+async def test_errors_are_not_cached(stack: Stack) -> None:
+    for _ in range(2):
+        with pytest.raises(openai.BadRequestError):
+            await stack.client.chat.completions.create(
+                model=AUTO, messages=[{"role": "user", "content": "FAIL 400 cacheme"}]
+            )
+    assert len(stack.general.received) == 2
+
+
+async def test_streamed_answer_is_cached_whole_and_replayed(stack: Stack) -> None:
+    _, first = await ask_stream(stack.client, "cacheme stream me a story")
+    raw, again = await ask_stream(stack.client, "cacheme stream me a story")
+    assert raw.headers["x-vsr-cache-hit"] == "true"
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert again == first == "general got: cacheme stream me a story"
+    whole = await ask(stack.client, "cacheme stream me a story")  # a JSON caller, same entry
+    assert whole.headers["x-vsr-cache-hit"] == "true"
+    assert whole.parse().choices[0].message.content == first
+    assert len(stack.general.received) == 1
+
+
+async def test_partial_stream_is_not_cached(stack: Stack) -> None:
+    stack.general.fault = "stream_after_first"
+    _, cut = await ask_stream(stack.client, "cacheme broken stream")
+    assert cut == "general"  # the first chunk only: the stream just ends
+    stack.general.fault = None
+    raw, text = await ask_stream(stack.client, "cacheme broken stream")
+    assert "x-vsr-cache-hit" not in raw.headers
+    assert text == "general got: cacheme broken stream"
+    assert len(stack.general.received) == 2
+
+
+async def test_semantic_hit_reuses_routings_embedding(stack: Stack) -> None:
+    await ask(stack.client, "I was charged twice for my order")
+    assert stack.exchange.calls["primary"] == 1
+    hit = await ask(
+        stack.client, "I was charged twice for my order!", extra_headers={"x-vsr-debug": "true"}
+    )
+    assert hit.headers["x-vsr-cache-hit"] == "true"
+    assert hit.headers["x-vsr-selected-decision"] == "billing"
+    assert float(hit.headers["x-vsr-cache-similarity"]) >= 0.9
+    assert len(stack.coder.received) == 1
+    assert stack.exchange.calls["primary"] == 2  # one bundle per chat: nothing extra for the cache
+    miss = await ask(stack.client, "I was charged twice for the same ticket yesterday")
+    assert "x-vsr-cache-hit" not in miss.headers
+    assert len(stack.coder.received) == 2
+
+
+# -- fast_response and the shapers -----------------------------------------------------------
+
+
+async def test_fast_response_answers_without_a_backend(stack: Stack) -> None:
+    raw = await ask(stack.client, "we are busy")
+    doc = raw.parse()
+    assert doc.choices[0].message.content == "Busy, try later."
+    assert doc.model == "router"
+    assert doc.id.startswith("chatcmpl-fast-")
+    assert raw.headers["x-vsr-fast-response"] == "true"
+    _, text = await ask_stream(stack.client, "we are busy")
+    assert text == "Busy, try later."
+    assert not stack.general.received and not stack.coder.received
+
+
+async def test_system_prompt_request_params_and_headers_shape_the_backend_request(
+    stack: Stack,
+) -> None:
+    await stack.client.chat.completions.create(
+        model=AUTO,
+        messages=[
+            {"role": "system", "content": "You are a poet."},
+            {"role": "user", "content": "shape this"},
+        ],
+        max_tokens=100,
+        n=1,
+        logprobs=True,
+    )
+    got = stack.coder.received[-1]
+    assert got.body["messages"][0] == {"role": "system", "content": "Be brief.\n\nYou are a poet."}
+    assert got.body["max_tokens"] == 5
+    assert "logprobs" not in got.body
+    assert got.headers["X-Tenant-Tier"] == "premium"
+    assert "Authorization" not in got.headers  # the caller's key was deleted
+
+
+# -- backend fallback ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "reasons"),
+    [
+        ("503", {"http_503"}),
+        ("429", {"http_429"}),
+        ("reset", {"reset", "connect"}),
+        ("stream_before_first", {"stream_first_chunk", "reset"}),
+    ],
+)
+async def test_fallback_before_the_first_byte(stack: Stack, fault: str, reasons: set[str]) -> None:
+    stack.broken.fault = fault
+    if fault.startswith("stream"):
+        raw, text = await ask_stream(stack.client, "fallback please")
+    else:
+        raw = await ask(stack.client, "fallback please")
+        text = raw.parse().choices[0].message.content
+    assert text == "coder got: fallback please"
+    assert raw.headers["x-vsr-selected-model"] == "coder"
+    model, _, reason = raw.headers["x-vsr-backend-fallback"].partition(":")
+    assert model == "broken" and reason in reasons
+    assert stack.chat.stats.backend_fallbacks[("broken", reason)] == 1
+    scrape = stack.chat.stats.to_json()["backend_fallbacks"]
+    assert scrape == [{"model": "broken", "reason": reason, "count": 1}]
+
+
+async def test_refused_then_failing_then_default_model(stack: Stack) -> None:
+    stack.broken.fault = "503"
+    raw = await ask(stack.client, "deadpath please")
+    assert raw.headers["x-vsr-selected-model"] == "general"
+    assert raw.headers["x-vsr-backend-fallback"] == "dead:connect,broken:http_503"
+    assert raw.parse().choices[0].message.content == "general got: deadpath please"
+
+
+async def test_no_fallback_after_the_first_byte(stack: Stack) -> None:
+    stack.broken.fault = "stream_after_first"
+    raw, cut = await ask_stream(stack.client, "fallback please")
+    assert cut == "broken"  # what was sent stays sent; the stream ends there
+    assert raw.headers["x-vsr-selected-model"] == "broken"
+    assert not stack.coder.received
+    assert not stack.chat.stats.backend_fallbacks
+
+
+async def test_fallback_stops_at_the_callers_deadline(stack: Stack) -> None:
+    stack.broken.fault = "503"
+    raw = await ask(stack.client, "fallback please", extra_headers={"X-Request-Timeout-Ms": "5000"})
+    assert raw.headers["x-vsr-selected-model"] == "coder"
+    with pytest.raises(openai.BadRequestError):
+        await ask(stack.client, "fallback please", extra_headers={"X-Request-Timeout-Ms": "-1"})
