@@ -346,3 +346,21 @@ async def test_fallback_stops_at_the_callers_deadline(stack: Stack) -> None:
     assert raw.headers["x-vsr-selected-model"] == "coder"
     with pytest.raises(openai.BadRequestError):
         await ask(stack.client, "fallback please", extra_headers={"X-Request-Timeout-Ms": "-1"})
+
+
+async def test_metrics_count_cache_hits_and_backend_fallbacks(stack: Stack) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vllm_sr.router.metrics import RouterCollector
+
+    await ask(stack.client, "cacheme count me")
+    await ask(stack.client, "cacheme count me")
+    stack.broken.fault = "503"
+    await ask(stack.client, "fallback please")
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(lambda: stack.chat))
+    text = generate_latest(registry).decode()
+    assert 'vllm_sr_router_cache_hits_total{decision="exact",tier="exact"} 1.0' in text
+    assert 'vllm_sr_router_cache_misses_total{decision="exact",mode="exact"} 1.0' in text
+    assert 'vllm_sr_router_backend_fallbacks_total{model="broken",reason="http_503"} 1.0' in text
+    assert "vllm_sr_router_cache_entries 1.0" in text

@@ -27,143 +27,74 @@ Errors are ``{"error": {"code", "message", "retryable"}}``, which OpenAI clients
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_sr import httpserver
 from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.config.routing_plugins import DecisionPlugins, decision_plugins
-from vllm_sr.errors import InvalidRequest, NotFound, Overloaded, Unavailable, VllmSrError
+from vllm_sr.config.routing_plugins import decision_plugins
+from vllm_sr.errors import NotFound, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router import eval as route_eval
-from vllm_sr.router import fallback
-from vllm_sr.router.backends import AttemptFailed, Backend, BackendSet
+from vllm_sr.router.answers import (
+    DEBUG_FAMILY,
+    H_ALGORITHM,
+    H_CONFIDENCE,
+    H_DEBUG,
+    H_DECISION,
+    H_FALLBACK,
+    H_MODEL,
+    H_REASONING,
+    H_RECIPE,
+    H_SIGNALS,
+    ModelNotAvailable,
+    answer_headers,
+    error_response,
+    is_debug,
+    parse_chat,
+)
+from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
-from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
-from vllm_sr.router.plugins import shapers
-from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
-from vllm_sr.router.plugins.response_cache import CachePlan, ResponseCache, build_store
-from vllm_sr.router.reasoning import apply_reasoning, reasoning_enabled
+from vllm_sr.router.cache.answer import AnswerRecorder
+from vllm_sr.router.chat_plugins import ChatPlugins
+from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
+
+__all__ = [
+    "DEBUG_FAMILY",
+    "H_ALGORITHM",
+    "H_CONFIDENCE",
+    "H_DEBUG",
+    "H_DECISION",
+    "H_FALLBACK",
+    "H_MODEL",
+    "H_REASONING",
+    "H_RECIPE",
+    "H_SIGNALS",
+    "ChatRouter",
+    "ModelNotAvailable",
+    "answer_headers",
+    "build_chat_router",
+    "engine_mode_chat",
+    "error_response",
+    "is_debug",
+    "parse_chat",
+]
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.router.chat")
 
-H_DECISION = "x-vsr-selected-decision"
-H_MODEL = "x-vsr-selected-model"
-H_CONFIDENCE = "x-vsr-selected-confidence"
-H_ALGORITHM = "x-vsr-selected-algorithm"
-H_REASONING = "x-vsr-selected-reasoning"
-H_SIGNALS = "x-vsr-matched-signals"
-H_FALLBACK = "x-vsr-routing-fallback"
-H_DEBUG = "x-vsr-debug"
-H_RECIPE = "x-vsr-selected-recipe"
-H_CACHE_HIT = "x-vsr-cache-hit"
-H_CACHE_SIMILARITY = "x-vsr-cache-similarity"
-H_RESPONSE_PATH = "x-vsr-response-path"
-TIMEOUT_KEY = "x-request-timeout-ms"  # the caller's deadline, as the frontend reads it
-NO_PLUGINS = DecisionPlugins()
-# Rule-leaf type -> the debug header's family word (upstream's names).
-DEBUG_FAMILY = {
-    "keyword": "keywords",
-    "embedding": "embeddings",
-    "domain": "domains",
-    "fact_check": "fact-check",
-    "user_feedback": "user-feedback",
-    "reask": "reask",
-    "preference": "preference",
-    "language": "language",
-    "context": "context",
-    "structure": "structure",
-    "complexity": "complexity",
-    "modality": "modality",
-    "authz": "authz",
-    "jailbreak": "jailbreak",
-    "pii": "pii",
-    "kb": "kb",
-    "conversation": "conversation",
-    "event": "event",
-    "projection": "projections",
-}
-
-
-class ModelNotAvailable(InvalidRequest):
-    """A chat naming a model that is neither an auto name nor a configured model: upstream
-    answers 400 ``model "X" is not available`` (an ``invalid_request_error``)."""
-
-    code = "model_not_found"
-
-
-def error_response(exc: VllmSrError) -> Response:
-    """The server's JSON error answer, with Retry-After in whole seconds when retrying helps."""
-    response = httpserver.error_response(exc)
-    if isinstance(exc, Overloaded | Unavailable):
-        retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
-        response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
-    if isinstance(exc, ModelNotAvailable):
-        doc = json.loads(response.body)
-        doc["error"]["type"] = "invalid_request_error"
-        response.body = json.dumps(doc).encode()
-    return response
-
-
-def parse_chat(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest(
-            f"model: expected a model name (a string), got {model!r}; see GET /v1/models"
-        )
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages: expected a non-empty list of messages")
-    return body
-
-
-def is_debug(headers: dict[str, str]) -> bool:
-    return headers.get(H_DEBUG, "").strip().lower() == "true"
-
-
-def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str]:
-    headers = {H_MODEL: result.model, H_SIGNALS: ",".join(result.matched_signals)}
-    if result.decision is not None:
-        headers[H_DECISION] = result.decision
-        headers[H_CONFIDENCE] = f"{result.confidence or 0.0:.4f}"
-    if result.routed:
-        headers[H_ALGORITHM] = result.method
-        headers[H_RECIPE] = result.recipe
-    if result.fallback is not None:
-        headers[H_FALLBACK] = result.fallback
-    if debug:
-        families: dict[str, list[str]] = {}
-        for sig in result.matched_signals:
-            kind, _, name = sig.partition(":")
-            if kind in DEBUG_FAMILY:
-                families.setdefault(DEBUG_FAMILY[kind], []).append(name)
-        for family, names in families.items():
-            headers[f"x-vsr-matched-{family}"] = ",".join(names)
-        headers[H_REASONING] = "on" if reasoning_enabled(result.model_ref) else "off"
-    return headers
-
 
 class EngineMode(NotFound):
     code = "engine_mode"
 
 
-class ChatRouter:
+class ChatRouter(ChatPlugins):
     """Router mode's HTTP face for one config generation."""
 
     def __init__(
@@ -235,164 +166,6 @@ class ChatRouter:
             return answer
         except VllmSrError as exc:
             return error_response(exc)
-
-    def _deadline(self, request: Request) -> float | None:
-        raw = request.headers.get(TIMEOUT_KEY)
-        if raw is None:
-            return None
-        try:
-            ms = float(raw)
-        except ValueError:
-            ms = -1.0
-        if not ms > 0 or not math.isfinite(ms):
-            raise InvalidRequest(
-                f"header X-Request-Timeout-Ms must be a positive number of milliseconds, "
-                f"got {raw!r}"
-            )
-        return self.backends.clock.monotonic() + ms / 1000.0
-
-    def plugins_of(self, result: RouteResult) -> DecisionPlugins:
-        """The matched decision's plugins (none for a named model or no decision)."""
-        if not result.routed or result.decision is None:
-            return NO_PLUGINS
-        return self.plugins.get((result.recipe, result.decision), NO_PLUGINS)
-
-    async def forward(
-        self,
-        body: dict[str, Any],
-        result: RouteResult,
-        plugins: DecisionPlugins,
-        request: Request,
-        debug: bool,
-        deadline: float | None,
-        recorder: AnswerRecorder | None,
-    ) -> tuple[Response | StreamResponse, str]:
-        """The chat to its model's backend, falling back before the first byte
-        (vllm_sr/router/fallback.py). -> (the answer, the model that answered)."""
-        order = fallback.candidates(result, self.router.default_model, self.backends.healthy)
-        failed: list[tuple[str, str]] = []
-        last: AttemptFailed | None = None
-        set_headers, drop_headers = (
-            shapers.header_changes(plugins.header_mutation)
-            if plugins.header_mutation is not None
-            else ({}, [])
-        )
-        clock = self.backends.clock
-        for i, (model, ref) in enumerate(order):
-            remaining = None if deadline is None else deadline - clock.monotonic()
-            if remaining is not None and remaining <= 0 and last is not None:
-                break
-            attempt = result if i == 0 else dataclasses.replace(result, model=model, model_ref=ref)
-            backend = self.backends.pick(model)
-            outgoing = self.outgoing_body(body, attempt, backend, plugins)
-            headers = answer_headers(attempt, debug=debug)
-            if failed:
-                headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
-            try:
-                answer = await self.backends.proxy(
-                    backend,
-                    outgoing,
-                    request,
-                    headers,
-                    upstream_model=getattr(ref, "lora_name", None),
-                    early_failure=i < len(order) - 1,
-                    first_byte_timeout_s=remaining,
-                    tap=recorder if i == 0 else None,
-                    extra_headers=set_headers,
-                    drop_headers=drop_headers,
-                )
-                return answer, model
-            except AttemptFailed as exc:
-                log.info(
-                    "model %s failed before its first byte (%s); trying the next", model, exc.reason
-                )
-                failed.append((model, exc.reason))
-                self.stats.backend_fallbacks[(model, exc.reason)] += 1
-                last = exc
-        assert last is not None
-        if last.answer is not None:
-            last.answer.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
-            return last.answer, failed[-1][0]
-        err = error_response(last.error or Unavailable("no backend answered"))
-        err.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
-        return err, failed[-1][0]
-
-    def outgoing_body(
-        self,
-        body: dict[str, Any],
-        result: RouteResult,
-        backend: Backend,
-        plugins: DecisionPlugins = NO_PLUGINS,
-    ) -> dict[str, Any]:
-        """Upstream's reasoning fields for an auto-routed chat whose decision matched (a
-        decision without modelRefs turns reasoning off on the default model), then the
-        decision's ``system_prompt`` and ``request_params``; a named model, or a chat no
-        decision matched, goes as the caller wrote it."""
-        if result.decision is None:
-            return body
-        out = apply_reasoning(
-            body,
-            result.model_ref,
-            self.provider_models[result.model],
-            self.router.providers.defaults,
-            backend.ref,
-            decision_refs=result.decision_refs,
-        )
-        if plugins.system_prompt is not None:
-            out = shapers.apply_system_prompt(out, plugins.system_prompt)
-        if plugins.request_params is not None:
-            out = shapers.apply_request_params(out, plugins.request_params)
-        return out
-
-    def cache_plan(
-        self,
-        result: RouteResult,
-        plugins: DecisionPlugins,
-        body: dict[str, Any],
-        headers: Mapping[str, str],
-        query: cache_embedding.QueryEmbedding,
-    ) -> CachePlan | None:
-        conf = plugins.response_cache
-        if self.cache is None or conf is None or not conf.enabled or result.decision is None:
-            return None
-        if result.fallback is not None:
-            return None  # routing could not decide: not the decision's answer
-        return self.cache.plan(
-            conf,
-            body=body,
-            headers=headers,
-            recipe=result.recipe,
-            decision=self.decisions[(result.recipe, result.decision)],
-            selected_model=result.model,
-            user_id_header=self.authz.user_id_header,
-            user_groups_header=self.authz.user_groups_header,
-            embedding=query,
-        )
-
-    def cache_answer(self, result: RouteResult, hit: Any, stream: bool, debug: bool) -> Response:
-        headers = {
-            H_CACHE_HIT: "true",
-            H_DECISION: result.decision or "",
-            H_RECIPE: result.recipe,
-            H_MODEL: result.model,
-            H_RESPONSE_PATH: "cache",
-        }
-        if debug:
-            headers[H_CACHE_SIMILARITY] = f"{hit.similarity:.4f}"
-        if stream:
-            return Response(replay_sse(hit.doc), 200, "text/event-stream", headers)
-        return Response(json.dumps(hit.doc, ensure_ascii=False).encode(), 200, headers=headers)
-
-    def fast_answer(self, result: RouteResult, message: str, stream: bool) -> Response:
-        raw, content_type = fast_body(message, stream=stream)
-        headers = {
-            H_FAST: "true",
-            H_DECISION: result.decision or "",
-            H_RECIPE: result.recipe,
-            H_ALGORITHM: "fast_response",
-            H_RESPONSE_PATH: "fast_response",
-        }
-        return Response(raw, 200, content_type, headers)
 
     def recipe_of(self, model: str) -> str | None:
         """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
