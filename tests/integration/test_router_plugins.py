@@ -39,7 +39,8 @@ def closed_port() -> int:
 
 SIGNALS = {
     "keywords": [{"name": n, "operator": "OR", "keywords": [n]}
-                 for n in ("cacheme", "busy", "shape", "fallback", "deadpath", "globalcache")],
+                 for n in ("cacheme", "busy", "shape", "fallback", "deadpath", "globalcache",
+                           "replayme")],
     "embeddings": [{"name": "billing", "threshold": 0.6,
                     "candidates": ["refund my order", "I was charged twice"]}],
 }  # fmt: skip
@@ -63,6 +64,10 @@ DECISIONS = [
      "modelRefs": [{"model": "broken"}, {"model": "coder"}]},
     {"name": "fbdead", "priority": 70, "rules": kw("deadpath"),
      "modelRefs": [{"model": "dead"}, {"model": "broken"}]},
+    {"name": "replayed", "priority": 65, "rules": kw("replayme"),
+     "modelRefs": [{"model": "broken"}, {"model": "coder"}],
+     "plugins": [{"type": "router_replay", "configuration": {
+         "enabled": True, "max_records": 2, "max_body_bytes": 40}}]},
     {"name": "billing", "priority": 60,
      "rules": {"operator": "AND", "conditions": [{"type": "embedding", "name": "billing"}]},
      "modelRefs": [{"model": "coder"}],
@@ -364,3 +369,25 @@ async def test_metrics_count_cache_hits_and_backend_fallbacks(stack: Stack) -> N
     assert 'vllm_sr_router_cache_misses_total{decision="exact",mode="exact"} 1.0' in text
     assert 'vllm_sr_router_backend_fallbacks_total{model="broken",reason="http_503"} 1.0' in text
     assert "vllm_sr_router_cache_entries 1.0" in text
+
+
+async def test_router_replay_records_each_chat_bounded_per_decision(stack: Stack) -> None:
+    stack.broken.fault = "429"  # not marked unhealthy: every chat tries broken first
+    first = await ask(stack.client, "replayme first")
+    _, streamed = await ask_stream(stack.client, "replayme second, streamed")
+    third = await ask(stack.client, "replayme third")
+    await ask(stack.client, "cacheme not recorded")  # a decision without router_replay
+    doc = stack.chat.replay.read()
+    assert doc["decisions"] == ["replayed"]
+    second, last = doc["records"]  # max_records 2: the first was dropped
+    assert last["id"] == third.headers["x-vsr-replay-id"] != first.headers["x-vsr-replay-id"]
+    assert (second["stream"], last["stream"]) == (True, False)
+    assert last["decision"] == "replayed" and last["selected_model"] == "broken"
+    assert last["model"] == "coder" and last["status"] == 200
+    assert last["backend_fallbacks"] == ["broken:http_429"]
+    assert last["matched_signals"] == ["keyword:replayme"]
+    assert last["request_truncated"] and len(last["request_body"].encode()) <= 40
+    assert last["response_body"].startswith('{"id"') and last["response_truncated"]
+    assert second["response_body"].startswith("data: ")  # a stream's first bytes
+    assert streamed == "coder got: replayme second, streamed"
+    assert stack.chat.replay.read("replayed", since=last["seq"])["records"] == []

@@ -178,12 +178,37 @@ class FastResponsePlugin(Strict):
     """The canned answer; no backend is called."""
 
 
+class RouterReplayPlugin(Strict):
+    enabled: bool | None = None
+    """Record this decision's chats; unset: ``global.services.router_replay.enabled`` (false:
+    vllm-sr refuses it true), so a decision records when this is true."""
+
+    max_records: int = Field(default=10000, ge=1)
+    """Records kept for the decision, in the router's memory (oldest dropped first)."""
+
+    capture_request_body: bool = True
+    """Keep the request body (its first max_body_bytes)."""
+
+    capture_response_body: bool = True
+    """Keep the answer body, or a stream's bytes (its first max_body_bytes)."""
+
+    max_body_bytes: int = Field(default=4096, ge=0)
+    """Bodies are cut to this many bytes (``*_truncated`` says so)."""
+
+    max_tool_trace_bytes: int = Field(default=0, ge=0)
+    """Upstream: tool traces; vllm-sr records none (metadata)."""
+
+    max_tool_trace_steps: int = Field(default=100, ge=0)
+    """Upstream: tool trace steps (metadata)."""
+
+
 PLUGIN_MODELS: dict[str, type[Strict]] = {
     "response_cache": ResponseCachePlugin,
     "system_prompt": SystemPromptPlugin,
     "header_mutation": HeaderMutationPlugin,
     "request_params": RequestParamsPlugin,
     "fast_response": FastResponsePlugin,
+    "router_replay": RouterReplayPlugin,
 }
 SUPPORTED_PLUGIN_TYPES = tuple(PLUGIN_MODELS)
 
@@ -221,6 +246,7 @@ class DecisionPlugins:
     header_mutation: HeaderMutationPlugin | None = None
     request_params: RequestParamsPlugin | None = None
     fast_response: FastResponsePlugin | None = None
+    router_replay: RouterReplayPlugin | None = None
     names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
 
 

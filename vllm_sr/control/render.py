@@ -213,6 +213,19 @@ def _ms(value: Any) -> str:
     return f"{float(value):.1f}" if isinstance(value, int | float) else "-"
 
 
+def replay_line(rec: dict[str, Any]) -> str:
+    """``2026-12-04 15:01:02 #7 coding -> coder 200 12.3 ms upstream id=ab12...``."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(rec.get("time", 0))))
+    line = (
+        f"{stamp} #{rec.get('seq')} {rec.get('decision')} -> {rec.get('model') or '-'} "
+        f"{rec.get('status')} {float(rec.get('latency_ms') or 0):.1f} ms "
+        f"{rec.get('response_path')} id={rec.get('id')}"
+    )
+    if rec.get("backend_fallbacks"):
+        line += " fell back from " + ",".join(rec["backend_fallbacks"])
+    return line
+
+
 def event_line(event: dict[str, Any]) -> str:
     """``2026-12-02 17:40:01 #12 replica_ejected replica=primary-0 reason=manual``."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event.get("time", 0))))

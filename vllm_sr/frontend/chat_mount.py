@@ -92,6 +92,7 @@ class ChatMount:
                 auto_model_names=list(plan.auto_model_names),
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
+                replay=self.chat.replay if self.chat is not None else None,
                 authz=plan.authz,
                 recipes=plan.recipes,
                 entrypoints=plan.entrypoints,
@@ -147,6 +148,12 @@ class ChatMount:
 
     def inventory(self) -> dict[str, Any] | None:
         return self.chat.inventory() if self.chat is not None else None
+
+    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+        """router_replay's records (the control API's ``GET /v1/replay``)."""
+        if self.chat is None:
+            return {"records": [], "last_seq": 0, "decisions": []}
+        return self.chat.replay.read(decision, since)
 
 
 def _store_of(plan: RouterPlan) -> Any:

@@ -58,7 +58,8 @@ from vllm_sr.router.answers import (
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder
-from vllm_sr.router.chat_plugins import ChatPlugins
+from vllm_sr.router.chat_plugins import ChatPlugins, Replay
+from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
@@ -106,6 +107,7 @@ class ChatRouter(ChatPlugins):
         *,
         cache: ResponseCache | None = None,
         authz: AuthzOptions | None = None,
+        replay: ReplayLog | None = None,
     ) -> None:
         self.router = router  # the default recipe's
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
@@ -116,6 +118,7 @@ class ChatRouter(ChatPlugins):
         self.provider_models = {m.name: m for m in router.providers.models}
         self.cache = cache
         self.authz = authz or AuthzOptions()
+        self.replay = replay if replay is not None else ReplayLog()
         # (recipe, decision) -> the decision and its plugins
         self.decisions = {
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
@@ -136,7 +139,8 @@ class ChatRouter(ChatPlugins):
     async def handle_chat(self, request: Request) -> Response | StreamResponse:
         """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
         ``system_prompt``, ``request_params``, ``header_mutation`` on the request to the
-        backend (with fallback before the first byte); cache write."""
+        backend (with fallback before the first byte); cache write; replay record."""
+        started = self.backends.clock.monotonic()
         try:
             if request.error is not None:
                 raise request.error
@@ -145,27 +149,33 @@ class ChatRouter(ChatPlugins):
             view = RequestView.from_chat(body, request.headers)
             query = cache_embedding.watch(self.router.decision_deployment, view.text)
             result = await self.resolve(body, view)
-            plugins = self.plugins_of(result)
+        except VllmSrError as exc:
+            return error_response(exc)
+        plugins = self.plugins_of(result)
+        replay = Replay(self, plugins, result, body, request.body, started)
+        try:
             debug = is_debug(request.headers)
             stream = body.get("stream") is True
             if plugins.fast_response is not None:
-                return self.fast_answer(result, plugins.fast_response.message, stream)
+                fast = self.fast_answer(result, plugins.fast_response.message, stream)
+                return replay.done(fast, "fast_response", None)
             plan = self.cache_plan(result, plugins, body, request.headers, query)
             if plan is not None and self.cache is not None:
                 hit = await self.cache.lookup(plan)
                 if hit is not None:
-                    return self.cache_answer(result, hit, stream, debug)
+                    cached = self.cache_answer(result, hit, stream, debug)
+                    return replay.done(cached, "cache", result.model)
             recorder = AnswerRecorder() if plan is not None else None
-            answer, answered_by = await self.forward(
-                body, result, plugins, request, debug, deadline, recorder
+            answer, answered_by, failed = await self.forward(
+                body, result, plugins, request, debug, deadline, recorder, replay
             )
             # (an answer from a fallback model is not filed under the chosen model)
             chosen_answered = answered_by == result.model
             if plan is not None and recorder is not None and self.cache and chosen_answered:
                 await self.cache.write(plan, recorder.document())
-            return answer
+            return replay.done(answer, "upstream", answered_by, failed)
         except VllmSrError as exc:
-            return error_response(exc)
+            return replay.done(error_response(exc), "error", None)
 
     def recipe_of(self, model: str) -> str | None:
         """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
@@ -272,10 +282,12 @@ def build_chat_router(
     entrypoints: Mapping[str, str] | None = None,
     global_: GlobalSection | None = None,
     cache: ResponseCache | bool | None = True,
+    replay: ReplayLog | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
-    ``stats`` to keep the counters across a reload; ``backends`` is started by the caller
-    (``await backends.start()``) and closed when the generation is replaced. ``cache``: a
+    ``stats`` and ``replay`` to keep the counters and replay records across a reload;
+    ``backends`` is started by the caller (``await backends.start()``) and closed when the
+    generation is replaced. ``cache``: a
     response cache to keep (a reload that keeps the store), True to build one from
     ``global.stores.response_cache``, None/False for none."""
     backends = backends if backends is not None else BackendSet(providers)
@@ -318,6 +330,7 @@ def build_chat_router(
         entrypoints,
         cache=cache,
         authz=authz,
+        replay=replay,
     )
 
 

@@ -30,6 +30,7 @@ from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
 from vllm_sr.router.plugins import shapers
 from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
+from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayLog, ReplayTap, TeeTap
 from vllm_sr.router.plugins.response_cache import CachePlan, ResponseCache
 from vllm_sr.router.reasoning import apply_reasoning
 from vllm_sr.router.route import AuthzOptions, Router, RouteResult, RouterStats
@@ -56,6 +57,7 @@ class ChatPlugins:
     decisions: dict[tuple[str, str], Decision]
     cache: ResponseCache | None
     authz: AuthzOptions
+    replay: ReplayLog
 
     @property
     def stats(self) -> RouterStats:
@@ -91,9 +93,11 @@ class ChatPlugins:
         debug: bool,
         deadline: float | None,
         recorder: AnswerRecorder | None,
-    ) -> tuple[Response | StreamResponse, str]:
+        replay: Replay,
+    ) -> tuple[Response | StreamResponse, str, list[tuple[str, str]]]:
         """The chat to its model's backend, falling back before the first byte
-        (vllm_sr/router/fallback.py). -> (the answer, the model that answered)."""
+        (vllm_sr/router/fallback.py). -> (the answer, the model that answered, the models that
+        failed with their reasons)."""
         order = fallback.candidates(result, self.router.default_model, self.backends.healthy)
         failed: list[tuple[str, str]] = []
         last: AttemptFailed | None = None
@@ -111,6 +115,7 @@ class ChatPlugins:
             backend = self.backends.pick(model)
             outgoing = self.outgoing_body(body, attempt, backend, plugins)
             headers = answer_headers(attempt, debug=debug)
+            headers.update(replay.headers)
             if failed:
                 headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
             try:
@@ -122,11 +127,11 @@ class ChatPlugins:
                     upstream_model=getattr(ref, "lora_name", None),
                     early_failure=i < len(order) - 1,
                     first_byte_timeout_s=remaining,
-                    tap=recorder if i == 0 else None,
+                    tap=TeeTap(recorder if i == 0 else None, replay.tap),
                     extra_headers=set_headers,
                     drop_headers=drop_headers,
                 )
-                return answer, model
+                return answer, model, failed
             except AttemptFailed as exc:
                 log.info(
                     "model %s failed before its first byte (%s); trying the next", model, exc.reason
@@ -135,12 +140,9 @@ class ChatPlugins:
                 self.stats.backend_fallbacks[(model, exc.reason)] += 1
                 last = exc
         assert last is not None
-        if last.answer is not None:
-            last.answer.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
-            return last.answer, failed[-1][0]
-        err = error_response(last.error or Unavailable("no backend answered"))
-        err.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
-        return err, failed[-1][0]
+        answer = last.answer or error_response(last.error or Unavailable("no backend answered"))
+        answer.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
+        return answer, failed[-1][0], failed
 
     def outgoing_body(
         self,
@@ -218,3 +220,56 @@ class ChatPlugins:
             H_RESPONSE_PATH: "fast_response",
         }
         return Response(raw, 200, content_type, headers)
+
+
+class Replay:
+    """One chat's router_replay work: on when the matched decision's plugin is enabled; the
+    id goes out as ``x-vsr-replay-id``; :meth:`done` records the answer and returns it."""
+
+    def __init__(
+        self,
+        chat: ChatPlugins,
+        plugins: DecisionPlugins,
+        result: RouteResult,
+        body: Mapping[str, Any],
+        raw: bytes,
+        started: float,
+    ) -> None:
+        conf = plugins.router_replay
+        self.chat, self.result, self.raw, self.started = chat, result, raw, started
+        self.stream = body.get("stream") is True
+        self.conf = conf if conf is not None and conf.enabled else None
+        self.id = chat.replay.new_id() if self.conf is not None else None
+        self.headers = {H_REPLAY_ID: self.id} if self.id is not None else {}
+        self.tap = ReplayTap(self.conf.max_body_bytes) if self.conf is not None else None
+
+    def done(
+        self,
+        answer: Response | StreamResponse,
+        path: str,
+        answered_by: str | None,
+        failed: list[tuple[str, str]] | None = None,
+    ) -> Response | StreamResponse:
+        if self.conf is None or self.id is None or self.result.decision is None:
+            return answer
+        answer.headers.update(self.headers)  # a streamed answer carried it already
+        tap = self.tap
+        tapped = tap if path == "upstream" and tap is not None and tap.status is not None else None
+        self.chat.replay.record(
+            self.conf,
+            replay_id=self.id,
+            decision=self.result.decision,
+            recipe=self.result.recipe,
+            selected_model=self.result.model,
+            answered_by=answered_by,
+            matched_signals=self.result.matched_signals,
+            body=self.raw,
+            stream=self.stream,
+            status=answer.status,
+            latency_ms=(self.chat.backends.clock.monotonic() - self.started) * 1000.0,
+            path=path,
+            response=tapped,
+            fallbacks=failed,
+            response_body=answer.body if isinstance(answer, Response) else None,
+        )
+        return answer
