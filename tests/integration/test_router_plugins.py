@@ -40,7 +40,7 @@ def closed_port() -> int:
 SIGNALS = {
     "keywords": [{"name": n, "operator": "OR", "keywords": [n]}
                  for n in ("cacheme", "busy", "shape", "fallback", "deadpath", "globalcache",
-                           "replayme")],
+                           "replayme", "privateq")],
     "embeddings": [{"name": "billing", "threshold": 0.6,
                     "candidates": ["refund my order", "I was charged twice"]}],
 }  # fmt: skip
@@ -68,6 +68,9 @@ DECISIONS = [
      "modelRefs": [{"model": "broken"}, {"model": "coder"}],
      "plugins": [{"type": "router_replay", "configuration": {
          "enabled": True, "max_records": 2, "max_body_bytes": 40}}]},
+    {"name": "private", "priority": 64, "rules": kw("privateq"), "modelRefs": [{"model": "coder"}],
+     "plugins": [{"type": "tools", "configuration": {
+         "enabled": True, "mode": "none", "strip_tool_history": True}}]},
     {"name": "billing", "priority": 60,
      "rules": {"operator": "AND", "conditions": [{"type": "embedding", "name": "billing"}]},
      "modelRefs": [{"model": "coder"}],
@@ -391,3 +394,23 @@ async def test_router_replay_records_each_chat_bounded_per_decision(stack: Stack
     assert second["response_body"].startswith("data: ")  # a stream's first bytes
     assert streamed == "coder got: replayme second, streamed"
     assert stack.chat.replay.read("replayed", since=last["seq"])["records"] == []
+
+
+async def test_tools_none_strips_tools_and_their_history(stack: Stack) -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    await stack.client.chat.completions.create(
+        model=AUTO,
+        messages=[
+            {"role": "user", "content": "find it"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "secret result"},
+            {"role": "user", "content": "privateq now answer"},
+        ],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="auto",
+    )  # fmt: skip
+    got = stack.coder.received[-1].body
+    assert "tools" not in got and "tool_choice" not in got
+    assert [m["role"] for m in got["messages"]] == ["user", "user"]

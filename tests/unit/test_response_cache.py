@@ -5,6 +5,7 @@ routing's answer or asked once."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy
 import pytest
@@ -157,3 +158,46 @@ def test_shapers_follow_upstream() -> None:
     assert added["messages"][0] == {"role": "system", "content": "new"}
     off = SystemPromptPlugin(system_prompt="new", enabled=False)
     assert shapers.apply_system_prompt(body, off) is body
+
+
+def test_tools_policy_follows_upstream() -> None:
+    from vllm_sr.config.routing_plugins import ToolsPlugin
+
+    def tool(name: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "parameters": {}}}
+
+    body: dict[str, Any] = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            {"role": "tool", "tool_call_id": "1", "content": "r"},
+            {"role": "assistant", "content": "so", "tool_calls": [{"id": "2"}]},
+        ],
+        "tools": [tool("docs.search"), tool("admin.delete"), tool("other")],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+    }
+    none = shapers.apply_tools(
+        body, ToolsPlugin(enabled=True, mode="none", strip_tool_history=True)
+    )
+    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(none)
+    assert none["messages"] == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "so"},
+    ]
+    kept = shapers.apply_tools(
+        body,
+        ToolsPlugin(
+            enabled=True,
+            mode="filtered",
+            allow_tools=["docs.search", "admin.delete"],
+            block_tools=["admin.delete"],
+        ),
+    )
+    assert [t["function"]["name"] for t in kept["tools"]] == ["docs.search"]
+    assert kept["tool_choice"] == "auto" and kept["messages"] == body["messages"]
+    emptied = shapers.apply_tools(
+        body, ToolsPlugin(enabled=True, mode="filtered", allow_tools=["missing"])
+    )
+    assert "tools" not in emptied and "tool_choice" not in emptied
+    assert shapers.apply_tools(body, ToolsPlugin(mode="none")) is body  # not enabled

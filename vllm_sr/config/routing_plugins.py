@@ -178,6 +178,35 @@ class FastResponsePlugin(Strict):
     """The canned answer; no backend is called."""
 
 
+class ToolsPlugin(Strict):
+    enabled: bool = False
+    """The policy applies only when true (upstream's default is off)."""
+
+    mode: Literal["passthrough", "filtered", "none"] | None = None
+    """passthrough (default): tools as sent; filtered: allow_tools/block_tools applied; none:
+    every tool control removed (tools, tool_choice, functions, function_call,
+    parallel_tool_calls, web_search_options)."""
+
+    allow_tools: list[str] = Field(default_factory=list)
+    """filtered: only these function names are kept (empty: all)."""
+
+    block_tools: list[str] = Field(default_factory=list)
+    """filtered: these function names are removed (wins over allow_tools)."""
+
+    strip_tool_history: bool = False
+    """none: also remove tool/function messages and assistant tool calls from the history."""
+
+    semantic_selection: bool | None = None
+    """Upstream: semantic selection from the tools database (``integrations.tools``, which
+    vllm-sr does not have): no effect (metadata)."""
+
+    strategy: str | None = None
+    """Upstream: the tools database's retrieval strategy (metadata)."""
+
+    dynamic_retrieval: dict[str, Any] | None = None
+    """Upstream: the tools database's history-aware retrieval (metadata)."""
+
+
 class RouterReplayPlugin(Strict):
     enabled: bool | None = None
     """Record this decision's chats; unset: ``global.services.router_replay.enabled`` (false:
@@ -209,6 +238,7 @@ PLUGIN_MODELS: dict[str, type[Strict]] = {
     "request_params": RequestParamsPlugin,
     "fast_response": FastResponsePlugin,
     "router_replay": RouterReplayPlugin,
+    "tools": ToolsPlugin,
 }
 SUPPORTED_PLUGIN_TYPES = tuple(PLUGIN_MODELS)
 
@@ -247,6 +277,7 @@ class DecisionPlugins:
     request_params: RequestParamsPlugin | None = None
     fast_response: FastResponsePlugin | None = None
     router_replay: RouterReplayPlugin | None = None
+    tools: ToolsPlugin | None = None
     names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
 
 

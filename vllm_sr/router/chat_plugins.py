@@ -151,12 +151,14 @@ class ChatPlugins:
         backend: Backend,
         plugins: DecisionPlugins = NO_PLUGINS,
     ) -> dict[str, Any]:
-        """Upstream's reasoning fields for an auto-routed chat whose decision matched (a
-        decision without modelRefs turns reasoning off on the default model), then the
-        decision's ``system_prompt`` and ``request_params``; a named model, or a chat no
-        decision matched, goes as the caller wrote it."""
+        """For an auto-routed chat whose decision matched: the decision's ``tools`` policy,
+        upstream's reasoning fields (a decision without modelRefs turns reasoning off on the
+        default model), then its ``system_prompt`` and ``request_params``; a named model, or
+        a chat no decision matched, goes as the caller wrote it."""
         if result.decision is None:
             return body
+        if plugins.tools is not None:
+            body = shapers.apply_tools(body, plugins.tools)
         out = apply_reasoning(
             body,
             result.model_ref,

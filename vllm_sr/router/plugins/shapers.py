@@ -1,8 +1,9 @@
 """The plugins that reshape the request to the backend, with upstream's exact semantics
 (``X/req_filter_sys_prompt.go``, ``X/req_filter_request_params.go``,
-``X/req_filter_header_mutation.go``). Each is a pure function of the body (a new dict; the
-caller's is never changed). They run, as upstream orders them, after the reasoning fields:
-``system_prompt``, then ``request_params``, then ``header_mutation``."""
+``X/req_filter_header_mutation.go``, ``X/req_filter_tools*.go``). Each is a pure function of
+the body (a new dict; the caller's is never changed). They run in upstream's order: the
+``tools`` policy, then (after the reasoning fields) ``system_prompt``, ``request_params`` and
+``header_mutation``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from vllm_sr.config.routing_plugins import (
     HeaderMutationPlugin,
     RequestParamsPlugin,
     SystemPromptPlugin,
+    ToolsPlugin,
 )
 
 # Upstream's allowedTopLevelFields: what strip_unknown keeps.
@@ -104,3 +106,70 @@ def header_changes(plugin: HeaderMutationPlugin) -> tuple[dict[str, str], list[s
     for pair in [*plugin.add, *plugin.update]:
         setting[pair.name] = pair.value
     return setting, list(plugin.delete)
+
+
+TOOL_CONTROLS = (
+    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+    "web_search_options",
+)  # fmt: skip
+
+
+def _tool_name(tool: Any) -> str | None:
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _without_tool_history(messages: list[Any]) -> list[Any]:
+    """Tool and function messages removed; assistant messages lose their tool calls, and go
+    when nothing else (content, refusal, audio) is left."""
+    out = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            out.append(msg)
+            continue
+        if msg.get("role") in ("tool", "function"):
+            continue
+        if msg.get("role") == "assistant" and (msg.get("tool_calls") or msg.get("function_call")):
+            msg = {k: v for k, v in msg.items() if k not in ("tool_calls", "function_call")}
+            content = msg.get("content")
+            has_payload = (
+                isinstance(content, str)
+                or (isinstance(content, list) and bool(content))
+                or msg.get("refusal") is not None
+                or bool(msg.get("audio"))
+            )
+            if not has_payload:
+                continue
+        out.append(msg)
+    return out
+
+
+def apply_tools(body: dict[str, Any], plugin: ToolsPlugin) -> dict[str, Any]:
+    """none: every tool control removed (and with strip_tool_history, the tool history);
+    filtered: tools outside allow_tools or in block_tools removed (by function name); a
+    ``tool_choice`` left with no tools is removed too. passthrough (and a disabled policy):
+    unchanged."""
+    mode = plugin.mode or "passthrough"
+    if not plugin.enabled or mode == "passthrough":
+        return body
+    out = copy.copy(body)
+    if mode == "none":
+        for key in TOOL_CONTROLS:
+            out.pop(key, None)
+        if plugin.strip_tool_history and isinstance(out.get("messages"), list):
+            out["messages"] = _without_tool_history(out["messages"])
+        return out
+    tools = out.get("tools")
+    if isinstance(tools, list):
+        allow, block = set(plugin.allow_tools), set(plugin.block_tools)
+        kept = [
+            t for t in tools if _tool_name(t) not in block and (not allow or _tool_name(t) in allow)
+        ]
+        if kept:
+            out["tools"] = kept
+        else:
+            out.pop("tools", None)
+    if not out.get("tools"):
+        out.pop("tool_choice", None)
+    return out
