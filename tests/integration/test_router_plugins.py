@@ -414,3 +414,15 @@ async def test_tools_none_strips_tools_and_their_history(stack: Stack) -> None:
     got = stack.coder.received[-1].body
     assert "tools" not in got and "tool_choice" not in got
     assert [m["role"] for m in got["messages"]] == ["user", "user"]
+
+
+async def test_eval_reports_plugins_by_their_canonical_names(stack: Stack) -> None:
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{stack.url}/api/v1/eval", json={"text": "cacheme please"}) as r,
+    ):
+        doc = await r.json()
+    assert doc["decision_result"]["decision_name"] == "exact"
+    assert doc["decision_result"]["plugins"] == ["response_cache"]  # written "semantic-cache"
