@@ -348,6 +348,15 @@ async def test_no_fallback_after_the_first_byte(stack: Stack) -> None:
     assert not stack.chat.stats.backend_fallbacks
 
 
+async def test_no_next_model_once_the_callers_deadline_has_passed(stack: Stack) -> None:
+    stack.broken.fault = "slow"  # answers after 1 s; the caller gives the chat 200 ms
+    with pytest.raises(openai.APIStatusError) as info:
+        await ask(stack.client, "fallback please", extra_headers={"X-Request-Timeout-Ms": "200"})
+    assert info.value.status_code == 504
+    assert info.value.response.headers["x-vsr-backend-fallback"] == "broken:deadline"
+    assert not stack.coder.received  # no time was left for the next model
+
+
 async def test_fallback_stops_at_the_callers_deadline(stack: Stack) -> None:
     stack.broken.fault = "503"
     raw = await ask(stack.client, "fallback please", extra_headers={"X-Request-Timeout-Ms": "5000"})

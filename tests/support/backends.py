@@ -61,8 +61,9 @@ class StandInBackend:
         self.gate: asyncio.Event | None = None  # set: streams wait on it after the first chunk
         # Every chat fails this way: "reset" (connection dropped, no answer), "503"/"429"
         # (that status), "stream_before_first" (SSE headers, then dropped before any chunk),
-        # "stream_after_first" (dropped after the first chunk).
+        # "stream_after_first" (dropped after the first chunk), "slow" (answers after slow_s).
         self.fault: str | None = None
+        self.slow_s = 1.0
         self.app = web.Application()
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -94,6 +95,8 @@ class StandInBackend:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(Received(body, dict(request.headers)))
+        if self.fault == "slow":
+            await asyncio.sleep(self.slow_s)
         if self.fault == "reset":
             assert request.transport is not None
             request.transport.abort()
