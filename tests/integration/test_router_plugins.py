@@ -40,7 +40,7 @@ def closed_port() -> int:
 SIGNALS = {
     "keywords": [{"name": n, "operator": "OR", "keywords": [n]}
                  for n in ("cacheme", "busy", "shape", "fallback", "deadpath", "globalcache",
-                           "replayme", "privateq")],
+                           "replayme", "privateq", "toolpick")],
     "embeddings": [{"name": "billing", "threshold": 0.6,
                     "candidates": ["refund my order", "I was charged twice"]}],
 }  # fmt: skip
@@ -71,6 +71,9 @@ DECISIONS = [
     {"name": "private", "priority": 64, "rules": kw("privateq"), "modelRefs": [{"model": "coder"}],
      "plugins": [{"type": "tools", "configuration": {
          "enabled": True, "mode": "none", "strip_tool_history": True}}]},
+    {"name": "toolsel", "priority": 63, "rules": kw("toolpick"), "modelRefs": [{"model": "coder"}],
+     "plugins": [{"type": "tool_selection", "configuration": {
+         "enabled": True, "mode": "filter", "relevance_threshold": 0.4}}]},
     {"name": "billing", "priority": 60,
      "rules": {"operator": "AND", "conditions": [{"type": "embedding", "name": "billing"}]},
      "modelRefs": [{"model": "coder"}],
@@ -435,3 +438,30 @@ async def test_eval_reports_plugins_by_their_canonical_names(stack: Stack) -> No
         doc = await r.json()
     assert doc["decision_result"]["decision_name"] == "exact"
     assert doc["decision_result"]["plugins"] == ["response_cache"]  # written "semantic-cache"
+
+
+def fn_tool(name: str, description: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description,
+                                             "parameters": {"type": "object"}}}  # fmt: skip
+
+
+async def test_tool_selection_keeps_the_relevant_tools(stack: Stack) -> None:
+    tools = [
+        fn_tool("send_email", "send an email message"),
+        fn_tool("get_weather", "get the weather forecast for a city"),
+        fn_tool("search_docs", "search documentation pages"),
+    ]
+    calls = stack.exchange.calls["primary"]
+    for choice in ("auto", "auto", "required"):
+        await stack.client.chat.completions.create(
+            model=AUTO,
+            messages=[{"role": "user", "content": "toolpick the weather forecast for paris"}],
+            tools=tools,  # type: ignore[arg-type]
+            tool_choice=choice,  # type: ignore[arg-type]
+        )
+    auto, again, required = (r.body for r in stack.coder.received[-3:])
+    assert [t["function"]["name"] for t in auto["tools"]] == ["get_weather"]
+    assert again["tools"] == auto["tools"]
+    assert len(required["tools"]) == 3  # only tool_choice "auto" is selected for, as upstream
+    # routing's bundle per chat, plus one for the tool texts (then known)
+    assert stack.exchange.calls["primary"] == calls + 3 + 1

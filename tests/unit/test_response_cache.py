@@ -201,3 +201,16 @@ def test_tools_policy_follows_upstream() -> None:
     )
     assert "tools" not in emptied and "tool_choice" not in emptied
     assert shapers.apply_tools(body, ToolsPlugin(mode="none")) is body  # not enabled
+
+
+def test_tool_selection_order_threshold_and_preserve_count() -> None:
+    from vllm_sr.router.plugins.tool_selection import select, tool_text
+
+    tools = [{"function": {"name": n, "description": f"does {n}"}} for n in "abcd"]
+    assert tool_text(tools[0]) == "a does a"
+    scores = [0.1, 0.9, 0.3, 0.9]
+    names = [t["function"]["name"] for t in select(tools, scores, 0.25, 0)]
+    assert names == ["b", "d", "c"]  # best first, ties in request order
+    names = [t["function"]["name"] for t in select(tools, scores, 0.95, 2)]
+    assert names == ["b", "d"]  # none over the threshold: the two best preserved
+    assert select(tools, scores, 0.95, 0) == []

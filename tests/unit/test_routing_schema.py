@@ -409,13 +409,21 @@ def test_plugin_fragments_load_or_are_refused_by_type(rel: str) -> None:
     Decision.model_validate(decision)  # the shape is accepted
     found = local({"decisions": [decision]})
     supported = ", ".join(SUPPORTED_PLUGIN_TYPES)
-    assert found == {
+    expected = {
         f"routing.decisions[0].plugins[{j}].type": (
             f"the plugin {plugin['type']!r} is {NOT_SUPPORTED}; supported: {supported}"
         )
         for j, plugin in enumerate(plugins)
         if plugin["type"] not in SUPPORTED_PLUGIN_TYPES
     }
+    for j, plugin in enumerate(plugins):  # tool_selection's add mode needs a tools database
+        if plugin["type"] == "tool_selection" and plugin["configuration"].get("mode") == "add":
+            expected[f"routing.decisions[0].plugins[{j}].configuration.mode"] = (
+                f"tool_selection mode 'add' (tools from a tools database) is {NOT_SUPPORTED}; "
+                "supported: mode: filter (the request's own tools, ranked by relevance to the "
+                "query)"
+            )
+    assert found == expected
 
 
 def test_plugin_configurations_are_checked_and_aliases_count_once() -> None:

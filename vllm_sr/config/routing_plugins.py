@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError
 
-from vllm_sr.config.routing_base import Path, Strict, as_dict, problem
+from vllm_sr.config.routing_base import Path, Strict, as_dict, problem, refusal
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -207,6 +207,41 @@ class ToolsPlugin(Strict):
     """Upstream: the tools database's history-aware retrieval (metadata)."""
 
 
+class ToolSelectionPlugin(Strict):
+    enabled: bool = False
+    """Selection runs only when true."""
+
+    mode: Literal["add", "filter"] | None = None
+    """filter: keep the request's tools relevant to the query. add (upstream's default, from a
+    tools database file) is refused: vllm-sr has no tools database."""
+
+    relevance_threshold: float | None = Field(default=None, ge=0, le=1)
+    """filter: a tool is kept when the cosine of its ``name description`` to the query is at
+    least this (default 0.25)."""
+
+    preserve_count: int = Field(default=0, ge=0)
+    """filter: keep at least this many tools (the best scored), whatever their score."""
+
+    fallback_to_empty: bool | None = None
+    """Upstream: what an empty selection sends; vllm-sr removes ``tools`` (and ``tool_choice``)
+    either way, since an empty tools list is not a valid request."""
+
+    tools_db_path: str | None = None
+    """add mode's database (refused with add)."""
+
+    top_k: int | None = Field(default=None, ge=0)
+    """add mode (refused)."""
+
+    similarity_threshold: float | None = Field(default=None, ge=0, le=1)
+    """add mode (refused)."""
+
+    advanced_filtering: dict[str, Any] | None = None
+    """add mode (refused)."""
+
+    strategy: str | None = None
+    """add mode's retrieval strategy (refused)."""
+
+
 class RouterReplayPlugin(Strict):
     enabled: bool | None = None
     """Record this decision's chats; unset: ``global.services.router_replay.enabled`` (false:
@@ -239,6 +274,7 @@ PLUGIN_MODELS: dict[str, type[Strict]] = {
     "fast_response": FastResponsePlugin,
     "router_replay": RouterReplayPlugin,
     "tools": ToolsPlugin,
+    "tool_selection": ToolSelectionPlugin,
 }
 SUPPORTED_PLUGIN_TYPES = tuple(PLUGIN_MODELS)
 
@@ -256,7 +292,7 @@ def plugin_problems(path: Path, kind: str, configuration: Any) -> list[Problem]:
             )
         ]
     try:
-        model.model_validate(configuration)
+        typed = model.model_validate(configuration)
     except ValidationError as exc:
         out = []
         for err in exc.errors():
@@ -264,6 +300,14 @@ def plugin_problems(path: Path, kind: str, configuration: Any) -> list[Problem]:
             value = err.get("input")
             out.append(problem(where, f"{err['msg']} (got {value!r}) in the plugin {kind!r}"))
         return out
+    if isinstance(typed, ToolSelectionPlugin) and typed.enabled and typed.mode != "filter":
+        return [
+            refusal(
+                (*path, "configuration", "mode"),
+                f"tool_selection mode {typed.mode or 'add'!r} (tools from a tools database)",
+                "mode: filter (the request's own tools, ranked by relevance to the query)",
+            )
+        ]
     return []
 
 
@@ -278,6 +322,7 @@ class DecisionPlugins:
     fast_response: FastResponsePlugin | None = None
     router_replay: RouterReplayPlugin | None = None
     tools: ToolsPlugin | None = None
+    tool_selection: ToolSelectionPlugin | None = None
     names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
 
 

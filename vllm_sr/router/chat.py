@@ -61,6 +61,7 @@ from vllm_sr.router.cache.answer import AnswerRecorder
 from vllm_sr.router.chat_plugins import ChatPlugins, Replay
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
+from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
 
@@ -108,6 +109,7 @@ class ChatRouter(ChatPlugins):
         cache: ResponseCache | None = None,
         authz: AuthzOptions | None = None,
         replay: ReplayLog | None = None,
+        tool_embeddings: ToolEmbeddings | None = None,
     ) -> None:
         self.router = router  # the default recipe's
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
@@ -119,6 +121,7 @@ class ChatRouter(ChatPlugins):
         self.cache = cache
         self.authz = authz or AuthzOptions()
         self.replay = replay if replay is not None else ReplayLog()
+        self.tool_embeddings = tool_embeddings
         # (recipe, decision) -> the decision and its plugins
         self.decisions = {
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
@@ -166,8 +169,9 @@ class ChatRouter(ChatPlugins):
                     cached = self.cache_answer(result, hit, stream, debug)
                     return replay.done(cached, "cache", result.model)
             recorder = AnswerRecorder() if plan is not None else None
+            outgoing = await self.select_tools(body, plugins, query)
             answer, answered_by, failed = await self.forward(
-                body, result, plugins, request, debug, deadline, recorder, replay
+                outgoing, result, plugins, request, debug, deadline, recorder, replay
             )
             # (an answer from a fallback model is not filed under the chosen model)
             chosen_answered = answered_by == result.model
@@ -331,6 +335,7 @@ def build_chat_router(
         cache=cache,
         authz=authz,
         replay=replay,
+        tool_embeddings=ToolEmbeddings(decision_deployment, raw_exchange, signal_timeout_ms),
     )
 
 

@@ -32,6 +32,7 @@ from vllm_sr.router.plugins import shapers
 from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
 from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayLog, ReplayTap, TeeTap
 from vllm_sr.router.plugins.response_cache import CachePlan, ResponseCache
+from vllm_sr.router.plugins.tool_selection import ToolEmbeddings, apply_tool_selection
 from vllm_sr.router.reasoning import apply_reasoning
 from vllm_sr.router.route import AuthzOptions, Router, RouteResult, RouterStats
 
@@ -58,6 +59,7 @@ class ChatPlugins:
     cache: ResponseCache | None
     authz: AuthzOptions
     replay: ReplayLog
+    tool_embeddings: ToolEmbeddings | None
 
     @property
     def stats(self) -> RouterStats:
@@ -143,6 +145,21 @@ class ChatPlugins:
         answer = last.answer or error_response(last.error or Unavailable("no backend answered"))
         answer.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
         return answer, failed[-1][0], failed
+
+    async def select_tools(
+        self,
+        body: dict[str, Any],
+        plugins: DecisionPlugins,
+        query: cache_embedding.QueryEmbedding,
+    ) -> dict[str, Any]:
+        """``tool_selection`` (filter mode) after the ``tools`` policy; the body as it was
+        when the decision has none."""
+        if plugins.tool_selection is None or self.tool_embeddings is None:
+            return body
+        shaped = shapers.apply_tools(body, plugins.tools) if plugins.tools is not None else body
+        return await apply_tool_selection(
+            shaped, plugins.tool_selection, query, self.tool_embeddings
+        )
 
     def outgoing_body(
         self,

@@ -89,15 +89,26 @@ class QueryEmbedding:
 
 def query_vector(answer: bytes) -> numpy.ndarray | None:
     """The ``query`` task's first embedding in a bundle answer, or None."""
+    rows = vectors_of(answer, QUERY_TASK)
+    return rows[0] if rows else None
+
+
+def vectors_of(answer: bytes, task: str) -> list[numpy.ndarray] | None:
+    """The embeddings of one task of a bundle answer, in order, or None."""
     try:
         doc = json.loads(answer)
         for res in doc.get("results") or []:
-            if res.get("id") != QUERY_TASK or res.get("status") != 200:
+            if res.get("id") != task or res.get("status") != 200:
                 continue
-            row: Any = res["body"]["data"][0]["embedding"]
-            if isinstance(row, str):
-                return numpy.frombuffer(base64.b64decode(row), dtype=numpy.float32).copy()
-            return numpy.asarray(row, dtype=numpy.float32)
+            out = []
+            for item in res["body"]["data"]:
+                row: Any = item["embedding"]
+                if isinstance(row, str):
+                    vec = numpy.frombuffer(base64.b64decode(row), dtype=numpy.float32).copy()
+                else:
+                    vec = numpy.asarray(row, dtype=numpy.float32)
+                out.append(vec)
+            return out
     except (ValueError, KeyError, TypeError, IndexError):
         return None
     return None
