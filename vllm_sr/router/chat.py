@@ -4,8 +4,12 @@
 The flow: ``model`` is an auto name -> route (signals, decision, model); a providers model
 name -> that model's backend, no signals; anything else -> 400 ``model "X" is not available``
 (upstream's status and message). The chosen model's backend gets the body with ``model``
-rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py);
-its answer comes back as it is (SSE streamed through). Answer headers, as upstream names them:
+rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py)
+and the decision's plugins (vllm_sr/router/chat_plugins.py: fast_response, response cache,
+tools, system_prompt, request_params, header_mutation, tool_selection, router_replay, and the
+backend fallback before the first byte); its answer comes back as it is (SSE streamed
+through). Answer headers, as upstream names them (the plugins add ``x-vsr-cache-hit``,
+``x-vsr-fast-response``, ``x-vsr-replay-id`` and ours ``x-vsr-backend-fallback``):
 
 - ``x-vsr-selected-model``: the providers model name;
 - ``x-vsr-selected-decision`` and ``x-vsr-selected-confidence`` (``%.4f``): the decision, when
