@@ -166,3 +166,21 @@ async def test_redis_down_serves_uncached_and_counts(pods, redis_socket: Path) -
         assert answer.choices[0].message.content == "general got: cacheme while redis is down"
     assert len(general.received) == 2
     assert a.cache is not None and a.cache.stats.errors["redis"] >= 2
+
+
+async def test_a_value_that_is_not_an_entry_is_a_miss(pods) -> None:  # type: ignore[no-untyped-def]
+    (_, b), (ca, cb), general, sock = pods
+    await ca.chat.completions.create(
+        model=AUTO, messages=[{"role": "user", "content": "cacheme then garbage"}]
+    )
+    r = redis.Redis(unix_socket_path=str(sock))
+    keys = r.keys("vsr:rc:e:*")
+    assert keys  # pod a wrote its entry
+    for key in keys:
+        r.set(key, b"not an entry")
+    answer = await cb.chat.completions.with_raw_response.create(
+        model=AUTO, messages=[{"role": "user", "content": "cacheme then garbage"}]
+    )
+    assert "x-vsr-cache-hit" not in answer.headers
+    assert len(general.received) == 2
+    assert b.cache is not None and not b.cache.stats.errors

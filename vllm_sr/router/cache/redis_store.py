@@ -66,7 +66,7 @@ class RedisStore:
             raw = await self.client.get(self.prefix + "e:" + key)
         except (RedisError, OSError) as exc:
             raise _down(exc) from None
-        return None if raw is None else Entry.from_json(raw)
+        return None if raw is None else _entry(raw)
 
     async def nearest(
         self, group: str, vector: numpy.ndarray, threshold: float
@@ -79,7 +79,10 @@ class RedisStore:
             query = normalise(vector)
             scored = []
             for key, raw in members.items():
-                vec = numpy.frombuffer(base64.b64decode(raw), dtype=numpy.float32)
+                try:
+                    vec = numpy.frombuffer(base64.b64decode(raw), dtype=numpy.float32)
+                except ValueError:
+                    continue  # not one of ours: never a hit
                 if vec.shape == query.shape:
                     scored.append((float(vec @ query), key))
             scored.sort(reverse=True)
@@ -88,8 +91,9 @@ class RedisStore:
                     return None
                 name = key.decode() if isinstance(key, bytes) else str(key)
                 raw_entry = await self.client.get(self.prefix + "e:" + name)
-                if raw_entry is not None:
-                    return Entry.from_json(raw_entry), sim
+                entry = None if raw_entry is None else _entry(raw_entry)
+                if entry is not None:
+                    return entry, sim
                 await self.client.hdel(gkey, key)
         except (RedisError, OSError) as exc:
             raise _down(exc) from None
@@ -116,3 +120,12 @@ class RedisStore:
 
 def _down(exc: BaseException) -> CacheUnavailable:
     return CacheUnavailable(f"the Redis response cache cannot be used: {type(exc).__name__}: {exc}")
+
+
+def _entry(raw: bytes | str) -> Entry | None:
+    """An entry as stored, or None for a value that is not one (written by something else, or
+    by another version): a miss, never an error."""
+    try:
+        return Entry.from_json(raw)
+    except (ValueError, KeyError, TypeError):
+        return None
