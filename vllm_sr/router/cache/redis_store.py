@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from vllm_sr.errors import VllmSrError
@@ -38,7 +40,12 @@ def redis_client(settings: dict[str, Any] | None) -> tuple[aioredis.Redis, str]:
     conn = dict(settings.get("connection") or {})
     timeout = float(conn.get("timeout") or DEFAULT_TIMEOUT_S)
     prefix = str((settings.get("index") or {}).get("prefix") or DEFAULT_PREFIX)
-    common: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    # No retries: a cache that is down must cost a chat one failed attempt, not a backoff.
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
     if settings.get("url"):
         return aioredis.Redis.from_url(str(settings["url"]), **common), prefix
     client = aioredis.Redis(
