@@ -203,6 +203,9 @@ def main() -> None:
     parser.add_argument("--backend-port", type=int, default=0)
     parser.add_argument("--n1", type=int, default=200, help="chats per kind at c=1")
     parser.add_argument("--n64", type=int, default=1280, help="chats per kind at c=64")
+    parser.add_argument(
+        "--backend-delay-ms", type=float, default=0.0, help="the stand-in's think time per answer"
+    )
     args = parser.parse_args()
     if args.router_process:
         router_process(args.port, args.backend_port)
@@ -213,7 +216,8 @@ def main() -> None:
         logs = Path(tmp)
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.support.backends", "--port", str(backend_port)],
+                [sys.executable, "-m", "tests.support.backends", "--port", str(backend_port),
+                 "--delay-ms", str(args.backend_delay_ms)],
                 cwd=REPO, env=env, stdout=(logs / "backend.log").open("wb"),
                 stderr=subprocess.STDOUT,
             ),

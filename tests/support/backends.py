@@ -246,8 +246,11 @@ class FakeWorkerExchange:
         return 200, answer_bundle(body)
 
 
-async def _serve(port: int, name: str) -> None:
-    backend = await StandInBackend(name).start(port)
+async def _serve(port: int, name: str, delay_ms: float = 0.0) -> None:
+    backend = StandInBackend(name)
+    if delay_ms > 0:  # a think time before every answer
+        backend.fault, backend.slow_s = "slow", delay_ms / 1000.0
+    await backend.start(port)
     print(f"stand-in backend {name} on {backend.endpoint}", flush=True)
     await asyncio.Event().wait()
 
@@ -256,8 +259,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="a stand-in OpenAI-compatible backend")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="standin")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="think time per answer")
     args = parser.parse_args()
-    asyncio.run(_serve(args.port, args.name))
+    asyncio.run(_serve(args.port, args.name, args.delay_ms))
 
 
 if __name__ == "__main__":
