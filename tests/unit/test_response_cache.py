@@ -214,3 +214,71 @@ def test_tool_selection_order_threshold_and_preserve_count() -> None:
     names = [t["function"]["name"] for t in select(tools, scores, 0.95, 2)]
     assert names == ["b", "d"]  # none over the threshold: the two best preserved
     assert select(tools, scores, 0.95, 0) == []
+
+
+class _Decision:
+    """The bits of a routing Decision the cache reads."""
+
+    name = "d"
+    model_refs: tuple[Any, ...] = ()
+    plugins: tuple[Any, ...] = ()
+
+
+def _plan(cache: Any, plugin: Any, text: str, control: str = "", user: str = "u") -> Any:
+    from vllm_sr.router.cache.embedding import QueryEmbedding
+
+    headers = {"x-authz-user-id": user, "x-vsr-cache-control": control}
+    body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+    return cache.plan(
+        plugin, body=body, headers=headers, recipe="default", decision=_Decision(),
+        selected_model="m", user_id_header="x-authz-user-id",
+        user_groups_header="x-authz-user-groups", embedding=QueryEmbedding("primary", text),
+    )  # fmt: skip
+
+
+ANSWER = {"choices": [{"index": 0, "message": {"content": "a"}, "finish_reason": "stop"}]}
+
+
+async def test_max_age_and_requested_ttl_bound_hits_on_the_clock() -> None:
+    from vllm_sr.config.routing_plugins import ResponseCachePlugin
+    from vllm_sr.router.plugins.response_cache import ResponseCache
+
+    clock = FakeClock()
+    cache = ResponseCache(
+        MemoryStore(clock=clock), exchange=FakeWorkerExchange({"primary"}), clock=clock
+    )
+    plugin = ResponseCachePlugin.model_validate(
+        {"enabled": True, "mode": "exact",
+         "request_controls": {"enabled": True, "allowed": ["max-age", "ttl", "no-store"]}}
+    )  # fmt: skip
+    await cache.write(_plan(cache, plugin, "q"), ANSWER)
+    clock.advance(10)
+    assert await cache.lookup(_plan(cache, plugin, "q", "max-age=5")) is None
+    assert await cache.lookup(_plan(cache, plugin, "q", "max-age=20")) is not None
+    await cache.write(_plan(cache, plugin, "short", "ttl=3"), ANSWER)
+    clock.advance(2.9)
+    assert await cache.lookup(_plan(cache, plugin, "short")) is not None
+    clock.advance(0.2)
+    assert await cache.lookup(_plan(cache, plugin, "short")) is None
+    await cache.write(_plan(cache, plugin, "kept", "no-store"), ANSWER)
+    assert await cache.lookup(_plan(cache, plugin, "kept")) is None
+    assert cache.stats.skipped["no-store"] == 1
+    assert _plan(cache, plugin, "q", user="") is None  # no identity: not cached at all
+
+
+async def test_semantic_tier_is_skipped_when_no_embedding_can_be_had() -> None:
+    from vllm_sr.config.routing_plugins import ResponseCachePlugin
+    from vllm_sr.errors import Unavailable
+    from vllm_sr.router.plugins.response_cache import ResponseCache
+
+    clock = FakeClock()
+    exchange = FakeWorkerExchange({"primary"})
+    cache = ResponseCache(MemoryStore(clock=clock), exchange=exchange, clock=clock)
+    plugin = ResponseCachePlugin(enabled=True)  # semantic, the default mode
+    await cache.write(_plan(cache, plugin, "what is the capital of france"), ANSWER)
+    assert cache.stats.writes["d"] == 1
+    hit = await cache.lookup(_plan(cache, plugin, "what is the capital of France?"))
+    assert hit is not None and hit.tier == "semantic" and hit.similarity > 0.99
+    exchange.raise_error = Unavailable("the deployment is down")
+    assert await cache.lookup(_plan(cache, plugin, "what is the capital of France?")) is None
+    assert not cache.stats.errors  # not a store failure: the tier was skipped
