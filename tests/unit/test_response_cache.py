@@ -1,6 +1,6 @@
 """The response cache's parts apart from HTTP: the memory store's bounds on a fake clock, the
 keys and controls, a streamed answer assembled and replayed, the query embedding reused from
-routing's answer or asked once."""
+routing's answer or asked once, ages and TTLs on the plugin's clock."""
 
 from __future__ import annotations
 
@@ -12,16 +12,11 @@ import pytest
 
 from tests.support.backends import FakeWorkerExchange, answer_bundle
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing_plugins import (
-    CacheRequestControls,
-    RequestParamsPlugin,
-    SystemPromptPlugin,
-)
+from vllm_sr.config.routing_plugins import CacheRequestControls
 from vllm_sr.router.cache import keys
 from vllm_sr.router.cache.answer import AnswerRecorder, assemble_sse, replay_sse
 from vllm_sr.router.cache.embedding import QueryEmbedding, query_vector
 from vllm_sr.router.cache.store import Entry, MemoryStore
-from vllm_sr.router.plugins import shapers
 
 
 def entry(key: str, clock: FakeClock, size: int = 100, ttl: float = 60.0, **kw: object) -> Entry:
@@ -141,79 +136,6 @@ async def test_query_embedding_reuses_routing_or_asks_once() -> None:
     assert exchange.calls["primary"] == 1 and fresh.exchanges == 1
     assert again is not None and numpy.allclose(again, vec)
     assert query_vector(b"not json") is None
-
-
-def test_shapers_follow_upstream() -> None:
-    body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 9.5, "n": 4, "x": 1}
-    shaped = shapers.apply_request_params(
-        body, RequestParamsPlugin(max_tokens_limit=5, max_n=2, strip_unknown=True)
-    )
-    assert shaped == {"messages": body["messages"], "n": 2}  # fractional removed, x stripped
-    replaced = shapers.apply_system_prompt(
-        {"messages": [{"role": "system", "content": "old"}]},
-        SystemPromptPlugin(system_prompt="new", mode="append"),
-    )
-    assert replaced["messages"] == [{"role": "system", "content": "new"}]
-    added = shapers.apply_system_prompt(body, SystemPromptPlugin(system_prompt="new"))
-    assert added["messages"][0] == {"role": "system", "content": "new"}
-    off = SystemPromptPlugin(system_prompt="new", enabled=False)
-    assert shapers.apply_system_prompt(body, off) is body
-
-
-def test_tools_policy_follows_upstream() -> None:
-    from vllm_sr.config.routing_plugins import ToolsPlugin
-
-    def tool(name: str) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": name, "parameters": {}}}
-
-    body: dict[str, Any] = {
-        "messages": [
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
-            {"role": "tool", "tool_call_id": "1", "content": "r"},
-            {"role": "assistant", "content": "so", "tool_calls": [{"id": "2"}]},
-        ],
-        "tools": [tool("docs.search"), tool("admin.delete"), tool("other")],
-        "tool_choice": "auto",
-        "parallel_tool_calls": True,
-    }
-    none = shapers.apply_tools(
-        body, ToolsPlugin(enabled=True, mode="none", strip_tool_history=True)
-    )
-    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(none)
-    assert none["messages"] == [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "so"},
-    ]
-    kept = shapers.apply_tools(
-        body,
-        ToolsPlugin(
-            enabled=True,
-            mode="filtered",
-            allow_tools=["docs.search", "admin.delete"],
-            block_tools=["admin.delete"],
-        ),
-    )
-    assert [t["function"]["name"] for t in kept["tools"]] == ["docs.search"]
-    assert kept["tool_choice"] == "auto" and kept["messages"] == body["messages"]
-    emptied = shapers.apply_tools(
-        body, ToolsPlugin(enabled=True, mode="filtered", allow_tools=["missing"])
-    )
-    assert "tools" not in emptied and "tool_choice" not in emptied
-    assert shapers.apply_tools(body, ToolsPlugin(mode="none")) is body  # not enabled
-
-
-def test_tool_selection_order_threshold_and_preserve_count() -> None:
-    from vllm_sr.router.plugins.tool_selection import select, tool_text
-
-    tools = [{"function": {"name": n, "description": f"does {n}"}} for n in "abcd"]
-    assert tool_text(tools[0]) == "a does a"
-    scores = [0.1, 0.9, 0.3, 0.9]
-    names = [t["function"]["name"] for t in select(tools, scores, 0.25, 0)]
-    assert names == ["b", "d", "c"]  # best first, ties in request order
-    names = [t["function"]["name"] for t in select(tools, scores, 0.95, 2)]
-    assert names == ["b", "d"]  # none over the threshold: the two best preserved
-    assert select(tools, scores, 0.95, 0) == []
 
 
 class _Decision:
