@@ -408,7 +408,7 @@ class VectorStore(Strict):
 
 class Stores(Strict):
     response_cache: ResponseCache = Field(default_factory=ResponseCache)
-    """Upstream: the response cache (used by the refused response-cache plugin)."""
+    """The store of the decisions' response_cache plugins (vllm_sr/router/plugins)."""
 
     memory: Memory = Field(default_factory=Memory)
     """Upstream: agentic memory (refused when enabled)."""

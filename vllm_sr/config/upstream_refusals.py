@@ -136,8 +136,8 @@ def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem
             )
         )
     if _is_true(as_dict(stores.get("response_cache")).get("enabled")) and not _has_decisions(raw):
-        # With decisions, upstream caches only through a decision's response-cache plugin
-        # (refused in routing); with none, the global switch caches every request.
+        # With decisions, upstream caches only through a decision's response_cache plugin
+        # (acted on); with none, the global switch caches every request (not done here).
         problems.append(
             refusal(
                 (*base, "response_cache", "enabled"),
