@@ -465,3 +465,19 @@ async def test_tool_selection_keeps_the_relevant_tools(stack: Stack) -> None:
     assert len(required["tools"]) == 3  # only tool_choice "auto" is selected for, as upstream
     # routing's bundle per chat, plus one for the tool texts (then known)
     assert stack.exchange.calls["primary"] == calls + 3 + 1
+
+
+async def test_semantic_hit_needs_the_same_history(stack: Stack) -> None:
+    text = "I was charged twice for my order"
+    await ask(stack.client, text)
+    other = await stack.client.chat.completions.with_raw_response.create(
+        model=AUTO,
+        messages=[
+            {"role": "user", "content": "refactor this python function"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": text},
+        ],
+    )
+    assert other.headers["x-vsr-selected-decision"] == "billing"
+    assert "x-vsr-cache-hit" not in other.headers  # another conversation: never a false hit
+    assert len(stack.coder.received) == 2
