@@ -59,6 +59,11 @@ class StandInBackend:
         self.received: list[Received] = []
         self.healthy = True
         self.gate: asyncio.Event | None = None  # set: streams wait on it after the first chunk
+        # Every chat fails this way: "reset" (connection dropped, no answer), "503"/"429"
+        # (that status), "stream_before_first" (SSE headers, then dropped before any chunk),
+        # "stream_after_first" (dropped after the first chunk), "slow" (answers after slow_s).
+        self.fault: str | None = None
+        self.slow_s = 1.0
         self.app = web.Application()
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -90,6 +95,15 @@ class StandInBackend:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(Received(body, dict(request.headers)))
+        if self.fault == "slow":
+            await asyncio.sleep(self.slow_s)
+        if self.fault == "reset":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        if self.fault in ("503", "429"):
+            err = {"error": {"message": f"{self.name} fault {self.fault}", "type": "server_error"}}
+            return web.json_response(err, status=int(self.fault))
         text = last_user_text(body)
         if text.startswith("FAIL "):
             status = int(text.split()[1])
@@ -124,6 +138,10 @@ class StandInBackend:
         step = max(1, len(words) // self.chunks)
         pieces = [" ".join(words[i : i + step]) for i in range(0, len(words), step)]
         for i, piece in enumerate(pieces):
+            if self.fault == "stream_before_first" or (self.fault == "stream_after_first" and i):
+                assert request.transport is not None
+                request.transport.abort()
+                return out
             delta = {"role": "assistant", "content": piece} if i == 0 else {"content": " " + piece}
             await out.write(_sse(model, delta, None))
             if i == 0 and self.gate is not None:
@@ -228,8 +246,11 @@ class FakeWorkerExchange:
         return 200, answer_bundle(body)
 
 
-async def _serve(port: int, name: str) -> None:
-    backend = await StandInBackend(name).start(port)
+async def _serve(port: int, name: str, delay_ms: float = 0.0) -> None:
+    backend = StandInBackend(name)
+    if delay_ms > 0:  # a think time before every answer
+        backend.fault, backend.slow_s = "slow", delay_ms / 1000.0
+    await backend.start(port)
     print(f"stand-in backend {name} on {backend.endpoint}", flush=True)
     await asyncio.Event().wait()
 
@@ -238,8 +259,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="a stand-in OpenAI-compatible backend")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="standin")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="think time per answer")
     args = parser.parse_args()
-    asyncio.run(_serve(args.port, args.name))
+    asyncio.run(_serve(args.port, args.name, args.delay_ms))
 
 
 if __name__ == "__main__":

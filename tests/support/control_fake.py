@@ -123,6 +123,10 @@ class FakeBackend:
         health: dict[str, Any] = _SERVICE.health(self)
         return health
 
+    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+        records: dict[str, Any] = _SERVICE.replay(self, decision, since)
+        return records
+
     def effective_config(self) -> dict[str, Any]:
         if self._config is not None:
             return self._config

@@ -291,16 +291,23 @@ async def test_shows_what_each_adaptive_thread_learner_says(
 async def test_router_mode_shows_backends_and_decision_rates(
     live: LiveControl, clock: FakeClock
 ) -> None:
-    count = {"n": 4}
+    start = clock.monotonic()
 
     def router() -> dict[str, Any]:
+        # 5 decisions per second of the fake clock from 4: any two polls see 5.0/s, however
+        # many polls the app makes in between (its event stream may ask for one).
+        count = {"n": 4 + round(5 * (clock.monotonic() - start))}
         return {
             "backends": [
                 {"model": "coder", "url": "http://127.0.0.1:8001/v1", "state": "healthy",
                  "requests_per_s": 1.5, "latency_p50_ms": 10.0, "latency_p99_ms": 30.0,
                  "errors": 0, "last_error": None}
             ],
-            "stats": {"decisions": [{"decision": "coding", "model": "coder", "count": count["n"]}]},
+            "stats": {"decisions": [{"decision": "coding", "model": "coder", "count": count["n"]}],
+                      "backend_fallbacks": [{"model": "coder", "reason": "http_503", "count": 2}]},
+            "cache": {"store": "memory", "entries": 3, "bytes": 2048,
+                      "hits": [{"decision": "coding", "tier": "exact", "count": 7}],
+                      "misses": [{"decision": "coding", "mode": "exact", "count": 4}]},
         }  # fmt: skip
 
     live.backend.router_view = router
@@ -309,7 +316,6 @@ async def test_router_mode_shows_backends_and_decision_rates(
         await _started(pilot)
         panel = app.query_one(RouterPanel)
         assert panel.display
-        count["n"] = 14
         clock.advance(2.0)
         await app.poll_once()
         console = Console(width=150, record=True)
@@ -317,6 +323,8 @@ async def test_router_mode_shows_backends_and_decision_rates(
         text = console.export_text()
         assert "coder" in text and "http://127.0.0.1:8001/v1" in text
         assert "coding->coder 5.0" in text  # (14 - 4) decisions over 2 s
+        assert "http_503 2" in text  # the model's fallbacks in the backends table
+        assert "cache (memory): 3 entries, 2.0 KiB; hits exact 7; misses 4" in text
 
 
 async def test_engine_mode_hides_the_router_panel(live: LiveControl, clock: FakeClock) -> None:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -289,3 +290,56 @@ def test_status_shows_router_backends_and_decisions() -> None:
     text = console.export_text()
     assert "coder" in text and "connection refused" in text and "2.5" in text
     assert "decisions: coding->coder 7; fallbacks: signals:overloaded 2" in text
+
+
+def test_ctl_replay_reads_records_by_decision_and_follows(
+    served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vllm_sr.config.routing_plugins import RouterReplayPlugin
+    from vllm_sr.router.plugins.replay import ReplayLog
+
+    log = ReplayLog()
+    conf = RouterReplayPlugin(enabled=True, max_body_bytes=8)
+
+    def add(decision: str, status: int = 200) -> None:
+        log.record(
+            conf, replay_id=log.new_id(), decision=decision, recipe="default",
+            selected_model="coder", answered_by="coder", matched_signals=("keyword:code",),
+            body=b'{"model": "auto", "messages": []}', stream=False, status=status,
+            latency_ms=12.5, path="upstream", response=None, response_body=b"{}",
+        )  # fmt: skip
+
+    add("coding")
+    add("billing", 502)
+    served.backend.replay_view = log.read  # type: ignore[attr-defined]
+    sock = ("--socket", str(served.path))
+    assert run("ctl", "replay", "--decision", "billing", "--json", *sock) == 0
+    (rec,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (rec["decision"], rec["status"], rec["seq"]) == ("billing", 502, 2)
+    assert rec["request_body"] == '{"model"' and rec["request_truncated"] is True
+    assert run("ctl", "replay", *sock) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "#1 coding -> coder 200 12.5 ms upstream" in lines[0]
+
+    handed = threading.Event()  # the follower was given record 3
+
+    def read(decision: str | None, since: int) -> dict[str, Any]:
+        answer = log.read(decision, since)
+        if any(r["seq"] == 3 for r in answer["records"]):
+            handed.set()
+        return answer
+
+    served.backend.replay_view = read  # type: ignore[attr-defined]
+
+    def add_then_stop() -> None:
+        served.call(lambda: add("coding"))
+        handed.wait(10)
+        served.run(served.server.stop())
+
+    stopper = threading.Thread(target=add_then_stop)
+    stopper.start()
+    code = run("ctl", "replay", "--follow", "--since", "2", *sock)
+    stopper.join(10)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in out] == ["#3"]  # only the new record, once
+    assert code == 3  # the service went away

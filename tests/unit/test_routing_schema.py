@@ -26,6 +26,7 @@ from vllm_sr.config.routing import (
     routing_problems,
 )
 from vllm_sr.config.routing_base import NOT_SUPPORTED
+from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES
 from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.routing_support import DEFAULT_LOOPER_ENDPOINT, LOOPER_TYPES, looper_problems
 
@@ -401,18 +402,50 @@ def test_algorithm_shapes_upstream_rejects() -> None:
 
 
 @pytest.mark.parametrize("rel", fragments("plugin"))
-def test_plugin_fragments_are_refused_by_type(rel: str) -> None:
+def test_plugin_fragments_load_or_are_refused_by_type(rel: str) -> None:
     doc = fragment(rel)
     plugins = doc["plugins"] if "plugins" in doc else [doc["plugin"]]
     decision = {"name": "d", "plugins": plugins}
     Decision.model_validate(decision)  # the shape is accepted
     found = local({"decisions": [decision]})
-    assert found == {
+    supported = ", ".join(SUPPORTED_PLUGIN_TYPES)
+    expected = {
         f"routing.decisions[0].plugins[{j}].type": (
-            f"the plugin {plugin['type']!r} is {NOT_SUPPORTED}; supported: (none yet)"
+            f"the plugin {plugin['type']!r} is {NOT_SUPPORTED}; supported: {supported}"
         )
         for j, plugin in enumerate(plugins)
+        if plugin["type"] not in SUPPORTED_PLUGIN_TYPES
     }
+    for j, plugin in enumerate(plugins):  # tool_selection's add mode needs a tools database
+        if plugin["type"] == "tool_selection" and plugin["configuration"].get("mode") == "add":
+            expected[f"routing.decisions[0].plugins[{j}].configuration.mode"] = (
+                f"tool_selection mode 'add' (tools from a tools database) is {NOT_SUPPORTED}; "
+                "supported: mode: filter (the request's own tools, ranked by relevance to the "
+                "query)"
+            )
+    assert found == expected
+
+
+def test_plugin_configurations_are_checked_and_aliases_count_once() -> None:
+    found = local(
+        {
+            "decisions": [
+                {
+                    "name": "d",
+                    "plugins": [
+                        {"type": "semantic-cache", "configuration": {"enabled": True}},
+                        {"type": "response_cache", "configuration": {"mode": "fuzzy"}},
+                        {"type": "fast_response", "configuration": {}},
+                        {"type": "system_prompt"},
+                    ],
+                }
+            ]
+        }
+    )
+    assert "one plugin per type" in found["routing.decisions[0].plugins[1].type"]
+    assert "'fuzzy'" in found["routing.decisions[0].plugins[1].configuration.mode"]
+    assert "fast_response" in found["routing.decisions[0].plugins[2].configuration.message"]
+    assert "no configuration" in found["routing.decisions[0].plugins[3].configuration"]
 
 
 # -- decisions: upstream's fields ------------------------------------------------------------

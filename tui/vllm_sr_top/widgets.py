@@ -6,12 +6,13 @@ import datetime as dt
 from typing import Any
 
 from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult, RenderResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, RichLog, Sparkline, Static
 
-from vllm_sr.control.render import backends_table, format_seconds
+from vllm_sr.control.render import backends_table, cache_line, format_seconds
 from vllm_sr_top.model import (
     COLUMNS,
     SortKey,
@@ -175,15 +176,18 @@ class DeploymentPanel(Vertical):
 
 
 class RouterPanel(Static):
-    """Router mode: the LLM backends (state, requests/s, p50/p99, errors) and decision rates.
-    Hidden in Engine mode."""
+    """Router mode: the LLM backends (state, requests/s, p50/p99, errors, fallbacks), decision
+    rates and the response cache's hits. Hidden in Engine mode."""
 
     shown: Group | None = None
 
     def show(self, router: dict[str, Any] | None, rates: dict[tuple[str, str], float]) -> None:
         self.display = router is not None
         if router is not None:
-            self.shown = Group(backends_table(router), decisions_text(router, rates))
+            parts: list[Table | Text] = [backends_table(router), decisions_text(router, rates)]
+            if router.get("cache") is not None:
+                parts.append(cache_line(router["cache"]))
+            self.shown = Group(*parts)
             self.update(self.shown)
 
 

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -122,6 +123,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sc = action("scale", _scale, "set a deployment's worker count (writes the config)")
     sc.add_argument("deployment", metavar="DEPLOYMENT")
     sc.add_argument("replicas", type=int, metavar="N")
+    rp = action("replay", _replay, "router_replay's records of routed chats; --follow for new ones")
+    rp.add_argument("--decision", default=None, metavar="D", help="only decision D's records")
+    rp.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
+    rp.add_argument("--since", type=int, default=None, metavar="SEQ", help="after record SEQ")
     action("reload", _reload, "re-read the config and apply it")
     action("threads", _threads, "each CPU worker's learned thread counts (adaptive threads)")
 
@@ -157,6 +162,29 @@ def _events(args: argparse.Namespace) -> int:
         print(json.dumps(event, default=str) if args.json else event_line(event), flush=True)
     print("vllm-sr: the service closed the event stream", file=sys.stderr)
     return EXIT_FAILURE
+
+
+REPLAY_POLL_S = 0.5
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """Print the records (one line each, or JSON lines); with --follow, ask again every
+    REPLAY_POLL_S for the records after the last one printed, until interrupted."""
+    from vllm_sr.control.render import replay_line
+
+    client = client_for(args)
+    since = args.since or 0
+    while True:
+        answer = client.replay(args.decision, since)
+        for rec in answer.get("records", []):
+            print(json.dumps(rec, default=str) if args.json else replay_line(rec), flush=True)
+            since = max(since, int(rec.get("seq", since)))
+        if not args.follow:
+            return EXIT_OK
+        try:
+            time.sleep(REPLAY_POLL_S)
+        except KeyboardInterrupt:
+            return EXIT_OK
 
 
 def _done(args: argparse.Namespace, what: str, result: dict[str, Any]) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
+from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -95,7 +96,7 @@ BLOCK_TYPES = (
 # Loopers that upstream runs with a single modelRef; the others need more than one.
 SINGLE_REF_LOOPERS = ("remom", "fusion", "workflows")
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
-SUPPORTED_PLUGINS: tuple[str, ...] = ()
+SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
@@ -232,14 +233,30 @@ def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
 def _decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
     problems = _leaf_problems((*path, "rules"), dec.get("rules"))
     problems += _algorithm_problems((*path, "algorithm"), dec.get("algorithm"))
+    seen: dict[str, int] = {}
     for j, plugin in enumerate(as_list(dec.get("plugins"))):
-        kind = as_dict(plugin).get("type")
-        problems.append(
-            refusal(
-                (*path, "plugins", j, "type"),
-                f"the plugin {kind!r}",
-                ", ".join(SUPPORTED_PLUGINS) or "(none yet)",
+        raw_kind = as_dict(plugin).get("type")
+        kind = canonical_type(raw_kind)
+        if kind not in SUPPORTED_PLUGINS:
+            problems.append(
+                refusal(
+                    (*path, "plugins", j, "type"),
+                    f"the plugin {raw_kind!r}",
+                    ", ".join(SUPPORTED_PLUGINS),
+                )
             )
+            continue
+        if kind in seen:
+            problems.append(
+                problem(
+                    (*path, "plugins", j, "type"),
+                    f"the plugin {kind!r} is also plugins[{seen[kind]}] (after upstream's "
+                    "aliasing); accepted: one plugin per type",
+                )
+            )
+        seen[kind] = j
+        problems += plugin_problems(
+            (*path, "plugins", j), kind, as_dict(plugin).get("configuration")
         )
     if dec.get("adaptations") not in (None, {}):
         problems.append(

@@ -207,8 +207,8 @@ class Services(Strict):
 
 
 class ResponseCache(Strict):
-    """Upstream's response cache. Decisions use it through their response-cache plugin (which
-    vllm-sr refuses); with no decisions at all, ``enabled`` caches every request."""
+    """Upstream's response cache, the store of the decisions' ``response_cache`` plugins
+    (vllm_sr/router/plugins/response_cache.py); ``enabled`` unset means on, as upstream."""
 
     enabled: bool = False
     """Upstream: the cache switch."""
@@ -220,10 +220,14 @@ class ResponseCache(Strict):
     """Upstream: semantic hit threshold."""
 
     max_entries: int | None = Field(default=None, ge=0)
-    """Upstream: most cached entries."""
+    """Upstream: most cached entries (default 1000; the memory store's bound)."""
+
+    max_bytes: int | None = Field(default=None, ge=0)
+    """vllm-sr's: the memory store's bound in bytes (default 256 MiB), least recently used
+    entries evicted first."""
 
     ttl_seconds: int | None = Field(default=None, ge=0)
-    """Upstream: entry lifetime."""
+    """Upstream: entry lifetime (default 3600 s; a plugin's ttl_seconds overrides it)."""
 
     eviction_policy: str | None = None
     """Upstream: fifo, lru, lfu."""
@@ -356,7 +360,7 @@ class VectorStore(Strict):
 
 class Stores(Strict):
     response_cache: ResponseCache = Field(default_factory=ResponseCache)
-    """Upstream: the response cache (used by the refused response-cache plugin)."""
+    """The store of the decisions' response_cache plugins (vllm_sr/router/plugins)."""
 
     memory: Memory = Field(default_factory=Memory)
     """Upstream: agentic memory (refused when enabled)."""

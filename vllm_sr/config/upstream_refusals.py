@@ -127,9 +127,18 @@ def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem
     for key, what in (("memory", "agentic memory"), ("vector_store", "the vector store")):
         if _is_true(as_dict(stores.get(key)).get("enabled")):
             problems.append(refusal((*base, key, "enabled"), what, "false"))
+    backend = as_dict(stores.get("response_cache")).get("backend_type")
+    if backend not in (None, "memory", "redis"):
+        problems.append(
+            refusal(
+                (*base, "response_cache", "backend_type"),
+                f"the response-cache store {backend!r}",
+                "memory (the default), redis",
+            )
+        )
     if _is_true(as_dict(stores.get("response_cache")).get("enabled")) and not _has_decisions(raw):
-        # With decisions, upstream caches only through a decision's response-cache plugin
-        # (refused in routing); with none, the global switch caches every request.
+        # With decisions, upstream caches only through a decision's response_cache plugin
+        # (acted on); with none, the global switch caches every request (not done here).
         problems.append(
             refusal(
                 (*base, "response_cache", "enabled"),

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -148,6 +148,10 @@ class _Calls(Generic[R]):
 
     def config(self) -> R:
         return self._send(Call("GET", "/v1/config"))
+
+    def replay(self, decision: str | None = None, since: int | None = None) -> R:
+        query = {k: str(v) for k, v in (("decision", decision), ("since", since)) if v is not None}
+        return self._send(Call("GET", "/v1/replay" + (f"?{urlencode(query)}" if query else "")))
 
     def events(self, since: int | None = None) -> R:
         return self._send(Call("GET", _events_target(since, stream=False)))

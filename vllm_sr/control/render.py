@@ -147,14 +147,22 @@ def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
     router = inventory.get("router")
     if isinstance(router, dict):
         parts.extend([Text(""), backends_table(router), decisions_line(router)])
+        if router.get("cache") is not None:
+            parts.append(cache_line(router["cache"]))
     return Group(*parts)
 
 
 def backends_table(router: dict[str, Any]) -> Table:
-    """Router mode's LLM backends: state, requests/s, p50/p99, errors."""
+    """Router mode's LLM backends: state, requests/s, p50/p99, errors, and the model's
+    fallbacks (chats that failed on it before their first byte and went to another model,
+    by reason)."""
     table = Table(title=Text("backends", style="bold"), title_justify="left", box=None)
-    for name in ("model", "url", "state", "req/s", "p50 ms", "p99 ms", "errors", "last error"):
+    columns = ("model", "url", "state", "req/s", "p50 ms", "p99 ms", "errors", "fell back")
+    for name in (*columns, "last error"):
         table.add_column(name)
+    fell: dict[str, list[str]] = {}
+    for f in (router.get("stats") or {}).get("backend_fallbacks") or []:
+        fell.setdefault(str(f.get("model")), []).append(f"{f.get('reason')} {f.get('count')}")
     for b in router.get("backends", []):
         table.add_row(
             str(b.get("model")),
@@ -164,9 +172,28 @@ def backends_table(router: dict[str, Any]) -> Table:
             _ms(b.get("latency_p50_ms")),
             _ms(b.get("latency_p99_ms")),
             str(b.get("errors") or 0),
+            ", ".join(fell.get(str(b.get("model")), [])) or "-",
             str(b.get("last_error") or "-"),
         )
     return table
+
+
+def cache_line(cache: dict[str, Any]) -> Text:
+    """``cache (memory): 12 entries, 40.1 KiB; hits exact 3, semantic 2; misses 4``."""
+    hits: dict[str, int] = {}
+    for h in cache.get("hits") or []:
+        hits[str(h.get("tier"))] = hits.get(str(h.get("tier")), 0) + int(h.get("count") or 0)
+    misses = sum(int(m.get("count") or 0) for m in cache.get("misses") or [])
+    size = ""
+    if cache.get("entries") is not None:
+        size = f": {cache['entries']} entries, {float(cache.get('bytes') or 0) / 1024:.1f} KiB"
+    text = f"cache ({cache.get('store')}){size}; hits "
+    text += ", ".join(f"{t} {n}" for t, n in sorted(hits.items())) or "0"
+    text += f"; misses {misses}"
+    errors = sum((cache.get("errors") or {}).values())
+    if errors:
+        text += f"; store errors {errors}"
+    return Text(text)
 
 
 def decisions_line(router: dict[str, Any]) -> Text:
@@ -184,6 +211,19 @@ def decisions_line(router: dict[str, Any]) -> Text:
 
 def _ms(value: Any) -> str:
     return f"{float(value):.1f}" if isinstance(value, int | float) else "-"
+
+
+def replay_line(rec: dict[str, Any]) -> str:
+    """``2026-12-04 15:01:02 #7 coding -> coder 200 12.3 ms upstream id=ab12...``."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(rec.get("time", 0))))
+    line = (
+        f"{stamp} #{rec.get('seq')} {rec.get('decision')} -> {rec.get('model') or '-'} "
+        f"{rec.get('status')} {float(rec.get('latency_ms') or 0):.1f} ms "
+        f"{rec.get('response_path')} id={rec.get('id')}"
+    )
+    if rec.get("backend_fallbacks"):
+        line += " fell back from " + ",".join(rec["backend_fallbacks"])
+    return line
 
 
 def event_line(event: dict[str, Any]) -> str:

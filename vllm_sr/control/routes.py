@@ -39,6 +39,8 @@ class ControlBackend(Protocol):
 
     def effective_config(self) -> dict[str, Any]: ...
 
+    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]: ...
+
     async def submit(self, command: Command) -> dict[str, Any]: ...
 
 
@@ -121,6 +123,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/config", _config)
     app.router.add_get("/v1/events", _events)
     app.router.add_get("/v1/events/stream", _stream)
+    app.router.add_get("/v1/replay", _replay)
     for action in ("drain", "eject", "readmit", "restart"):
         app.router.add_post(f"/v1/replicas/{{id}}/{action}", _replica_handler(action))
     app.router.add_post("/v1/deployments/{name}/scale", _scale)
@@ -164,6 +167,12 @@ def _since(request: web.Request) -> int | None:
     if not raw.isdigit():
         raise InvalidRequest(f"since: expected a whole number >= 0 (an event seq), got {raw!r}")
     return int(raw)
+
+
+async def _replay(request: web.Request) -> web.Response:
+    """router_replay's records: ``?decision=D`` (one decision), ``?since=SEQ`` (after it)."""
+    decision = request.query.get("decision") or None
+    return _json(request.app[SERVER_KEY].backend.replay(decision, _since(request) or 0))
 
 
 async def _events(request: web.Request) -> web.Response:

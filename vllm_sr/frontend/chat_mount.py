@@ -71,6 +71,8 @@ class ChatMount:
             return
         old_backends = self._backends
         if plan is None or not plan.enabled or plan.providers is None:
+            if self.chat is not None and self.chat.cache is not None:
+                await self.chat.cache.store.close()
             self.plan, self.chat, self._backends = plan, None, None
         else:
             same_providers = self.plan is not None and self.plan.providers == plan.providers
@@ -78,6 +80,10 @@ class ChatMount:
             if backends is None:
                 backends = BackendSet(plan.providers)
                 await backends.start()
+            # The response cache lives as long as its store settings do (a reload that changes
+            # only routing keeps every entry; a decision's policy is in its keys).
+            same_store = self.plan is not None and _store_of(self.plan) == _store_of(plan)
+            old_cache = self.chat.cache if self.chat is not None else None
             self.chat = build_chat_router(
                 plan.providers,
                 plan.routing or Routing(),
@@ -86,11 +92,15 @@ class ChatMount:
                 auto_model_names=list(plan.auto_model_names),
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
+                replay=self.chat.replay if self.chat is not None else None,
                 authz=plan.authz,
                 recipes=plan.recipes,
                 entrypoints=plan.entrypoints,
                 global_=plan.global_,
+                cache=old_cache if same_store and old_cache is not None else True,
             )
+            if old_cache is not None and old_cache is not self.chat.cache:
+                await old_cache.store.close()
             self.plan, self._backends = plan, backends
             self._warm = asyncio.ensure_future(self._warm_up(self.chat))
         if old_backends is not None and old_backends is not self._backends:
@@ -108,6 +118,8 @@ class ChatMount:
     async def close(self) -> None:
         if self._warm is not None:
             self._warm.cancel()
+        if self.chat is not None and self.chat.cache is not None:
+            await self.chat.cache.store.close()
         if self._backends is not None:
             await self._backends.close()
 
@@ -138,3 +150,15 @@ class ChatMount:
 
     def inventory(self) -> dict[str, Any] | None:
         return self.chat.inventory() if self.chat is not None else None
+
+    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+        """router_replay's records (the control API's ``GET /v1/replay``)."""
+        if self.chat is None:
+            return {"records": [], "last_seq": 0, "decisions": []}
+        return self.chat.replay.read(decision, since)
+
+
+def _store_of(plan: RouterPlan) -> Any:
+    """The plan's response-cache store settings (None: the defaults)."""
+    glob = plan.global_
+    return None if glob is None else glob.stores.response_cache

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
@@ -54,6 +55,7 @@ BACKOFF_MAX_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 600.0  # between two chunks of an answer: a slow model may think for a while
 MAX_ERROR_TEXT = 500
+T = TypeVar("T")
 
 
 class BackendUnavailable(VllmSrError):
@@ -325,70 +327,197 @@ class BackendSet:
         headers: Mapping[str, str],
         *,
         upstream_model: str | None = None,
+        early_failure: bool = False,
+        first_byte_timeout_s: float | None = None,
+        tap: AnswerTap | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        drop_headers: Sequence[str] = (),
     ) -> Response | StreamResponse:
         """Send the chat to ``backend`` and answer ``request`` with what comes back, streamed
         through when it is SSE; ``headers`` are added to the answer. ``model`` is rewritten to
         ``upstream_model`` when given (a modelRef's LoRA goes by its own name, as upstream),
-        else to the backend's name for the model."""
+        else to the backend's name for the model.
+
+        With ``early_failure``, a failure before the first byte reached the caller (the backend
+        cannot be reached or reset the connection, answered 429 or 5xx, or its stream broke or
+        ended before its first chunk, or nothing came within ``first_byte_timeout_s``) raises
+        :class:`AttemptFailed` instead of answering, so the caller can try another model.
+        ``tap`` sees the answer as it goes out (the response cache's writer);
+        ``extra_headers`` / ``drop_headers`` shape the request to the backend
+        (header_mutation)."""
         model = upstream_model or backend.model_id
         payload = json.dumps({**body, "model": model}, ensure_ascii=False).encode()
         started = self.clock.monotonic()
         backend.inflight += 1
         ok = False
+        out_headers = backend.headers(request.headers)
+        drop = {h.lower() for h in drop_headers}
+        out_headers = {k: v for k, v in out_headers.items() if k.lower() not in drop}
+        for name, value in (extra_headers or {}).items():
+            out_headers = {k: v for k, v in out_headers.items() if k.lower() != name.lower()}
+            out_headers[name] = value
         try:
-            async with self.session.post(
-                f"{backend.api_base}/chat/completions",
-                data=payload,
-                headers=backend.headers(request.headers),
-            ) as upstream:
+            upstream = await _wait(
+                self.session.post(
+                    f"{backend.api_base}/chat/completions", data=payload, headers=out_headers
+                ),
+                first_byte_timeout_s,
+            )
+            async with upstream:
                 ok = upstream.status < 400
+                failing = upstream.status == 429 or upstream.status >= 500
+                if failing and early_failure:
+                    answer = await _whole(backend, upstream, headers)
+                    if upstream.status >= 500:
+                        self.mark_failed(backend, f"chat answered {upstream.status}")
+                    raise AttemptFailed(f"http_{upstream.status}", answer)
                 if upstream.content_type == "text/event-stream" and ok:
-                    streamed, ok = await _stream(upstream, request, headers)
+                    streamed, ok = await self._stream(
+                        backend,
+                        upstream,
+                        request,
+                        headers,
+                        early_failure,
+                        first_byte_timeout_s,
+                        tap,
+                    )
                     return streamed
-                return await _whole(backend, upstream, headers)
+                answer = await _whole(backend, upstream, headers)
+                if tap is not None:
+                    tap.whole(upstream.status, answer.body)
+                return answer
+        except TimeoutError:
+            ok = False
+            reason = (
+                f"nothing for {READ_TIMEOUT_S:g} s"
+                if first_byte_timeout_s is None
+                else f"nothing within the caller's deadline ({first_byte_timeout_s:.3f} s)"
+            )
+            if early_failure:
+                raise AttemptFailed(
+                    "deadline",
+                    error=DeadlineExceeded(
+                        f"backend {backend.api_base} of model {backend.model!r} sent {reason}",
+                        model=backend.model,
+                    ),
+                ) from None
+            raise DeadlineExceeded(
+                f"backend {backend.api_base} of model {backend.model!r} sent {reason}",
+                model=backend.model,
+            ) from None
         except (aiohttp.ClientConnectionError, OSError) as exc:
             ok = False
-            if isinstance(exc, aiohttp.ServerTimeoutError | TimeoutError):
-                raise DeadlineExceeded(
-                    f"backend {backend.api_base} of model {backend.model!r} sent nothing for "
-                    f"{READ_TIMEOUT_S:g} s",
-                    model=backend.model,
-                ) from None
             self.mark_failed(backend, f"chat failed: {type(exc).__name__}: {exc}")
-            raise BackendUnavailable(
+            error = BackendUnavailable(
                 f"backend {backend.api_base} of model {backend.model!r} cannot be reached: "
                 f"{type(exc).__name__}: {exc}",
                 model=backend.model,
-            ) from None
+            )
+            if early_failure:
+                raise AttemptFailed(connection_reason(exc), error=error) from None
+            raise error from None
         finally:
             backend.inflight -= 1
             backend.record(self.clock.monotonic() - started, ok)
 
-
-async def _stream(
-    upstream: aiohttp.ClientResponse, request: Request, headers: Mapping[str, str]
-) -> tuple[StreamResponse, bool]:
-    """Chunks go out as they arrive. -> (the answer, whether the backend finished it)."""
-    out = StreamResponse(upstream.status, "text/event-stream", {"Cache-Control": "no-cache"})
-    out.headers.update(headers)
-    await out.prepare(request)
-    chunks = upstream.content.iter_any().__aiter__()
-    while True:
+    async def _stream(
+        self,
+        backend: Backend,
+        upstream: aiohttp.ClientResponse,
+        request: Request,
+        headers: Mapping[str, str],
+        early_failure: bool,
+        first_byte_timeout_s: float | None,
+        tap: AnswerTap | None,
+    ) -> tuple[StreamResponse, bool]:
+        """Chunks go out as they arrive; the caller's answer begins only once the backend's
+        first chunk is in hand (so a stream that fails before it can go elsewhere).
+        -> (the answer, whether the backend finished it)."""
+        chunks = upstream.content.iter_any().__aiter__()
         try:
-            chunk = await chunks.__anext__()
+            first: bytes | None = await _wait(chunks.__anext__(), first_byte_timeout_s)
         except StopAsyncIteration:
-            break
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            # The status is already sent: the stream just ends, without "data: [DONE]".
-            log.warning("backend stream broke after the answer began: %s", exc)
-            return out, False
-        try:
-            await out.write(chunk)
-        except (ConnectionError, OSError):
-            return out, True  # the caller hung up; not the backend's fault
-    with contextlib.suppress(ConnectionError, OSError):
-        await out.write_eof()  # the caller may have hung up: not the backend's fault
-    return out, True
+            first = None
+        except (aiohttp.ClientError, OSError) as exc:
+            first = None
+            log.info("backend %s: stream broke before its first chunk: %s", backend.id, exc)
+        if first is None:
+            self.mark_failed(backend, "chat stream ended before its first chunk")
+            error = BackendUnavailable(
+                f"backend {backend.api_base} of model {backend.model!r} ended its stream "
+                "before the first chunk",
+                model=backend.model,
+            )
+            if early_failure:
+                raise AttemptFailed("stream_first_chunk", error=error)
+            raise error
+        out = StreamResponse(upstream.status, "text/event-stream", {"Cache-Control": "no-cache"})
+        out.headers.update(headers)
+        await out.prepare(request)
+        chunk = first
+        while True:
+            if tap is not None:
+                tap.chunk(chunk)
+            try:
+                await out.write(chunk)
+            except (ConnectionError, OSError):
+                return out, True  # the caller hung up; not the backend's fault
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                # The status is already sent: the stream just ends, without "data: [DONE]".
+                log.warning("backend stream broke after the answer began: %s", exc)
+                return out, False
+        if tap is not None:
+            tap.finish()
+        with contextlib.suppress(ConnectionError, OSError):
+            await out.write_eof()  # the caller may have hung up: not the backend's fault
+        return out, True
+
+
+class AnswerTap(Protocol):
+    """What sees a proxied answer on its way out (the response cache's writer)."""
+
+    def whole(self, status: int, body: bytes) -> None: ...
+
+    def chunk(self, data: bytes) -> None: ...
+
+    def finish(self) -> None:
+        """The backend's stream ended normally (a stream that broke never calls this)."""
+
+
+class AttemptFailed(Exception):
+    """A backend failed before the first byte reached the caller (``proxy(early_failure=
+    True)``): ``reason`` (``connect``, ``reset``, ``http_503``, ``stream_first_chunk``,
+    ``deadline``...) and what the caller gets if nothing else answers: ``answer`` (the
+    backend's own error answer) or ``error``."""
+
+    def __init__(
+        self, reason: str, answer: Response | None = None, error: VllmSrError | None = None
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.answer = answer
+        self.error = error
+
+
+def connection_reason(exc: BaseException) -> str:
+    """``reset`` for a connection the backend dropped, else ``connect`` (refused, unreachable)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError | ConnectionResetError):
+        return "reset"
+    if isinstance(exc, aiohttp.ClientOSError) and isinstance(exc.__cause__, ConnectionResetError):
+        return "reset"
+    if isinstance(exc, aiohttp.ClientOSError) and exc.errno == errno.ECONNRESET:
+        return "reset"
+    return "connect"
+
+
+async def _wait(aw: Awaitable[T], timeout_s: float | None) -> T:
+    if timeout_s is None:
+        return await aw
+    return await asyncio.wait_for(aw, max(0.0, timeout_s))
 
 
 async def _whole(

@@ -4,8 +4,12 @@
 The flow: ``model`` is an auto name -> route (signals, decision, model); a providers model
 name -> that model's backend, no signals; anything else -> 400 ``model "X" is not available``
 (upstream's status and message). The chosen model's backend gets the body with ``model``
-rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py);
-its answer comes back as it is (SSE streamed through). Answer headers, as upstream names them:
+rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py)
+and the decision's plugins (vllm_sr/router/chat_plugins.py: fast_response, response cache,
+tools, system_prompt, request_params, header_mutation, tool_selection, router_replay, and the
+backend fallback before the first byte); its answer comes back as it is (SSE streamed
+through). Answer headers, as upstream names them (the plugins add ``x-vsr-cache-hit``,
+``x-vsr-fast-response``, ``x-vsr-replay-id`` and ours ``x-vsr-backend-fallback``):
 
 - ``x-vsr-selected-model``: the providers model name;
 - ``x-vsr-selected-decision`` and ``x-vsr-selected-confidence`` (``%.4f``): the decision, when
@@ -29,111 +33,74 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_sr import httpserver
 from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.errors import InvalidRequest, NotFound, Overloaded, Unavailable, VllmSrError
+from vllm_sr.config.routing_plugins import decision_plugins
+from vllm_sr.errors import NotFound, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router import eval as route_eval
-from vllm_sr.router.backends import Backend, BackendSet
-from vllm_sr.router.families import DEBUG_HEADER_WORD
-from vllm_sr.router.reasoning import apply_reasoning, reasoning_enabled
+from vllm_sr.router.answers import (
+    H_ALGORITHM,
+    H_CONFIDENCE,
+    H_DEBUG,
+    H_DECISION,
+    H_FALLBACK,
+    H_MODEL,
+    H_REASONING,
+    H_RECIPE,
+    H_SIGNALS,
+    ModelNotAvailable,
+    answer_headers,
+    error_response,
+    is_debug,
+    parse_chat,
+)
+from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.cache import embedding as cache_embedding
+from vllm_sr.router.cache.answer import AnswerRecorder
+from vllm_sr.router.chat_plugins import ChatPlugins, Replay
+from vllm_sr.router.plugins.replay import ReplayLog
+from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
+from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
+
+__all__ = [
+    "H_ALGORITHM",
+    "H_CONFIDENCE",
+    "H_DEBUG",
+    "H_DECISION",
+    "H_FALLBACK",
+    "H_MODEL",
+    "H_REASONING",
+    "H_RECIPE",
+    "H_SIGNALS",
+    "ChatRouter",
+    "ModelNotAvailable",
+    "answer_headers",
+    "build_chat_router",
+    "engine_mode_chat",
+    "error_response",
+    "is_debug",
+    "parse_chat",
+]
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
 
 log = logging.getLogger("vllm_sr.router.chat")
 
-H_DECISION = "x-vsr-selected-decision"
-H_MODEL = "x-vsr-selected-model"
-H_CONFIDENCE = "x-vsr-selected-confidence"
-H_ALGORITHM = "x-vsr-selected-algorithm"
-H_REASONING = "x-vsr-selected-reasoning"
-H_SIGNALS = "x-vsr-matched-signals"
-H_FALLBACK = "x-vsr-routing-fallback"
-H_DEBUG = "x-vsr-debug"
-H_RECIPE = "x-vsr-selected-recipe"
 DEFAULT_EVAL_MODEL = "vllm-sr/auto"  # upstream's eval reads an empty model as this alias
-H_CONTEXT_TOKENS = "x-vsr-context-token-count"
-
-
-class ModelNotAvailable(InvalidRequest):
-    """A chat naming a model that is neither an auto name nor a configured model: upstream
-    answers 400 ``model "X" is not available`` (an ``invalid_request_error``)."""
-
-    code = "model_not_found"
-
-
-def error_response(exc: VllmSrError) -> Response:
-    """The server's JSON error answer, with Retry-After in whole seconds when retrying helps."""
-    response = httpserver.error_response(exc)
-    if isinstance(exc, Overloaded | Unavailable):
-        retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
-        response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
-    if isinstance(exc, ModelNotAvailable):
-        doc = json.loads(response.body)
-        doc["error"]["type"] = "invalid_request_error"
-        response.body = json.dumps(doc).encode()
-    return response
-
-
-def parse_chat(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest(
-            f"model: expected a model name (a string), got {model!r}; see GET /v1/models"
-        )
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages: expected a non-empty list of messages")
-    return body
-
-
-def is_debug(headers: dict[str, str]) -> bool:
-    return headers.get(H_DEBUG, "").strip().lower() == "true"
-
-
-def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str]:
-    headers = {H_MODEL: result.model, H_SIGNALS: ",".join(result.matched_signals)}
-    if result.decision is not None:
-        headers[H_DECISION] = result.decision
-        headers[H_CONFIDENCE] = f"{result.confidence or 0.0:.4f}"
-    if result.routed:
-        headers[H_ALGORITHM] = result.method
-        headers[H_RECIPE] = result.recipe
-    if result.fallback is not None:
-        headers[H_FALLBACK] = result.fallback
-    if debug:
-        families: dict[str, list[str]] = {}
-        for sig in result.matched_signals:
-            kind, _, name = sig.partition(":")
-            if kind in DEBUG_HEADER_WORD:
-                families.setdefault(DEBUG_HEADER_WORD[kind], []).append(name)
-        for family, names in families.items():
-            headers[f"x-vsr-matched-{family}"] = ",".join(names)
-        headers[H_REASONING] = "on" if reasoning_enabled(result.model_ref) else "off"
-        if result.context_tokens is not None:
-            headers[H_CONTEXT_TOKENS] = str(result.context_tokens)
-    return headers
 
 
 class EngineMode(NotFound):
     code = "engine_mode"
 
 
-class ChatRouter:
+class ChatRouter(ChatPlugins):
     """Router mode's HTTP face for one config generation."""
 
     def __init__(
@@ -142,6 +109,11 @@ class ChatRouter:
         auto_model_names: list[str],
         recipes: Mapping[str, Router] | None = None,
         entrypoints: Mapping[str, str] | None = None,
+        *,
+        cache: ResponseCache | None = None,
+        authz: AuthzOptions | None = None,
+        replay: ReplayLog | None = None,
+        tool_embeddings: ToolEmbeddings | None = None,
     ) -> None:
         self.router = router  # the default recipe's
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
@@ -150,6 +122,15 @@ class ChatRouter:
         self.auto_model_names = list(auto_model_names)
         self.model_names = [m.name for m in router.providers.models]
         self.provider_models = {m.name: m for m in router.providers.models}
+        self.cache = cache
+        self.authz = authz or AuthzOptions()
+        self.replay = replay if replay is not None else ReplayLog()
+        self.tool_embeddings = tool_embeddings
+        # (recipe, decision) -> the decision and its plugins
+        self.decisions = {
+            (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
+        }
+        self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
 
     @property
     def stats(self) -> RouterStats:
@@ -163,38 +144,46 @@ class ChatRouter:
         }
 
     async def handle_chat(self, request: Request) -> Response | StreamResponse:
+        """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
+        ``system_prompt``, ``request_params``, ``header_mutation`` on the request to the
+        backend (with fallback before the first byte); cache write; replay record."""
+        started = self.backends.clock.monotonic()
         try:
             if request.error is not None:
                 raise request.error
+            deadline = self._deadline(request)
             body = parse_chat(request.body)
             view = RequestView.from_chat(body, request.headers)
+            query = cache_embedding.watch(self.router.decision_deployment, view.text)
             result = await self.resolve(body, view)
-            backend = self.backends.pick(result.model)
-            outgoing = self.outgoing_body(body, result, backend)
-            headers = answer_headers(result, debug=is_debug(request.headers))
-            lora = getattr(result.model_ref, "lora_name", None)
-            return await self.backends.proxy(
-                backend, outgoing, request, headers, upstream_model=lora
-            )
         except VllmSrError as exc:
             return error_response(exc)
-
-    def outgoing_body(
-        self, body: dict[str, Any], result: RouteResult, backend: Backend
-    ) -> dict[str, Any]:
-        """Upstream's reasoning fields for an auto-routed chat whose decision matched (a
-        decision without modelRefs turns reasoning off on the default model); a named model,
-        or a chat no decision matched, goes as the caller wrote it."""
-        if result.decision is None:
-            return body
-        return apply_reasoning(
-            body,
-            result.model_ref,
-            self.provider_models[result.model],
-            self.router.providers.defaults,
-            backend.ref,
-            decision_refs=result.decision_refs,
-        )
+        plugins = self.plugins_of(result)
+        replay = Replay(self, plugins, result, body, request.body, started)
+        try:
+            debug = is_debug(request.headers)
+            stream = body.get("stream") is True
+            if plugins.fast_response is not None:
+                fast = self.fast_answer(result, plugins.fast_response.message, stream)
+                return replay.done(fast, "fast_response", None)
+            plan = self.cache_plan(result, plugins, body, request.headers, query)
+            if plan is not None and self.cache is not None:
+                hit = await self.cache.lookup(plan)
+                if hit is not None:
+                    cached = self.cache_answer(result, hit, stream, debug)
+                    return replay.done(cached, "cache", result.model)
+            recorder = AnswerRecorder() if plan is not None else None
+            outgoing = await self.select_tools(body, plugins, query)
+            answer, answered_by, failed = await self.forward(
+                outgoing, result, plugins, request, debug, deadline, recorder, replay
+            )
+            # (an answer from a fallback model is not filed under the chosen model)
+            chosen_answered = answered_by == result.model
+            if plan is not None and recorder is not None and self.cache and chosen_answered:
+                await self.cache.write(plan, recorder.document())
+            return replay.done(answer, "upstream", answered_by, failed)
+        except VllmSrError as exc:
+            return replay.done(error_response(exc), "error", None)
 
     def recipe_of(self, model: str) -> str | None:
         """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
@@ -272,8 +261,18 @@ class ChatRouter:
         return Response(json.dumps({"object": "list", "data": self.models_data()}).encode())
 
     def inventory(self) -> dict[str, Any]:
-        """For the inventory document (key "router"): backends and decision counters."""
-        return {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
+        """For the inventory document (key "router"): backends, decision counters and the
+        response cache's."""
+        doc: dict[str, Any] = {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
+        if self.cache is not None:
+            usage = self.cache.store.usage()
+            doc["cache"] = {
+                "store": self.cache.store.kind,
+                "entries": None if usage is None else usage[0],
+                "bytes": None if usage is None else usage[1],
+                **self.cache.stats.to_json(),
+            }
+        return doc
 
 
 def build_chat_router(
@@ -290,12 +289,30 @@ def build_chat_router(
     recipes: Mapping[str, Routing] | None = None,
     entrypoints: Mapping[str, str] | None = None,
     global_: GlobalSection | None = None,
+    cache: ResponseCache | bool | None = True,
+    replay: ReplayLog | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
-    ``stats`` to keep the counters across a reload; ``backends`` is started by the caller
-    (``await backends.start()``) and closed when the generation is replaced."""
+    ``stats`` and ``replay`` to keep the counters and replay records across a reload;
+    ``backends`` is started by the caller (``await backends.start()``) and closed when the
+    generation is replaced. ``cache``: a
+    response cache to keep (a reload that keeps the store), True to build one from
+    ``global.stores.response_cache``, None/False for none."""
     backends = backends if backends is not None else BackendSet(providers)
     stats = stats if stats is not None else RouterStats()
+    raw_exchange = exchange
+    exchange = cache_embedding.tapping(exchange)  # the semantic cache reuses routing's embedding
+    if cache is True:
+        store, ttl = build_store(global_)
+        cache = (
+            ResponseCache(
+                store, exchange=raw_exchange, default_ttl_s=ttl, signal_timeout_ms=signal_timeout_ms
+            )
+            if store is not None
+            else None
+        )
+    elif cache is False:
+        cache = None
 
     def router_for(recipe: str, recipe_routing: Routing) -> Router:
         return Router(
@@ -314,7 +331,16 @@ def build_chat_router(
     others = {
         name: router_for(name, r) for name, r in (recipes or {}).items() if name != DEFAULT_RECIPE
     }
-    return ChatRouter(router_for(DEFAULT_RECIPE, routing), auto_model_names, others, entrypoints)
+    return ChatRouter(
+        router_for(DEFAULT_RECIPE, routing),
+        auto_model_names,
+        others,
+        entrypoints,
+        cache=cache,
+        authz=authz,
+        replay=replay,
+        tool_embeddings=ToolEmbeddings(decision_deployment, raw_exchange, signal_timeout_ms),
+    )
 
 
 async def engine_mode_chat(request: Request) -> Response:

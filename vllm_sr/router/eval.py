@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_sr.config.routing_plugins import canonical_type
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.families import EVAL_KEY
 from vllm_sr.router.request_view import RequestView
@@ -119,7 +120,7 @@ async def evaluate(
         "unmatched_signals": grouped(unmatched),
     }
     if decision is not None:
-        plugins = [p.type for p in (getattr(decision, "plugins", None) or [])]
+        plugins = [canonical_type(p.type) for p in (getattr(decision, "plugins", None) or [])]
         if plugins:
             result["plugins"] = plugins
     doc["decision_result"] = result

@@ -1,6 +1,7 @@
 """Router mode's Prometheus families, built at scrape time from the router's counters (the
 request path only increments a Counter): decisions by decision and model, matched signals,
-routing fallbacks by reason, and each backend's requests, errors and health."""
+routing fallbacks by reason, backend fallbacks by model and reason, each backend's requests,
+errors and health, and the response cache's hits, misses, writes, errors, entries and bytes."""
 
 from __future__ import annotations
 
@@ -49,7 +50,14 @@ class RouterCollector(Collector):
             ["model"],
             {(k,): n for k, n in stats.direct.items()},
         )
+        yield _counter(
+            "vllm_sr_router_backend_fallbacks",
+            "Routed chats whose model failed before the first byte and went to the next model",
+            ["model", "reason"],
+            {(m, r): n for (m, r), n in stats.backend_fallbacks.items()},
+        )
         yield from backend_families(chat)
+        yield from cache_families(chat)
 
 
 def _counter(
@@ -79,3 +87,46 @@ def backend_families(chat: ChatRouter) -> Iterator[Metric]:
         for s in BACKEND_STATES:
             state.add_metric([*key, s], 1.0 if b.health.state == s else 0.0)
     yield from (requests, errors, state)
+
+
+def cache_families(chat: ChatRouter) -> Iterator[Metric]:
+    """The response cache: hits by decision and tier, misses by decision and mode, writes,
+    store errors, and (memory store) entries and bytes."""
+    if chat.cache is None:
+        return
+    stats = chat.cache.stats
+    yield _counter(
+        "vllm_sr_router_cache_hits",
+        "Chats answered from the response cache, by decision and tier (exact, semantic)",
+        ["decision", "tier"],
+        {(d, t): n for (d, t), n in stats.hits.items()},
+    )
+    yield _counter(
+        "vllm_sr_router_cache_misses",
+        "Response-cache lookups that found nothing, by decision and mode",
+        ["decision", "mode"],
+        {(d, m): n for (d, m), n in stats.misses.items()},
+    )
+    yield _counter(
+        "vllm_sr_router_cache_writes",
+        "Answers written to the response cache, by decision",
+        ["decision"],
+        {(k,): n for k, n in stats.writes.items()},
+    )
+    yield _counter(
+        "vllm_sr_router_cache_errors",
+        "Response-cache store failures (the chat was served uncached), by store",
+        ["store"],
+        {(k,): n for k, n in stats.errors.items()},
+    )
+    usage = chat.cache.store.usage()
+    if usage is not None:
+        entries = GaugeMetricFamily(
+            "vllm_sr_router_cache_entries", "Entries in the memory response cache"
+        )
+        entries.add_metric([], usage[0])
+        size = GaugeMetricFamily(
+            "vllm_sr_router_cache_bytes", "Bytes held by the memory response cache"
+        )
+        size.add_metric([], usage[1])
+        yield from (entries, size)

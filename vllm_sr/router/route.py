@@ -90,6 +90,8 @@ class RouterStats:
     signals: Counter[str] = field(default_factory=Counter)
     fallbacks: Counter[str] = field(default_factory=Counter)
     direct: Counter[str] = field(default_factory=Counter)  # chats naming a model directly
+    # (model, reason): a model that failed before its first byte (router/fallback.py)
+    backend_fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def record(self, result: RouteResult) -> None:
         self.decisions[(result.decision or NO_DECISION, result.model)] += 1
@@ -107,6 +109,10 @@ class RouterStats:
             "signals": dict(sorted(self.signals.items())),
             "fallbacks": dict(sorted(self.fallbacks.items())),
             "direct": dict(sorted(self.direct.items())),
+            "backend_fallbacks": [
+                {"model": m, "reason": r, "count": n}
+                for (m, r), n in sorted(self.backend_fallbacks.items())
+            ],
         }
 
 

@@ -149,6 +149,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
     frontend = Frontend(sup, max_connections=settings.max_connections)
     sup.router_view = frontend.chat.inventory
+    sup.replay_view = frontend.chat.replay
     control = ControlServer(
         sup, settings.control_socket, group=settings.control_group, admin_group=settings.admin_group
     )

@@ -89,6 +89,8 @@ class Supervisor:
         self.router_view: Callable[[], dict[str, Any] | None] | None = (
             None  # GPU workers waiting for a card's earlier worker
         )
+        # router_replay's records (set by serve: the frontend's chat mount)
+        self.replay_view: Callable[[str | None, int], dict[str, Any]] | None = None
         self.reconfiguration = Reconfiguration(
             self.fleet,
             planner,
@@ -158,6 +160,14 @@ class Supervisor:
         if router is not None:
             doc["router"] = router  # backends and decision counters (Router mode)
         return doc
+
+    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+        """Router mode's router_replay records after ``since`` (of one decision, or all)."""
+        view = getattr(self, "replay_view", None)  # set by serve: the frontend's chat mount
+        if view is None:
+            return {"records": [], "last_seq": 0, "decisions": []}
+        records: dict[str, Any] = view(decision, since)
+        return records
 
     def router_plan(self) -> Any:
         """Router mode's settings of the published generation (None: Engine mode)."""

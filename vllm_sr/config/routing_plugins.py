@@ -1,0 +1,339 @@
+"""The decision plugins vllm-sr acts on (``routing.decisions[].plugins[]``), typed from upstream's
+``C/plugin_config.go`` and its fragments (``config/fragments/plugin``), with upstream's names
+and defaults. A decision's ``plugins`` entries stay ``{type, configuration}`` mappings in
+``routing.Decision``; :func:`plugin_problems` checks one entry (at its YAML path) and
+:func:`decision_plugins` turns a decision's entries into these models for the router.
+
+Aliases: ``semantic-cache``, ``semantic_cache`` and ``response-cache`` name ``response_cache``
+(upstream's normalisation); one plugin per type after aliasing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, ValidationError
+
+from vllm_sr.config.routing_base import Path, Strict, as_dict, problem, refusal
+
+if TYPE_CHECKING:
+    from vllm_sr.config.problems import Problem
+
+PLUGIN_ALIASES = {
+    "semantic-cache": "response_cache",
+    "semantic_cache": "response_cache",
+    "response-cache": "response_cache",
+}
+CACHE_DIRECTIVES = ("no-cache", "no-store", "bypass", "max-age", "ttl")
+
+
+def canonical_type(kind: Any) -> str:
+    """A plugin type after upstream's aliasing (trimmed, lower-cased)."""
+    name = str(kind).strip().lower()
+    return PLUGIN_ALIASES.get(name, name)
+
+
+class CacheSemantic(Strict):
+    similarity_threshold: float | None = Field(default=None, ge=0, le=1)
+    """A semantic hit needs this cosine or more (unset: 0.8, upstream's default)."""
+
+
+class CacheRequestControls(Strict):
+    enabled: bool = False
+    """Honour the request's cache-control header."""
+
+    header: str | None = None
+    """The header read (unset: ``x-vsr-cache-control``)."""
+
+    allowed: list[Literal["no-cache", "no-store", "bypass", "max-age", "ttl"]] | None = None
+    """Directives honoured (unset or empty: no-cache, no-store, bypass)."""
+
+    max_ttl_seconds: int | None = Field(default=None, ge=0)
+    """A ``ttl=N`` directive is clamped to this."""
+
+
+class CachePersonalized(Strict):
+    mode: Literal["disabled", "exact"] | None = None
+    """Upstream: caching after RAG/memory enrichment. vllm-sr has no enrichment plugins, so it
+    has no effect (metadata)."""
+
+
+class CacheRevision(Strict):
+    """Part of every key: changing one of these starts a fresh cache for the decision."""
+
+    cache_epoch: str | None = None
+    model_revision: str | None = None
+    prompt_revision: str | None = None
+    policy_revision: str | None = None
+
+
+class ResponseCachePlugin(Strict):
+    enabled: bool = False
+    """The cache is on for the decision only when true (upstream's default is off)."""
+
+    mode: Literal["semantic", "exact", "exact_then_semantic"] | None = None
+    """Lookup tiers (unset: semantic)."""
+
+    scope: Literal["user", "team", "tenant", "global"] | None = None
+    """Who shares entries (unset: user). user: ``x-authz-user-id``; team: ``x-authz-team-id``,
+    else the first ``x-authz-user-groups`` entry; tenant: ``x-authz-tenant-id``. A request
+    without the identity its scope needs is not cached."""
+
+    semantic: CacheSemantic | None = None
+    """The semantic tier."""
+
+    ttl_seconds: int | None = Field(default=None, ge=0)
+    """Entry lifetime (unset: the store's ``ttl_seconds``)."""
+
+    request_controls: CacheRequestControls | None = None
+    """The request header that can skip reads/writes or bound ages."""
+
+    personalized: CachePersonalized | None = None
+    """Upstream: post-enrichment caching (no effect here)."""
+
+    revision: CacheRevision | None = None
+    """Partition strings (part of every key)."""
+
+    allow_request_controls: bool = False
+    """Deprecated flat form of ``request_controls.enabled`` (used when request_controls is
+    unset)."""
+
+    control_header: str | None = None
+    """Deprecated flat form of ``request_controls.header``."""
+
+    similarity_threshold: float | None = Field(default=None, ge=0, le=1)
+    """Deprecated flat form of ``semantic.similarity_threshold``."""
+
+    @property
+    def effective_mode(self) -> str:
+        return self.mode or "semantic"
+
+    @property
+    def effective_scope(self) -> str:
+        return self.scope or "user"
+
+    @property
+    def threshold(self) -> float:
+        if self.semantic is not None and self.semantic.similarity_threshold is not None:
+            return self.semantic.similarity_threshold
+        if self.similarity_threshold is not None:
+            return self.similarity_threshold
+        return 0.8
+
+    def controls(self) -> CacheRequestControls:
+        if self.request_controls is not None:
+            return self.request_controls
+        return CacheRequestControls(enabled=self.allow_request_controls, header=self.control_header)
+
+
+class SystemPromptPlugin(Strict):
+    enabled: bool | None = None
+    """Unset: on when ``system_prompt`` is set."""
+
+    system_prompt: str | None = None
+    """The prompt."""
+
+    mode: str | None = None
+    """``insert`` (default): the prompt, a blank line, then the existing system text; any
+    other value (``replace``, even ``append``): the prompt replaces it (upstream's rule)."""
+
+    @property
+    def active(self) -> bool:
+        on = self.enabled if self.enabled is not None else bool(self.system_prompt)
+        return on and bool(self.system_prompt)
+
+
+class HeaderPair(Strict):
+    name: str = Field(min_length=1)
+    value: str = ""
+
+
+class HeaderMutationPlugin(Strict):
+    add: list[HeaderPair] = Field(default_factory=list)
+    """Headers set on the request to the backend."""
+
+    update: list[HeaderPair] = Field(default_factory=list)
+    """Also set (upstream treats add and update alike)."""
+
+    delete: list[str] = Field(default_factory=list)
+    """Headers removed from the request to the backend."""
+
+
+class RequestParamsPlugin(Strict):
+    blocked_params: list[str] = Field(default_factory=list)
+    """Body keys removed."""
+
+    max_tokens_limit: int | None = Field(default=None, ge=0)
+    """An integer ``max_tokens`` above this is lowered to it."""
+
+    max_n: int | None = Field(default=None, ge=0)
+    """An integer ``n`` above this is lowered to it."""
+
+    strip_unknown: bool = False
+    """Keep only upstream's known chat parameters."""
+
+
+class FastResponsePlugin(Strict):
+    message: str = Field(min_length=1)
+    """The canned answer; no backend is called."""
+
+
+class ToolsPlugin(Strict):
+    enabled: bool = False
+    """The policy applies only when true (upstream's default is off)."""
+
+    mode: Literal["passthrough", "filtered", "none"] | None = None
+    """passthrough (default): tools as sent; filtered: allow_tools/block_tools applied; none:
+    every tool control removed (tools, tool_choice, functions, function_call,
+    parallel_tool_calls, web_search_options)."""
+
+    allow_tools: list[str] = Field(default_factory=list)
+    """filtered: only these function names are kept (empty: all)."""
+
+    block_tools: list[str] = Field(default_factory=list)
+    """filtered: these function names are removed (wins over allow_tools)."""
+
+    strip_tool_history: bool = False
+    """none: also remove tool/function messages and assistant tool calls from the history."""
+
+    semantic_selection: bool | None = None
+    """Upstream: semantic selection from the tools database (``integrations.tools``, which
+    vllm-sr does not have): no effect (metadata)."""
+
+    strategy: str | None = None
+    """Upstream: the tools database's retrieval strategy (metadata)."""
+
+    dynamic_retrieval: dict[str, Any] | None = None
+    """Upstream: the tools database's history-aware retrieval (metadata)."""
+
+
+class ToolSelectionPlugin(Strict):
+    enabled: bool = False
+    """Selection runs only when true."""
+
+    mode: Literal["add", "filter"] | None = None
+    """filter: keep the request's tools relevant to the query. add (upstream's default, from a
+    tools database file) is refused: vllm-sr has no tools database."""
+
+    relevance_threshold: float | None = Field(default=None, ge=0, le=1)
+    """filter: a tool is kept when the cosine of its ``name description`` to the query is at
+    least this (default 0.25)."""
+
+    preserve_count: int = Field(default=0, ge=0)
+    """filter: keep at least this many tools (the best scored), whatever their score."""
+
+    fallback_to_empty: bool | None = None
+    """Upstream: what an empty selection sends; vllm-sr removes ``tools`` (and ``tool_choice``)
+    either way, since an empty tools list is not a valid request."""
+
+    tools_db_path: str | None = None
+    """add mode's database (refused with add)."""
+
+    top_k: int | None = Field(default=None, ge=0)
+    """add mode (refused)."""
+
+    similarity_threshold: float | None = Field(default=None, ge=0, le=1)
+    """add mode (refused)."""
+
+    advanced_filtering: dict[str, Any] | None = None
+    """add mode (refused)."""
+
+    strategy: str | None = None
+    """add mode's retrieval strategy (refused)."""
+
+
+class RouterReplayPlugin(Strict):
+    enabled: bool | None = None
+    """Record this decision's chats; unset: ``global.services.router_replay.enabled`` (false:
+    vllm-sr refuses it true), so a decision records when this is true."""
+
+    max_records: int = Field(default=10000, ge=1)
+    """Records kept for the decision, in the router's memory (oldest dropped first)."""
+
+    capture_request_body: bool = True
+    """Keep the request body (its first max_body_bytes)."""
+
+    capture_response_body: bool = True
+    """Keep the answer body, or a stream's bytes (its first max_body_bytes)."""
+
+    max_body_bytes: int = Field(default=4096, ge=0)
+    """Bodies are cut to this many bytes (``*_truncated`` says so)."""
+
+    max_tool_trace_bytes: int = Field(default=0, ge=0)
+    """Upstream: tool traces; vllm-sr records none (metadata)."""
+
+    max_tool_trace_steps: int = Field(default=100, ge=0)
+    """Upstream: tool trace steps (metadata)."""
+
+
+PLUGIN_MODELS: dict[str, type[Strict]] = {
+    "response_cache": ResponseCachePlugin,
+    "system_prompt": SystemPromptPlugin,
+    "header_mutation": HeaderMutationPlugin,
+    "request_params": RequestParamsPlugin,
+    "fast_response": FastResponsePlugin,
+    "router_replay": RouterReplayPlugin,
+    "tools": ToolsPlugin,
+    "tool_selection": ToolSelectionPlugin,
+}
+SUPPORTED_PLUGIN_TYPES = tuple(PLUGIN_MODELS)
+
+
+def plugin_problems(path: Path, kind: str, configuration: Any) -> list[Problem]:
+    """One supported plugin's ``configuration`` checked against its model; each error at its
+    YAML path, naming the value and what is accepted."""
+    model = PLUGIN_MODELS[kind]
+    if configuration is None:
+        return [
+            problem(
+                (*path, "configuration"),
+                f"the plugin {kind!r} has no configuration; accepted: a mapping with its "
+                f"fields ({', '.join(model.model_fields)})",
+            )
+        ]
+    try:
+        typed = model.model_validate(configuration)
+    except ValidationError as exc:
+        out = []
+        for err in exc.errors():
+            where = (*path, "configuration", *err["loc"])
+            value = err.get("input")
+            out.append(problem(where, f"{err['msg']} (got {value!r}) in the plugin {kind!r}"))
+        return out
+    if isinstance(typed, ToolSelectionPlugin) and typed.enabled and typed.mode != "filter":
+        return [
+            refusal(
+                (*path, "configuration", "mode"),
+                f"tool_selection mode {typed.mode or 'add'!r} (tools from a tools database)",
+                "mode: filter (the request's own tools, ranked by relevance to the query)",
+            )
+        ]
+    return []
+
+
+@dataclass(frozen=True)
+class DecisionPlugins:
+    """A decision's plugins as the router runs them (None: not configured)."""
+
+    response_cache: ResponseCachePlugin | None = None
+    system_prompt: SystemPromptPlugin | None = None
+    header_mutation: HeaderMutationPlugin | None = None
+    request_params: RequestParamsPlugin | None = None
+    fast_response: FastResponsePlugin | None = None
+    router_replay: RouterReplayPlugin | None = None
+    tools: ToolsPlugin | None = None
+    tool_selection: ToolSelectionPlugin | None = None
+    names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
+
+
+def decision_plugins(plugins: Any) -> DecisionPlugins:
+    """A decision's ``plugins`` list (validated at load) -> the typed plugins."""
+    typed: dict[str, Any] = {}
+    names: list[str] = []
+    for entry in plugins or []:
+        raw = entry.model_dump() if hasattr(entry, "model_dump") else as_dict(entry)
+        kind = canonical_type(raw.get("type"))
+        names.append(kind)
+        if kind in PLUGIN_MODELS:
+            typed[kind] = PLUGIN_MODELS[kind].model_validate(raw.get("configuration") or {})
+    return DecisionPlugins(**typed, names=tuple(names))

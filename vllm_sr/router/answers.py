@@ -1,0 +1,93 @@
+"""What Router mode's answers carry: upstream's ``x-vsr-*`` headers for a routed chat, and the
+JSON error answer (with Retry-After when retrying helps). See vllm_sr/router/chat.py for what
+each header means."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from vllm_sr import httpserver
+from vllm_sr.errors import InvalidRequest, Overloaded, Unavailable, VllmSrError
+from vllm_sr.httpserver import Response
+from vllm_sr.router.families import DEBUG_HEADER_WORD
+from vllm_sr.router.reasoning import reasoning_enabled
+from vllm_sr.router.route import RouteResult
+
+H_DECISION = "x-vsr-selected-decision"
+H_MODEL = "x-vsr-selected-model"
+H_CONFIDENCE = "x-vsr-selected-confidence"
+H_ALGORITHM = "x-vsr-selected-algorithm"
+H_REASONING = "x-vsr-selected-reasoning"
+H_SIGNALS = "x-vsr-matched-signals"
+H_FALLBACK = "x-vsr-routing-fallback"
+H_DEBUG = "x-vsr-debug"
+H_RECIPE = "x-vsr-selected-recipe"
+H_CONTEXT_TOKENS = "x-vsr-context-token-count"
+
+
+class ModelNotAvailable(InvalidRequest):
+    """A chat naming a model that is neither an auto name nor a configured model: upstream
+    answers 400 ``model "X" is not available`` (an ``invalid_request_error``)."""
+
+    code = "model_not_found"
+
+
+def error_response(exc: VllmSrError) -> Response:
+    """The server's JSON error answer, with Retry-After in whole seconds when retrying helps."""
+    response = httpserver.error_response(exc)
+    if isinstance(exc, Overloaded | Unavailable):
+        retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
+        response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
+    if isinstance(exc, ModelNotAvailable):
+        doc = json.loads(response.body)
+        doc["error"]["type"] = "invalid_request_error"
+        response.body = json.dumps(doc).encode()
+    return response
+
+
+def parse_chat(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(
+            f"model: expected a model name (a string), got {model!r}; see GET /v1/models"
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: expected a non-empty list of messages")
+    return body
+
+
+def is_debug(headers: dict[str, str]) -> bool:
+    return headers.get(H_DEBUG, "").strip().lower() == "true"
+
+
+def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str]:
+    headers = {H_MODEL: result.model, H_SIGNALS: ",".join(result.matched_signals)}
+    if result.decision is not None:
+        headers[H_DECISION] = result.decision
+        headers[H_CONFIDENCE] = f"{result.confidence or 0.0:.4f}"
+    if result.routed:
+        headers[H_ALGORITHM] = result.method
+        headers[H_RECIPE] = result.recipe
+    if result.fallback is not None:
+        headers[H_FALLBACK] = result.fallback
+    if debug:
+        families: dict[str, list[str]] = {}
+        for sig in result.matched_signals:
+            kind, _, name = sig.partition(":")
+            if kind in DEBUG_HEADER_WORD:
+                families.setdefault(DEBUG_HEADER_WORD[kind], []).append(name)
+        for family, names in families.items():
+            headers[f"x-vsr-matched-{family}"] = ",".join(names)
+        headers[H_REASONING] = "on" if reasoning_enabled(result.model_ref) else "off"
+        if result.context_tokens is not None:
+            headers[H_CONTEXT_TOKENS] = str(result.context_tokens)
+    return headers

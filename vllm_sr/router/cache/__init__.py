@@ -1,0 +1,1 @@
+"""The response cache: keys, answers, stores."""

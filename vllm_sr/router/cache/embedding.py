@@ -1,0 +1,142 @@
+"""The query embedding the semantic cache compares: the one routing already computed, else one
+exchange.
+
+Routing asks each deployment ONE bundle per chat whose task ``query`` is the request text's
+embedding (vllm_sr/router/questions.py). The router's exchange is wrapped
+(:func:`tapping`): while a chat is being handled (:func:`watch`), a 200 bundle answer from the
+decision deployment is kept for that chat, and :meth:`QueryEmbedding.vector` reads the
+``query`` task's embedding from it. So when an embedding or domain signal runs on the decision
+deployment, the cache costs no exchange. When none ran (keyword-only decisions, or signals on
+other deployments), :meth:`QueryEmbedding.vector` asks the decision deployment ONE bundle with
+the same ``query`` task routing would have sent (same text, same model), so entries from both
+paths compare. Embeddings from other deployments are never used: another model's vectors do not
+compare with the decision deployment's."""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy
+
+from vllm_sr.errors import VllmSrError
+
+if TYPE_CHECKING:
+    from vllm_sr.router.route import Exchange
+
+log = logging.getLogger("vllm_sr.router.cache")
+
+BUNDLE_PATH = "/v1/bundle"
+QUERY_TASK = "query"
+_current: contextvars.ContextVar[QueryEmbedding | None] = contextvars.ContextVar(
+    "vsr_query_embedding", default=None
+)
+
+
+@dataclass
+class QueryEmbedding:
+    """One chat's query embedding: the tapped routing answer, or one exchange on demand."""
+
+    deployment: str
+    text: str = ""
+    answer: bytes | None = None  # the decision deployment's routing bundle answer, if any
+    exchanges: int = 0  # exchanges made here (0 when routing's answer was reused)
+    reused: bool = False
+    _vector: numpy.ndarray | None = field(default=None, repr=False)
+
+    async def vector(self, exchange: Exchange, timeout_ms: float | None) -> numpy.ndarray | None:
+        """The text's embedding; None when it cannot be had (the cache then skips the semantic
+        tier for this chat)."""
+        if self._vector is not None:
+            return self._vector
+        if self.answer is not None:
+            self._vector = query_vector(self.answer)
+            if self._vector is not None:
+                self.reused = True
+                return self._vector
+        if not self.text.strip():
+            return None
+        body = json.dumps(
+            {
+                "tasks": [
+                    {
+                        "id": QUERY_TASK,
+                        "embeddings": {
+                            "input": [self.text],
+                            "encoding_format": "base64",
+                            "truncate": True,
+                        },
+                    }
+                ]
+            },
+            ensure_ascii=False,
+        ).encode()
+        self.exchanges += 1
+        try:
+            status, answer = await exchange(self.deployment, BUNDLE_PATH, body, timeout_ms)
+        except VllmSrError as exc:
+            log.info("cache embedding on %s failed: %s", self.deployment, exc.message)
+            return None
+        if status != 200:
+            return None
+        self._vector = query_vector(answer)
+        return self._vector
+
+
+def query_vector(answer: bytes) -> numpy.ndarray | None:
+    """The ``query`` task's first embedding in a bundle answer, or None."""
+    rows = vectors_of(answer, QUERY_TASK)
+    return rows[0] if rows else None
+
+
+def vectors_of(answer: bytes, task: str) -> list[numpy.ndarray] | None:
+    """The embeddings of one task of a bundle answer, in order, or None."""
+    try:
+        doc = json.loads(answer)
+        for res in doc.get("results") or []:
+            if res.get("id") != task or res.get("status") != 200:
+                continue
+            out = []
+            for item in res["body"]["data"]:
+                row: Any = item["embedding"]
+                if isinstance(row, str):
+                    vec = numpy.frombuffer(base64.b64decode(row), dtype=numpy.float32).copy()
+                else:
+                    vec = numpy.asarray(row, dtype=numpy.float32)
+                out.append(vec)
+            return out
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    return None
+
+
+def watch(deployment: str, text: str) -> QueryEmbedding:
+    """Start keeping the current chat's routing answer (call once per chat, before routing)."""
+    holder = QueryEmbedding(deployment, text)
+    _current.set(holder)
+    return holder
+
+
+def tapping(exchange: Exchange) -> Exchange:
+    """``exchange`` that also hands the decision deployment's bundle answer to the chat being
+    handled (if it is watching)."""
+
+    async def tapped(
+        deployment: str, path: str, body: bytes, timeout_ms: float | None
+    ) -> tuple[int, bytes]:
+        status, answer = await exchange(deployment, path, body, timeout_ms)
+        holder = _current.get()
+        if (
+            holder is not None
+            and status == 200
+            and path == BUNDLE_PATH
+            and deployment == holder.deployment
+        ):
+            holder.answer = answer
+        return status, answer
+
+    return tapped

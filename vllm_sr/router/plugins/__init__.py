@@ -1,0 +1,1 @@
+"""Per-decision plugins applied to a routed chat."""
