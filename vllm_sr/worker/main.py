@@ -112,7 +112,7 @@ def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
     precision.check_requested(opts.dtype)
     budget = cpu_budget()
     threads = opts.threads if opts.threads is not None else default_threads(budget)
-    policy = policy_from_env(threads, budget, env, emit=_emit, device=opts.device)
+    policy = policy_from_env(threads, budget, env, emit=_emit, device=opts.device, dtype=opts.dtype)
     names = {opts.artifact, opts.artifact.rstrip("/").rsplit("/", 1)[-1], *opts.served_names}
     if opts.result_cache_bytes < 0:
         raise ConfigError(
