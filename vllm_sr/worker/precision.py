@@ -74,15 +74,11 @@ def resolve(requested: str, facts: DeviceFacts) -> Resolution:
             if facts.bf16_native:
                 return Resolution(requested, "bfloat16", f"auto: {facts.detail} has bfloat16")
             return Resolution(
-                requested, "float16", f"auto: {facts.detail} has no native bfloat16: float16"
+                requested, "float16", f"auto: {facts.detail} has no native bfloat16; float16"
             )
         if facts.bf16_native:
-            return Resolution(requested, "bfloat16", f"auto: native bf16 ({facts.detail})")
-        return Resolution(
-            requested,
-            "float32",
-            f"auto: no native bf16 on this CPU ({facts.detail}): float32",
-        )
+            return Resolution(requested, "bfloat16", f"auto: native bf16 on {facts.detail}")
+        return Resolution(requested, "float32", f"auto: no native bf16 on {facts.detail}; float32")
     warning = None
     if requested == "float16" and not gpu:
         warning = (
@@ -94,7 +90,7 @@ def resolve(requested: str, facts: DeviceFacts) -> Resolution:
             f"bfloat16 without native support ({facts.detail}) is emulated and slow; auto "
             f"would serve {'float16' if gpu else 'float32'}"
         )
-    return Resolution(requested, requested, f"configured ({facts.detail})", warning)
+    return Resolution(requested, requested, f"configured, on {facts.detail}", warning)
 
 
 def _ask(namespace: Any, name: str, *args: Any, **kwargs: Any) -> bool:
@@ -117,7 +113,7 @@ def cpu_facts(torch: Any, cpu_model: str = "") -> DeviceFacts:
     avx = _ask(torch.cpu, "_is_avx512_bf16_supported")
     onednn = _ask(torch.backends.mkldnn, "is_available")
     found = [name for name, has in (("AMX", amx), ("AVX512-BF16", avx)) if has]
-    head = f"{cpu_model}: " if cpu_model else ""
+    head = f"{cpu_model}: " if cpu_model else "this CPU: "
     if found and onednn:
         detail = head + " and ".join(found) + ", oneDNN bf16 kernels"
     elif found:
