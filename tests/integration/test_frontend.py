@@ -71,9 +71,16 @@ async def test_single_worker_caches_and_two_replicas_bypass() -> None:
             first = await post(s, f"{one.url}/v1/embeddings", {"input": "same"})
             second = await post(s, f"{one.url}/v1/embeddings", {"input": "same"})
             other = await post(s, f"{one.url}/v1/classify", {"input": "same"})
+            # The worker now serves at another precision: its answer is not the cached one's.
+            record = one.sup.pools["primary"].replica("primary-0")
+            record.capabilities = {**(record.capabilities or {}), "dtype": "bfloat16"}
+            third = await post(s, f"{one.url}/v1/embeddings", {"input": "same"})
+            fourth = await post(s, f"{one.url}/v1/embeddings", {"input": "same"})
         assert first[1] == second[1] and second[2].get("X-Cache") == "hit"
         assert "X-Cache" not in first[2] and "X-Cache" not in other[2]
-        assert replica_doc(one.sup, "primary-0")["requests"] == 2  # embeddings once, classify once
+        assert "X-Cache" not in third[2] and fourth[2].get("X-Cache") == "hit"
+        # embeddings once per dtype, classify once
+        assert replica_doc(one.sup, "primary-0")["requests"] == 3
     finally:
         await one.stop()
     two = await start_service(lambda: fake_plan(2))

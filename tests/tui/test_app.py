@@ -78,7 +78,7 @@ async def test_shows_the_inventory_and_moves_with_keys(live: LiveControl, clock:
         assert rows["primary-1"][:5] == ["primary-1", "ejected", "██░░░░░░  7/32", "2 (25s)", "3"]
         assert rows["primary-2"][2] == "████░░░░ 14/32"
         pid = str(live.backend.replica("primary-2").pid)
-        assert rows["primary-2"][-3:] == ["cpu", pid, "-"]  # LAST ERROR: none
+        assert rows["primary-2"][-4:] == ["cpu", "-", pid, "-"]  # no dtype reported, no error
         # The time left of an ejection counts down on the clock between polls.
         clock.advance(10)
         await app._tick()

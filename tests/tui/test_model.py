@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from vllm_sr_top.model import (
+    COLUMNS,
     SORT_KEYS,
     ThroughputHistory,
     deployment_title,
@@ -135,12 +136,14 @@ def test_replica_row_and_title_render_inventory_fields() -> None:
         ejected_until=None,
         restarts=3,
         threads=2,
+        dtype="bfloat16",
     )
     cells = [c if isinstance(c, str) else c.plain for c in replica_cells(replica, now=0.0)]
     assert cells == [
         "primary-0", "ready", "█░░░░░░░  4/32", "1", "2", "12.5", "3.2", "140", "2.0 KiB",
-        "3", "2", "-", "-", "-", "cpu", "4242", "-",
+        "3", "2", "-", "-", "-", "cpu", "bf16", "4242", "-",
     ]  # fmt: skip
+    assert len(cells) == len(COLUMNS) and COLUMNS[cells.index("bf16")] == "DTYPE"
     title = deployment_title(
         {"name": "primary", "state": "degraded", "desired_replicas": 2, "ready_replicas": 1,
          "ejected_replicas": 1}

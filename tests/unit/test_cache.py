@@ -35,9 +35,12 @@ def test_replacing_a_key_keeps_the_byte_count_right() -> None:
     assert len(c) == 1 and c.size_bytes == 20
 
 
-def test_key_depends_on_surface_deployment_and_body() -> None:
+def test_key_depends_on_surface_deployment_dtype_and_body() -> None:
     base = cache_key("embeddings", "primary", b'{"input":"a"}')
     assert base == cache_key("embeddings", "primary", b'{"input":"a"}')
     assert base != cache_key("classify", "primary", b'{"input":"a"}')
     assert base != cache_key("embeddings", "other", b'{"input":"a"}')
     assert base != cache_key("embeddings", "primary", b'{"input":"b"}')
+    bf16 = cache_key("embeddings", "primary", b'{"input":"a"}', "bfloat16")
+    assert bf16 != cache_key("embeddings", "primary", b'{"input":"a"}', "float32")
+    assert bf16 != base

@@ -65,3 +65,24 @@ def test_limits_problem_names_each_value() -> None:
     assert limits_problem(settings, {"max_num_seqs": 64, "max_num_batched_tokens": 512}) == (
         "reported limits differ from config: max_num_seqs is 64, config sets 8"
     )
+
+
+def test_a_float32_replica_next_to_bfloat16_ones_is_kept_out_naming_the_dtypes() -> None:
+    """The precision a worker resolved is shared like every other capability: one forced to
+    float32 beside a bfloat16 peer does not serve, and the inventory says why."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    pool = pool_with(events)
+    bf16 = {**CAPS, "dtype": "bfloat16"}
+    assert pool.mark_ready("primary-0", 1, revision="sha256:abc", capabilities=bf16)
+    assert pool.mark_ready("primary-1", 2, revision="sha256:abc", capabilities=dict(bf16))
+    assert not pool.mark_ready(
+        "primary-2", 3, revision="sha256:abc", capabilities={**CAPS, "dtype": "float32"}
+    )
+    doc = pool.inventory()["replicas"]
+    assert [r["dtype"] for r in doc] == ["bfloat16", "bfloat16", "float32"]
+    assert doc[2]["state"] == "incompatible" and not doc[2]["ready"]
+    assert doc[2]["last_error"] == (
+        "capabilities differ from primary-0's: dtype 'float32' vs 'bfloat16'"
+    )
+    assert [f["replica"] for n, f in events if n == ev.REPLICA_INCOMPATIBLE] == ["primary-2"]
+    assert {pool.acquire(0).replica_id for _ in range(6)} == {"primary-0", "primary-1"}

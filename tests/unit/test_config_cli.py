@@ -187,3 +187,19 @@ def test_threads_flag_on_config_apply_and_serve(
     assert "threads: 64" in p.read_text()  # a dry run writes nothing
     code, _, err = run(["config", "apply", "--threads", "0", "--config", str(p)], capsys)
     assert code == EXIT_USAGE and "--threads 0: accepted: a positive integer (>= 1)" in err
+
+
+def test_dtype_flag_on_config_apply_and_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dtype writes engine_args.dtype of the default deployment (config apply and serve
+    alike), like the other engine flags; a value outside the four is a usage error."""
+    p = tmp_path / "config.yaml"
+    code, _, _ = run(["config", "apply", "--dtype", "bfloat16", "--config", str(p)], capsys)
+    assert code == 0
+    assert "        engine_args:\n          dtype: bfloat16\n" in p.read_text()
+    code, out, _ = run(["serve", "--dtype", "float32", "--dry-run", "--config", str(p)], capsys)
+    assert code == 0 and "-          dtype: bfloat16\n+          dtype: float32\n" in out
+    assert "dtype: bfloat16" in p.read_text()  # a dry run writes nothing
+    code, _, err = run(["config", "apply", "--dtype", "fp8", "--config", str(p)], capsys)
+    assert code == EXIT_USAGE and "invalid choice: 'fp8'" in err

@@ -187,6 +187,12 @@ def test_shorthand_is_one_replica() -> None:
             "engine_args.max_num_seqs",
             ["0 is not accepted", ">= 1"],
         ),
+        (
+            "        engine_args:\n          dtype: fp8\n",
+            7,
+            "engine_args.dtype",
+            ["'fp8'", "'auto'", "'float32'", "'bfloat16'", "'float16'"],
+        ),
         ("        timeout_ms: fast\n", 6, "timeout_ms", ["'fast'", "an integer"]),
         (
             "        outlier_detection:\n          consecutive_timeouts: -1\n",

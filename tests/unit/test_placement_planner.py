@@ -108,6 +108,11 @@ def test_engine_arguments_are_separate_from_placement(cfg: Path) -> None:
     apply(cfg, rocm(2), max_num_seqs=32)
     assert devices(cfg) == ["rocm:0", "rocm:1"]
     assert load_config(cfg).deployments["primary"].engine_args.max_num_seqs == 32
+    assert load_config(cfg).deployments["primary"].engine_args.dtype == "auto"  # the default
+    apply(cfg, rocm(2), dtype="float32")  # --dtype: written like the other engine flags
+    args = load_config(cfg).deployments["primary"].engine_args
+    assert (args.dtype, args.max_num_seqs) == ("float32", 32)
+    assert "dtype: float32" in cfg.read_text()
 
 
 def test_two_workers_on_one_explicitly_selected_gpu(cfg: Path) -> None:
@@ -325,6 +330,25 @@ def test_set_limits_reach_every_replica() -> None:
         "          max_num_batched_tokens: 512\n        timeout_ms",
     )
     assert {(s.max_num_seqs, s.max_num_batched_tokens) for s in _plan(text).replicas} == {(8, 512)}
+
+
+def test_dtype_reaches_every_replica_and_its_worker_command() -> None:
+    """engine_args.dtype is shared: every replica's spec carries it, its worker is started with
+    --dtype (auto, the worker's own default, adds nothing), and a change of it restarts the
+    replica on reload (it is part of the identity)."""
+    from vllm_sr.supervisor.process import worker_command
+
+    auto = _plan(SHARED).replicas
+    assert {s.dtype for s in auto} == {"auto"}
+    assert "--dtype" not in worker_command(auto[0], "/tmp/w.sock")
+    text = SHARED.replace(
+        "        timeout_ms", "        engine_args:\n          dtype: float32\n        timeout_ms"
+    )
+    forced = _plan(text).replicas
+    assert {s.dtype for s in forced} == {"float32"}
+    argv = worker_command(forced[0], "/tmp/w.sock")
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert forced[0].identity() != auto[0].identity()
 
 
 def test_attached_replica_names_its_model() -> None:

@@ -384,7 +384,7 @@ def test_inventory_shape_and_deployment_state() -> None:
         "outstanding_bytes", "restarts", "limits", "last_error", "ejected_until", "ejections",
         "consecutive_timeouts", "threads", "requests", "requests_per_s", "latency_p50_ms",
         "latency_p99_ms", "adaptive_threads", "requests_by_kind", "retried_away",
-        "restart_reason", "usage", "revision", "supervision_failures",
+        "restart_reason", "usage", "revision", "supervision_failures", "dtype",
     }  # fmt: skip
     assert rep["latency_p50_ms"] == pytest.approx(20.0)
     assert (rep["requests"], rep["pid"], rep["device"], rep["max_inflight"]) == (

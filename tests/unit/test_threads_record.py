@@ -4,6 +4,7 @@ records live in a temporary directory, the learner runs on the fake model of tes
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -226,3 +227,20 @@ def test_another_hosts_drift_does_not_retire_this_one(tmp_path: Path) -> None:
     assert isinstance(policy, AdaptiveThreads) and not policy.retired
     assert HostRecords(tmp_path, other).recorded_drift() is None
     assert HostRecords(tmp_path, FACTS).recorded_drift() == "elsewhere"
+
+
+def test_a_float32_record_vouches_for_nothing_at_bfloat16(tmp_path: Path) -> None:
+    """Bit-identity across counts is a property of the kernels: bf16 kernels are other
+    kernels, so a record is kept per served dtype (a float32 one keeps its old file)."""
+    HostRecords(tmp_path, FACTS).learned([1, 2, 4], ["9-16"])
+    bf16 = HostFacts(FACTS.cpu_model, FACTS.torch_version, FACTS.kernel, "bfloat16")
+    old_key = "\0".join((FACTS.cpu_model, FACTS.torch_version, FACTS.kernel))
+    assert FACTS.key() == hashlib.sha256(old_key.encode()).hexdigest()[:16]  # records kept
+    assert bf16.key() != FACTS.key()
+    assert "no record at" in (HostRecords(tmp_path, bf16).vouches_for([1]) or "")
+    assert "dtype bfloat16" in (HostRecords(tmp_path, bf16).vouches_for([1]) or "")
+    HostRecords(tmp_path, bf16).learned([1, 2], ["9-16"])
+    doc = json.loads(HostRecords(tmp_path, bf16).path.read_text())
+    assert doc["host"]["dtype"] == "bfloat16"
+    assert HostRecords(tmp_path, bf16).vouches_for([1, 2]) is None
+    assert HostRecords(tmp_path, FACTS).vouches_for([1, 2, 4]) is None

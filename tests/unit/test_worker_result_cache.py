@@ -35,25 +35,31 @@ def test_off_by_default_and_negative_refused() -> None:
 
 def test_the_key_holds_everything_that_changes_the_answer() -> None:
     body = {"input": ["a", "b"], "encoding_format": "float", "model": "m"}
-    base = cache_key("embeddings", "sha256:1", body)
-    assert cache_key("embeddings", "sha256:1", dict(body)) == base
-    assert cache_key("embeddings", "sha256:1", {**body, "user": "u1"}) == base
+    base = cache_key("embeddings", "sha256:1", "float32", body)
+    assert cache_key("embeddings", "sha256:1", "float32", dict(body)) == base
+    assert cache_key("embeddings", "sha256:1", "float32", {**body, "user": "u1"}) == base
     others = [
-        cache_key("embeddings", "sha256:2", body),  # another revision
-        cache_key("classify", "sha256:1", body),  # another surface
-        cache_key("embeddings", "sha256:1", {**body, "encoding_format": "base64"}),
-        cache_key("embeddings", "sha256:1", {**body, "truncate": True}),
-        cache_key("embeddings", "sha256:1", {**body, "input": ["b", "a"]}),
-        cache_key("embeddings", "sha256:1", {**body, "model": "other"}),
-        cache_key("classify", "sha256:1", {"input": "a", "labels": {"x": ["1"], "y": ["2"]}}),
-        cache_key("classify", "sha256:1", {"input": "a", "labels": {"y": ["2"], "x": ["1"]}}),
+        cache_key("embeddings", "sha256:2", "float32", body),  # another revision
+        cache_key("embeddings", "sha256:1", "bfloat16", body),  # another precision
+        cache_key("classify", "sha256:1", "float32", body),  # another surface
+        cache_key("embeddings", "sha256:1", "float32", {**body, "encoding_format": "base64"}),
+        cache_key("embeddings", "sha256:1", "float32", {**body, "truncate": True}),
+        cache_key("embeddings", "sha256:1", "float32", {**body, "input": ["b", "a"]}),
+        cache_key("embeddings", "sha256:1", "float32", {**body, "model": "other"}),
+        cache_key(
+            "classify", "sha256:1", "float32", {"input": "a", "labels": {"x": ["1"], "y": ["2"]}}
+        ),
+        cache_key(
+            "classify", "sha256:1", "float32", {"input": "a", "labels": {"y": ["2"], "x": ["1"]}}
+        ),
     ]
     assert len({base, *others}) == len(others) + 1
     # No field boundary can be shifted to forge another key.
-    assert cache_key("a", "bc", {}) != cache_key("ab", "c", {})
+    assert cache_key("a", "bc", "", {}) != cache_key("ab", "c", "", {})
+    assert cache_key("a", "b", "cd", {}) != cache_key("a", "bc", "d", {})
 
 
-async def test_api_serves_a_repeat_from_the_cache_and_nothing_across_revisions() -> None:
+async def test_api_serves_a_repeat_from_the_cache_and_nothing_across_revisions_or_dtypes() -> None:
     s = await serve(result_cache=ResultCache(1 << 20), revision="sha256:aaaa")
     try:
         body = {"input": ["one", "two words"]}
@@ -70,9 +76,13 @@ async def test_api_serves_a_repeat_from_the_cache_and_nothing_across_revisions()
         s.state.revision = "sha256:bbbb"  # as if the weights were another revision
         other = await s.client.post("/v1/embeddings", json=body)
         assert other.status == 200 and len(s.runner.forwards) == forwards + 2
+        # The same revision served at another precision: not answered from the float32 entry.
+        s.state.capabilities = {**(s.state.capabilities or {}), "dtype": "bfloat16"}
+        other = await s.client.post("/v1/embeddings", json=body)
+        assert other.status == 200 and len(s.runner.forwards) == forwards + 3
         text = await (await s.client.get("/metrics")).text()
         assert "vllm_sr_worker_result_cache_hits_total 1.0" in text
-        assert "vllm_sr_worker_result_cache_misses_total 3.0" in text
+        assert "vllm_sr_worker_result_cache_misses_total 4.0" in text
         assert "vllm_sr_worker_result_cache_bytes " in text
         assert f"vllm_sr_worker_result_cache_bytes {float(s.state.result_cache.bytes)}" in text
     finally:

@@ -161,6 +161,7 @@ async def test_watch_parent_stops_when_the_named_supervisor_is_gone() -> None:
         ["worker", "vllm-sr/d3-edge", "--uds", "/tmp/a.sock", "--device", "gpu0"],
         ["worker", "vllm-sr/d3-edge", "--uds", "/tmp/a.sock", "--threads", "0"],
         ["worker", "vllm-sr/d3-edge", "--port", "70000"],
+        ["worker", "vllm-sr/d3-edge", "--uds", "/tmp/a.sock", "--dtype", "int8"],
     ],
 )
 def test_worker_command_line_refusals_exit_2(argv: list[str]) -> None:
@@ -176,8 +177,10 @@ def test_worker_command_line_accepts_the_documented_flags() -> None:
 
     argv = "worker vllm-sr/d3-edge --uds /tmp/a.sock --device rocm:1 --threads 2"
     argv += " --max-num-seqs 8 --max-num-batched-tokens 1024"
-    argv += " --replica-id primary-1 --served-model-name primary"
+    argv += " --replica-id primary-1 --served-model-name primary --dtype bfloat16"
     args = build_parser().parse_args(argv.split())
     assert (args.device, args.threads, args.max_num_seqs) == ("rocm:1", 2, 8)
+    assert args.dtype == "bfloat16"
+    assert build_parser().parse_args(argv.split()[:4]).dtype == "auto"  # the default
     assert (args.max_num_batched_tokens, args.replica_id) == (1024, "primary-1")
     assert args.served_model_name == ["primary"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.text import Text
 
-from vllm_sr.control.render import format_seconds
+from vllm_sr.control.render import format_seconds, short_dtype
 
 # Colours chosen so that a state reads at a glance: green serves, yellow is on its way back,
 # red is out, grey is gone.
@@ -120,6 +120,7 @@ COLUMNS: tuple[str, ...] = (
     "RSS",
     "GPU",
     "DEVICE",
+    "DTYPE",
     "PID",
     "LAST ERROR",
 )
@@ -187,6 +188,7 @@ def replica_cells(replica: dict[str, Any], now: float) -> list[Text | str]:
         threads_cell(replica.get("threads"), replica.get("adaptive_threads")),
         *usage_cells(replica.get("usage")),
         str(replica.get("device") or replica.get("endpoint") or "-"),
+        short_dtype(replica.get("dtype")),
         str(pid) if pid else "-",
         last_error_cell(replica.get("last_error")),
     ]

@@ -59,6 +59,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_positive,
         help="padded tokens per forward (default: calibrated)",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="precision of the forward (default auto: bfloat16 where the device has it "
+        "natively, float16 on other GPUs, else float32)",
+    )
     p.add_argument("--replica-id", metavar="ID", help="replica id, used as the log prefix")
     p.add_argument(
         "--result-cache-bytes",
@@ -98,5 +105,6 @@ def _run(args: argparse.Namespace) -> int:
         served_names=tuple(args.served_model_name),
         result_cache_bytes=args.result_cache_bytes,
         revision=args.revision,
+        dtype=args.dtype,
     )
     return run(opts)

@@ -14,6 +14,7 @@ from vllm_sr.config.files import DEFAULT_CONFIG_PATH
 from vllm_sr.errors import UsageError
 
 PLATFORMS = ("cpu", "rocm", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def _positive(flag: str):  # type: ignore[no-untyped-def]
@@ -42,6 +43,7 @@ class DeploymentFlags:
     device_ids: tuple[int, ...] | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    dtype: str | None = None
     threads: int | None = None
     config_path: Path = DEFAULT_CONFIG_PATH
     dry_run: bool = False
@@ -95,6 +97,12 @@ def add_deployment_flags(parser: argparse.ArgumentParser) -> None:
         help="engine_args.max_num_batched_tokens for every replica",
     )
     parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="engine_args.dtype for every replica: auto (bfloat16 where the device has it "
+        "natively, float16 on other GPUs, else float32), float32, bfloat16 or float16",
+    )
+    parser.add_argument(
         "--threads",
         type=_positive("--threads"),
         metavar="N",
@@ -143,6 +151,7 @@ def flags_from_args(args: argparse.Namespace) -> DeploymentFlags:
         device_ids=device_ids,
         max_num_seqs=getattr(args, "max_num_seqs", None),
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),
+        dtype=getattr(args, "dtype", None),
         threads=getattr(args, "threads", None),
         config_path=Path(getattr(args, "config", DEFAULT_CONFIG_PATH)),
         dry_run=bool(getattr(args, "dry_run", False)),

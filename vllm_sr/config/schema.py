@@ -125,6 +125,12 @@ class EngineArgs(_Strict):
     """Most tokens one forward batches together. Unset: each worker calibrates its own budget at
     startup, so replicas may report different values."""
 
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Precision of the forward. auto (default): on a GPU bfloat16 where the device has it,
+    else float16; on a CPU bfloat16 when it has native bf16 (AMX or AVX512-BF16), else
+    float32. An explicit value is honoured (a slow one is warned about). Every replica reports
+    the dtype it resolved; one that differs from its peers is kept out of dispatch."""
+
 
 class OutlierDetection(_Strict):
     consecutive_timeouts: int = Field(default=DEFAULT_CONSECUTIVE_TIMEOUTS, ge=0, le=1000)
@@ -179,7 +185,7 @@ class Deployment(_Strict):
     """Artifact revision; every replica uses the same one."""
 
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
-    """Batch limits shared by every replica (see EngineArgs)."""
+    """Batch limits and precision shared by every replica (see EngineArgs)."""
 
     timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, ge=1, le=3_600_000)
     """Deadline of one exchange with a worker, in ms (default 30000); a caller's deadline can be

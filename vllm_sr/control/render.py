@@ -80,6 +80,14 @@ def _dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def short_dtype(dtype: Any) -> str:
+    """A replica's served precision in a table cell: bf16, fp16, fp32; "-" before it reports."""
+    return "-" if dtype is None else SHORT_DTYPES.get(str(dtype), str(dtype))
+
+
 def service_line(inventory: dict[str, Any]) -> str:
     service = inventory.get("service") or {}
     line = f"vllm-sr {service.get('version', '?')} on {service.get('host', '?')}"
@@ -109,6 +117,7 @@ def deployment_table(dep: dict[str, Any], now: float) -> Table:
             str(r.get("id", "?")),
             styled_state(str(r.get("state", "?"))),
             _dash(r.get("device")),
+            short_dtype(r.get("dtype")),
             _dash(r.get("pid")),
             f"{r.get('inflight', 0)}/{_dash(r.get('max_inflight'))}",
             _dash(r.get("restarts")),
@@ -122,6 +131,7 @@ _COLUMNS: tuple[tuple[str, Literal["left", "right"]], ...] = (
     ("replica", "left"),
     ("state", "left"),
     ("device", "left"),
+    ("dtype", "left"),
     ("pid", "right"),
     ("in-flight", "right"),
     ("restarts", "right"),

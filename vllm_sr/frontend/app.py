@@ -191,7 +191,9 @@ class Frontend:
         timeout_ms = caller_timeout_ms(request)
         pool = self.directory.resolve(model_of(body))
         cache = self._cache_for(pool.deployment, pool.desired_replicas or len(pool))
-        key = cache_key(surface, pool.deployment, body) if cache is not None else b""
+        key = b""
+        if cache is not None:
+            key = cache_key(surface, pool.deployment, body, served_dtype(pool))
         if cache is not None:
             hit = cache.get(key)
             if hit is not None:
@@ -244,6 +246,15 @@ class Frontend:
     async def metrics(self, request: Request) -> Response:
         self.scraped.families = merge(await scrape(self.directory))
         return Response(generate_latest(self.registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def served_dtype(pool: Any) -> str:
+    """The precision the deployment's serving replica resolved ("" before one reports): part
+    of the frontend cache's key, so an answer of one precision never answers for another."""
+    for r in pool.replicas():
+        if r.serving and r.capabilities:
+            return str(r.capabilities.get("dtype") or "")
+    return ""
 
 
 def _json(doc: Any, status: int = 200) -> Response:

@@ -1,8 +1,9 @@
 """The frontend's result cache for single-worker deployments.
 
-A bounded LRU of successful answers keyed by surface, deployment and the request body's bytes
-(the body holds the input and every option that shapes the answer, so two requests with the
-same key get the same answer from the same worker). Multi-replica deployments bypass it: each
+A bounded LRU of successful answers keyed by surface, deployment, the precision the deployment's
+worker serves at (its resolved dtype) and the request body's bytes (the body holds the input and
+every option that shapes the answer, so two requests with the same key get the same answer from
+the same worker). Multi-replica deployments bypass it: each
 worker keeps its own cache and the page says so. Bounded both by entries and by bytes, so a
 flood of large answers cannot grow the service.
 """
@@ -21,10 +22,10 @@ class CachedAnswer:
     content_type: str
 
 
-def cache_key(surface: str, deployment: str, body: bytes) -> bytes:
+def cache_key(surface: str, deployment: str, body: bytes, dtype: str = "") -> bytes:
     # A digest instead of the body keeps the key small however large the input is.
     h = hashlib.blake2b(body, digest_size=20)
-    h.update(b"\0" + surface.encode() + b"\0" + deployment.encode())
+    h.update(b"\0" + surface.encode() + b"\0" + deployment.encode() + b"\0" + dtype.encode())
     return h.digest()
 
 

@@ -70,6 +70,7 @@ class _Edit:
     engine: bool = False
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    dtype: str | None = None
     threads: int | None = None
     placement: PlacementRequest = field(default_factory=PlacementRequest)
 
@@ -97,7 +98,7 @@ def _edit_document(
         set_key(dep_doc, "artifact", edit.artifact)
     if edit.engine:
         set_key(child(doc["global"], "router"), "enabled", False)
-    for key in ("max_num_seqs", "max_num_batched_tokens"):
+    for key in ("max_num_seqs", "max_num_batched_tokens", "dtype"):
         if getattr(edit, key) is not None:
             set_key(child(dep_doc, "engine_args"), key, getattr(edit, key))
     if edit.threads is not None:
@@ -177,6 +178,7 @@ def apply_flags(
         engine=flags.engine,
         max_num_seqs=flags.max_num_seqs,
         max_num_batched_tokens=flags.max_num_batched_tokens,
+        dtype=flags.dtype,
         threads=flags.threads,
         placement=PlacementRequest(
             platform=flags.platform, count=flags.data_parallel_size, device_ids=flags.device_ids

@@ -57,6 +57,7 @@ class ReplicaSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    dtype: str = "auto"
     host_device: str | None = None
     """The GPU as the inventory tool lists it (``rocm:3``) when ``device`` is an allocation
     ordinal (``rocm:0``); else equal to ``device``. The key of ``gpus.gpu_usage``."""
@@ -79,6 +80,7 @@ class ReplicaSpec:
             self.revision,
             self.max_num_seqs,
             self.max_num_batched_tokens,
+            self.dtype,
             self.device if not self.attached else (self.endpoint, self.model),
             self.threads,
         )
@@ -205,6 +207,7 @@ def _common_fields(name: str, index: int, dep: Deployment) -> dict[str, Any]:
         revision=dep.revision,
         max_num_seqs=dep.engine_args.max_num_seqs,
         max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
+        dtype=dep.engine_args.dtype,
     )
 
 

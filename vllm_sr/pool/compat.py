@@ -11,8 +11,9 @@ from typing import Any
 
 from vllm_sr.pool.settings import PoolSettings
 
-# Capability fields compared across replicas (what a caller's answer depends on).
-CAPABILITY_FIELDS = ("surfaces", "dimensions", "max_length", "labels")
+# Capability fields compared across replicas (what a caller's answer depends on); ``dtype`` is
+# the precision the worker resolved (engine_args.dtype: auto may resolve differently per host).
+CAPABILITY_FIELDS = ("surfaces", "dimensions", "max_length", "labels", "dtype")
 
 
 def limits_problem(settings: PoolSettings, limits: Mapping[str, Any]) -> str | None:

@@ -67,7 +67,7 @@ class Replica:
     reprobe_at: float | None = None  # monotonic; when to probe an unhealthy replica again
     limits: dict[str, Any] | None = None
     revision: str | None = None  # what the worker reports loading (HF revision or content hash)
-    capabilities: dict[str, Any] | None = None  # surfaces, dimensions, max_length, labels
+    capabilities: dict[str, Any] | None = None  # surfaces, dimensions, max_length, labels, dtype
     threads: int | None = None
     adaptive_threads: Any = None
     restarts: int = 0
@@ -157,6 +157,7 @@ class Replica:
             "restarts": self.restarts,
             "limits": dict(self.limits) if self.limits is not None else None,
             "revision": self.revision,
+            "dtype": (self.capabilities or {}).get("dtype"),
             "last_error": self.last_error,
             "ejected_until": ejected_until,
             "ejections": self.ejections,

@@ -44,9 +44,10 @@ def worker_command(
     for flag, attr in (
         ("--max-num-seqs", "max_num_seqs"),
         ("--max-num-batched-tokens", "max_num_batched_tokens"),
+        ("--dtype", "dtype"),
     ):
         value = getattr(spec, attr, None)
-        if value is not None:
+        if value is not None and value != "auto":  # auto is the worker's own default
             argv += [flag, str(value)]
     revision = getattr(spec, "revision", None)
     if revision:

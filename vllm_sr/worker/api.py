@@ -265,7 +265,8 @@ async def handle_surface(state: WorkerState, request: Request, timing: Timing) -
     body = read_json(request)
     t = timing.lap("parse", t)
     cache = state.result_cache
-    key = cache_key(surface, state.revision or "", body) if cache.enabled else None
+    dtype = str((state.capabilities or {}).get("dtype") or "")
+    key = cache_key(surface, state.revision or "", dtype, body) if cache.enabled else None
     if key is not None:
         hit = cache.get(key)
         state.metrics.observe_cache(hit is not None, 0, cache.bytes)

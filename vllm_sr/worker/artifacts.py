@@ -9,6 +9,7 @@ tokenizer). Anything else is an ``ArtifactError`` (exit 78: restarting cannot he
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ from typing import Any
 import numpy
 
 from vllm_sr.errors import ArtifactError
+from vllm_sr.worker import precision
 
 log = logging.getLogger("vllm_sr.worker.artifacts")
 
@@ -241,11 +243,15 @@ class TorchRunner:
     """Runs padded forwards; each output row is the mean-pooled, L2-normalised embedding,
     followed by the classification logits when the model has a head."""
 
-    def __init__(self, model: Any, device: Any, pad_id: int, classifier: bool) -> None:
+    def __init__(
+        self, model: Any, device: Any, pad_id: int, classifier: bool, dtype: str = "float32"
+    ) -> None:
         self.model = model
         self.device = device
         self.pad_id = pad_id
         self.classifier = classifier
+        self.dtype = dtype  # the served precision: below float32 the forward runs in autocast
+        self._autocast = None if dtype == "float32" else precision.torch_dtype(dtype)
 
     def forward(self, rows: list[list[int]]) -> numpy.ndarray:
         import torch
@@ -258,7 +264,7 @@ class TorchRunner:
             mask[i, : len(r)] = 1
         input_ids = torch.from_numpy(ids).to(self.device)
         attention = torch.from_numpy(mask).to(self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._precision(torch):
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention,
@@ -272,6 +278,12 @@ class TorchRunner:
                 pooled = torch.cat([pooled, out.logits.float()], dim=1)
         result: numpy.ndarray = pooled.cpu().numpy()
         return result
+
+    def _precision(self, torch: Any) -> Any:
+        """Autocast at the served dtype (weights stay float32; answers come back float32)."""
+        if self._autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self._autocast)
 
 
 @dataclass
@@ -307,10 +319,18 @@ def torch_device(device: str) -> Any:
     return torch.device("cuda", int(index))
 
 
-def load(spec: ArtifactSpec, device: str, revision: str | None = None) -> LoadedArtifact:
+def load(
+    spec: ArtifactSpec, device: str, revision: str | None = None, dtype: str = "float32"
+) -> LoadedArtifact:
     """Load tokenizer and weights from ``spec.path`` (never from the network). ``revision``
     is the revision asked for: a local directory is what it holds, so a different one is
-    reported (``revision_note``), not fetched."""
+    reported (``revision_note``), not fetched. ``dtype`` is the resolved precision the
+    forward runs in (``precision.resolve`` decides it; the weights load in float32)."""
+    if dtype not in precision.SERVED_DTYPES:
+        raise ArtifactError(
+            f"dtype {dtype!r} is not a served precision; accepted: "
+            f"{', '.join(precision.SERVED_DTYPES)} (resolve auto first)"
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
@@ -334,14 +354,14 @@ def load(spec: ArtifactSpec, device: str, revision: str | None = None) -> Loaded
     tok_max = int(getattr(tokenizer, "model_max_length", positions) or positions)
     return LoadedArtifact(
         spec=spec,
-        runner=TorchRunner(model, dev, pad_id, classifier=bool(labels)),
+        runner=TorchRunner(model, dev, pad_id, classifier=bool(labels), dtype=dtype),
         tokenizer=TokenizerAdapter(tokenizer),
         dimensions=int(spec.config.get("hidden_size") or model.config.hidden_size),
         max_length=min(positions, tok_max),
         labels=labels,
         revision=revision_of(content),
         sha256=sha,
-        dtype="float32",
+        dtype=dtype,
         torch_device=dev,
         revision_note=revision_mismatch(spec.name, revision, content),
         vocab_size=int(model.get_input_embeddings().num_embeddings),

@@ -1,6 +1,8 @@
 """The adaptive thread learner behind ``VLLM_SRUN_CPU_ADAPTIVE_THREADS`` (modes 1 and 2;
 docs/adaptive-threads.md is the long form): per log2 token bucket, shadow passes at other
 counts that must reproduce the served answer bit for bit, timed against the configured count.
+A shadow pass reruns the served forward itself, so it runs at the served dtype (a bfloat16
+worker compares bfloat16 answers; its host record is kept apart, see threads_record).
 """
 
 from __future__ import annotations

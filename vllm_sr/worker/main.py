@@ -23,7 +23,7 @@ from typing import Any
 from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, NotReady, VllmSrError
 from vllm_sr.events import Event, log_sink
 from vllm_sr.httpserver import HttpServer
-from vllm_sr.worker import artifacts, calibrate, goldens, surfaces
+from vllm_sr.worker import artifacts, calibrate, goldens, precision, surfaces
 from vllm_sr.worker.api import WorkerState, build_server, deliver_to_loop
 from vllm_sr.worker.engine import Engine, Faults, Job
 from vllm_sr.worker.forming import (
@@ -62,6 +62,7 @@ class WorkerOptions:
     served_names: tuple[str, ...] = ()
     result_cache_bytes: int = 0  # 0: no result cache
     revision: str | None = None  # the revision asked for (a Hugging Face revision)
+    dtype: str = "auto"  # engine_args.dtype: auto, float32, bfloat16 or float16
 
 
 def cpu_budget() -> int:
@@ -103,9 +104,10 @@ def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
 def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
     """Everything decided before binding: a bad artifact or setting fails here (exit 78)."""
     artifacts.resolve(opts.artifact)  # fail fast, before any socket exists
+    precision.check_requested(opts.dtype)
     budget = cpu_budget()
     threads = opts.threads if opts.threads is not None else default_threads(budget)
-    policy = policy_from_env(threads, budget, env, emit=_emit, device=opts.device)
+    policy = policy_from_env(threads, budget, env, emit=_emit, device=opts.device, dtype=opts.dtype)
     names = {opts.artifact, opts.artifact.rstrip("/").rsplit("/", 1)[-1], *opts.served_names}
     if opts.result_cache_bytes < 0:
         raise ConfigError(
@@ -303,7 +305,10 @@ def load_and_check(
     if opts.device == "cpu":
         _limit_interop_threads()
     spec = artifacts.resolve(opts.artifact)
-    loaded = artifacts.load(spec, opts.device, opts.revision)
+    served = precision.resolve(opts.dtype, precision.facts_for(opts.device))
+    if served.warning:
+        log.warning("dtype: %s", served.warning)
+    loaded = artifacts.load(spec, opts.device, opts.revision, served.dtype)
     if loaded.revision_note:
         log.warning("revision: %s", loaded.revision_note)
     state.set_status(
@@ -340,14 +345,17 @@ def load_and_check(
     state.card = model_card(loaded, max_len)
     state.card["revision_requested"] = opts.revision
     state.card["revision_note"] = loaded.revision_note
+    state.card["precision"] = served.to_json()
     state.revision = loaded.revision
     state.capabilities = capabilities(loaded, max_len)
     golden_check(loaded, engine, opts.artifact)
     state.policy.golden_passed()
     log.info(
-        "ready: %s on %s, %d threads, limits %s (%s)",
+        "ready: %s on %s, %s (%s), %d threads, limits %s (%s)",
         opts.artifact,
         opts.device,
+        served.dtype,
+        served.reason,
         state.threads,
         cal.limits.to_json(),
         cal.source,
@@ -366,6 +374,7 @@ def capabilities(loaded: artifacts.LoadedArtifact, max_length: int) -> dict[str,
         "dimensions": loaded.dimensions,
         "max_length": max_length,
         "labels": list(loaded.labels) if loaded.labels else None,
+        "dtype": loaded.dtype,
     }
 
 
@@ -468,10 +477,11 @@ def golden_check(loaded: artifacts.LoadedArtifact, engine: Engine, artifact: str
     rows = [loaded.tokenizer.truncate(r, loaded.max_length) for r in loaded.tokenizer.encode(texts)]
     reference = goldens.load_reference(artifact) if loaded.spec.builtin else None
     if reference is not None:
-        goldens.check_reference(rows, forward, reference, loaded.dimensions)
+        goldens.check_reference(rows, forward, reference, loaded.dimensions, loaded.dtype)
     else:
-        goldens.check_consistency(rows, forward)
-    log.info("golden check passed (%s)", "references" if reference else "batched == one-row")
+        goldens.check_consistency(rows, forward, loaded.dtype)
+    how = "float32 references" if reference else "batched == one-row"
+    log.info("golden check passed (%s, %s tolerance)", how, loaded.dtype)
 
 
 __all__ = ["Job", "WorkerOptions", "run"]

@@ -30,8 +30,11 @@ def policy_from_env(
     clock: Clock = SYSTEM_CLOCK,
     *,
     device: str = "cpu",
-    facts: Callable[[], HostFacts] = host_facts,
+    facts: Callable[[], HostFacts] | None = None,
+    dtype: str = "auto",
 ) -> ThreadPolicy:
+    """``dtype`` is the worker's engine_args.dtype: the host record is kept per served dtype
+    (shadow passes rerun the served forward, so they compare at that precision)."""
     mode = parse_mode(env)
     if mode == 0:
         return FixedThreads(configured)
@@ -45,7 +48,7 @@ def policy_from_env(
             configured,
         )
         return FixedThreads(configured)
-    records = HostRecords(record_dir(env), facts())
+    records = HostRecords(record_dir(env), facts() if facts else host_facts(dtype))
     fallback = None
     if mode == 2:
         why_not = records.vouches_for(allowed_counts(configured, budget))

@@ -1,11 +1,12 @@
 """The worker's result cache: whole 200 answers, keyed by everything that changes them,
 bounded by bytes (least recently used out first). Off unless ``--result-cache-bytes`` > 0.
 
-The key is a SHA-256 over the surface, the model revision this worker loaded, and the request
-body as parsed (re-serialised compactly, keys in the caller's order, so label order and every
-option count; ``user`` is dropped: it never changes an answer). Keying on the revision means a
-cache can never answer from another revision even if one outlived a reload; keying on the
-whole body means no option set can answer for another.
+The key is a SHA-256 over the surface, the model revision this worker loaded, the precision
+its forward runs in (the resolved dtype: a bfloat16 answer never answers for a float32 one), and
+the request body as parsed (re-serialised compactly, keys in the caller's order, so label order
+and every option count; ``user`` is dropped: it never changes an answer). Keying on the
+revision means a cache can never answer from another revision even if one outlived a reload;
+keying on the whole body means no option set can answer for another.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ IGNORED_FIELDS = frozenset({"user"})  # OpenAI's end-user id: never changes an a
 ENTRY_OVERHEAD = 96  # bytes charged per entry on top of its body (key, list links)
 
 
-def cache_key(surface: str, revision: str, body: Mapping[str, Any]) -> bytes:
+def cache_key(surface: str, revision: str, dtype: str, body: Mapping[str, Any]) -> bytes:
     kept = {k: v for k, v in body.items() if k not in IGNORED_FIELDS}
     digest = hashlib.sha256()
-    for part in (surface.encode(), revision.encode(), jsonio.dumps(kept)):
+    for part in (surface.encode(), revision.encode(), dtype.encode(), jsonio.dumps(kept)):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.digest()

@@ -2,10 +2,12 @@
 bit-identity across counts a record vouches for (docs/adaptive-threads.md).
 
 Mode 1, when every bucket it saw is learned without a drift, writes (or widens) this host's
-record: CPU model, torch version, kernel version, the counts checked and the result. Any drift
-seen in mode 1 or 2 writes ``drifted``, which no later ``bit-identical`` write undoes, and which
-retires the learning of every later worker start on this host (mode 1 too) until the file is
-removed: one count that drifts on a host retires the learning there for good. A record
+record: CPU model, torch version, kernel version, the served dtype when it is not float32 (bf16
+kernels are other kernels: a float32 record vouches for nothing at bfloat16), the counts checked
+and the result. Any drift seen in mode 1 or 2 writes ``drifted``, which no later
+``bit-identical`` write undoes, and which retires the learning of every later worker start on
+this host (mode 1 too) until the file is removed: one count that drifts on a host retires the
+learning there for good. A record
 is one JSON file per host identity in ``VLLM_SR_THREADS_RECORD_DIR`` (default
 ``$XDG_STATE_HOME/vllm-sr``, else ``~/.local/state/vllm-sr``).
 """
@@ -39,13 +41,19 @@ class HostFacts:
     cpu_model: str
     torch_version: str
     kernel: str
+    dtype: str = "float32"  # the served precision; float32 leaves the key as it always was
+
+    def _parts(self) -> tuple[str, ...]:
+        base = (self.cpu_model, self.torch_version, self.kernel)
+        return base if self.dtype == "float32" else (*base, self.dtype)
 
     def key(self) -> str:
-        text = "\0".join((self.cpu_model, self.torch_version, self.kernel))
+        text = "\0".join(self._parts())
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        return f"CPU {self.cpu_model!r}, torch {self.torch_version}, kernel {self.kernel}"
+        text = f"CPU {self.cpu_model!r}, torch {self.torch_version}, kernel {self.kernel}"
+        return text if self.dtype == "float32" else f"{text}, dtype {self.dtype}"
 
 
 def _cpu_model(cpuinfo: str) -> str:
@@ -56,15 +64,19 @@ def _cpu_model(cpuinfo: str) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def host_facts() -> HostFacts:
-    """This host's facts (imports torch: called once at worker start, torch is loaded then)."""
+def host_facts(dtype: str = "float32") -> HostFacts:
+    """This host's facts at the worker's ``engine_args.dtype`` (``auto`` resolved as the worker
+    will; imports torch: called once at worker start, torch is loaded then)."""
     import torch
 
+    from vllm_sr.worker import precision
+
+    served = precision.resolve(dtype, precision.facts_for("cpu")).dtype
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         cpuinfo = ""
-    return HostFacts(_cpu_model(cpuinfo), str(torch.__version__), platform.release())
+    return HostFacts(_cpu_model(cpuinfo), str(torch.__version__), platform.release(), served)
 
 
 def record_dir(env: Mapping[str, str]) -> Path:
@@ -136,7 +148,8 @@ class HostRecords:
 
     def _host(self) -> dict[str, str]:
         f = self.facts
-        return {"cpu_model": f.cpu_model, "torch_version": f.torch_version, "kernel": f.kernel}
+        host = {"cpu_model": f.cpu_model, "torch_version": f.torch_version, "kernel": f.kernel}
+        return host if f.dtype == "float32" else {**host, "dtype": f.dtype}
 
     def _write(self, result: str, counts: list[int], buckets: list[str], detail: str) -> None:
         doc = {
