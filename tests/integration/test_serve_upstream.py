@@ -53,6 +53,10 @@ def upstream_config(port: int, general: str, coder: str) -> dict[str, Any]:
     }
 
 
+def tool(i: int) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": f"t{i}", "parameters": {}}}
+
+
 async def wait_ready(url: str, proc: asyncio.subprocess.Process, log: Path) -> None:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -98,7 +102,9 @@ async def test_upstream_fragments_route_on_a_real_serve_with_the_embedded_defaul
         cases: list[tuple[str, str, dict[str, Any]]] = [
             ("no_consent", "hello", {"extra_body": {"metadata": {"consent": "denied"}}}),
             ("admins", "hello", {"extra_headers": {"x-authz-user-groups": "platform-admins"}}),
+            ("long", "word " * 40_000, {}),  # context: about 50K tokens by upstream's estimate
             ("questions", "Why? How? When? Where?", {}),
+            ("agentic", "go", {"tools": [tool(i) for i in range(3)]}),  # conversation
             ("spanish", "¿Dónde está la estación de tren? Necesito llegar pronto a casa.", {}),
             ("urgent", "this is urgent please", {}),
         ]
