@@ -22,7 +22,7 @@ from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
-from vllm_sr.router.signals_embedded import KBError, apply_composers
+from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_prototypes import PrototypeBank, PrototypeOptions
 
 FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_fragments" / "signal"
@@ -278,7 +278,7 @@ def test_kb_metric_feeds_a_projection(tmp_path: Path) -> None:
 
 def test_kb_manifest_that_cannot_be_read_names_it(tmp_path: Path) -> None:
     kb = KnowledgeBase.model_validate({"name": "privacy_kb", "source": {"path": str(tmp_path)}})
-    with pytest.raises(KBError, match=r"'privacy_kb'.*labels\.json"):
+    with pytest.raises(ValueError, match=r"'privacy_kb'.*labels\.json"):
         run(fragment("kb/privacy.yaml"), [user("x")], [kb])
 
 
@@ -367,3 +367,31 @@ def test_every_family_goes_in_one_query_task_with_the_turns_it_needs() -> None:
     tasks = {t["id"]: t for t in json.loads(q.bundle(view.text, view))["tasks"]}
     # the current text, the prior user turn (reask), the history (jailbreak), each once
     assert tasks[TASK_QUERY]["embeddings"]["input"] == ["second", "first", "reply"]
+
+
+def test_kb_rules_are_checked_against_the_knowledge_bases(tmp_path: Path) -> None:
+    from vllm_sr.config.routing_kbs import kb_problems, knowledge_bases
+
+    # upstream's fragment names upstream's default privacy_kb: it loads with no kbs declared
+    assert kb_problems(fragment("kb/privacy.yaml"), {}) == []
+    assert {kb.name for kb in knowledge_bases([])} == {"privacy_kb", "mmlu_kb"}
+    bad = {"signals": {"kb": [
+        {"name": "a", "kb": "nope", "target": {"kind": "label", "value": "x"}},
+        {"name": "b", "kb": "mmlu_kb", "target": {"kind": "label", "value": "astrology"}},
+        {"name": "c", "kb": "mmlu_kb", "target": {"kind": "group", "value": "keep"}},
+        {"name": "d", "kb": "mine", "target": {"kind": "label", "value": "x"}},
+    ]}}  # fmt: skip
+    catalog = {"kbs": [{"name": "mine", "source": {"path": str(tmp_path)}}]}
+    found = {".".join(map(str, p.path)): p.message for p in kb_problems(bad, catalog)}
+    assert set(found) == {
+        "routing.signals.kb.0.kb",
+        "routing.signals.kb.1.target.value",
+        "routing.signals.kb.3.kb",
+    }
+    assert "accepted: one of mine, mmlu_kb, privacy_kb" in found["routing.signals.kb.0.kb"]
+    assert "'astrology' is not a label" in found["routing.signals.kb.1.target.value"]
+    assert "labels.json" in found["routing.signals.kb.3.kb"]
+    # upstream's own relative path (from its config directory) reads the shipped copy
+    upstream = {"kbs": [{"name": "privacy_kb", "source": {"path": "knowledge_bases/privacy/"}}]}
+    label_rule = {"name": "p", "kb": "privacy_kb", "target": {"kind": "label", "value": "pii"}}
+    assert kb_problems({"signals": {"kb": [label_rule]}}, upstream) == []

@@ -43,8 +43,8 @@ FAMILY_KEY = {
     "classifier": "classifier",
     "projection": "projection",
 }
-# Upstream leaves these out of unmatched_signals.
-NOT_REPORTED_UNMATCHED = frozenset({"kb", "conversation", "event"})
+# Upstream leaves these out of unmatched_signals (kb_metric: KB metric values, not signals).
+NOT_REPORTED_UNMATCHED = frozenset({"kb", "conversation", "event", "kb_metric"})
 
 
 class EvalError(VllmSrError):

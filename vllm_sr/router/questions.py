@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy
@@ -253,7 +252,6 @@ class QuestionPlan:
         wanted: set[SignalKey] | None = None,
         *,
         kbs: list[Any] | None = None,
-        kb_root: Path | None = None,
         prototype_scoring: Any = None,
     ) -> None:
         self.referenced: set[SignalKey] = with_dependencies(
@@ -276,7 +274,7 @@ class QuestionPlan:
         for d in sigs.domains:
             domains.setdefault(d.deployment or decision_deployment, []).append(d)
         self.pii = PiiSignals([p for p in sigs.pii if ("pii", p.name) in self.referenced])
-        families = EmbeddedFamilies(sigs, self.referenced, kbs, kb_root, prototype_scoring)
+        families = EmbeddedFamilies(sigs, self.referenced, kbs, prototype_scoring)
         self.deployments: dict[str, DeploymentQuestions] = {}
         deps = (
             set(embeddings) | set(domains) | ({decision_deployment} if families.active else set())

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing import Providers, Routing, effective_algorithm
+from vllm_sr.config.routing_kbs import knowledge_bases
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.deterministic import DeterministicSignals
@@ -307,6 +308,7 @@ class Router:
 
 
 def _kbs_of(global_: Any) -> list[Any]:
-    """``global.model_catalog.kbs`` (the kb signal's example sets), [] when none."""
+    """``global.model_catalog.kbs`` and upstream's default knowledge bases (the kb signal's
+    example sets)."""
     catalog = getattr(global_, "model_catalog", None)
-    return list(getattr(catalog, "kbs", None) or [])
+    return list(knowledge_bases(getattr(catalog, "kbs", None)))

@@ -19,16 +19,15 @@ route upstream's probes.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy
 
 from vllm_sr.config.routing import Signals
+from vllm_sr.config.routing_kbs import manifest_labels
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey, evaluate
 from vllm_sr.router.signals import SignalResult
@@ -43,10 +42,6 @@ LEVELS = ("hard", "medium", "easy")
 KINDS = ("complexity", "reask", "preference", "jailbreak", "kb", "user_feedback", "fact_check")
 
 Vectors = Callable[[str], numpy.ndarray]  # a query text -> its normalised embedding
-
-
-class KBError(ValueError):
-    """A knowledge base's manifest cannot be read."""
 
 
 def logistic(margin: float) -> float:
@@ -93,7 +88,6 @@ class EmbeddedFamilies:
         signals: Signals,
         referenced: set[SignalKey],
         kbs: list[Any] | None = None,
-        kb_root: Path | None = None,
         prototype_scoring: Any = None,
     ) -> None:
         names = {kind: {n for k, n in referenced if k == kind} for kind in KINDS}
@@ -128,7 +122,7 @@ class EmbeddedFamilies:
         if builtin_jb:
             self.banks.add("jailbreak:builtin:jb", builtin.JAILBREAK, None)
             self.banks.add("jailbreak:builtin:benign", builtin.BENIGN, None)
-        self.kbs = self._knowledge_bases(kbs or [], kb_root, opts)
+        self.kbs = self._knowledge_bases(kbs or [], opts)
         if self.feedbacks:
             for label, texts in builtin.FEEDBACK.items():
                 self.banks.add(f"feedback:{label}", texts, opts)
@@ -136,15 +130,15 @@ class EmbeddedFamilies:
             for label, texts in builtin.FACT_CHECK.items():
                 self.banks.add(f"fact_check:{label}", texts, opts)
 
-    def _knowledge_bases(
-        self, kbs: list[Any], root: Path | None, default_opts: PrototypeOptions
-    ) -> dict[str, Any]:
+    def _knowledge_bases(self, kbs: list[Any], default_opts: PrototypeOptions) -> dict[str, Any]:
+        """The referenced knowledge bases' label banks (their manifests read now; the config
+        rules checked they read)."""
         wanted = {r.kb for r in self.kb_rules} | {m.split(":", 1)[0] for m in self.kb_metrics}
         out = {}
         for kb in kbs:
             if kb.name not in wanted:
                 continue
-            labels = read_manifest(kb, root)
+            labels = manifest_labels(kb)
             opts = PrototypeOptions.of(kb.prototype_scoring) if kb.prototype_scoring else None
             for label, texts in labels.items():
                 self.banks.add(f"kb:{kb.name}:{label}", texts, opts or default_opts)
@@ -401,25 +395,3 @@ def history(view: Any) -> list[str]:
             seen.add(t)
             out.append(t)
     return out
-
-
-def read_manifest(kb: Any, root: Path | None) -> dict[str, list[str]]:
-    """A KB's labels -> exemplars, from ``source.path``/``source.manifest`` (labels.json:
-    ``{"labels": {label: {"description", "exemplars": [...]}}}``). A relative path is taken
-    from ``root`` (the config file's directory)."""
-    base = Path(kb.source.path).expanduser()
-    if not base.is_absolute() and root is not None:
-        base = root / base
-    path = base / (kb.source.manifest or "labels.json")
-    try:
-        doc = json.loads(path.read_text())
-        labels = doc["labels"]
-        return {
-            str(name): [str(t) for t in (entry.get("exemplars") or [])]
-            for name, entry in labels.items()
-        }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise KBError(
-            f"global.model_catalog.kbs {kb.name!r}: cannot read its manifest {path} ({exc}); "
-            'accepted: a JSON file {"labels": {LABEL: {"exemplars": [TEXT, ...]}}}'
-        ) from None
