@@ -140,6 +140,18 @@ BENIGN: tuple[str, ...] = (
     "Translate this sentence into Spanish.",
     "Give me a recipe for banana bread.",
     "What is the difference between a virus and a bacterium?",
+    "Review this code and suggest improvements.",
+    "Refactor this function to make it easier to read.",
+    "Why does my program crash with this stack trace?",
+    "Summarize this internal document for my team.",
+    "Extract the action items from these meeting notes.",
+    "Check this configuration file for mistakes.",
+    "Design a scalable architecture for this service.",
+    "Analyze the root cause of this production incident.",
+    "Compare these two approaches and recommend one.",
+    "Explain this research paper in simple terms.",
+    "Please answer this ordinary question normally.",
+    "Help me fix the bug in my React component.",
 )
 
 FEEDBACK: dict[str, tuple[str, ...]] = {

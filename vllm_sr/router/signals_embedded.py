@@ -12,8 +12,9 @@ bundle (``questions.py``); this module only scores vectors.
 
 Where upstream runs a trained classifier (jailbreak ``classifier``/``hybrid``, user_feedbacks,
 fact_check) we score built-in prototype banks and turn the two-sided margin into a probability
-with a logistic at temperature 0.05 (the temperature vllm-sr's label classification uses), so
-upstream's probability thresholds keep their meaning roughly. docs/router.md says how they
+with a logistic at temperature 0.05 (the temperature vllm-sr's label classification uses),
+centred for jailbreak at upstream's contrastive default margin 0.10, so upstream's probability
+thresholds keep a rough meaning. docs/router.md says how they
 route upstream's probes.
 """
 
@@ -285,7 +286,8 @@ class EmbeddedFamilies:
             score = max(margins)
             threshold = j.threshold if j.threshold > 0 else DEFAULT_CONTRASTIVE_THRESHOLD
             return SignalResult(score >= threshold, max(0.0, min(1.0, score)), score)
-        risk = max(logistic(m) for m in margins)
+        # Risk 0.5 at upstream's contrastive default margin (0.10), 0.05 per e-fold.
+        risk = max(logistic(m - DEFAULT_CONTRASTIVE_THRESHOLD) for m in margins)
         return SignalResult(risk >= j.threshold and risk > 0, risk, risk)
 
     def _kb_scores(
