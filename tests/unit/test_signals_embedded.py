@@ -395,3 +395,24 @@ def test_kb_rules_are_checked_against_the_knowledge_bases(tmp_path: Path) -> Non
     upstream = {"kbs": [{"name": "privacy_kb", "source": {"path": "knowledge_bases/privacy/"}}]}
     label_rule = {"name": "p", "kb": "privacy_kb", "target": {"kind": "label", "value": "pii"}}
     assert kb_problems({"signals": {"kb": [label_rule]}}, upstream) == []
+
+
+def test_a_jailbreak_classifier_deployment_must_exist() -> None:
+    from vllm_sr.config.routing_rules import check_routing
+
+    routing = fragment("jailbreak/patterns.yaml")
+    routing["signals"]["jailbreak"][0]["deployment"] = "guard"
+    found = {
+        ".".join(map(str, p.path)): p.message
+        for p in check_routing(None, routing, {"primary"}, "primary")
+    }
+    assert "'guard' names no deployment" in found["routing.signals.jailbreak.0.deployment"]
+    assert check_routing(None, routing, {"primary", "guard"}, "primary") == []
+    # with a deployment, the rule is that deployment's head: nothing asked of primary
+    rt = Routing.model_validate(routing)
+    plan = QuestionPlan(rt, "primary", wanted=declared_keys(rt))
+    assert list(plan.deployments) == ["guard"]
+    view = RequestView.from_chat({"messages": [user("hi")]}, {})
+    tasks = json.loads(plan.deployments["guard"].bundle(view.text, view))["tasks"]
+    assert [t["id"] for t in tasks] == ["classify"]
+    assert tasks[0]["classify"] == {"input": ["hi"], "truncate": True}

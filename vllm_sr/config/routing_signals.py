@@ -280,6 +280,12 @@ class JailbreakSignal(Strict):
     benign_patterns: list[str] = Field(default_factory=list, max_length=1024)
     """contrastive: benign examples."""
 
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr, classifier/hybrid: a deployment whose artifact is a sequence classifier
+    (labels from its config.json id2label); the risk is the probability of its ``jailbreak``
+    label (upstream's default positive label). Omitted: vllm-sr's built-in prototypes on the
+    decision deployment."""
+
 
 class PIISignal(Strict):
     name: str = Field(min_length=1, max_length=128)

@@ -46,6 +46,7 @@ from vllm_sr.router.signals import (
 )
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import LEVELS, EmbeddedFamilies
+from vllm_sr.router.signals_heads import TASK_CLASSIFY, JailbreakHeads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import projection_inputs
 from vllm_sr.worker import classify
@@ -71,6 +72,7 @@ class DeploymentQuestions:
     domains: list[DomainSignal]  # the deployment's whole label set ([] when none is referenced)
     referenced_domains: frozenset[str]
     families: EmbeddedFamilies | None = None  # the embedding-only families (decision deployment)
+    heads: JailbreakHeads | None = None  # signals its classification head answers
     # Embedded once per config generation: the candidates, the domains' examples, the
     # families' example banks.
     texts: list[str] = field(default_factory=list)
@@ -97,6 +99,11 @@ class DeploymentQuestions:
             self.take(numpy.zeros((0, 1), dtype=numpy.float32))
 
     @property
+    def embeds(self) -> bool:
+        """Whether a request's text is embedded here (else only the head is asked)."""
+        return bool(self.embeddings or self.referenced_domains or self.families is not None)
+
+    @property
     def cached(self) -> bool:
         return self.candidates is not None
 
@@ -104,7 +111,8 @@ class DeploymentQuestions:
         """The signals this deployment answers (for per-signal errors when it fails)."""
         out: list[SignalKey] = [("embedding", s.name) for s in self.embeddings]
         out += [("domain", name) for name in sorted(self.referenced_domains)]
-        return out + (self.families.signal_keys() if self.families is not None else [])
+        out += self.families.signal_keys() if self.families is not None else []
+        return out + (self.heads.signal_keys() if self.heads is not None else [])
 
     def kinds(self) -> list[str]:
         return sorted({kind for kind, _ in self.signal_keys()})
@@ -122,8 +130,12 @@ class DeploymentQuestions:
     def bundle(self, text: str, view: RequestView | None = None) -> bytes:
         """The request's bundle: its texts' embeddings (and the cached texts while not
         cached)."""
-        query = self.query_texts(text, view)
-        tasks: list[dict[str, Any]] = [{"id": TASK_QUERY, "embeddings": _embed(query)}]
+        tasks: list[dict[str, Any]] = []
+        if self.embeds:
+            query = self.query_texts(text, view)
+            tasks.append({"id": TASK_QUERY, "embeddings": _embed(query)})
+        if self.heads is not None:
+            tasks.append(self.heads.task(view or RequestView(text=text)))
         if not self.cached:
             tasks.append({"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)})
         return json.dumps({"tasks": tasks}, ensure_ascii=False).encode()
@@ -147,6 +159,11 @@ class DeploymentQuestions:
             self.take(_vectors(self.deployment, results[TASK_CANDIDATES]))
         if warm:
             return {}
+        out: dict[SignalKey, SignalResult] = {}
+        if self.heads is not None:
+            out.update(self._head_results(results, view))
+        if not self.embeds:
+            return out
         if TASK_QUERY not in results or self.candidates is None:
             raise SignalAnswerError(
                 f"deployment {self.deployment!r} answered the routing bundle without the "
@@ -160,7 +177,6 @@ class DeploymentQuestions:
                 f"{len(texts)} texts"
             )
         query = rows[0]
-        out: dict[SignalKey, SignalResult] = {}
         for sig in self.embeddings:
             out[("embedding", sig.name)] = embedding_result(sig, query, self.candidates[sig.name])
         if self.referenced_domains and self.centroids is not None:
@@ -176,6 +192,22 @@ class DeploymentQuestions:
             by_text = {t: normed[i] for i, t in enumerate(texts)}
             out.update(self.families.results(view, by_text.__getitem__))
         return out
+
+    def _head_results(
+        self, results: dict[str, Any], view: RequestView | None
+    ) -> dict[SignalKey, SignalResult]:
+        assert self.heads is not None
+        view = view or RequestView(text="")
+        try:
+            rows = results[TASK_CLASSIFY]["data"]
+            if len(rows) != len(self.heads.texts(view)):
+                raise ValueError(f"{len(rows)} rows for {len(self.heads.texts(view))} texts")
+            return self.heads.results(view, rows)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SignalAnswerError(
+                f"deployment {self.deployment!r} answered the routing bundle without the "
+                f"classification it was asked for ({exc})"
+            ) from None
 
     def take(self, vectors: numpy.ndarray) -> None:
         if vectors.shape[0] != len(self.texts):
@@ -275,16 +307,21 @@ class QuestionPlan:
             domains.setdefault(d.deployment or decision_deployment, []).append(d)
         self.pii = PiiSignals([p for p in sigs.pii if ("pii", p.name) in self.referenced])
         families = EmbeddedFamilies(sigs, self.referenced, kbs, prototype_scoring)
+        heads: dict[str, list[Any]] = {}
+        for j in sigs.jailbreak:
+            asked = ("jailbreak", j.name) in self.referenced
+            if asked and j.deployment and j.method != "contrastive":
+                heads.setdefault(j.deployment, []).append(j)
         self.deployments: dict[str, DeploymentQuestions] = {}
-        deps = (
-            set(embeddings) | set(domains) | ({decision_deployment} if families.active else set())
-        )
+        deps = set(embeddings) | set(domains) | set(heads)
+        deps |= {decision_deployment} if families.active else set()
         for dep in sorted(deps):
             referenced = frozenset(
                 d.name for d in domains.get(dep, []) if ("domain", d.name) in self.referenced
             )
             fam = families if dep == decision_deployment and families.active else None
-            if not embeddings.get(dep) and not referenced and fam is None:
+            head = JailbreakHeads(heads[dep]) if dep in heads else None
+            if not embeddings.get(dep) and not referenced and fam is None and head is None:
                 continue  # only unreferenced domains there: nothing to ask
             self.deployments[dep] = DeploymentQuestions(
                 dep,
@@ -292,6 +329,7 @@ class QuestionPlan:
                 domains.get(dep, []) if referenced else [],
                 referenced,
                 fam,
+                head,
             )
 
     def keyword_results(self, text: str) -> dict[SignalKey, SignalResult]:

@@ -101,7 +101,13 @@ class EmbeddedFamilies:
         self.reasks = [r for r in signals.reasks if r.name in names["reask"]]
         # Preferences compete (only the best can match): all of them are scored.
         self.preferences = list(signals.preferences) if names["preference"] else []
-        self.jailbreak = [j for j in signals.jailbreak if j.name in names["jailbreak"]]
+        # A classifier/hybrid rule with a deployment is that deployment's head's
+        # (signals_heads); the others are scored here.
+        self.jailbreak = [
+            j
+            for j in signals.jailbreak
+            if j.name in names["jailbreak"] and (j.method == "contrastive" or not j.deployment)
+        ]
         self.kb_rules = [k for k in signals.kb if k.name in names["kb"]]
         self.kb_metrics = {n for k, n in referenced if k == "kb_metric"}
         self.feedbacks = list(signals.user_feedbacks) if names["user_feedback"] else []
