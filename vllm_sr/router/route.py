@@ -178,7 +178,7 @@ class Router:
         embeddings, domain centroids). -> per deployment, None or why it failed (a failed warm
         is retried by the first request, which then carries the candidates itself)."""
         out: dict[str, str | None] = {}
-        if self.plan.pii.rules:
+        if self.routing.signals.pii:  # chats or eval will scan: import presidio off the loop
             await asyncio.to_thread(self.plan.pii.detector.load)
         for dep, q in self.plan.deployments.items():
             body = q.warm_bundle()
@@ -213,6 +213,8 @@ class Router:
             run.timings_ms[kind] = elapsed
         run.results.update(det)
         if plan.pii.rules:
+            if not plan.pii.detector.loaded:  # seconds of imports: not on the event loop
+                await asyncio.to_thread(plan.pii.detector.load)
             started = time.perf_counter()
             run.results.update(plan.pii.results(view))
             run.timings_ms["pii"] = (time.perf_counter() - started) * 1000.0

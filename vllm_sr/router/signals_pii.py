@@ -64,6 +64,10 @@ class PiiDetector:
         self._recognizers: list[Any] | None = None
         self._lock = threading.Lock()
 
+    @property
+    def loaded(self) -> bool:
+        return self._recognizers is not None
+
     def load(self) -> None:
         with self._lock:
             if self._recognizers is not None:
