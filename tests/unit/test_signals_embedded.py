@@ -416,3 +416,49 @@ def test_a_jailbreak_classifier_deployment_must_exist() -> None:
     tasks = json.loads(plan.deployments["guard"].bundle(view.text, view))["tasks"]
     assert [t["id"] for t in tasks] == ["classify"]
     assert tasks[0]["classify"] == {"input": ["hi"], "truncate": True}
+
+
+def test_heads_map_a_classifier_answer_to_upstreams_labels() -> None:
+    from vllm_sr.config.routing_signals import JailbreakSignal, NamedSignal
+    from vllm_sr.router.signals_heads import Heads
+
+    jb = [JailbreakSignal(name="j", method="classifier", threshold=0.5, include_history=True)]
+    fb = [NamedSignal(name="wrong_answer"), NamedSignal(name="need_clarification")]
+    fc = [NamedSignal(name="needs_fact_check"), NamedSignal(name="no_fact_check_needed")]
+    heads = Heads(jb, fb, fc)
+    view = RequestView.from_chat(
+        {"messages": [user("earlier"), assistant("reply"), user("now")]}, {}
+    )
+    assert heads.texts(view) == ["now", "reply", "earlier"]
+    rows = [
+        {"probabilities": {"wrong_answer": 0.8, "FACT_CHECK_NEEDED": 0.1, "jailbreak": 0.1}},
+        {"probabilities": {"wrong_answer": 0.1, "FACT_CHECK_NEEDED": 0.1, "jailbreak": 0.8}},
+        {"probabilities": {"wrong_answer": 0.3, "FACT_CHECK_NEEDED": 0.4, "jailbreak": 0.3}},
+    ]
+    res = heads.results(view, rows)
+    assert res[("jailbreak", "j")] == SignalResult(True, 0.8, 0.8)  # the history's best
+    assert res[("user_feedback", "wrong_answer")] == SignalResult(True, 0.8)
+    assert not res[("user_feedback", "need_clarification")].matched
+    assert res[("fact_check", "no_fact_check_needed")] == SignalResult(True, 0.9)
+    # below 0.7 the label is satisfied; no assistant reply yet: satisfied too
+    rows[0]["probabilities"] = {"wrong_answer": 0.6, "FACT_CHECK_NEEDED": 0.4}
+    res = heads.results(view, rows)
+    assert not any(res[("user_feedback", r.name)].matched for r in fb)
+    first = RequestView.from_chat({"messages": [user("now")]}, {})
+    rows0 = [{"probabilities": {"wrong_answer": 0.95, "FACT_CHECK_NEEDED": 0.7}}]
+    res = Heads([], fb, fc).results(first, rows0)
+    assert not res[("user_feedback", "wrong_answer")].matched
+    assert res[("fact_check", "needs_fact_check")] == SignalResult(True, 0.7)
+
+
+def test_a_feedback_deployment_moves_the_family_to_its_head() -> None:
+    routing = fragment("user-feedback/escalation.yaml")
+    routing["signals"]["user_feedbacks"][0]["deployment"] = "feedback"
+    rt = Routing.model_validate(routing)
+    plan = QuestionPlan(rt, "primary", wanted=declared_keys(rt))
+    assert list(plan.deployments) == ["feedback"]
+    heads = plan.deployments["feedback"].heads
+    assert heads is not None and [r.name for r in heads.feedbacks] == [
+        "wrong_answer",
+        "need_clarification",
+    ]

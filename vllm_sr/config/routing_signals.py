@@ -200,6 +200,11 @@ class NamedSignal(Strict):
     description: str | None = Description
     """Free text for people."""
 
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr (fact_check, user_feedbacks): a deployment whose artifact is a sequence
+    classifier with upstream's labels answers the family (the first rule's that names one);
+    omitted: vllm-sr's built-in prototypes on the decision deployment."""
+
 
 class ReaskSignal(Strict):
     name: str = Field(min_length=1, max_length=128)

@@ -46,7 +46,7 @@ from vllm_sr.router.signals import (
 )
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import LEVELS, EmbeddedFamilies
-from vllm_sr.router.signals_heads import TASK_CLASSIFY, JailbreakHeads
+from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import projection_inputs
 from vllm_sr.worker import classify
@@ -72,7 +72,7 @@ class DeploymentQuestions:
     domains: list[DomainSignal]  # the deployment's whole label set ([] when none is referenced)
     referenced_domains: frozenset[str]
     families: EmbeddedFamilies | None = None  # the embedding-only families (decision deployment)
-    heads: JailbreakHeads | None = None  # signals its classification head answers
+    heads: Heads | None = None  # signals its classification head answers
     # Embedded once per config generation: the candidates, the domains' examples, the
     # families' example banks.
     texts: list[str] = field(default_factory=list)
@@ -307,11 +307,18 @@ class QuestionPlan:
             domains.setdefault(d.deployment or decision_deployment, []).append(d)
         self.pii = PiiSignals([p for p in sigs.pii if ("pii", p.name) in self.referenced])
         families = EmbeddedFamilies(sigs, self.referenced, kbs, prototype_scoring)
-        heads: dict[str, list[Any]] = {}
+        heads: dict[str, tuple[list[Any], list[Any], list[Any]]] = {}
         for j in sigs.jailbreak:
             asked = ("jailbreak", j.name) in self.referenced
             if asked and j.deployment and j.method != "contrastive":
-                heads.setdefault(j.deployment, []).append(j)
+                heads.setdefault(j.deployment, ([], [], []))[0].append(j)
+        for slot, kind, rules in ((1, "user_feedback", sigs.user_feedbacks),
+                                  (2, "fact_check", sigs.fact_check)):  # fmt: skip
+            # A family's rules compete for one label: all of them go where the family's
+            # first rule with a deployment says, when any of them is referenced.
+            dep = next((r.deployment for r in rules if r.deployment), None)
+            if dep and any((kind, r.name) in self.referenced for r in rules):
+                heads.setdefault(dep, ([], [], []))[slot].extend(rules)
         self.deployments: dict[str, DeploymentQuestions] = {}
         deps = set(embeddings) | set(domains) | set(heads)
         deps |= {decision_deployment} if families.active else set()
@@ -320,7 +327,7 @@ class QuestionPlan:
                 d.name for d in domains.get(dep, []) if ("domain", d.name) in self.referenced
             )
             fam = families if dep == decision_deployment and families.active else None
-            head = JailbreakHeads(heads[dep]) if dep in heads else None
+            head = Heads(*heads[dep]) if dep in heads else None
             if not embeddings.get(dep) and not referenced and fam is None and head is None:
                 continue  # only unreferenced domains there: nothing to ask
             self.deployments[dep] = DeploymentQuestions(

@@ -110,8 +110,19 @@ class EmbeddedFamilies:
         ]
         self.kb_rules = [k for k in signals.kb if k.name in names["kb"]]
         self.kb_metrics = {n for k, n in referenced if k == "kb_metric"}
-        self.feedbacks = list(signals.user_feedbacks) if names["user_feedback"] else []
-        self.fact_checks = list(signals.fact_check) if names["fact_check"] else []
+        # With a deployment, these families are that deployment's head's (signals_heads).
+        headed = {
+            kind: any(r.deployment for r in rules)
+            for kind, rules in (("feedback", signals.user_feedbacks), ("fact", signals.fact_check))
+        }
+        self.feedbacks = (
+            list(signals.user_feedbacks)
+            if names["user_feedback"] and not headed["feedback"]
+            else []
+        )
+        self.fact_checks = (
+            list(signals.fact_check) if names["fact_check"] and not headed["fact"] else []
+        )
         self.banks = _Banks()
         for c in self.complexity:
             self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, opts)
