@@ -462,3 +462,21 @@ def test_a_feedback_deployment_moves_the_family_to_its_head() -> None:
         "wrong_answer",
         "need_clarification",
     ]
+
+
+def test_complexity_reads_upstreams_module_prototype_scoring() -> None:
+    from types import SimpleNamespace
+
+    from vllm_sr.router.signals_embedded import EmbeddedFamilies
+
+    rt = Routing.model_validate(fragment("complexity/escalation.yaml"))
+    keys = declared_keys(rt)
+    scoring = SimpleNamespace(enabled=False, best_weight=1.0, top_m=0)
+    modules = SimpleNamespace(complexity=SimpleNamespace(prototype_scoring=scoring))
+    fam = EmbeddedFamilies(rt.signals, keys, modules=modules)
+    fam.take(numpy.eye(6, dtype=numpy.float32))
+    bank = fam.banks.banks["complexity:needs_reasoning:hard"]
+    assert bank.options == PrototypeOptions(enabled=False, best_weight=1.0)
+    assert bank.score(unit(1, 0, 0, 0, 0, 0)).score == pytest.approx(1.0)  # best only
+    default = EmbeddedFamilies(rt.signals, keys)
+    assert default.banks.specs["complexity:needs_reasoning:hard"][1] == PrototypeOptions()

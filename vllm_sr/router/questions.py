@@ -284,7 +284,7 @@ class QuestionPlan:
         wanted: set[SignalKey] | None = None,
         *,
         kbs: list[Any] | None = None,
-        prototype_scoring: Any = None,
+        modules: Any = None,
     ) -> None:
         self.referenced: set[SignalKey] = with_dependencies(
             routing,
@@ -306,7 +306,7 @@ class QuestionPlan:
         for d in sigs.domains:
             domains.setdefault(d.deployment or decision_deployment, []).append(d)
         self.pii = PiiSignals([p for p in sigs.pii if ("pii", p.name) in self.referenced])
-        families = EmbeddedFamilies(sigs, self.referenced, kbs, prototype_scoring)
+        families = EmbeddedFamilies(sigs, self.referenced, kbs, modules)
         heads: dict[str, tuple[list[Any], list[Any], list[Any]]] = {}
         for j in sigs.jailbreak:
             asked = ("jailbreak", j.name) in self.referenced

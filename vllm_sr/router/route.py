@@ -142,7 +142,8 @@ class Router:
         self.signal_timeout_ms = signal_timeout_ms
         self.decision_deployment = decision_deployment
         self.kbs = _kbs_of(global_)
-        self.plan = QuestionPlan(routing, decision_deployment, kbs=self.kbs)
+        self.modules = getattr(getattr(global_, "model_catalog", None), "modules", None)
+        self.plan = QuestionPlan(routing, decision_deployment, kbs=self.kbs, modules=self.modules)
         authz = authz or AuthzOptions()
         self.deterministic = DeterministicSignals(
             routing.signals,
@@ -170,6 +171,7 @@ class Router:
                 self.decision_deployment,
                 wanted=declared_keys(self.routing),
                 kbs=self.kbs,
+                modules=self.modules,
             )
         return self._eval_plan
 

@@ -89,10 +89,15 @@ class EmbeddedFamilies:
         signals: Signals,
         referenced: set[SignalKey],
         kbs: list[Any] | None = None,
-        prototype_scoring: Any = None,
+        modules: Any = None,
     ) -> None:
         names = {kind: {n for k, n in referenced if k == kind} for kind in KINDS}
-        opts = PrototypeOptions.of(prototype_scoring)
+        # upstream's modules.complexity / modules.classifiers.preference prototype_scoring
+        opts = PrototypeOptions()
+        complexity_opts = PrototypeOptions.of(_get(modules, "complexity", "prototype_scoring"))
+        preference_opts = PrototypeOptions.of(
+            _get(modules, "classifiers", "preference", "prototype_scoring")
+        )
         self.complexity = [
             c
             for c in signals.complexity
@@ -125,11 +130,11 @@ class EmbeddedFamilies:
         )
         self.banks = _Banks()
         for c in self.complexity:
-            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, opts)
-            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, opts)
+            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, complexity_opts)
+            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, complexity_opts)
         for p in self.preferences:
             own = [p.description] if p.description else []
-            self.banks.add(f"preference:{p.name}", [*own, *p.examples], opts)
+            self.banks.add(f"preference:{p.name}", [*own, *p.examples], preference_opts)
         builtin_jb = False
         for j in self.jailbreak:
             if j.method == "contrastive":
@@ -380,6 +385,12 @@ class EmbeddedFamilies:
             ("fact_check", f.name): SignalResult(f.name == label, conf if f.name == label else 0)
             for f in self.fact_checks
         }
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for name in names:
+        obj = getattr(obj, name, None)
+    return obj
 
 
 def apply_composers(signals: Signals, results: dict[SignalKey, SignalResult]) -> None:
