@@ -115,7 +115,8 @@ class DeploymentQuestions:
         return out + (self.heads.signal_keys() if self.heads is not None else [])
 
     def kinds(self) -> list[str]:
-        return sorted({kind for kind, _ in self.signal_keys()})
+        """The signal families answered here (KB metric values are not a family)."""
+        return sorted({kind for kind, _ in self.signal_keys() if kind != "kb_metric"})
 
     def query_texts(self, text: str, view: RequestView | None = None) -> list[str]:
         """What the request's ``query`` task embeds: its text first, then (deduplicated) the
