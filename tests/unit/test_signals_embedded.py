@@ -480,3 +480,18 @@ def test_complexity_reads_upstreams_module_prototype_scoring() -> None:
     assert bank.score(unit(1, 0, 0, 0, 0, 0)).score == pytest.approx(1.0)  # best only
     default = EmbeddedFamilies(rt.signals, keys)
     assert default.banks.specs["complexity:needs_reasoning:hard"][1] == PrototypeOptions()
+
+
+def test_the_bundle_embeds_upstreams_sample_of_a_long_text() -> None:
+    routing = fragment("complexity/escalation.yaml")
+    rt = Routing.model_validate(routing)
+    plan = QuestionPlan(rt, "primary", wanted=declared_keys(rt))
+    (q,) = plan.deployments.values()
+    long = "solve this step by step " + "filler " * 1000 + " the end"
+    view = RequestView.from_chat({"messages": [user("  " + long)]}, {})
+    (query,) = [t for t in json.loads(q.bundle(view.text, view))["tasks"] if t["id"] == "query"]
+    sent = query["embeddings"]["input"][0]
+    assert sent == view.sampled_text() and len(sent) < len(view.text)
+    assert sent.startswith("  solve this step by step") and sent.endswith("the end")
+    results = q.read(answer_bundle(q.bundle(view.text, view)), view=view)
+    assert results[("complexity", "needs_reasoning:hard")].value is not None

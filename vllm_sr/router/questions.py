@@ -130,10 +130,11 @@ class DeploymentQuestions:
 
     def bundle(self, text: str, view: RequestView | None = None) -> bytes:
         """The request's bundle: its texts' embeddings (and the cached texts while not
-        cached)."""
+        cached). With the ``view``, the text embedded is upstream's sample of it (whole up to
+        2048 characters, else its first, middle and last thirds)."""
         tasks: list[dict[str, Any]] = []
         if self.embeds:
-            query = self.query_texts(text, view)
+            query = self.query_texts(view.sampled_text() if view is not None else text, view)
             tasks.append({"id": TASK_QUERY, "embeddings": _embed(query)})
         if self.heads is not None:
             tasks.append(self.heads.task(view or RequestView(text=text)))
@@ -171,7 +172,7 @@ class DeploymentQuestions:
                 "embeddings it was asked for"
             )
         rows = _vectors(self.deployment, results[TASK_QUERY])
-        texts = self.query_texts(view.text, view) if view is not None else [""]
+        texts = self.query_texts(view.sampled_text(), view) if view is not None else [""]
         if rows.shape[0] != len(texts):
             raise SignalAnswerError(
                 f"deployment {self.deployment!r} returned {rows.shape[0]} query embeddings for "
@@ -191,7 +192,7 @@ class DeploymentQuestions:
         if self.families is not None and view is not None:
             normed = normalize_rows(rows)
             by_text = {t: normed[i] for i, t in enumerate(texts)}
-            out.update(self.families.results(view, by_text.__getitem__))
+            out.update(self.families.results(view, by_text.__getitem__, texts[0]))
         return out
 
     def _head_results(

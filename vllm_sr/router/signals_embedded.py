@@ -212,10 +212,14 @@ class EmbeddedFamilies:
 
     # -- scoring ------------------------------------------------------------------------
 
-    def results(self, view: Any, vec: Vectors) -> dict[SignalKey, SignalResult]:
-        text = view.text.strip()
+    def results(
+        self, view: Any, vec: Vectors, text: str | None = None
+    ) -> dict[SignalKey, SignalResult]:
+        """``text``: the current text as embedded (upstream's sample of it; default the
+        view's text)."""
+        text = view.text if text is None else text
         out: dict[SignalKey, SignalResult] = {}
-        if not text:
+        if not text.strip():
             return out
         query = vec(text)
         for c in self.complexity:
