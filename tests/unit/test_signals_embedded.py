@@ -495,3 +495,29 @@ def test_the_bundle_embeds_upstreams_sample_of_a_long_text() -> None:
     assert sent.startswith("  solve this step by step") and sent.endswith("the end")
     results = q.read(answer_bundle(q.bundle(view.text, view)), view=view)
     assert results[("complexity", "needs_reasoning:hard")].value is not None
+
+
+def test_preference_margin_threshold_from_upstreams_module() -> None:
+    from types import SimpleNamespace
+
+    from vllm_sr.router.signals_embedded import EmbeddedFamilies
+
+    rt = Routing.model_validate(
+        {"signals": {"preferences": [{"name": "a", "examples": ["x"]},
+                                     {"name": "b", "examples": ["y"]}]}}
+    )  # fmt: skip
+    keys = declared_keys(rt)
+
+    def best_with(margin: float) -> set[SignalKey]:
+        scoring = SimpleNamespace(margin_threshold=margin)
+        modules = SimpleNamespace(
+            classifiers=SimpleNamespace(preference=SimpleNamespace(prototype_scoring=scoring))
+        )
+        fam = EmbeddedFamilies(rt.signals, keys, modules=modules)
+        fam.take(numpy.stack([unit(1, 0), unit(0, 1)]))
+        res = fam.results(RequestView(text="q"), lambda _: unit(0.8, 0.6))
+        return matched(res)
+
+    assert best_with(0.0) == {("preference", "a")}  # scores 0.8 vs 0.6
+    assert best_with(0.1) == {("preference", "a")}
+    assert best_with(0.3) == set()  # leads by 0.2 only

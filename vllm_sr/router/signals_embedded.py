@@ -95,9 +95,10 @@ class EmbeddedFamilies:
         # upstream's modules.complexity / modules.classifiers.preference prototype_scoring
         opts = PrototypeOptions()
         complexity_opts = PrototypeOptions.of(_get(modules, "complexity", "prototype_scoring"))
-        preference_opts = PrototypeOptions.of(
-            _get(modules, "classifiers", "preference", "prototype_scoring")
-        )
+        preference_cfg = _get(modules, "classifiers", "preference", "prototype_scoring")
+        preference_opts = PrototypeOptions.of(preference_cfg)
+        # the best preference must lead the runner-up by this much (0: any lead)
+        self.preference_margin = max(0.0, getattr(preference_cfg, "margin_threshold", 0) or 0.0)
         self.complexity = [
             c
             for c in signals.complexity
@@ -294,7 +295,9 @@ class EmbeddedFamilies:
         )
         out = {("preference", p.name): SignalResult(False, 0.0, s) for s, p in scored}
         best_score, best = scored[0]
-        if best.threshold <= 0 or best_score >= best.threshold:
+        runner_up = scored[1][0] if len(scored) > 1 else None
+        leads = runner_up is None or best_score - runner_up >= self.preference_margin
+        if (best.threshold <= 0 or best_score >= best.threshold) and leads:
             out[("preference", best.name)] = SignalResult(True, best_score, best_score)
         return out
 
