@@ -521,3 +521,17 @@ def test_preference_margin_threshold_from_upstreams_module() -> None:
     assert best_with(0.0) == {("preference", "a")}  # scores 0.8 vs 0.6
     assert best_with(0.1) == {("preference", "a")}
     assert best_with(0.3) == set()  # leads by 0.2 only
+
+
+def test_preferences_by_an_external_llm_are_refused() -> None:
+    from vllm_sr.config.upstream_refusals import global_refusals
+
+    raw = {
+        "global": {"model_catalog": {"modules": {"classifiers": {"preference": {
+            "use_contrastive": False}}}}},
+        "routing": fragment("preference/power-user.yaml"),
+    }  # fmt: skip
+    (found,) = global_refusals(raw)
+    assert found.path[-1] == "use_contrastive" and "not supported by vllm-sr" in found.message
+    raw["global"]["model_catalog"]["modules"]["classifiers"]["preference"]["use_contrastive"] = True
+    assert global_refusals(raw) == []
