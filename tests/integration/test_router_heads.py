@@ -104,3 +104,75 @@ async def test_a_classifier_artifact_answers_jailbreak(guard: WorkerHandle) -> N
         assert calls["guard"] == before + 1  # the current text and the history: one exchange
         # the best of the current text, the assistant's reply and the prior user turn
         assert run.results[("jailbreak", "guarded")].value == pytest.approx(max(direct), abs=1e-5)
+
+
+PII_LABELS = ("O", "B-EMAIL_ADDRESS", "I-EMAIL_ADDRESS", "B-PERSON", "I-PERSON")
+
+
+@pytest.fixture(scope="module")
+def pii_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_tiny_bert(
+        tmp_path_factory.mktemp("pii") / "model", classifier=True, labels=PII_LABELS, token=True
+    )
+
+
+@pytest.fixture(scope="module")
+def pii_worker(pii_model: Any) -> Iterator[WorkerHandle]:
+    handle = start_worker(str(pii_model), short_socket_dir() / "p.sock")
+    yield handle
+    stop_worker(handle)
+
+
+def token_maxima(model_dir: Any, text: str) -> dict[str, float]:
+    """Each label's highest token probability, from a plain transformers forward."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        probs = torch.softmax(model(**tok(text, return_tensors="pt")).logits[0], dim=-1)
+    return {label: float(probs[:, i].max()) for i, label in enumerate(PII_LABELS)}
+
+
+async def test_a_token_classifier_artifact_answers_pii(
+    pii_model: Any, pii_worker: WorkerHandle
+) -> None:
+    text = "mail ada at ada@example.com"
+    uds = str(pii_worker.uds)
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=uds)) as s:
+
+        async def exchange(dep: str, path: str, body: bytes, timeout_ms: float | None) -> Any:
+            async with s.post(f"http://worker{path}", data=body) as r:
+                return r.status, await r.read()
+
+        async with s.post("http://worker/v1/classify", json={"input": [text]}) as r:
+            assert r.status == 200
+            (row,) = (await r.json())["data"]
+        expected = token_maxima(pii_model, text)
+        for label in PII_LABELS:  # the worker's answer: each label's best token
+            assert row["probabilities"][label] == pytest.approx(expected[label], abs=1e-4)
+        email = max(expected["B-EMAIL_ADDRESS"], expected["I-EMAIL_ADDRESS"])
+        person = max(expected["B-PERSON"], expected["I-PERSON"])
+
+        view = RequestView.from_chat({"messages": [{"role": "user", "content": text}]}, {})
+        for allowed, want in (([], max(email, person)), (["person"], email), (["PERSON",
+                              "EMAIL_ADDRESS"], None)):  # fmt: skip
+            rt = Routing.model_validate(
+                {"signals": {"pii": [{"name": "p", "deployment": "ner",
+                                      "pii_types_allowed": allowed}]}}
+            )  # fmt: skip
+            router = Router(
+                PROVIDERS,
+                rt,
+                exchange=exchange,
+                backends=BackendSet(PROVIDERS),
+                decision_deployment="primary",
+            )
+            run = await router.signals(view, router.eval_plan)
+            res = run.results[("pii", "p")]
+            assert run.errors == {}
+            if want is None:
+                assert not res.matched
+            else:
+                assert res.matched and res.value == pytest.approx(want, abs=1e-4)

@@ -248,7 +248,7 @@ def _deployment_problems(
 ) -> list[Problem]:
     problems = []
     accepted = ", ".join(sorted(deployments)) or "(none declared)"
-    for kind in ("embeddings", "domains", "jailbreak", "user_feedbacks", "fact_check"):
+    for kind in ("embeddings", "domains", "jailbreak", "user_feedbacks", "fact_check", "pii"):
         for i, sig in enumerate(as_list(signals.get(kind))):
             dep = as_dict(sig).get("deployment")
             if isinstance(dep, str) and dep not in deployments:

@@ -305,6 +305,10 @@ class PIISignal(Strict):
     include_history: bool = False
     """Also scan prior turns."""
 
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr: a deployment whose artifact is a token classifier (BIO labels such as
+    B-EMAIL_ADDRESS) answers this rule; omitted: presidio's pattern recognizers."""
+
     description: str | None = Description
     """Free text for people."""
 

@@ -307,20 +307,25 @@ class QuestionPlan:
         domains: dict[str, list[DomainSignal]] = {}
         for d in sigs.domains:
             domains.setdefault(d.deployment or decision_deployment, []).append(d)
-        self.pii = PiiSignals([p for p in sigs.pii if ("pii", p.name) in self.referenced])
+        self.pii = PiiSignals(
+            [p for p in sigs.pii if ("pii", p.name) in self.referenced and not p.deployment]
+        )
         families = EmbeddedFamilies(sigs, self.referenced, kbs, modules)
-        heads: dict[str, tuple[list[Any], list[Any], list[Any]]] = {}
+        heads: dict[str, tuple[list[Any], list[Any], list[Any], list[Any]]] = {}
         for j in sigs.jailbreak:
             asked = ("jailbreak", j.name) in self.referenced
             if asked and j.deployment and j.method != "contrastive":
-                heads.setdefault(j.deployment, ([], [], []))[0].append(j)
+                heads.setdefault(j.deployment, ([], [], [], []))[0].append(j)
+        for p in sigs.pii:
+            if ("pii", p.name) in self.referenced and p.deployment:
+                heads.setdefault(p.deployment, ([], [], [], []))[3].append(p)
         for slot, kind, rules in ((1, "user_feedback", sigs.user_feedbacks),
                                   (2, "fact_check", sigs.fact_check)):  # fmt: skip
             # A family's rules compete for one label: all of them go where the family's
             # first rule with a deployment says, when any of them is referenced.
             dep = next((r.deployment for r in rules if r.deployment), None)
             if dep and any((kind, r.name) in self.referenced for r in rules):
-                heads.setdefault(dep, ([], [], []))[slot].extend(rules)
+                heads.setdefault(dep, ([], [], [], []))[slot].extend(rules)
         self.deployments: dict[str, DeploymentQuestions] = {}
         deps = set(embeddings) | set(domains) | set(heads)
         deps |= {decision_deployment} if families.active else set()

@@ -180,7 +180,7 @@ class Router:
         embeddings, domain centroids). -> per deployment, None or why it failed (a failed warm
         is retried by the first request, which then carries the candidates itself)."""
         out: dict[str, str | None] = {}
-        if self.routing.signals.pii:  # chats or eval will scan: import presidio off the loop
+        if any(not p.deployment for p in self.routing.signals.pii):  # presidio, off the loop
             await asyncio.to_thread(self.plan.pii.detector.load)
         for dep, q in self.plan.deployments.items():
             body = q.warm_bundle()

@@ -11,7 +11,11 @@ vllm-sr form of upstream's trained classifiers, chosen by a rule's ``deployment:
   (case-insensitive), confidence the probability;
 - fact_check: P(needed) is the probability of the label ``FACT_CHECK_NEEDED`` (or
   ``needs_fact_check``); ``needs_fact_check`` when it reaches 0.6, else
-  ``no_fact_check_needed``.
+  ``no_fact_check_needed``;
+- pii, from a token-classification head (the worker answers each label's highest token
+  probability): a type's confidence is the best of its BIO labels (``B-X``, ``I-X``: type
+  ``X``; ``O`` is none); a rule matches when a type at >= ``threshold`` is not in
+  ``pii_types_allowed``, on the current text (and its history with ``include_history``).
 
 All texts go as one ``classify`` task (no labels: the head answers) in the deployment's one
 bundle: the current text first, then the history when a jailbreak rule reads it.
@@ -39,15 +43,17 @@ class Heads:
         jailbreak: list[Any],
         feedbacks: list[Any] | None = None,
         fact_checks: list[Any] | None = None,
+        pii: list[Any] | None = None,
     ) -> None:
         self.jailbreak = jailbreak
         self.feedbacks = feedbacks or []
         self.fact_checks = fact_checks or []
+        self.pii = pii or []
 
     def texts(self, view: Any) -> list[str]:
         """The request's text, then (when a rule reads it) its history, each once."""
         out = [view.text]
-        if any(r.include_history for r in self.jailbreak):
+        if any(r.include_history for r in [*self.jailbreak, *self.pii]):
             out += [t for t in history(view) if t not in out]
         return out
 
@@ -57,6 +63,7 @@ class Heads:
     def signal_keys(self) -> list[SignalKey]:
         keys: list[SignalKey] = [("jailbreak", r.name) for r in self.jailbreak]
         keys += [("user_feedback", r.name) for r in self.feedbacks]
+        keys += [("pii", r.name) for r in self.pii]
         return keys + [("fact_check", r.name) for r in self.fact_checks]
 
     def results(self, view: Any, rows: list[dict[str, Any]]) -> dict[SignalKey, SignalResult]:
@@ -72,6 +79,8 @@ class Heads:
             out[("jailbreak", rule.name)] = SignalResult(
                 risk >= rule.threshold and risk > 0, risk, risk
             )
+        if self.pii:
+            out.update(self._pii(probs))
         current = probs[0] if probs else {}
         if self.feedbacks:
             label, p = builtin.FEEDBACK_SATISFIED, 1.0
@@ -91,3 +100,34 @@ class Heads:
                 hit = rule.name == label
                 out[("fact_check", rule.name)] = SignalResult(hit, conf if hit else 0.0)
         return out
+
+    def _pii(self, probs: list[dict[str, float]]) -> dict[SignalKey, SignalResult]:
+        types = [entity_types(row) for row in probs]
+        out: dict[SignalKey, SignalResult] = {}
+        for rule in self.pii:
+            allowed = {t.upper() for t in rule.pii_types_allowed}
+            rows = types if rule.include_history else types[:1]
+            found = [
+                p
+                for row in rows
+                for kind, p in row.items()
+                if p >= rule.threshold and kind not in allowed
+            ]
+            best = max(found, default=None)
+            out[("pii", rule.name)] = (
+                SignalResult(True, 1.0, best) if best is not None else SignalResult.miss()
+            )
+        return out
+
+
+def entity_types(row: dict[str, float]) -> dict[str, float]:
+    """A token head's label maxima -> entity type (BIO prefix stripped, uppercased) -> its
+    best probability; ``O`` (outside) is no type."""
+    out: dict[str, float] = {}
+    for label, p in row.items():
+        kind = label.upper()
+        if len(kind) > 2 and kind[1] == "-" and kind[0] in "BIES":
+            kind = kind[2:]
+        if kind != "O":
+            out[kind] = max(out.get(kind, 0.0), p)
+    return out
