@@ -1,8 +1,10 @@
-"""Jailbreak ``method: classifier`` answered by a deployment's sequence-classification
-artifact: a tiny BertForSequenceClassification with labels benign/jailbreak saved with
-save_pretrained (random weights, the real loading code) in a real worker process. The chat's
-texts go as one classify task in that deployment's one bundle; the risk is the head's
-probability of ``jailbreak``, the same number the worker's /v1/classify gives."""
+"""Signals answered by a deployment's classifier artifact, in a real worker process, with
+tiny models saved by save_pretrained (random weights, the real loading code): jailbreak
+``method: classifier`` by a BertForSequenceClassification with labels benign/jailbreak (the
+risk is the head's probability of ``jailbreak``, the number the worker's /v1/classify gives),
+and pii by a BertForTokenClassification with BIO labels (each label's best token, checked
+against a plain transformers forward). The chat's texts go as one classify task in that
+deployment's one bundle."""
 
 from __future__ import annotations
 
