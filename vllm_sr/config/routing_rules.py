@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
+from vllm_sr.config.routing_kbs import kb_problems
 from vllm_sr.config.routing_providers import providers_problems
 from vllm_sr.config.routing_support import (
     REFUSED_SIGNAL_LISTS,
@@ -247,7 +248,7 @@ def _deployment_problems(
 ) -> list[Problem]:
     problems = []
     accepted = ", ".join(sorted(deployments)) or "(none declared)"
-    for kind in ("embeddings", "domains"):
+    for kind in ("embeddings", "domains", "jailbreak", "user_feedbacks", "fact_check", "pii"):
         for i, sig in enumerate(as_list(signals.get(kind))):
             dep = as_dict(sig).get("deployment")
             if isinstance(dep, str) and dep not in deployments:
@@ -291,10 +292,12 @@ def routing_problems(raw: Any) -> list[Problem]:
         )
     endpoint = looper_endpoint_of(raw.get("global"))
     problems += looper_problems(raw.get("routing"), endpoint)
+    problems += kb_problems(raw.get("routing"), catalog)
     for i, rec in enumerate(as_list(raw.get("recipes"))):
         problems += looper_problems(
             as_dict(rec).get("routing"), endpoint, ("recipes", i, "routing")
         )
+        problems += kb_problems(as_dict(rec).get("routing"), catalog, ("recipes", i, "routing"))
     auto = as_list(as_dict(glob.get("router")).get("auto_model_names"))
     model_names = {
         m.get("name")

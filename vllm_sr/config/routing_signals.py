@@ -2,11 +2,12 @@
 upstream has (``C/canonical_config.go`` ``CanonicalSignals``), with upstream's field names and
 defaults, so an upstream file parses unchanged.
 
-vllm-sr evaluates keywords, embeddings, domains and the deterministic families (context,
+vllm-sr evaluates keywords, embeddings, domains, the deterministic families (context,
 structure, conversation, language, metadata, role_bindings; their models live in
-``signal_families``). The other families (fact_check, user_feedbacks, reasks, preferences,
-complexity, modality, jailbreak, pii, kb, events, classifiers) are typed here
-so that a typo is still an unknown-key error, and ``routing_support`` refuses each one used by
+``signal_families``), pii (presidio's pattern recognizers) and the embedding-only families
+(fact_check, user_feedbacks, reasks, preferences, complexity, jailbreak, kb; see
+``vllm_sr/router/signals_embedded.py``). modality, events and classifiers are typed here so
+that a typo is still an unknown-key error, and ``routing_support`` refuses each one used by
 name."""
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ class DomainSignal(Strict):
         return own + [c for c in self.mmlu_categories if c != self.name] + list(self.examples)
 
 
-# -- families vllm-sr does not evaluate yet (typed, refused when used) -----------------------
+# -- the families answered from embeddings (and pii), then those refused -------------------
 
 
 class NamedSignal(Strict):
@@ -198,6 +199,11 @@ class NamedSignal(Strict):
 
     description: str | None = Description
     """Free text for people."""
+
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr (fact_check, user_feedbacks): a deployment whose artifact is a sequence
+    classifier with upstream's labels answers the family (the first rule's that names one);
+    omitted: vllm-sr's built-in prototypes on the decision deployment."""
 
 
 class ReaskSignal(Strict):
@@ -260,11 +266,12 @@ class JailbreakSignal(Strict):
     name: str = Field(min_length=1, max_length=128)
     """The signal's name."""
 
-    method: str | None = Field(default=None, max_length=32)
-    """classifier, hybrid or contrastive."""
+    method: Literal["classifier", "hybrid", "contrastive"] | None = None
+    """contrastive: jailbreak_patterns against benign_patterns; classifier, hybrid or omitted:
+    upstream's trained classifier (vllm-sr: its built-in jailbreak/benign prototypes)."""
 
     threshold: float = 0.0
-    """Least risk."""
+    """contrastive: the least margin (<= 0: 0.10); otherwise the least risk probability."""
 
     include_history: bool = False
     """Also score prior turns."""
@@ -277,6 +284,12 @@ class JailbreakSignal(Strict):
 
     benign_patterns: list[str] = Field(default_factory=list, max_length=1024)
     """contrastive: benign examples."""
+
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr, classifier/hybrid: a deployment whose artifact is a sequence classifier
+    (labels from its config.json id2label); the risk is the probability of its ``jailbreak``
+    label (upstream's default positive label). Omitted: vllm-sr's built-in prototypes on the
+    decision deployment."""
 
 
 class PIISignal(Strict):
@@ -291,6 +304,10 @@ class PIISignal(Strict):
 
     include_history: bool = False
     """Also scan prior turns."""
+
+    deployment: str | None = Field(default=None, max_length=63)
+    """vllm-sr: a deployment whose artifact is a token classifier (BIO labels such as
+    B-EMAIL_ADDRESS) answers this rule; omitted: presidio's pattern recognizers."""
 
     description: str | None = Description
     """Free text for people."""
@@ -393,31 +410,32 @@ class Signals(Strict):
     """Roles from the identity headers (leaves: {type: authz, name: ROLE})."""
 
     fact_check: list[NamedSignal] = Field(default_factory=list, max_length=16)
-    """Upstream (refused by vllm-sr): fact-check classifier."""
+    """needs_fact_check / no_fact_check_needed (built-in prototypes)."""
 
     user_feedbacks: list[NamedSignal] = Field(default_factory=list, max_length=16)
-    """Upstream (refused by vllm-sr): feedback classifier."""
+    """satisfied / need_clarification / wrong_answer / want_different (built-in
+    prototypes)."""
 
     reasks: list[ReaskSignal] = Field(default_factory=list, max_length=256)
-    """Upstream (refused by vllm-sr): repeated questions."""
+    """The current user turn repeating prior ones (cosine)."""
 
     preferences: list[PreferenceSignal] = Field(default_factory=list, max_length=256)
-    """Upstream (refused by vllm-sr): contrastive preferences."""
+    """Contrastive preferences (prototype scores; the best one matches)."""
 
     complexity: list[ComplexitySignal] = Field(default_factory=list, max_length=256)
-    """Upstream (refused by vllm-sr): hard/easy margins."""
+    """Hard/easy prototype margins; leaves name RULE:hard|medium|easy."""
 
     modality: list[NamedSignal] = Field(default_factory=list, max_length=16)
     """Upstream (refused by vllm-sr): AR / DIFFUSION / BOTH."""
 
     jailbreak: list[JailbreakSignal] = Field(default_factory=list, max_length=256)
-    """Upstream (refused by vllm-sr): prompt-injection detection."""
+    """Prompt-injection detection (contrastive, or built-in prototypes)."""
 
     pii: list[PIISignal] = Field(default_factory=list, max_length=256)
-    """Upstream (refused by vllm-sr): PII detection."""
+    """PII detection (presidio's pattern recognizers)."""
 
     kb: list[KBSignal] = Field(default_factory=list, max_length=1024)
-    """Upstream (refused by vllm-sr): knowledge-base labels."""
+    """Knowledge-base labels and groups (global.model_catalog.kbs)."""
 
     events: list[EventSignal] = Field(default_factory=list, max_length=1024)
     """Upstream (refused by vllm-sr): event words."""

@@ -30,17 +30,17 @@ SUPPORTED_SIGNAL_LISTS = (
     "language",
     "metadata",
     "role_bindings",
-)
-REFUSED_SIGNAL_LISTS = (
     "fact_check",
     "user_feedbacks",
     "reasks",
     "preferences",
     "complexity",
-    "modality",
     "jailbreak",
     "pii",
     "kb",
+)
+REFUSED_SIGNAL_LISTS = (
+    "modality",
     "events",
     "classifiers",
 )
@@ -54,6 +54,15 @@ SUPPORTED_LEAF_TYPES = (
     "language",
     "metadata",
     "authz",
+    "fact_check",
+    "user_feedback",
+    "reask",
+    "preference",
+    "complexity",
+    "jailbreak",
+    "pii",
+    "kb",
+    "projection",
 )
 STATIC = "static"
 LOOPER_TYPES = ("confidence", "ratings", "remom", "fusion", "workflows")
@@ -215,16 +224,16 @@ def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
                     "text (the request's text is embedded)",
                 )
             )
-    projections = as_dict(rt.get("projections"))
-    for key in ("partitions", "scores", "mappings"):
-        if as_list(projections.get(key)):
-            problems.append(
-                refusal(
-                    (*base, "projections", key),
-                    f"projections.{key}",
-                    "decisions over the signals themselves (" + SIGNALS_SUPPORTED + ")",
+    for i, sig in enumerate(as_list(signals.get("complexity"))):
+        for bank in ("hard", "easy"):
+            if as_list(as_dict(as_dict(sig).get(bank)).get("image_candidates")):
+                problems.append(
+                    refusal(
+                        (*base, "signals", "complexity", i, bank, "image_candidates"),
+                        "image candidates (a multimodal embedding model)",
+                        "candidates (text)",
+                    )
                 )
-            )
     for i, dec in enumerate(as_list(rt.get("decisions"))):
         problems += _decision_problems((*base, "decisions", i), as_dict(dec))
     return problems

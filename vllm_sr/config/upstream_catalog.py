@@ -7,8 +7,9 @@ vllm-sr computes its model-backed signals (embeddings, domains) with its own dep
 accepted as deployment settings of an upstream host. What would change how a signal matches is
 checked by ``upstream_refusals``: the embedding matching options, and prompt compression (which
 rewrites the text every signal sees). Modules and knowledge bases that only feed signal
-families vllm-sr refuses (jailbreak, pii, fact_check, user_feedback, modality, kb ...) are
-accepted: the refusal of the family itself is what an operator sees.
+families vllm-sr answers its own way (jailbreak, pii, fact_check, user_feedback, kb) or
+refuses (modality ...) are accepted: the family's own docs (or refusal) is what an operator
+sees.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ class KnowledgeBaseMetric(Strict):
 
 
 class KnowledgeBase(Strict):
-    """A labelled example corpus for upstream's kb signal (refused by vllm-sr)."""
+    """A labelled example corpus for the kb signal (vllm-sr reads its manifest)."""
 
     name: str
     """Upstream: the knowledge base's name."""
@@ -364,10 +365,10 @@ class Classifiers(Strict):
     """Upstream: an MCP classifier."""
 
     pii: ClassifierModule | None = None
-    """Upstream: the PII classifier (pii signals, refused)."""
+    """Upstream: the PII classifier (vllm-sr: presidio's pattern recognizers instead)."""
 
     preference: PreferenceModule | None = None
-    """Upstream: the preference module (preference signals, refused)."""
+    """Upstream: the preference module (vllm-sr reads its prototype_scoring)."""
 
 
 class HallucinationMitigation(Strict):
@@ -389,7 +390,7 @@ class HallucinationMitigation(Strict):
 
 class ComplexityModule(Strict):
     prototype_scoring: PrototypeScoring | None = None
-    """Upstream: prototype scoring of complexity signals (refused)."""
+    """Upstream: prototype scoring of complexity signals (vllm-sr reads it too)."""
 
 
 class ModalityDetector(Strict):
@@ -423,7 +424,8 @@ class Modules(Strict):
     """Upstream: prompt compression (refused when on)."""
 
     prompt_guard: ClassifierModule | None = None
-    """Upstream: the jailbreak classifier (jailbreak signals, refused)."""
+    """Upstream: the jailbreak classifier (vllm-sr: a deployment's head or built-in
+    prototypes)."""
 
     classifier: Classifiers | None = None
     """Upstream: domain, mcp, pii and preference classifiers."""
@@ -435,7 +437,8 @@ class Modules(Strict):
     """Upstream: hallucination models."""
 
     feedback_detector: ClassifierModule | None = None
-    """Upstream: the user-feedback classifier (user_feedback signals, refused)."""
+    """Upstream: the user-feedback classifier (vllm-sr: a deployment's head or built-in
+    prototypes)."""
 
     modality_detector: ModalityDetector | None = None
     """Upstream: modality detection."""

@@ -185,6 +185,13 @@ class ChatRouter(ChatPlugins):
         except VllmSrError as exc:
             return replay.done(error_response(exc), "error", None)
 
+    def default_eval_model(self) -> str:
+        """What an eval without ``model`` asks for: upstream's ``vllm-sr/auto``, or, when the
+        config's aliases leave it out, the first alias (none: ``vllm-sr/auto``, refused)."""
+        if DEFAULT_EVAL_MODEL in self.auto_model_names or not self.auto_model_names:
+            return DEFAULT_EVAL_MODEL
+        return self.auto_model_names[0]
+
     def recipe_of(self, model: str) -> str | None:
         """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
         recipe for its names; None for a concrete model."""
@@ -212,7 +219,7 @@ class ChatRouter(ChatPlugins):
             if request.error is not None:
                 raise route_eval.EvalError("INVALID_INPUT", request.error.message)
             payload = route_eval.parse_payload(request.body)
-            model = payload.get("model") or DEFAULT_EVAL_MODEL
+            model = payload.get("model") or self.default_eval_model()
             recipe = self.recipe_of(model) if isinstance(model, str) else None
             if recipe is None:
                 raise route_eval.EvalError(

@@ -21,8 +21,8 @@ from vllm_sr.router.rules import SignalKey, leaves, trace
 
 MAX_EVAL_BODY = 10 * 1024 * 1024
 
-# Upstream leaves these out of unmatched_signals.
-NOT_REPORTED_UNMATCHED = frozenset({"kb", "conversation", "event"})
+# Upstream leaves these out of unmatched_signals (kb_metric: KB metric values, not signals).
+NOT_REPORTED_UNMATCHED = frozenset({"kb", "conversation", "event", "kb_metric"})
 
 
 class EvalError(VllmSrError):

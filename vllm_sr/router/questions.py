@@ -1,14 +1,20 @@
 """The questions a request asks the deployments, and their answers as signal inputs.
 
-Only signals some decision references are evaluated. Per deployment, one request asks ONE
-bundle (``POST /v1/bundle``, see vllm_sr/worker/surfaces.py) with ONE row: task ``query``, the
-request text's embedding (base64 float32). Everything else is computed here from it:
+Only signals some decision references are evaluated (plus the signals complexity composers
+and projections read). Per deployment, one request asks ONE bundle (``POST /v1/bundle``, see
+vllm_sr/worker/surfaces.py) with ONE task ``query``: the embeddings (base64 float32) of the
+request text and, when a referenced family reads them, of its prior user turns (reask) and
+history (jailbreak ``include_history``). Everything else is computed here from those:
 
 - embedding signals: cosine to the candidates' embeddings;
 - domain signals: the labelled classification the worker's ``/v1/classify`` does (the same
   code, ``vllm_sr.worker.classify``): each domain's centroid is the normalised mean of its
   examples' embeddings (description + examples), the probabilities are
-  ``softmax(cosine / 0.05)`` over every domain on the deployment, and the label is the best.
+  ``softmax(cosine / 0.05)`` over every domain on the deployment, and the label is the best
+  (a domain with ``mmlu_categories`` and no ``examples`` also takes our built-in examples of
+  those categories, ``signals_builtin.MMLU_EXAMPLES``);
+- on the decision deployment, the embedding-only families (complexity, reask, preference,
+  jailbreak, kb, user_feedback, fact_check): ``signals_embedded``.
 
 The candidates and the examples are embedded once per config generation (task
 ``candidates``, in :meth:`DeploymentQuestions.warm_bundle` or else in the first request's
@@ -28,6 +34,7 @@ import numpy
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
 from vllm_sr.errors import VllmSrError
+from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey, leaves
 from vllm_sr.router.signals import (
     KeywordMatcher,
@@ -37,6 +44,11 @@ from vllm_sr.router.signals import (
     keyword_matcher,
     normalize_rows,
 )
+from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
+from vllm_sr.router.signals_embedded import LEVELS, EmbeddedFamilies
+from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
+from vllm_sr.router.signals_pii import PiiSignals
+from vllm_sr.router.signals_projections import projection_inputs
 from vllm_sr.worker import classify
 from vllm_sr.worker.classify import LabelKey
 
@@ -59,7 +71,10 @@ class DeploymentQuestions:
     embeddings: list[EmbeddingSignal]
     domains: list[DomainSignal]  # the deployment's whole label set ([] when none is referenced)
     referenced_domains: frozenset[str]
-    # Embedded once per config generation: the candidates, then the domains' examples.
+    families: EmbeddedFamilies | None = None  # the embedding-only families (decision deployment)
+    heads: Heads | None = None  # signals its classification head answers
+    # Embedded once per config generation: the candidates, the domains' examples, the
+    # families' example banks.
     texts: list[str] = field(default_factory=list)
     slices: dict[str, slice] = field(default_factory=dict)
     label_key: LabelKey = ()
@@ -71,9 +86,22 @@ class DeploymentQuestions:
         for sig in self.embeddings:
             self.slices[sig.name] = slice(len(self.texts), len(self.texts) + len(sig.candidates))
             self.texts.extend(sig.candidates)
-        self.label_key = tuple((d.name, tuple(d.label_examples())) for d in self.domains)
+        self.label_key = tuple((d.name, tuple(domain_examples(d))) for d in self.domains)
+        self._examples = slice(
+            len(self.texts), len(self.texts) + sum(len(e) for _, e in self.label_key)
+        )
         for _, examples in self.label_key:
             self.texts.extend(examples)
+        banks = self.families.bank_texts() if self.families is not None else []
+        self._banks = slice(len(self.texts), len(self.texts) + len(banks))
+        self.texts.extend(banks)
+        if not self.texts:  # e.g. reasks alone: nothing to embed ahead of the requests
+            self.take(numpy.zeros((0, 1), dtype=numpy.float32))
+
+    @property
+    def embeds(self) -> bool:
+        """Whether a request's text is embedded here (else only the head is asked)."""
+        return bool(self.embeddings or self.referenced_domains or self.families is not None)
 
     @property
     def cached(self) -> bool:
@@ -82,14 +110,34 @@ class DeploymentQuestions:
     def signal_keys(self) -> list[SignalKey]:
         """The signals this deployment answers (for per-signal errors when it fails)."""
         out: list[SignalKey] = [("embedding", s.name) for s in self.embeddings]
-        return out + [("domain", name) for name in sorted(self.referenced_domains)]
+        out += [("domain", name) for name in sorted(self.referenced_domains)]
+        out += self.families.signal_keys() if self.families is not None else []
+        return out + (self.heads.signal_keys() if self.heads is not None else [])
 
     def kinds(self) -> list[str]:
-        return sorted({kind for kind, _ in self.signal_keys()})
+        """The signal families answered here (KB metric values are not a family)."""
+        return sorted({kind for kind, _ in self.signal_keys() if kind != "kb_metric"})
 
-    def bundle(self, text: str) -> bytes:
-        """The request's bundle: its text's embedding (and the cached texts while not cached)."""
-        tasks: list[dict[str, Any]] = [{"id": TASK_QUERY, "embeddings": _embed([text])}]
+    def query_texts(self, text: str, view: RequestView | None = None) -> list[str]:
+        """What the request's ``query`` task embeds: its text first, then (deduplicated) the
+        turns the families read."""
+        out = [text]
+        if self.families is not None and view is not None:
+            for t in self.families.query_texts(view):
+                if t not in out:
+                    out.append(t)
+        return out
+
+    def bundle(self, text: str, view: RequestView | None = None) -> bytes:
+        """The request's bundle: its texts' embeddings (and the cached texts while not
+        cached). With the ``view``, the text embedded is upstream's sample of it (whole up to
+        2048 characters, else its first, middle and last thirds)."""
+        tasks: list[dict[str, Any]] = []
+        if self.embeds:
+            query = self.query_texts(view.sampled_text() if view is not None else text, view)
+            tasks.append({"id": TASK_QUERY, "embeddings": _embed(query)})
+        if self.heads is not None:
+            tasks.append(self.heads.task(view or RequestView(text=text)))
         if not self.cached:
             tasks.append({"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)})
         return json.dumps({"tasks": tasks}, ensure_ascii=False).encode()
@@ -102,21 +150,35 @@ class DeploymentQuestions:
             {"tasks": [{"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)}]}
         ).encode()
 
-    def read(self, body: bytes, *, warm: bool = False) -> dict[SignalKey, SignalResult]:
+    def read(
+        self, body: bytes, *, warm: bool = False, view: RequestView | None = None
+    ) -> dict[SignalKey, SignalResult]:
         """A bundle answer -> the deployment's signal results (caches the texts' embeddings
-        it carries). A ``warm`` answer (to :meth:`warm_bundle`) only fills the cache."""
+        it carries). A ``warm`` answer (to :meth:`warm_bundle`) only fills the cache. ``view``
+        is the request the bundle was made for (:meth:`bundle`)."""
         results = _results_by_id(self.deployment, body)
         if TASK_CANDIDATES in results:
             self.take(_vectors(self.deployment, results[TASK_CANDIDATES]))
         if warm:
             return {}
+        out: dict[SignalKey, SignalResult] = {}
+        if self.heads is not None:
+            out.update(self._head_results(results, view))
+        if not self.embeds:
+            return out
         if TASK_QUERY not in results or self.candidates is None:
             raise SignalAnswerError(
                 f"deployment {self.deployment!r} answered the routing bundle without the "
                 "embeddings it was asked for"
             )
-        query = _vectors(self.deployment, results[TASK_QUERY])[0]
-        out: dict[SignalKey, SignalResult] = {}
+        rows = _vectors(self.deployment, results[TASK_QUERY])
+        texts = self.query_texts(view.sampled_text(), view) if view is not None else [""]
+        if rows.shape[0] != len(texts):
+            raise SignalAnswerError(
+                f"deployment {self.deployment!r} returned {rows.shape[0]} query embeddings for "
+                f"{len(texts)} texts"
+            )
+        query = rows[0]
         for sig in self.embeddings:
             out[("embedding", sig.name)] = embedding_result(sig, query, self.candidates[sig.name])
         if self.referenced_domains and self.centroids is not None:
@@ -127,7 +189,27 @@ class DeploymentQuestions:
             ).items():
                 if name in self.referenced_domains:
                     out[("domain", name)] = res
+        if self.families is not None and view is not None:
+            normed = normalize_rows(rows)
+            by_text = {t: normed[i] for i, t in enumerate(texts)}
+            out.update(self.families.results(view, by_text.__getitem__, texts[0]))
         return out
+
+    def _head_results(
+        self, results: dict[str, Any], view: RequestView | None
+    ) -> dict[SignalKey, SignalResult]:
+        assert self.heads is not None
+        view = view or RequestView(text="")
+        try:
+            rows = results[TASK_CLASSIFY]["data"]
+            if len(rows) != len(self.heads.texts(view)):
+                raise ValueError(f"{len(rows)} rows for {len(self.heads.texts(view))} texts")
+            return self.heads.results(view, rows)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SignalAnswerError(
+                f"deployment {self.deployment!r} answered the routing bundle without the "
+                f"classification it was asked for ({exc})"
+            ) from None
 
     def take(self, vectors: numpy.ndarray) -> None:
         if vectors.shape[0] != len(self.texts):
@@ -137,10 +219,21 @@ class DeploymentQuestions:
             )
         normed = normalize_rows(vectors)
         if self.label_key:
-            first = sum(sl.stop - sl.start for sl in self.slices.values())
             # As the worker's classify does: from the examples' embeddings as they came.
-            self.centroids = classify.centroids_from(vectors[first:], self.label_key)
+            self.centroids = classify.centroids_from(vectors[self._examples], self.label_key)
+        if self.families is not None:
+            self.families.take(normed[self._banks])
         self.candidates = {name: normed[sl] for name, sl in self.slices.items()}
+
+
+def domain_examples(dom: DomainSignal) -> list[str]:
+    """A domain's example texts: its own, plus our built-in examples of its
+    ``mmlu_categories`` when it gives no ``examples``."""
+    out = dom.label_examples()
+    if not dom.examples:
+        for cat in dom.mmlu_categories:
+            out += list(MMLU_EXAMPLES.get(cat, ()))
+    return out
 
 
 def _embed(texts: list[str]) -> dict[str, Any]:
@@ -183,15 +276,23 @@ def _vectors(deployment: str, body: Any) -> numpy.ndarray:
 
 class QuestionPlan:
     """What one config generation asks: the referenced keyword matchers, and per deployment the
-    referenced embedding signals and domain label set (with their caches)."""
+    referenced embedding signals, domain label set and (on the decision deployment) the
+    embedding-only families, with their caches."""
 
     def __init__(
-        self, routing: Routing, decision_deployment: str, wanted: set[SignalKey] | None = None
+        self,
+        routing: Routing,
+        decision_deployment: str,
+        wanted: set[SignalKey] | None = None,
+        *,
+        kbs: list[Any] | None = None,
+        modules: Any = None,
     ) -> None:
-        self.referenced: set[SignalKey] = (
+        self.referenced: set[SignalKey] = with_dependencies(
+            routing,
             set(wanted)
             if wanted is not None
-            else {key for dec in routing.decisions for key in leaves(dec.rules)}
+            else {key for dec in routing.decisions for key in leaves(dec.rules)},
         )
         sigs = routing.signals
         self.keywords: dict[str, KeywordMatcher] = {
@@ -206,19 +307,68 @@ class QuestionPlan:
         domains: dict[str, list[DomainSignal]] = {}
         for d in sigs.domains:
             domains.setdefault(d.deployment or decision_deployment, []).append(d)
+        self.pii = PiiSignals(
+            [p for p in sigs.pii if ("pii", p.name) in self.referenced and not p.deployment]
+        )
+        families = EmbeddedFamilies(sigs, self.referenced, kbs, modules)
+        heads: dict[str, tuple[list[Any], list[Any], list[Any], list[Any]]] = {}
+        for j in sigs.jailbreak:
+            asked = ("jailbreak", j.name) in self.referenced
+            if asked and j.deployment and j.method != "contrastive":
+                heads.setdefault(j.deployment, ([], [], [], []))[0].append(j)
+        for p in sigs.pii:
+            if ("pii", p.name) in self.referenced and p.deployment:
+                heads.setdefault(p.deployment, ([], [], [], []))[3].append(p)
+        for slot, kind, rules in ((1, "user_feedback", sigs.user_feedbacks),
+                                  (2, "fact_check", sigs.fact_check)):  # fmt: skip
+            # A family's rules compete for one label: all of them go where the family's
+            # first rule with a deployment says, when any of them is referenced.
+            dep = next((r.deployment for r in rules if r.deployment), None)
+            if dep and any((kind, r.name) in self.referenced for r in rules):
+                heads.setdefault(dep, ([], [], [], []))[slot].extend(rules)
         self.deployments: dict[str, DeploymentQuestions] = {}
-        for dep in sorted(set(embeddings) | set(domains)):
+        deps = set(embeddings) | set(domains) | set(heads)
+        deps |= {decision_deployment} if families.active else set()
+        for dep in sorted(deps):
             referenced = frozenset(
                 d.name for d in domains.get(dep, []) if ("domain", d.name) in self.referenced
             )
-            if not embeddings.get(dep) and not referenced:
+            fam = families if dep == decision_deployment and families.active else None
+            head = Heads(*heads[dep]) if dep in heads else None
+            if not embeddings.get(dep) and not referenced and fam is None and head is None:
                 continue  # only unreferenced domains there: nothing to ask
             self.deployments[dep] = DeploymentQuestions(
-                dep, embeddings.get(dep, []), domains.get(dep, []) if referenced else [], referenced
+                dep,
+                embeddings.get(dep, []),
+                domains.get(dep, []) if referenced else [],
+                referenced,
+                fam,
+                head,
             )
 
     def keyword_results(self, text: str) -> dict[SignalKey, SignalResult]:
         return {("keyword", name): m.score(text) for name, m in self.keywords.items()}
+
+
+def with_dependencies(routing: Routing, keys: set[SignalKey]) -> set[SignalKey]:
+    """``keys`` plus what they read: a referenced complexity rule's composer leaves, a
+    referenced projection's inputs (transitively), as upstream's signal usage does."""
+    out = set(keys)
+    complexity = {c.name: c for c in routing.signals.complexity}
+    pending = list(out)
+    while pending:
+        kind, name = pending.pop()
+        more: set[SignalKey] = set()
+        if kind == "complexity":
+            rule = complexity.get(name.rsplit(":", 1)[0])
+            if rule is not None and rule.composer is not None:
+                more = set(leaves(rule.composer))
+        elif kind == "projection":
+            more = projection_inputs(routing, name)
+        for key in more - out:
+            out.add(key)
+            pending.append(key)
+    return out
 
 
 def declared_keys(routing: Routing) -> set[SignalKey]:
@@ -235,9 +385,18 @@ def declared_keys(routing: Routing) -> set[SignalKey]:
         ("conversation", sigs.conversation),
         ("language", sigs.language),
         ("metadata", sigs.metadata),
+        ("reask", sigs.reasks),
+        ("preference", sigs.preferences),
+        ("jailbreak", sigs.jailbreak),
+        ("pii", sigs.pii),
+        ("kb", sigs.kb),
+        ("user_feedback", sigs.user_feedbacks),
+        ("fact_check", sigs.fact_check),
     ):
         keys |= {(kind, s.name) for s in items}
     keys |= {("authz", b.role) for b in sigs.role_bindings}
+    keys |= {("complexity", f"{c.name}:{lv}") for c in sigs.complexity for lv in LEVELS}
+    keys |= {("projection", o.name) for m in routing.projections.mappings for o in m.outputs}
     return keys
 
 

@@ -7,9 +7,11 @@ load). A routing failure (an exchange that raises, a non-200 answer, a malformed
 fails the chat: it routes to ``default_model`` and says why (``RouteResult.fallback``).
 
 Signals run in two kinds: the deterministic ones (keywords, context, structure, conversation,
-language, metadata, authz) in this process with no exchange, and the model-backed ones
-(embeddings, domains) as one bundle per deployment. A chat evaluates only the signals its
-decisions reference; ``/api/v1/eval`` evaluates every declared one (:meth:`Router.evaluate`).
+language, metadata, authz, pii) in this process with no exchange, and the model-backed ones
+(embeddings, domains, complexity, reask, preference, jailbreak, kb, user_feedback,
+fact_check) as one bundle per deployment. Then, as upstream orders them: partitions,
+complexity composers, projections. A chat evaluates only the signals its decisions reference
+(and what those read); ``/api/v1/eval`` evaluates every declared one (:meth:`Router.evaluate`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing import Providers, Routing, effective_algorithm
+from vllm_sr.config.routing_kbs import knowledge_bases
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.deterministic import DeterministicSignals
@@ -30,6 +33,8 @@ from vllm_sr.router.questions import BUNDLE_PATH, DeploymentQuestions, QuestionP
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, SignalKey, choose_model, rank, static_order
 from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals_embedded import apply_composers
+from vllm_sr.router.signals_projections import apply_partitions, apply_projections
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
@@ -147,7 +152,9 @@ class Router:
         self.backends = backends
         self.signal_timeout_ms = signal_timeout_ms
         self.decision_deployment = decision_deployment
-        self.plan = QuestionPlan(routing, decision_deployment)
+        self.kbs = _kbs_of(global_)
+        self.modules = getattr(getattr(global_, "model_catalog", None), "modules", None)
+        self.plan = QuestionPlan(routing, decision_deployment, kbs=self.kbs, modules=self.modules)
         authz = authz or AuthzOptions()
         self.deterministic = DeterministicSignals(
             routing.signals,
@@ -171,7 +178,11 @@ class Router:
         """Every declared signal (eval runs them all); its embeddings cache fills on first use."""
         if self._eval_plan is None:
             self._eval_plan = QuestionPlan(
-                self.routing, self.decision_deployment, wanted=declared_keys(self.routing)
+                self.routing,
+                self.decision_deployment,
+                wanted=declared_keys(self.routing),
+                kbs=self.kbs,
+                modules=self.modules,
             )
         return self._eval_plan
 
@@ -180,6 +191,8 @@ class Router:
         embeddings, domain centroids). -> per deployment, None or why it failed (a failed warm
         is retried by the first request, which then carries the candidates itself)."""
         out: dict[str, str | None] = {}
+        if any(not p.deployment for p in self.routing.signals.pii):  # presidio, off the loop
+            await asyncio.to_thread(self.plan.pii.detector.load)
         for dep, q in self.plan.deployments.items():
             body = q.warm_bundle()
             if body is None:
@@ -212,9 +225,15 @@ class Router:
             run.family_confidence[kind] = metric.confidence
         run.results.update(report.results)
         run.context_tokens = report.context_tokens
+        if plan.pii.rules:
+            if not plan.pii.detector.loaded:  # seconds of imports: not on the event loop
+                await asyncio.to_thread(plan.pii.detector.load)
+            started = time.perf_counter()
+            run.results.update(plan.pii.results(view))
+            run.timings_ms["pii"] = (time.perf_counter() - started) * 1000.0
         if plan.deployments and view.text.strip():
             started = time.perf_counter()
-            run.failure = await self._ask_all(plan, view.text, run.results)
+            run.failure = await self._ask_all(plan, view, run.results)
             elapsed = (time.perf_counter() - started) * 1000.0
             for q in plan.deployments.values():
                 for kind in q.kinds():
@@ -222,6 +241,11 @@ class Router:
                     if run.failure is not None:
                         for key in q.signal_keys():
                             run.errors[key] = run.failure
+        started = time.perf_counter()
+        apply_partitions(self.routing, run.results)
+        apply_composers(self.routing.signals, run.results)
+        if apply_projections(self.routing, run.results):
+            run.timings_ms["projection"] = (time.perf_counter() - started) * 1000.0
         return run
 
     def winner(self, run: SignalRun) -> list[Match]:
@@ -266,13 +290,13 @@ class Router:
         return refs[0] if refs else None
 
     async def _ask_all(
-        self, plan: QuestionPlan, text: str, results: dict[SignalKey, SignalResult]
+        self, plan: QuestionPlan, view: RequestView, results: dict[SignalKey, SignalResult]
     ) -> str | None:
         """One exchange per deployment, concurrently; their results go into ``results``.
         -> None, or the first failure's reason code."""
         questions = list(plan.deployments.values())
         answers = await asyncio.gather(
-            *(self._ask(q, text) for q in questions), return_exceptions=True
+            *(self._ask(q, view) for q in questions), return_exceptions=True
         )
         for q, answer in zip(questions, answers, strict=True):
             if isinstance(answer, VllmSrError):
@@ -288,10 +312,19 @@ class Router:
             results.update(answer)
         return None
 
-    async def _ask(self, q: DeploymentQuestions, text: str) -> dict[SignalKey, SignalResult] | str:
+    async def _ask(
+        self, q: DeploymentQuestions, view: RequestView
+    ) -> dict[SignalKey, SignalResult] | str:
         status, body = await self.exchange(
-            q.deployment, BUNDLE_PATH, q.bundle(text), self.signal_timeout_ms
+            q.deployment, BUNDLE_PATH, q.bundle(view.text, view), self.signal_timeout_ms
         )
         if status != 200:
             return f"http_{status}"
-        return q.read(body)
+        return q.read(body, view=view)
+
+
+def _kbs_of(global_: Any) -> list[Any]:
+    """``global.model_catalog.kbs`` and upstream's default knowledge bases (the kb signal's
+    example sets)."""
+    catalog = getattr(global_, "model_catalog", None)
+    return list(knowledge_bases(getattr(catalog, "kbs", None)))

@@ -50,6 +50,14 @@ class ArtifactSpec:
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
+    def token_classifier(self) -> bool:
+        """A token-classification head (``*ForTokenClassification`` in config.json's
+        architectures): its answer per text is each label's highest probability over the
+        text's tokens (spans are not returned)."""
+        archs = self.config.get("architectures") or []
+        return any(str(a).endswith("ForTokenClassification") for a in archs)
+
+    @property
     def classifier_labels(self) -> list[str] | None:
         """The head's labels when config.json states ``id2label`` (saved only when set)."""
         id2label = self.config.get("id2label")
@@ -241,10 +249,17 @@ class TokenizerAdapter:
 
 class TorchRunner:
     """Runs padded forwards; each output row is the mean-pooled, L2-normalised embedding,
-    followed by the classification logits when the model has a head."""
+    followed by the classification logits when the model has a head (a token head: each
+    label's highest probability over the row's tokens)."""
 
     def __init__(
-        self, model: Any, device: Any, pad_id: int, classifier: bool, dtype: str = "float32"
+        self,
+        model: Any,
+        device: Any,
+        pad_id: int,
+        classifier: bool,
+        dtype: str = "float32",
+        token: bool = False,
     ) -> None:
         self.model = model
         self.device = device
@@ -252,6 +267,7 @@ class TorchRunner:
         self.classifier = classifier
         self.dtype = dtype  # the served precision: below float32 the forward runs in autocast
         self._autocast = None if dtype == "float32" else precision.torch_dtype(dtype)
+        self.token = token
 
     def forward(self, rows: list[list[int]]) -> numpy.ndarray:
         import torch
@@ -274,7 +290,10 @@ class TorchRunner:
             weights = attention.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
             pooled = torch.nn.functional.normalize(pooled.float(), p=2.0, dim=1)
-            if self.classifier:
+            if self.classifier and self.token:
+                probs = torch.softmax(out.logits.float(), dim=-1) * weights.float()
+                pooled = torch.cat([pooled, probs.max(dim=1).values], dim=1)
+            elif self.classifier:
                 pooled = torch.cat([pooled, out.logits.float()], dim=1)
         result: numpy.ndarray = pooled.cpu().numpy()
         return result
@@ -334,7 +353,12 @@ def load(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a progress bar per load is noise in the journal
@@ -342,7 +366,9 @@ def load(
     labels = spec.classifier_labels
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
-        cls = AutoModelForSequenceClassification if labels else AutoModel
+        cls: Any = AutoModelForSequenceClassification if labels else AutoModel
+        if labels and spec.token_classifier:
+            cls = AutoModelForTokenClassification
         model = cls.from_pretrained(spec.path, local_files_only=True, dtype=torch.float32)
     except Exception as exc:
         raise ArtifactError(f"artifact {spec.name!r}: cannot load {spec.path}: {exc}") from None
@@ -354,7 +380,14 @@ def load(
     tok_max = int(getattr(tokenizer, "model_max_length", positions) or positions)
     return LoadedArtifact(
         spec=spec,
-        runner=TorchRunner(model, dev, pad_id, classifier=bool(labels), dtype=dtype),
+        runner=TorchRunner(
+            model,
+            dev,
+            pad_id,
+            classifier=bool(labels),
+            dtype=dtype,
+            token=bool(labels) and spec.token_classifier,
+        ),
         tokenizer=TokenizerAdapter(tokenizer),
         dimensions=int(spec.config.get("hidden_size") or model.config.hidden_size),
         max_length=min(positions, tok_max),

@@ -102,6 +102,12 @@ def by_logits(logits: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
     return _results(softmax(logits.astype(numpy.float64)), names)
 
 
+def by_token_maxima(maxima: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
+    """A token head's rows (each label's highest token probability): ``label`` is the label
+    with the highest, ``probabilities`` those maxima (they need not sum to 1)."""
+    return _results(maxima.astype(numpy.float64), names)
+
+
 def _results(probs: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
     out = []
     for i, row in enumerate(probs):

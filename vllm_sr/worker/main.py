@@ -341,6 +341,7 @@ def load_and_check(
         encode=loaded.tokenizer.encode,
         truncate=loaded.tokenizer.truncate,
         vocab_size=loaded.vocab_size,
+        token_head=loaded.runner.token,
     )
     state.card = model_card(loaded, max_len)
     state.card["revision_requested"] = opts.revision

@@ -35,6 +35,7 @@ class ModelView:
     encode: Callable[[list[str]], list[list[int]]]
     truncate: Callable[[list[int], int], list[int]]
     vocab_size: int | None = None  # token ids a caller may send are 0 .. vocab_size - 1
+    token_head: bool = False  # the head's outputs are per-label token maxima, not logits
 
 
 @dataclass
@@ -248,7 +249,11 @@ def classify_finisher(
             data = classify.by_centroids(emb, centroids, [name for name, _ in key])
         else:
             assert view.head_labels is not None
-            data = classify.by_logits(out[:, view.dimensions :], view.head_labels)
+            head = out[:, view.dimensions :]
+            if view.token_head:
+                data = classify.by_token_maxima(head, view.head_labels)
+            else:
+                data = classify.by_logits(head, view.head_labels)
         return {
             "object": "list",
             "data": data,

@@ -1,0 +1,296 @@
+"""Routing overhead with every signal family on: the router's own cost per chat when its
+decisions reference every family vllm-sr evaluates (keywords, embeddings, domains, context,
+structure, conversation, language, metadata, authz, complexity, reask, preference, jailbreak,
+kb, user_feedback, fact_check, pii, projections), against the same router's concrete-model
+path (no signals) and a keyword-only routing.
+
+The router (our Router-mode handlers in our HTTP server) runs in its own process; the chat
+backend is an instant stand-in (tests/support/backends.py) in another; the deployment's
+exchange is an instant in-process stand-in that answers each bundle with fixed vectors (384
+dimensions, cached per text), so what is measured is the router's work (signals, the bundle's
+JSON both ways, scoring, decisions, the proxy), not a model's forward. Printed per variant:
+chats/s and p50 / p99 latency at c=1 and c=64, and the p50 added over the concrete-model path.
+
+    python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from router import Procs, free_port, pct, run_load, wait_http  # noqa: E402
+
+FRAGMENTS = REPO / "tests" / "fixtures" / "upstream_fragments" / "signal"
+DIMS = 384
+FAMILY_FRAGMENTS = [
+    "keyword/regex", "context/long-context", "structure/request-shape",
+    "conversation/agentic-shape", "language/multilingual", "metadata/routing-hints",
+    "authz/rbac", "complexity/escalation", "reask/dissatisfaction", "preference/power-user",
+    "jailbreak/patterns", "kb/privacy", "user-feedback/escalation",
+    "fact-check/needs-verification", "pii/strict", "domain/mmlu", "embedding/support",
+]  # fmt: skip
+CHATS = [
+    [{"role": "user", "content": "please debug this function, it crashes"}],
+    [
+        {"role": "user", "content": "why does my build fail"},
+        {"role": "assistant", "content": "check the logs"},
+        {"role": "user", "content": "why does my build fail, that answer was wrong"},
+    ],
+    [{"role": "user", "content": "charge my card 4111 1111 1111 1111 for the order"}],
+    [{"role": "user", "content": "solve this integral of x squared step by step"}],
+]
+HEADERS = {"x-authz-user-id": "bench", "x-authz-user-groups": "staff"}
+
+
+def every_family() -> dict[str, Any]:
+    """Upstream's fragments of every family, one decision per signal (all referenced), and a
+    projection over them."""
+    signals: dict[str, Any] = {}
+    for rel in FAMILY_FRAGMENTS:
+        doc = yaml.safe_load((FRAGMENTS / f"{rel}.yaml").read_text())
+        for family, items in doc["routing"]["signals"].items():
+            signals.setdefault(family, []).extend(items)
+    leaves: list[tuple[str, str]] = []
+    kinds = {
+        "keywords": "keyword", "embeddings": "embedding", "domains": "domain",
+        "context": "context", "structure": "structure", "conversation": "conversation",
+        "language": "language", "metadata": "metadata", "reasks": "reask",
+        "preferences": "preference", "jailbreak": "jailbreak", "kb": "kb",
+        "user_feedbacks": "user_feedback", "fact_check": "fact_check", "pii": "pii",
+    }  # fmt: skip
+    for family, items in signals.items():
+        if family == "role_bindings":
+            leaves += [("authz", b["role"]) for b in items]
+        elif family == "complexity":
+            leaves += [("complexity", f"{c['name']}:hard") for c in items]
+        else:
+            leaves += [(kinds[family], s["name"]) for s in items]
+    projections = {
+        "scores": [{"name": "risk", "method": "weighted_sum", "inputs": [
+            {"type": "pii", "name": "restricted_pii", "weight": 1.0},
+            {"type": "jailbreak", "name": "prompt_injection", "weight": 1.0},
+            {"type": "complexity", "name": "needs_reasoning:hard", "weight": 0.5},
+        ]}],
+        "mappings": [{"name": "risk_band", "source": "risk", "method": "threshold_bands",
+                      "outputs": [{"name": "risky", "gte": 1.0}, {"name": "calm", "lt": 1.0}]}],
+    }  # fmt: skip
+    leaves.append(("projection", "risky"))
+    decisions = [
+        {"name": f"d{i}", "priority": 1000 - i, "rules": {"type": kind, "name": name},
+         "modelRefs": [{"model": "general"}]}
+        for i, (kind, name) in enumerate(leaves)
+    ]  # fmt: skip
+    return {"signals": signals, "projections": projections, "decisions": decisions}
+
+
+KEYWORDS_ONLY: dict[str, Any] = {
+    "signals": {"keywords": [{"name": "code", "keywords": ["code", "debug", "function"]}]},
+    "decisions": [
+        {"name": "coding", "rules": {"type": "keyword", "name": "code"},
+         "modelRefs": [{"model": "general"}]}
+    ],
+}  # fmt: skip
+
+
+class InstantExchange:
+    """A deployment that answers a bundle at once: fixed unit vectors per text."""
+
+    def __init__(self) -> None:
+        self.cache: dict[str, str] = {}
+
+    def vector(self, text: str) -> str:
+        got = self.cache.get(text)
+        if got is None:
+            rng = numpy.random.default_rng(zlib.crc32(text.encode()))
+            v = rng.standard_normal(DIMS).astype(numpy.float32)
+            got = self.cache[text] = base64.b64encode((v / numpy.linalg.norm(v)).tobytes()).decode()
+        return got
+
+    async def __call__(
+        self, deployment: str, path: str, body: bytes, timeout_ms: float | None
+    ) -> tuple[int, bytes]:
+        results = []
+        for task in json.loads(body)["tasks"]:
+            data = [
+                {"index": i, "embedding": self.vector(t)}
+                for i, t in enumerate(task["embeddings"]["input"])
+            ]
+            results.append({"id": task["id"], "status": 200, "body": {"data": data}})
+        return 200, json.dumps({"results": results}).encode()
+
+
+def router_process(variant: str, port: int, backend_port: int) -> None:
+    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
+    from vllm_sr.router.backends import BackendSet
+    from vllm_sr.router.chat import build_chat_router
+
+    async def main() -> None:
+        endpoint = f"127.0.0.1:{backend_port}"
+        providers = Providers.model_validate(
+            {
+                "defaults": {"default_model": "general"},
+                "models": [{"name": "general", "backend_refs": [{"endpoint": endpoint}]}],
+            }
+        )
+        routing = Routing.model_validate(every_family() if variant == "all" else KEYWORDS_ONLY)
+        backends = BackendSet(providers)
+        await backends.start(health_checks=False)
+        chat = build_chat_router(
+            providers,
+            routing,
+            exchange=InstantExchange(),
+            decision_deployment="primary",
+            auto_model_names=["auto"],
+            backends=backends,
+        )
+        for router in [chat.router]:
+            await router.warm()
+        routes = chat.routes()
+
+        async def handle(request: Request) -> Response | StreamResponse:
+            return await resolve(routes, request)(request)
+
+        server = HttpServer(handle, max_body=1 << 22, read_timeout_s=30)
+        await server.listen_tcp("127.0.0.1", port)
+        print(f"router ({variant}) on {port}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+
+
+def sender(session: aiohttp.ClientSession, url: str, model: str) -> Any:
+    async def send(i: int) -> None:
+        body = {"model": model, "messages": CHATS[i % len(CHATS)], "max_tokens": 16}
+        async with session.post(f"{url}/v1/chat/completions", json=body, headers=HEADERS) as r:
+            await r.read()
+            if r.status != 200:
+                raise SystemExit(f"bench: {url} answered {r.status}: {await r.text()}")
+
+    return send
+
+
+async def measure(urls: dict[str, str], counts: dict[int, int]) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        paths = {
+            "concrete model (no signals)": sender(session, urls["keywords"], "general"),
+            "keywords only": sender(session, urls["keywords"], "auto"),
+            "every family": sender(session, urls["all"], "auto"),
+        }
+        for send in paths.values():
+            await run_load(send, 4, 40)  # warm every path
+        for conc, total in counts.items():
+            base = 0.0
+            for name, send in paths.items():
+                t0 = time.perf_counter()
+                lat = await run_load(send, conc, total)
+                rate = total / (time.perf_counter() - t0)
+                p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+                base = p50 if name.startswith("concrete") else base
+                print(
+                    f"  c={conc:<3} {name:<28} {rate:8.0f} chats/s | p50 {p50:7.2f} ms "
+                    f"p99 {p99:7.2f} ms | added p50 {p50 - base:+6.2f} ms",
+                    flush=True,
+                )
+
+
+async def per_family(chats: int) -> None:
+    """In this process: the mean milliseconds per chat of each family's step (the
+    model-backed families share their deployment's one bundle, so they show its time)."""
+    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.router.backends import BackendSet
+    from vllm_sr.router.request_view import RequestView
+    from vllm_sr.router.route import Router
+
+    providers = Providers.model_validate(
+        {"defaults": {"default_model": "general"},
+         "models": [{"name": "general", "backend_refs": [{"endpoint": "127.0.0.1:9"}]}]}
+    )  # fmt: skip
+    router = Router(
+        providers,
+        Routing.model_validate(every_family()),
+        exchange=InstantExchange(),
+        backends=BackendSet(providers),
+        decision_deployment="primary",
+    )
+    await router.warm()
+    views = [RequestView.from_chat({"messages": c}, HEADERS) for c in CHATS]
+    for view in views:
+        await router.signals(view, router.plan)
+    totals: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for i in range(chats):
+        run = await router.signals(views[i % len(views)], router.plan)
+        for kind, ms in run.timings_ms.items():
+            totals[kind] = totals.get(kind, 0.0) + ms
+    whole = (time.perf_counter() - t0) * 1000.0 / chats
+    steps: dict[float, list[str]] = {}
+    for kind, ms in totals.items():
+        steps.setdefault(round(ms / chats, 3), []).append(kind)
+    print(f"  signals per chat, in process: {whole:.2f} ms; by step:")
+    for ms, kinds in sorted(steps.items(), reverse=True):
+        print(f"    {ms:7.3f} ms  {', '.join(sorted(kinds))}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests-c1", type=int, default=300)
+    parser.add_argument("--requests-c64", type=int, default=3000)
+    parser.add_argument("--router-process", choices=("all", "keywords"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--backend-port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.router_process:
+        router_process(args.router_process, args.port, args.backend_port)
+        return
+    with tempfile.TemporaryDirectory(prefix="vsr-bench-signals-") as tmp:
+        procs = Procs(Path(tmp))
+        try:
+            backend_port = free_port()
+            bproc, blog = procs.start(
+                "backend",
+                [sys.executable, "-m", "tests.support.backends", "--port", str(backend_port)],
+            )
+            wait_http(f"http://127.0.0.1:{backend_port}/v1/models", 60, bproc, blog)
+            urls = {}
+            for variant in ("keywords", "all"):
+                port = free_port()
+                argv = [sys.executable, __file__, "--router-process", variant, "--port",
+                        str(port), "--backend-port", str(backend_port)]  # fmt: skip
+                rproc, rlog = procs.start(f"router-{variant}", argv)
+                wait_http(f"http://127.0.0.1:{port}/v1/models", 120, rproc, rlog)
+                urls[variant] = f"http://127.0.0.1:{port}"
+            print(f"router signals bench ({os.cpu_count()} CPUs; instant backend and exchange)")
+            asyncio.run(measure(urls, {1: args.requests_c1, 64: args.requests_c64}))
+            asyncio.run(per_family(args.requests_c1))
+        finally:
+            procs.stop_all()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,434 @@
+"""The signal families computed from embeddings alone, on the decision deployment: complexity,
+reask, preference, jailbreak, kb, user_feedback and fact_check (upstream's field names,
+defaults and confidences; ``ROUTER-REFERENCE.md`` §2.8-2.12, 2.18).
+
+Every example text these families need (complexity's hard/easy candidates, preference
+examples, jailbreak patterns, KB exemplars, the built-in prototypes of ``signals_builtin``) is
+one list, :meth:`EmbeddedFamilies.bank_texts`, embedded once per config generation with the
+deployment's other cached texts. Per request, the texts to embed are the current text plus,
+when a referenced family reads them, the prior user turns (reask) and the history (jailbreak
+``include_history``): :meth:`EmbeddedFamilies.query_texts`. Both travel in the deployment's one
+bundle (``questions.py``); this module only scores vectors.
+
+Where upstream runs a trained classifier (jailbreak ``classifier``/``hybrid``, user_feedbacks,
+fact_check) we score built-in prototype banks and turn the two-sided margin into a probability
+with a logistic at temperature 0.05 (the temperature vllm-sr's label classification uses),
+centred for jailbreak at upstream's contrastive default margin 0.10, so upstream's probability
+thresholds keep a rough meaning. docs/router.md says how they
+route upstream's probes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy
+
+from vllm_sr.config.routing import Signals
+from vllm_sr.config.routing_kbs import manifest_labels
+from vllm_sr.router import signals_builtin as builtin
+from vllm_sr.router.rules import SignalKey, evaluate
+from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals_prototypes import BankScore, PrototypeBank, PrototypeOptions
+
+TEMPERATURE = 0.05
+DEFAULT_REASK_THRESHOLD = 0.8
+DEFAULT_CONTRASTIVE_THRESHOLD = 0.10
+FEEDBACK_THRESHOLD = 0.7  # upstream modules.feedback_detector.threshold
+FACT_CHECK_THRESHOLD = 0.6  # upstream hallucination_mitigation.fact_check.threshold
+LEVELS = ("hard", "medium", "easy")
+KINDS = ("complexity", "reask", "preference", "jailbreak", "kb", "user_feedback", "fact_check")
+
+Vectors = Callable[[str], numpy.ndarray]  # a query text -> its normalised embedding
+
+
+def logistic(margin: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, margin / TEMPERATURE))))
+
+
+@dataclass
+class _Banks:
+    """Named example sets; their vectors arrive once (:meth:`take`)."""
+
+    specs: dict[str, tuple[list[str], PrototypeOptions | None]] = field(default_factory=dict)
+    banks: dict[str, PrototypeBank] = field(default_factory=dict)
+    raw: dict[str, numpy.ndarray] = field(default_factory=dict)
+
+    def add(self, name: str, texts: Iterable[str], options: PrototypeOptions | None) -> None:
+        self.specs[name] = ([t for t in texts if t], options)
+
+    def texts(self) -> list[str]:
+        return [t for texts, _ in self.specs.values() for t in texts]
+
+    def take(self, vectors: numpy.ndarray) -> None:
+        start = 0
+        for name, (texts, options) in self.specs.items():
+            rows = vectors[start : start + len(texts)]
+            start += len(texts)
+            self.raw[name] = rows
+            self.banks[name] = PrototypeBank(texts, rows, options)
+
+    def score(self, name: str, query: numpy.ndarray) -> BankScore:
+        return self.banks[name].score(query)
+
+    def max_cos(self, name: str, query: numpy.ndarray) -> float:
+        rows = self.raw.get(name)
+        if rows is None or rows.shape[0] == 0:
+            return 0.0
+        return float((rows @ query).max())
+
+
+class EmbeddedFamilies:
+    """The referenced rules of the embedding-only families on one deployment."""
+
+    def __init__(
+        self,
+        signals: Signals,
+        referenced: set[SignalKey],
+        kbs: list[Any] | None = None,
+        modules: Any = None,
+    ) -> None:
+        names = {kind: {n for k, n in referenced if k == kind} for kind in KINDS}
+        # upstream's modules.complexity / modules.classifiers.preference prototype_scoring
+        opts = PrototypeOptions()
+        complexity_opts = PrototypeOptions.of(_get(modules, "complexity", "prototype_scoring"))
+        preference_cfg = _get(modules, "classifiers", "preference", "prototype_scoring")
+        preference_opts = PrototypeOptions.of(preference_cfg)
+        # the best preference must lead the runner-up by this much (0: any lead)
+        self.preference_margin = max(0.0, getattr(preference_cfg, "margin_threshold", 0) or 0.0)
+        self.complexity = [
+            c
+            for c in signals.complexity
+            if any(f"{c.name}:{lv}" in names["complexity"] for lv in LEVELS)
+        ]
+        self.reasks = [r for r in signals.reasks if r.name in names["reask"]]
+        # Preferences compete (only the best can match): all of them are scored.
+        self.preferences = list(signals.preferences) if names["preference"] else []
+        # A classifier/hybrid rule with a deployment is that deployment's head's
+        # (signals_heads); the others are scored here.
+        self.jailbreak = [
+            j
+            for j in signals.jailbreak
+            if j.name in names["jailbreak"] and (j.method == "contrastive" or not j.deployment)
+        ]
+        self.kb_rules = [k for k in signals.kb if k.name in names["kb"]]
+        self.kb_metrics = {n for k, n in referenced if k == "kb_metric"}
+        # With a deployment, these families are that deployment's head's (signals_heads).
+        headed = {
+            kind: any(r.deployment for r in rules)
+            for kind, rules in (("feedback", signals.user_feedbacks), ("fact", signals.fact_check))
+        }
+        self.feedbacks = (
+            list(signals.user_feedbacks)
+            if names["user_feedback"] and not headed["feedback"]
+            else []
+        )
+        self.fact_checks = (
+            list(signals.fact_check) if names["fact_check"] and not headed["fact"] else []
+        )
+        self.banks = _Banks()
+        for c in self.complexity:
+            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, complexity_opts)
+            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, complexity_opts)
+        for p in self.preferences:
+            own = [p.description] if p.description else []
+            self.banks.add(f"preference:{p.name}", [*own, *p.examples], preference_opts)
+        builtin_jb = False
+        for j in self.jailbreak:
+            if j.method == "contrastive":
+                self.banks.add(f"jailbreak:{j.name}:jb", j.jailbreak_patterns, None)
+                self.banks.add(f"jailbreak:{j.name}:benign", j.benign_patterns, None)
+            else:
+                builtin_jb = True
+        if builtin_jb:
+            self.banks.add("jailbreak:builtin:jb", builtin.JAILBREAK, None)
+            self.banks.add("jailbreak:builtin:benign", builtin.BENIGN, None)
+        self.kbs = self._knowledge_bases(kbs or [], opts)
+        if self.feedbacks:
+            for label, texts in builtin.FEEDBACK.items():
+                self.banks.add(f"feedback:{label}", texts, opts)
+        if self.fact_checks:
+            for label, texts in builtin.FACT_CHECK.items():
+                self.banks.add(f"fact_check:{label}", texts, opts)
+
+    def _knowledge_bases(self, kbs: list[Any], default_opts: PrototypeOptions) -> dict[str, Any]:
+        """The referenced knowledge bases' label banks (their manifests read now; the config
+        rules checked they read)."""
+        wanted = {r.kb for r in self.kb_rules} | {m.split(":", 1)[0] for m in self.kb_metrics}
+        out = {}
+        for kb in kbs:
+            if kb.name not in wanted:
+                continue
+            labels = manifest_labels(kb)
+            opts = PrototypeOptions.of(kb.prototype_scoring) if kb.prototype_scoring else None
+            for label, texts in labels.items():
+                self.banks.add(f"kb:{kb.name}:{label}", texts, opts or default_opts)
+            out[kb.name] = (kb, sorted(labels))
+        return out
+
+    # -- what is embedded ----------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return bool(
+            self.complexity
+            or self.reasks
+            or self.preferences
+            or self.jailbreak
+            or self.kbs
+            or self.feedbacks
+            or self.fact_checks
+        )
+
+    def bank_texts(self) -> list[str]:
+        return self.banks.texts()
+
+    def take(self, vectors: numpy.ndarray) -> None:
+        self.banks.take(vectors)
+
+    def query_texts(self, view: Any) -> list[str]:
+        """The request's texts beyond the current one that these rules read."""
+        out: list[str] = []
+        if self.reasks:
+            out += [t.strip() for t in view.prior_user_texts if t.strip()]
+        if any(j.include_history for j in self.jailbreak):
+            out += history(view)
+        return out
+
+    def signal_keys(self) -> list[SignalKey]:
+        keys: list[SignalKey] = []
+        for c in self.complexity:
+            keys += [("complexity", f"{c.name}:{lv}") for lv in LEVELS]
+        keys += [("reask", r.name) for r in self.reasks]
+        keys += [("preference", p.name) for p in self.preferences]
+        keys += [("jailbreak", j.name) for j in self.jailbreak]
+        keys += [("kb", k.name) for k in self.kb_rules]
+        keys += [("kb_metric", m) for m in sorted(self.kb_metrics)]
+        keys += [("user_feedback", f.name) for f in self.feedbacks]
+        keys += [("fact_check", f.name) for f in self.fact_checks]
+        return keys
+
+    # -- scoring ------------------------------------------------------------------------
+
+    def results(
+        self, view: Any, vec: Vectors, text: str | None = None
+    ) -> dict[SignalKey, SignalResult]:
+        """``text``: the current text as embedded (upstream's sample of it; default the
+        view's text)."""
+        text = view.text if text is None else text
+        out: dict[SignalKey, SignalResult] = {}
+        if not text.strip():
+            return out
+        query = vec(text)
+        for c in self.complexity:
+            out.update(self._complexity(c, query))
+        out.update(self._reasks(view, query, vec))
+        out.update(self._preferences(query))
+        for j in self.jailbreak:
+            out[("jailbreak", j.name)] = self._jailbreak(j, view, query, vec)
+        kb_scores = {name: self._kb_scores(name, query) for name in self.kbs}
+        for rule in self.kb_rules:
+            out[("kb", rule.name)] = self._kb(rule, kb_scores.get(rule.kb))
+        for metric in self.kb_metrics:
+            kb_name, _, metric_name = metric.partition(":")
+            value = kb_scores[kb_name][2].get(metric_name) if kb_name in kb_scores else None
+            out[("kb_metric", metric)] = SignalResult(False, 0.0, value)
+        if self.feedbacks:
+            out.update(self._feedback(view, query))
+        if self.fact_checks:
+            out.update(self._fact_check(query))
+        return out
+
+    def _complexity(self, c: Any, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+        hard = self.banks.score(f"complexity:{c.name}:hard", query).score
+        easy = self.banks.score(f"complexity:{c.name}:easy", query).score
+        margin = hard - easy
+        level = "hard" if margin > c.threshold else "easy" if margin < -c.threshold else "medium"
+        return {
+            ("complexity", f"{c.name}:{lv}"): SignalResult(lv == level, abs(margin), margin)
+            if lv == level
+            else SignalResult(False, 0.0, margin)
+            for lv in LEVELS
+        }
+
+    def _reasks(
+        self, view: Any, query: numpy.ndarray, vec: Vectors
+    ) -> dict[SignalKey, SignalResult]:
+        if not self.reasks:
+            return {}
+        priors = [t.strip() for t in reversed(view.prior_user_texts) if t.strip()]
+        sims = [float(vec(t) @ query) for t in priors]
+        found: dict[str, tuple[float, int, int]] = {}
+        for r in self.reasks:
+            threshold = r.threshold or DEFAULT_REASK_THRESHOLD
+            lookback = r.lookback_turns or 1
+            if len(sims) < lookback:
+                continue
+            streak, least = 0, 1.0
+            for i, s in enumerate(sims):
+                if s < threshold:
+                    break
+                streak += 1
+                if i < lookback:
+                    least = min(least, s)
+            if streak >= lookback:
+                found[r.name] = (least, streak, lookback)
+        top = max((lb for _, _, lb in found.values()), default=0)
+        out: dict[SignalKey, SignalResult] = {}
+        for r in self.reasks:
+            hit = found.get(r.name)
+            if hit is not None and hit[2] == top:
+                out[("reask", r.name)] = SignalResult(True, hit[0], float(hit[1]))
+            else:
+                out[("reask", r.name)] = SignalResult.miss()
+        return out
+
+    def _preferences(self, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+        if not self.preferences:
+            return {}
+        scored = sorted(
+            ((self.banks.score(f"preference:{p.name}", query).score, p) for p in self.preferences),
+            key=lambda sp: (-sp[0], sp[1].name),
+        )
+        out = {("preference", p.name): SignalResult(False, 0.0, s) for s, p in scored}
+        best_score, best = scored[0]
+        runner_up = scored[1][0] if len(scored) > 1 else None
+        leads = runner_up is None or best_score - runner_up >= self.preference_margin
+        if (best.threshold <= 0 or best_score >= best.threshold) and leads:
+            out[("preference", best.name)] = SignalResult(True, best_score, best_score)
+        return out
+
+    def _jailbreak(self, j: Any, view: Any, query: numpy.ndarray, vec: Vectors) -> SignalResult:
+        vectors = [query]
+        if j.include_history:
+            vectors += [vec(t) for t in history(view)]
+        contrastive = j.method == "contrastive"
+        prefix = f"jailbreak:{j.name}" if contrastive else "jailbreak:builtin"
+        margins = [
+            self.banks.max_cos(f"{prefix}:jb", v) - self.banks.max_cos(f"{prefix}:benign", v)
+            for v in vectors
+        ]
+        if contrastive:
+            score = max(margins)
+            threshold = j.threshold if j.threshold > 0 else DEFAULT_CONTRASTIVE_THRESHOLD
+            return SignalResult(score >= threshold, max(0.0, min(1.0, score)), score)
+        # Risk 0.5 at upstream's contrastive default margin (0.10), 0.05 per e-fold.
+        risk = max(logistic(m - DEFAULT_CONTRASTIVE_THRESHOLD) for m in margins)
+        return SignalResult(risk >= j.threshold and risk > 0, risk, risk)
+
+    def _kb_scores(
+        self, name: str, query: numpy.ndarray
+    ) -> tuple[dict[str, float], set[str], dict[str, float]]:
+        """A KB's label scores, matched labels and metric values (upstream's
+        ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score)."""
+        kb, labels = self.kbs[name]
+        scores = {lb: self.banks.score(f"kb:{kb.name}:{lb}", query).score for lb in labels}
+        thresholds = kb.label_thresholds or {}
+        base = kb.threshold or 0.0
+        matched = {lb for lb, s in scores.items() if s >= thresholds.get(lb, base)}
+        groups = self._group_scores(kb, scores)
+        metrics = {
+            "best_score": max(scores.values(), default=0.0),
+            "best_matched_score": max((scores[lb] for lb in matched), default=0.0),
+        }
+        for m in kb.metrics or []:
+            if m.type == "group_margin":
+                pos, neg = m.positive_group or "", m.negative_group or ""
+                metrics[m.name] = groups.get(pos, 0.0) - groups.get(neg, 0.0)
+        return scores, matched, metrics
+
+    @staticmethod
+    def _group_scores(kb: Any, scores: dict[str, float]) -> dict[str, float]:
+        return {
+            g: max((scores.get(lb, 0.0) for lb in members), default=0.0)
+            for g, members in (kb.groups or {}).items()
+        }
+
+    def _kb(
+        self, rule: Any, scored: tuple[dict[str, float], set[str], dict[str, float]] | None
+    ) -> SignalResult:
+        if scored is None:
+            return SignalResult.miss()
+        scores, matched, _ = scored
+        kb = self.kbs[rule.kb][0]
+        if rule.target.kind == "label":
+            pool, hits = scores, matched
+        else:
+            pool = self._group_scores(kb, scores)
+            hits = {g for g, m in (kb.groups or {}).items() if matched & set(m)}
+        target = rule.target.value
+        score = pool.get(target, 0.0)
+        if rule.match == "best":
+            best = min(pool, key=lambda n: (-pool[n], n)) if pool else None
+            hit = best == target
+        else:
+            hit = target in hits
+        return SignalResult(hit, max(0.0, min(1.0, score)), score)
+
+    def _feedback(self, view: Any, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+        label, p = builtin.FEEDBACK_SATISFIED, 1.0
+        if view.has_assistant_reply:
+            label, p = _softmax_best(
+                {lb: self.banks.score(f"feedback:{lb}", query).score for lb in builtin.FEEDBACK}
+            )
+            if p < FEEDBACK_THRESHOLD:
+                label = builtin.FEEDBACK_SATISFIED
+        return {
+            ("user_feedback", f.name): SignalResult(f.name == label, p if f.name == label else 0)
+            for f in self.feedbacks
+        }
+
+    def _fact_check(self, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+        need = self.banks.score("fact_check:FACT_CHECK_NEEDED", query).score
+        not_need = self.banks.score("fact_check:NO_FACT_CHECK_NEEDED", query).score
+        p = logistic(need - not_need)
+        label = builtin.FACT_CHECK_NEEDED if p >= FACT_CHECK_THRESHOLD else None
+        label = label or builtin.NO_FACT_CHECK_NEEDED
+        conf = p if label == builtin.FACT_CHECK_NEEDED else 1.0 - p
+        return {
+            ("fact_check", f.name): SignalResult(f.name == label, conf if f.name == label else 0)
+            for f in self.fact_checks
+        }
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for name in names:
+        obj = getattr(obj, name, None)
+    return obj
+
+
+def apply_composers(signals: Signals, results: dict[SignalKey, SignalResult]) -> None:
+    """A complexity rule's ``composer`` filters its level afterwards: when the composer's rule
+    tree over the other signals does not match, the rule's level does not match either."""
+    for rule in signals.complexity:
+        if rule.composer is None:
+            continue
+        for lv in LEVELS:
+            key = ("complexity", f"{rule.name}:{lv}")
+            res = results.get(key)
+            if res is not None and res.matched and not evaluate(rule.composer, results).matched:
+                results[key] = SignalResult(False, 0.0, res.value)
+
+
+def _softmax_best(scores: dict[str, float]) -> tuple[str, float]:
+    top = max(scores.values())
+    weights = {k: math.exp((s - top) / TEMPERATURE) for k, s in scores.items()}
+    total = sum(weights.values())
+    best = min(scores, key=lambda k: (-scores[k], k))
+    return best, weights[best] / total
+
+
+def history(view: Any) -> list[str]:
+    """jailbreak/pii ``include_history``: the non-user and prior user texts, deduplicated,
+    without the current text."""
+    seen = {view.text.strip()}
+    out = []
+    for t in (*view.non_user_texts, *view.prior_user_texts):
+        t = t.strip()
+        if t and t not in seen:
+            seen.add(t)
+            out.append(t)
+    return out

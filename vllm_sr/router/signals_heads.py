@@ -1,0 +1,133 @@
+"""Signals answered by a deployment's classification head (a sequence-classification
+artifact: ``AutoModelForSequenceClassification`` with its own ``config.json`` id2label), the
+vllm-sr form of upstream's trained classifiers, chosen by a rule's ``deployment:``:
+
+- jailbreak ``classifier``/``hybrid``: a text's risk is the summed probability of its labels
+  named ``jailbreak`` (upstream's default ``prompt_guard.positive_labels``); a rule matches
+  when its best text's risk reaches ``threshold`` and is above 0 (upstream's rule);
+  ``include_history`` also classifies the history;
+- user_feedbacks: after an assistant reply (upstream's gate), the head's top label when its
+  probability reaches 0.7, else ``satisfied``; a rule matches when its name is that label
+  (case-insensitive), confidence the probability;
+- fact_check: P(needed) is the probability of the label ``FACT_CHECK_NEEDED`` (or
+  ``needs_fact_check``); ``needs_fact_check`` when it reaches 0.6, else
+  ``no_fact_check_needed``;
+- pii, from a token-classification head (the worker answers each label's highest token
+  probability): a type's confidence is the best of its BIO labels (``B-X``, ``I-X``: type
+  ``X``; ``O`` is none); a rule matches when a type at >= ``threshold`` is not in
+  ``pii_types_allowed``, on the current text (and its history with ``include_history``).
+
+All texts go as one ``classify`` task (no labels: the head answers) in the deployment's one
+bundle: the current text first, then the history when a jailbreak rule reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_sr.router import signals_builtin as builtin
+from vllm_sr.router.rules import SignalKey
+from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals_embedded import FACT_CHECK_THRESHOLD, FEEDBACK_THRESHOLD, history
+
+TASK_CLASSIFY = "classify"
+POSITIVE_LABELS = frozenset({"jailbreak"})
+FACT_CHECK_LABELS = frozenset({"fact_check_needed", "needs_fact_check"})
+
+
+class Heads:
+    """The referenced rules one deployment's head answers."""
+
+    def __init__(
+        self,
+        jailbreak: list[Any],
+        feedbacks: list[Any] | None = None,
+        fact_checks: list[Any] | None = None,
+        pii: list[Any] | None = None,
+    ) -> None:
+        self.jailbreak = jailbreak
+        self.feedbacks = feedbacks or []
+        self.fact_checks = fact_checks or []
+        self.pii = pii or []
+
+    def texts(self, view: Any) -> list[str]:
+        """The request's text, then (when a rule reads it) its history, each once."""
+        out = [view.text]
+        if any(r.include_history for r in [*self.jailbreak, *self.pii]):
+            out += [t for t in history(view) if t not in out]
+        return out
+
+    def task(self, view: Any) -> dict[str, Any]:
+        return {"id": TASK_CLASSIFY, "classify": {"input": self.texts(view), "truncate": True}}
+
+    def signal_keys(self) -> list[SignalKey]:
+        keys: list[SignalKey] = [("jailbreak", r.name) for r in self.jailbreak]
+        keys += [("user_feedback", r.name) for r in self.feedbacks]
+        keys += [("pii", r.name) for r in self.pii]
+        return keys + [("fact_check", r.name) for r in self.fact_checks]
+
+    def results(self, view: Any, rows: list[dict[str, Any]]) -> dict[SignalKey, SignalResult]:
+        """``rows``: the classify answer's ``data`` for :meth:`texts`, in order."""
+        out: dict[SignalKey, SignalResult] = {}
+        probs = [
+            {str(k).lower(): float(p) for k, p in row["probabilities"].items()} for row in rows
+        ]
+        risks = [sum(p for k, p in row.items() if k in POSITIVE_LABELS) for row in probs]
+        for rule in self.jailbreak:
+            own = risks if rule.include_history else risks[:1]
+            risk = max(own, default=0.0)
+            out[("jailbreak", rule.name)] = SignalResult(
+                risk >= rule.threshold and risk > 0, risk, risk
+            )
+        if self.pii:
+            out.update(self._pii(probs))
+        current = probs[0] if probs else {}
+        if self.feedbacks:
+            label, p = builtin.FEEDBACK_SATISFIED, 1.0
+            if view.has_assistant_reply and current:
+                best = min(current, key=lambda k: (-current[k], k))
+                if current[best] >= FEEDBACK_THRESHOLD:
+                    label, p = best, current[best]
+            for rule in self.feedbacks:
+                hit = rule.name.lower() == label
+                out[("user_feedback", rule.name)] = SignalResult(hit, p if hit else 0.0)
+        if self.fact_checks:
+            need = sum(p for k, p in current.items() if k in FACT_CHECK_LABELS)
+            needed = need >= FACT_CHECK_THRESHOLD
+            label = builtin.FACT_CHECK_NEEDED if needed else builtin.NO_FACT_CHECK_NEEDED
+            conf = need if needed else 1.0 - need
+            for rule in self.fact_checks:
+                hit = rule.name == label
+                out[("fact_check", rule.name)] = SignalResult(hit, conf if hit else 0.0)
+        return out
+
+    def _pii(self, probs: list[dict[str, float]]) -> dict[SignalKey, SignalResult]:
+        types = [entity_types(row) for row in probs]
+        out: dict[SignalKey, SignalResult] = {}
+        for rule in self.pii:
+            allowed = {t.upper() for t in rule.pii_types_allowed}
+            rows = types if rule.include_history else types[:1]
+            found = [
+                p
+                for row in rows
+                for kind, p in row.items()
+                if p >= rule.threshold and kind not in allowed
+            ]
+            best = max(found, default=None)
+            out[("pii", rule.name)] = (
+                SignalResult(True, 1.0, best) if best is not None else SignalResult.miss()
+            )
+        return out
+
+
+def entity_types(row: dict[str, float]) -> dict[str, float]:
+    """A token head's label maxima -> entity type (BIO prefix stripped, uppercased) -> its
+    best probability; ``O`` (outside) is no type."""
+    out: dict[str, float] = {}
+    for label, p in row.items():
+        kind = label.upper()
+        if len(kind) > 2 and kind[1] == "-" and kind[0] in "BIES":
+            kind = kind[2:]
+        if kind != "O":
+            out[kind] = max(out.get(kind, 0.0), p)
+    return out

@@ -1,0 +1,126 @@
+"""Upstream's prototype scoring (``pkg/classification/prototype_*.go``), pure on vectors: the
+example bank of one signal (complexity's hard or easy candidates, a preference's examples, a
+KB label's exemplars) is reduced to a few representative examples, and a request's embedding
+is scored against them.
+
+Building a bank: examples are deduplicated by text; with prototype scoring enabled (upstream's
+default) they are clustered greedily (the seed whose cluster of examples at cosine >= 0.9 is
+largest goes first, ties by the seed's text), each cluster keeps its medoid (the member with
+the best mean cosine to the cluster, ties by text), the medoids are ordered by cluster size,
+mean cosine, text, and at most 8 are kept. Scoring: with the prototypes' cosines to the query
+sorted best first, score = 0.75 * best + 0.25 * mean(top 2) (``best_weight``, ``top_m``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy
+
+from vllm_sr.router.signals import normalize_rows
+
+CLUSTER_SIMILARITY = 0.9
+MAX_PROTOTYPES = 8
+BEST_WEIGHT = 0.75
+TOP_M = 2
+
+
+@dataclass(frozen=True)
+class PrototypeOptions:
+    """``prototype_scoring`` with upstream's defaults (0 or omitted means the default)."""
+
+    enabled: bool = True
+    cluster_similarity_threshold: float = CLUSTER_SIMILARITY
+    max_prototypes: int = MAX_PROTOTYPES
+    best_weight: float = BEST_WEIGHT
+    top_m: int = TOP_M
+
+    @staticmethod
+    def of(cfg: object | None) -> PrototypeOptions:
+        """From an upstream ``PrototypeScoring`` model (or None), defaults filled in."""
+        if cfg is None:
+            return PrototypeOptions()
+        enabled = getattr(cfg, "enabled", None)
+        cluster = getattr(cfg, "cluster_similarity_threshold", None) or 0.0
+        most = getattr(cfg, "max_prototypes", None) or 0
+        weight = getattr(cfg, "best_weight", None) or 0.0
+        top_m = getattr(cfg, "top_m", None) or 0
+        return PrototypeOptions(
+            enabled=enabled is not False,
+            cluster_similarity_threshold=cluster if cluster > 0 else CLUSTER_SIMILARITY,
+            max_prototypes=most if most > 0 else MAX_PROTOTYPES,
+            best_weight=min(1.0, weight) if weight > 0 else BEST_WEIGHT,
+            top_m=top_m if top_m > 0 else TOP_M,
+        )
+
+
+@dataclass(frozen=True)
+class BankScore:
+    score: float
+    best: float
+    support: float
+    count: int
+
+
+EMPTY = BankScore(0.0, 0.0, 0.0, 0)
+
+
+class PrototypeBank:
+    """One example set's prototypes (normalised rows)."""
+
+    def __init__(
+        self, texts: list[str], vectors: numpy.ndarray, options: PrototypeOptions | None = None
+    ) -> None:
+        self.options = options or PrototypeOptions()
+        seen: dict[str, int] = {}
+        for i, text in enumerate(texts):
+            seen.setdefault(text, i)
+        keep = sorted(seen.values())
+        self.texts = [texts[i] for i in keep]
+        rows = normalize_rows(vectors[keep]) if keep else numpy.zeros((0, 1), numpy.float32)
+        if not self.options.enabled or len(keep) <= 1:
+            self.prototypes = rows
+            return
+        self.prototypes, self.texts = _medoids(self.texts, rows, self.options)
+
+    def score(self, query: numpy.ndarray) -> BankScore:
+        """The bank's score for one normalised query vector."""
+        if self.prototypes.shape[0] == 0:
+            return EMPTY
+        sims = numpy.sort(self.prototypes @ query)[::-1].astype(numpy.float64)
+        best = float(sims[0])
+        top = min(self.options.top_m, sims.size)
+        support = float(sims[:top].mean())
+        weight = self.options.best_weight
+        return BankScore(weight * best + (1.0 - weight) * support, best, support, int(sims.size))
+
+
+def _medoids(
+    texts: list[str], rows: numpy.ndarray, options: PrototypeOptions
+) -> tuple[numpy.ndarray, list[str]]:
+    sim = rows @ rows.T
+    numpy.fill_diagonal(sim, 1.0)
+    close = sim >= options.cluster_similarity_threshold
+    remaining = set(range(len(texts)))
+    reps: list[tuple[int, float, str, int]] = []  # (size, mean cosine, text, index)
+    while remaining:
+        best_seed = -1
+        best_cluster: list[int] = []
+        for seed in sorted(remaining):
+            cluster = sorted(i for i in remaining if i == seed or close[seed, i])
+            if (
+                best_seed < 0
+                or len(cluster) > len(best_cluster)
+                or (len(cluster) == len(best_cluster) and texts[seed] < texts[best_seed])
+            ):
+                best_seed, best_cluster = seed, cluster
+        medoid, medoid_avg = best_cluster[0], -2.0
+        for i in best_cluster:
+            avg = float(sim[i, best_cluster].mean())
+            if avg > medoid_avg or (avg == medoid_avg and texts[i] < texts[medoid]):
+                medoid, medoid_avg = i, avg
+        reps.append((len(best_cluster), medoid_avg, texts[medoid], medoid))
+        remaining -= set(best_cluster)
+    reps.sort(key=lambda r: (-r[0], -r[1], r[2]))
+    reps = reps[: options.max_prototypes]
+    return rows[[r[3] for r in reps]], [r[2] for r in reps]
