@@ -40,7 +40,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from router import Procs, free_port, pct, run_load, wait_http  # noqa: E402
 
-FRAGMENTS = REPO / "tests" / "fixtures" / "upstream_fragments" / "signal"
+FRAGMENTS = REPO / "tests" / "fixtures" / "upstream" / "fragments" / "signal"
 DIMS = 384
 FAMILY_FRAGMENTS = [
     "keyword/regex", "context/long-context", "structure/request-shape",

@@ -2,7 +2,7 @@
 HTTP server, real stand-in backends, the official openai SDK as the client, and the worker's
 own bundle code over a toy embedding behind a FakeWorkerExchange (so a chat equal to an
 example is that example). The signals are upstream's own fragments
-(tests/fixtures/upstream_fragments/signal), one decision per family; and the fusion: however
+(tests/fixtures/upstream/fragments/signal), one decision per family; and the fusion: however
 many model-backed signals a chat's decisions reference on a deployment, it costs one exchange
 there."""
 
@@ -25,7 +25,7 @@ from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, re
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import build_chat_router
 
-FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_fragments" / "signal"
+FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
 FAMILIES = ["complexity/escalation", "reask/dissatisfaction", "preference/power-user",
             "jailbreak/patterns", "kb/privacy", "user-feedback/escalation",
             "fact-check/needs-verification", "pii/strict", "domain/mmlu"]  # fmt: skip

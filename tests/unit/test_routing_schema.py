@@ -218,7 +218,7 @@ def test_backend_ref_field_errors() -> None:
 
 # -- upstream's own fragments: each loads, or is refused by name ----------------------------
 
-FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_fragments"
+FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "fragments"
 SUPPORTED_SIGNAL_DIRS = {
     "authz",
     "complexity",

@@ -1,6 +1,6 @@
 """The embedding-only families (complexity, reask, preference, jailbreak, kb, user_feedback,
 fact_check), domains with built-in MMLU examples, and pii, on upstream's own fragments
-(tests/fixtures/upstream_fragments/signal). The deployment's answers are the worker's own
+(tests/fixtures/upstream/fragments/signal). The deployment's answers are the worker's own
 bundle code over a toy embedding (a hashed bag of words: texts that share words point the same
 way), so a text equal to an example is that example."""
 
@@ -25,7 +25,7 @@ from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_prototypes import PrototypeBank, PrototypeOptions
 
-FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_fragments" / "signal"
+FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
 
 
 def fragment(rel: str) -> dict[str, Any]:
