@@ -62,6 +62,7 @@ def routing_local_problems(routing: Any) -> list[Problem]:
             not dom.get("description")
             and not dom.get("examples")
             and not dom.get("mmlu_categories")
+            and dom.get("method") != "classifier"  # a head's label named like it needs none
         ):
             problems.append(
                 problem(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from vllm_sr.config.routing_base import Strict
 from vllm_sr.config.routing_tree import RuleLeaf, RuleNode
@@ -172,6 +172,14 @@ class DomainSignal(Strict):
     """vllm-sr: the deployment that classifies the request (default: the decision model's).
     All domains on one deployment form one label set."""
 
+    method: Literal["centroids", "classifier"] = "centroids"
+    """vllm-sr: ``centroids`` (default): the deployment embeds the request and the domains'
+    examples (labels = the domains); ``classifier`` (needs ``deployment``): the deployment's
+    artifact is a sequence classifier (labels from its config.json id2label, e.g. upstream's
+    14 MMLU-Pro names) and its label probabilities answer every domain on that deployment
+    with upstream's rule (label -> the domain listing it in mmlu_categories or named like it;
+    entropy decides top-1 or every label at the threshold)."""
+
     @field_validator("mmlu_categories")
     @classmethod
     def _mmlu(cls, value: list[str]) -> list[str]:
@@ -182,6 +190,15 @@ class DomainSignal(Strict):
                     + ", ".join(MMLU_CATEGORIES)
                 )
         return value
+
+    @model_validator(mode="after")
+    def _classifier_needs_deployment(self) -> DomainSignal:
+        if self.method == "classifier" and not self.deployment:
+            raise ValueError(
+                f"domain {self.name!r}: method 'classifier' needs deployment: the deployment "
+                "whose sequence-classification artifact answers it (or method 'centroids')"
+            )
+        return self
 
     def label_examples(self) -> list[str]:
         own = [self.description] if self.description else []
@@ -390,6 +407,21 @@ class Signals(Strict):
 
     domains: list[DomainSignal] = Field(default_factory=list, max_length=256)
     """Domain classification signals (answered by a deployment)."""
+
+    @field_validator("domains")
+    @classmethod
+    def _one_method_per_deployment(cls, value: list[DomainSignal]) -> list[DomainSignal]:
+        # All domains on one deployment are one label set: one way to classify them.
+        methods: dict[str | None, DomainSignal] = {}
+        for dom in value:
+            first = methods.setdefault(dom.deployment, dom)
+            if first.method != dom.method:
+                raise ValueError(
+                    f"domain {dom.name!r} has method {dom.method!r} on deployment "
+                    f"{dom.deployment!r} where domain {first.name!r} has {first.method!r}: the "
+                    "domains on one deployment form one label set, give them one method"
+                )
+        return value
 
     context: list[ContextSignal] = Field(default_factory=list, max_length=1024)
     """Token-count bands."""

@@ -7,12 +7,15 @@ request text and, when a referenced family reads them, of its prior user turns (
 history (jailbreak ``include_history``). Everything else is computed here from those:
 
 - embedding signals: cosine to the candidates' embeddings;
-- domain signals: the labelled classification the worker's ``/v1/classify`` does (the same
-  code, ``vllm_sr.worker.classify``): each domain's centroid is the normalised mean of its
-  examples' embeddings (description + examples), the probabilities are
-  ``softmax(cosine / 0.05)`` over every domain on the deployment, and the label is the best
-  (a domain with ``mmlu_categories`` and no ``examples`` also takes our built-in examples of
-  those categories, ``signals_builtin.MMLU_EXAMPLES``);
+- domain signals (``method: centroids``, the default): the labelled classification the
+  worker's ``/v1/classify`` does (the same code, ``vllm_sr.worker.classify``): each domain's
+  centroid is the normalised mean of its examples' embeddings (description + examples), the
+  probabilities are ``softmax(cosine / 0.05)`` over every domain on the deployment, and the
+  label is the best (a domain with ``mmlu_categories`` and no ``examples`` also takes our
+  built-in examples of those categories, ``signals_builtin.MMLU_EXAMPLES``);
+- a deployment whose domains say ``method: classifier`` (by configuration: the router does
+  not probe the artifact) gets no embedding task for them: its head's ``classify`` task (the
+  one jailbreak/pii/user_feedbacks/fact_check heads share) answers them (``signals_heads``);
 - on the decision deployment, the embedding-only families (complexity, reask, preference,
   jailbreak, kb, user_feedback, fact_check): ``signals_embedded``.
 
@@ -46,7 +49,7 @@ from vllm_sr.router.signals import (
 )
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import LEVELS, EmbeddedFamilies
-from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
+from vllm_sr.router.signals_heads import DOMAIN_THRESHOLD, TASK_CLASSIFY, Heads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import projection_inputs
 from vllm_sr.worker import classify
@@ -305,8 +308,12 @@ class QuestionPlan:
             if ("embedding", e.name) in self.referenced:
                 embeddings.setdefault(e.deployment or decision_deployment, []).append(e)
         domains: dict[str, list[DomainSignal]] = {}
+        headed_domains: dict[str, list[DomainSignal]] = {}  # method: classifier, by deployment
         for d in sigs.domains:
-            domains.setdefault(d.deployment or decision_deployment, []).append(d)
+            if d.method == "classifier" and d.deployment:
+                headed_domains.setdefault(d.deployment, []).append(d)
+            else:
+                domains.setdefault(d.deployment or decision_deployment, []).append(d)
         self.pii = PiiSignals(
             [p for p in sigs.pii if ("pii", p.name) in self.referenced and not p.deployment]
         )
@@ -326,6 +333,15 @@ class QuestionPlan:
             dep = next((r.deployment for r in rules if r.deployment), None)
             if dep and any((kind, r.name) in self.referenced for r in rules):
                 heads.setdefault(dep, ([], [], [], []))[slot].extend(rules)
+        # upstream's modules.classifier.domain.threshold, for labels whose domain sets none
+        domain_module = getattr(getattr(modules, "classifier", None), "domain", None)
+        domain_threshold = getattr(domain_module, "threshold", None)
+        head_domains: dict[str, tuple[list[DomainSignal], frozenset[str]]] = {}
+        for dep, doms in headed_domains.items():
+            read = frozenset(d.name for d in doms if ("domain", d.name) in self.referenced)
+            if read:
+                head_domains[dep] = (doms, read)
+                heads.setdefault(dep, ([], [], [], []))
         self.deployments: dict[str, DeploymentQuestions] = {}
         deps = set(embeddings) | set(domains) | set(heads)
         deps |= {decision_deployment} if families.active else set()
@@ -334,7 +350,16 @@ class QuestionPlan:
                 d.name for d in domains.get(dep, []) if ("domain", d.name) in self.referenced
             )
             fam = families if dep == decision_deployment and families.active else None
-            head = Heads(*heads[dep]) if dep in heads else None
+            head = None
+            if dep in heads:
+                doms, read = head_domains.get(dep, ([], frozenset()))
+                head = Heads(
+                    *heads[dep],
+                    domains=doms,
+                    referenced_domains=read,
+                    domain_threshold=DOMAIN_THRESHOLD if domain_threshold is None
+                    else domain_threshold,
+                )  # fmt: skip
             if not embeddings.get(dep) and not referenced and fam is None and head is None:
                 continue  # only unreferenced domains there: nothing to ask
             self.deployments[dep] = DeploymentQuestions(

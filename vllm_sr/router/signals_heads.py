@@ -1,6 +1,8 @@
 """Signals answered by a deployment's classification head (a sequence-classification
 artifact: ``AutoModelForSequenceClassification`` with its own ``config.json`` id2label), the
-vllm-sr form of upstream's trained classifiers, chosen by a rule's ``deployment:``:
+vllm-sr form of upstream's trained classifiers, chosen by configuration (the router does not
+probe the artifact): a rule's ``deployment:`` (jailbreak: with ``method`` classifier/hybrid;
+domains: with ``method: classifier``):
 
 - jailbreak ``classifier``/``hybrid``: a text's risk is the summed probability of its labels
   named ``jailbreak`` (upstream's default ``prompt_guard.positive_labels``); a rule matches
@@ -15,7 +17,15 @@ vllm-sr form of upstream's trained classifiers, chosen by a rule's ``deployment:
 - pii, from a token-classification head (the worker answers each label's highest token
   probability): a type's confidence is the best of its BIO labels (``B-X``, ``I-X``: type
   ``X``; ``O`` is none); a rule matches when a type at >= ``threshold`` is not in
-  ``pii_types_allowed``, on the current text (and its history with ``include_history``).
+  ``pii_types_allowed``, on the current text (and its history with ``include_history``);
+- domains with ``method: classifier``: upstream's rule (``ROUTER-REFERENCE.md`` §2.3) on the
+  head's probabilities of the current text: a label names the domain listing it in
+  ``mmlu_categories`` (the first such), else the domain named like it, else itself; when the
+  distribution's normalised entropy (H / log2 N) is below 0.4 the top label is detected if its
+  probability reaches the threshold, otherwise every label that reaches it is; the threshold
+  is the label's domain's ``threshold`` when above 0, else upstream's
+  ``modules.classifier.domain.threshold`` (0.5). A domain matches when a detected label
+  names it or is one of its ``mmlu_categories``; confidence the probability.
 
 All texts go as one ``classify`` task (no labels: the head answers) in the deployment's one
 bundle: the current text first, then the history when a jailbreak rule reads it.
@@ -23,6 +33,7 @@ bundle: the current text first, then the history when a jailbreak rule reads it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from vllm_sr.router import signals_builtin as builtin
@@ -33,6 +44,8 @@ from vllm_sr.router.signals_embedded import FACT_CHECK_THRESHOLD, FEEDBACK_THRES
 TASK_CLASSIFY = "classify"
 POSITIVE_LABELS = frozenset({"jailbreak"})
 FACT_CHECK_LABELS = frozenset({"fact_check_needed", "needs_fact_check"})
+DOMAIN_THRESHOLD = 0.5  # upstream modules.classifier.domain.threshold
+DOMAIN_ENTROPY_CUTOFF = 0.4  # upstream: below it, only the top label can be detected
 
 
 class Heads:
@@ -44,11 +57,18 @@ class Heads:
         feedbacks: list[Any] | None = None,
         fact_checks: list[Any] | None = None,
         pii: list[Any] | None = None,
+        domains: list[Any] | None = None,
+        referenced_domains: frozenset[str] = frozenset(),
+        domain_threshold: float = DOMAIN_THRESHOLD,
     ) -> None:
         self.jailbreak = jailbreak
         self.feedbacks = feedbacks or []
         self.fact_checks = fact_checks or []
         self.pii = pii or []
+        # The deployment's whole domain label set, and which of them a rule reads.
+        self.domains = domains or []
+        self.referenced_domains = referenced_domains
+        self.domain_threshold = domain_threshold
 
     def texts(self, view: Any) -> list[str]:
         """The request's text, then (when a rule reads it) its history, each once."""
@@ -64,6 +84,7 @@ class Heads:
         keys: list[SignalKey] = [("jailbreak", r.name) for r in self.jailbreak]
         keys += [("user_feedback", r.name) for r in self.feedbacks]
         keys += [("pii", r.name) for r in self.pii]
+        keys += [("domain", name) for name in sorted(self.referenced_domains)]
         return keys + [("fact_check", r.name) for r in self.fact_checks]
 
     def results(self, view: Any, rows: list[dict[str, Any]]) -> dict[SignalKey, SignalResult]:
@@ -82,6 +103,11 @@ class Heads:
         if self.pii:
             out.update(self._pii(probs))
         current = probs[0] if probs else {}
+        if self.referenced_domains and rows:
+            raw = {str(k): float(p) for k, p in rows[0]["probabilities"].items()}
+            for name, res in head_domain_results(self.domains, raw, self.domain_threshold).items():
+                if name in self.referenced_domains:
+                    out[("domain", name)] = res
         if self.feedbacks:
             label, p = builtin.FEEDBACK_SATISFIED, 1.0
             if view.has_assistant_reply and current:
@@ -131,3 +157,65 @@ def entity_types(row: dict[str, float]) -> dict[str, float]:
         if kind != "O":
             out[kind] = max(out.get(kind, 0.0), p)
     return out
+
+
+def domain_name(domains: list[Any], label: str) -> str:
+    """Upstream's label -> name: the first domain listing the label in ``mmlu_categories``,
+    else the domain named like it (case-insensitive), else the label itself."""
+    low = label.lower()
+    for dom in domains:
+        if any(c.lower() == low for c in dom.mmlu_categories):
+            return str(dom.name)
+    for dom in domains:
+        if dom.name.lower() == low:
+            return str(dom.name)
+    return label
+
+
+def detected_labels(
+    domains: list[Any], probabilities: dict[str, float], threshold: float = DOMAIN_THRESHOLD
+) -> dict[str, float]:
+    """A head's label probabilities -> the detected labels and their probabilities (upstream's
+    entropy rule: a confident distribution yields at most its top label, a spread one every
+    label that reaches its threshold: its domain's ``threshold`` when above 0, else
+    ``threshold``)."""
+    by_name = {d.name: d for d in domains}
+
+    def least(label: str) -> float:
+        dom = by_name.get(domain_name(domains, label))
+        return dom.threshold if dom is not None and dom.threshold > 0 else threshold
+
+    labels = sorted(probabilities, key=lambda lb: (-probabilities[lb], lb))
+    if normalized_entropy(list(probabilities.values())) < DOMAIN_ENTROPY_CUTOFF:
+        labels = labels[:1]
+    return {lb: probabilities[lb] for lb in labels if probabilities[lb] >= least(lb)}
+
+
+def head_domain_results(
+    domains: list[Any], probabilities: dict[str, float], threshold: float = DOMAIN_THRESHOLD
+) -> dict[str, SignalResult]:
+    """Each domain's result: matched when a detected label names it or is one of its
+    ``mmlu_categories`` (so two domains listing one category both match); confidence and
+    value the best such label's probability."""
+    found = detected_labels(domains, probabilities, threshold)
+    out = {}
+    for dom in domains:
+        cats = {c.lower() for c in dom.mmlu_categories}
+        hits = [
+            p
+            for label, p in found.items()
+            if domain_name(domains, label) == dom.name or label.lower() in cats
+        ]
+        out[dom.name] = (
+            SignalResult(True, min(1.0, max(hits)), max(hits)) if hits else SignalResult.miss()
+        )
+    return out
+
+
+def normalized_entropy(probabilities: list[float]) -> float:
+    """Shannon entropy over log2 of the label count (0: certain, 1: uniform); 0 for one
+    label."""
+    if len(probabilities) < 2:
+        return 0.0
+    h = -sum(p * math.log2(p) for p in probabilities if p > 0)
+    return h / math.log2(len(probabilities))
