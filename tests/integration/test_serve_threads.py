@@ -71,7 +71,8 @@ async def test_a_recorded_drift_retires_a_restarted_worker_in_ctl_threads(
         "VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1",
         "VLLM_SR_THREADS_RECORD_DIR": str(records.directory),
     }
-    flags = (str(tiny_bert_dir), "-e", "--platform", "cpu")
+    # The record is kept per served dtype: pin float32, the dtype host_facts() names.
+    flags = (str(tiny_bert_dir), "-e", "--platform", "cpu", "--dtype", "float32")
     async with serve(tmp_path / "config.yaml", *flags, env=env) as svc:
         report: Any = None
         deadline = time.monotonic() + 30
