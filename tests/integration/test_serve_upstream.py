@@ -6,12 +6,6 @@ are routed by each deterministic family; /api/v1/eval answers on the same port."
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import signal
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +16,8 @@ import yaml
 
 from tests.integration.test_router_upstream import DECISIONS, upstream_signals
 from tests.integration.test_serve import free_port
-from tests.integration.test_supervisor_fake import REPO_ROOT
 from tests.support.backends import StandInBackend
-from tests.support.workers import short_socket_dir
+from tests.support.serving import served
 
 pytestmark = pytest.mark.slow
 
@@ -57,18 +50,6 @@ def tool(i: int) -> dict[str, Any]:
     return {"type": "function", "function": {"name": f"t{i}", "parameters": {}}}
 
 
-async def wait_ready(url: str, proc: asyncio.subprocess.Process, log: Path) -> None:
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        assert proc.returncode is None, log.read_text()[-3000:]
-        with contextlib.suppress(aiohttp.ClientError, OSError):
-            async with aiohttp.ClientSession() as s, s.get(url + "/health") as r:
-                if r.status == 200:
-                    return
-        await asyncio.sleep(0.2)
-    raise AssertionError("not ready:\n" + log.read_text()[-3000:])
-
-
 async def test_upstream_fragments_route_on_a_real_serve_with_the_embedded_default(
     tmp_path: Path,
 ) -> None:
@@ -77,60 +58,50 @@ async def test_upstream_fragments_route_on_a_real_serve_with_the_embedded_defaul
     port = free_port()
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(upstream_config(port, general.endpoint, coder.endpoint)))
-    run = short_socket_dir(prefix="vsr-upstream-") / "run"
     log = tmp_path / "serve.log"
-    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "--config", str(config)]
-    argv += ["--runtime-dir", str(run), "--control-socket", str(run / "c")]  # no --listen
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    env.pop("VLLM_SR_WORKER_ARGV", None)
-    with open(log, "wb") as out:
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out, env=env)
     url = f"http://127.0.0.1:{port}"
-    try:
-        await wait_ready(url, proc, log)
-        assert "the embedded default runs" in log.read_text()
-        assert "language models loaded" in log.read_text()  # before the loop, not on a chat
-        assert "written" not in log.read_text()  # no deployment flag: the file is left alone
-        client = openai.AsyncOpenAI(
-            base_url=url + "/v1",
-            api_key="unused",
-            max_retries=0,
-            default_headers={"x-authz-user-id": "alice"},
-        )
-        models = {m.id for m in (await client.models.list()).data}
-        assert {"vllm-sr/auto", "auto", "MoM", "general", "coder", "primary"} <= models
-        cases: list[tuple[str, str, dict[str, Any]]] = [
-            ("no_consent", "hello", {"extra_body": {"metadata": {"consent": "denied"}}}),
-            ("admins", "hello", {"extra_headers": {"x-authz-user-groups": "platform-admins"}}),
-            ("long", "word " * 40_000, {}),  # context: about 50K tokens by upstream's estimate
-            ("questions", "Why? How? When? Where?", {}),
-            ("agentic", "go", {"tools": [tool(i) for i in range(3)]}),  # conversation
-            ("spanish", "¿Dónde está la estación de tren? Necesito llegar pronto a casa.", {}),
-            ("urgent", "this is urgent please", {}),
-        ]
-        for decision, text, extra in cases:
-            raw = await client.chat.completions.with_raw_response.create(
-                model="MoM",
-                messages=[{"role": "user", "content": text}],
-                **extra,
-            )
-            assert raw.headers["x-vsr-selected-decision"] == decision, (decision, raw.headers)
-            assert "x-vsr-routing-fallback" not in raw.headers, raw.headers  # backends healthy
-        assert coder.received[-1].body["chat_template_kwargs"] == {"enable_thinking": True}
-        async with (
-            aiohttp.ClientSession() as s,
-            s.post(url + "/api/v1/eval", json={"text": "1. first\n2. then"}) as r,
-        ):
-            doc = await r.json()
-        assert r.status == 200
-        assert "numbered_steps" in doc["decision_result"]["matched_signals"]["structure"]
+    try:  # no --listen: the listener's port
+        async with served(config, url, log=log):
+            await routes_by_every_family(url, log, coder)
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
         await general.stop()
         await coder.stop()
+
+
+async def routes_by_every_family(url: str, log: Path, coder: StandInBackend) -> None:
+    assert "the embedded default runs" in log.read_text()
+    assert "language models loaded" in log.read_text()  # before the loop, not on a chat
+    assert "written" not in log.read_text()  # no deployment flag: the file is left alone
+    client = openai.AsyncOpenAI(
+        base_url=url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        default_headers={"x-authz-user-id": "alice"},
+    )
+    models = {m.id for m in (await client.models.list()).data}
+    assert {"vllm-sr/auto", "auto", "MoM", "general", "coder", "primary"} <= models
+    cases: list[tuple[str, str, dict[str, Any]]] = [
+        ("no_consent", "hello", {"extra_body": {"metadata": {"consent": "denied"}}}),
+        ("admins", "hello", {"extra_headers": {"x-authz-user-groups": "platform-admins"}}),
+        ("long", "word " * 40_000, {}),  # context: about 50K tokens by upstream's estimate
+        ("questions", "Why? How? When? Where?", {}),
+        ("agentic", "go", {"tools": [tool(i) for i in range(3)]}),  # conversation
+        ("spanish", "¿Dónde está la estación de tren? Necesito llegar pronto a casa.", {}),
+        ("urgent", "this is urgent please", {}),
+    ]
+    for decision, text, extra in cases:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="MoM",
+            messages=[{"role": "user", "content": text}],
+            **extra,
+        )
+        assert raw.headers["x-vsr-selected-decision"] == decision, (decision, raw.headers)
+        assert "x-vsr-routing-fallback" not in raw.headers, raw.headers  # backends healthy
+    assert coder.received[-1].body["chat_template_kwargs"] == {"enable_thinking": True}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + "/api/v1/eval", json={"text": "1. first\n2. then"}) as r,
+    ):
+        doc = await r.json()
+    assert r.status == 200
+    assert "numbered_steps" in doc["decision_result"]["matched_signals"]["structure"]
