@@ -33,6 +33,11 @@ class ModelNotAvailable(InvalidRequest):
 
     code = "model_not_found"
 
+    def to_json(self) -> dict[str, Any]:
+        doc = super().to_json()
+        doc["error"]["type"] = "invalid_request_error"
+        return doc
+
 
 def error_response(exc: VllmSrError) -> Response:
     """The server's JSON error answer, with Retry-After in whole seconds when retrying helps."""
@@ -40,10 +45,6 @@ def error_response(exc: VllmSrError) -> Response:
     if isinstance(exc, Overloaded | Unavailable):
         retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
         response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
-    if isinstance(exc, ModelNotAvailable):
-        doc = json.loads(response.body)
-        doc["error"]["type"] = "invalid_request_error"
-        response.body = json.dumps(doc).encode()
     return response
 
 
