@@ -52,6 +52,7 @@ from typing import Any, TypeVar, cast
 
 import httptools
 
+from vllm_sr import wire
 from vllm_sr.errors import (
     InvalidRequest,
     MethodNotAllowed,
@@ -175,10 +176,10 @@ Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
 
 
 def error_response(exc: VllmSrError) -> Response:
-    """An error as the project's JSON answer (with ``Allow`` for a 405)."""
-    response = Response(json.dumps(exc.to_json()).encode(), exc.http_status)
-    if isinstance(exc, MethodNotAllowed):
-        response.headers["Allow"] = ", ".join(exc.details["allowed"])
+    """An error as the project's one JSON answer (``vllm_sr.wire``: ``Allow`` on a 405,
+    ``Retry-After`` where the error asks the caller to come back)."""
+    response = Response(wire.error_body(exc), exc.http_status)
+    response.headers.update(wire.error_headers(exc))
     return response
 
 

@@ -13,48 +13,42 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from vllm_sr import wire
 from vllm_sr.errors import InvalidRequest, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
 from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
 from vllm_sr.frontend.metrics import FrontendCollector
 from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
-from vllm_sr.httpserver import Handler, HttpServer, Request, Response, StreamResponse, resolve
+from vllm_sr.httpserver import (
+    Handler,
+    HttpServer,
+    Request,
+    Response,
+    StreamResponse,
+    error_response,
+    resolve,
+)
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
-from vllm_sr.router.chat import error_response
 from vllm_sr.router.metrics import RouterCollector
 
 log = logging.getLogger("vllm_sr.frontend")
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
-READ_TIMEOUT_S = 30.0  # a request not whole this long after its first byte is answered 408
+MAX_BODY_BYTES = wire.MAX_BODY_BYTES
+READ_TIMEOUT_S = wire.READ_TIMEOUT_S
 SHUTDOWN_GRACE_S = 60.0  # requests in hand at stop get this long (aiohttp's default, kept)
-TIMEOUT_HEADER = "X-Request-Timeout-Ms"
-TIMEOUT_KEY = TIMEOUT_HEADER.lower()  # as the server keys headers
-RETRY_HEADER = "X-Vsr-Retried"  # "1; from=primary-0": the answer came from a retry elsewhere
+RETRY_HEADER = wire.RETRY_HEADER
 SURFACES = ("embeddings", "classify", "bundle")
 JSON = "application/json"
 
 
 def caller_timeout_ms(request: Request) -> float | None:
-    raw = request.headers.get(TIMEOUT_KEY)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or not math.isfinite(value):
-        raise InvalidRequest(
-            f"header {TIMEOUT_HEADER} must be a positive number of milliseconds, got {raw!r}"
-        )
-    return value
+    return wire.deadline_ms(request.headers.get(wire.DEADLINE_KEY))
 
 
 def model_of(body: bytes) -> str | None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import httptools
 
+from vllm_sr import wire
 from vllm_sr.endpoint import Endpoint, InvalidEndpoint, parse_endpoint
 from vllm_sr.errors import DeadlineExceeded, WorkerFailed
 
@@ -43,7 +44,9 @@ MAX_HEADER_BYTES = 64 * 1024
 # What the frontend's answer contract passes on to callers from a worker's answer (docs/serve.md):
 # the worker's timing split, and a 429's or 503's advice on when to try again.
 PASSED_HEADERS = (b"server-timing", b"retry-after")
-FORWARD_HEADER = b"x-vsr-forward"  # the worker's "1"/"0": did a forward produce the answer
+FORWARD_HEADER = (
+    wire.FORWARD_HEADER.lower().encode()
+)  # the worker's "1"/"0": did a forward produce the answer
 CA_FILE_ENV = "VLLM_SR_ENDPOINT_CA_FILE"  # a CA bundle for https:// endpoints (PEM)
 
 

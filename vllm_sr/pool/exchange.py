@@ -23,12 +23,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_sr import wire
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import DeadlineExceeded, Unavailable, WorkerFailed
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.pool.replica import Outcome, Replica
 
-DEADLINE_HEADER = "X-Request-Timeout-Ms"
+DEADLINE_HEADER = wire.DEADLINE_HEADER
 MAX_ATTEMPTS = 2  # the first try and one retry on another replica
 
 
@@ -143,5 +144,5 @@ async def _send(rep: Replica, path: str, body: bytes, remaining_s: float) -> Any
         raise DeadlineExceeded(f"no time left for replica {rep.id}", replica=rep.id)
     if rep.served_model is not None:
         body = with_model(body, rep.served_model)
-    headers = {DEADLINE_HEADER: f"{max(remaining_s * 1000.0, 1.0):.0f}"}
+    headers = {DEADLINE_HEADER: wire.deadline_header_value(remaining_s)}
     return await rep.client.post(path, body, timeout_s=remaining_s, headers=headers)

@@ -5,12 +5,10 @@ each header means."""
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from vllm_sr import httpserver
-from vllm_sr.errors import InvalidRequest, Overloaded, Unavailable, VllmSrError
-from vllm_sr.httpserver import Response
+from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.families import DEBUG_HEADER_WORD
 from vllm_sr.router.reasoning import reasoning_enabled
 from vllm_sr.router.route import RouteResult
@@ -39,13 +37,7 @@ class ModelNotAvailable(InvalidRequest):
         return doc
 
 
-def error_response(exc: VllmSrError) -> Response:
-    """The server's JSON error answer, with Retry-After in whole seconds when retrying helps."""
-    response = httpserver.error_response(exc)
-    if isinstance(exc, Overloaded | Unavailable):
-        retry = getattr(exc, "retry_after_s", None) or exc.details.get("retry_after_s") or 1.0
-        response.headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
-    return response
+error_response = httpserver.error_response  # the one error answer (vllm_sr.wire)
 
 
 def parse_chat(raw: bytes) -> dict[str, Any]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr import wire
 from vllm_sr.config.routing_plugins import DecisionPlugins
-from vllm_sr.errors import InvalidRequest, Unavailable
+from vllm_sr.errors import Unavailable
 from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.router import fallback
 from vllm_sr.router.answers import (
@@ -44,7 +44,6 @@ log = logging.getLogger("vllm_sr.router.chat")
 H_CACHE_HIT = "x-vsr-cache-hit"
 H_CACHE_SIMILARITY = "x-vsr-cache-similarity"
 H_RESPONSE_PATH = "x-vsr-response-path"
-TIMEOUT_KEY = "x-request-timeout-ms"  # the caller's deadline, as the frontend reads it
 NO_PLUGINS = DecisionPlugins()
 
 
@@ -66,19 +65,8 @@ class ChatPlugins:
         return self.router.stats
 
     def _deadline(self, request: Request) -> float | None:
-        raw = request.headers.get(TIMEOUT_KEY)
-        if raw is None:
-            return None
-        try:
-            ms = float(raw)
-        except ValueError:
-            ms = -1.0
-        if not ms > 0 or not math.isfinite(ms):
-            raise InvalidRequest(
-                f"header X-Request-Timeout-Ms must be a positive number of milliseconds, "
-                f"got {raw!r}"
-            )
-        return self.backends.clock.monotonic() + ms / 1000.0
+        ms = wire.deadline_ms(request.headers.get(wire.DEADLINE_KEY))
+        return None if ms is None else self.backends.clock.monotonic() + ms / 1000.0
 
     def plugins_of(self, result: RouteResult) -> DecisionPlugins:
         """The matched decision's plugins (none for a named model or no decision)."""

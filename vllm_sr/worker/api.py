@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -17,12 +16,11 @@ from typing import Any
 
 import numpy
 
-from vllm_sr import jsonbody
+from vllm_sr import jsonbody, wire
 from vllm_sr.errors import (
     InvalidRequest,
     NotFound,
     NotReady,
-    Overloaded,
     VllmSrError,
 )
 from vllm_sr.httpserver import HttpServer, Request, Response, error_response, resolve
@@ -36,11 +34,11 @@ from vllm_sr.worker.threads import ThreadPolicy
 log = logging.getLogger("vllm_sr.worker.api")
 
 API_VERSION = "1"
-DEFAULT_MAX_BODY = 8 * 1024 * 1024
+DEFAULT_MAX_BODY = wire.MAX_BODY_BYTES
 DEFAULT_READ_TIMEOUT_S = 30.0
-DEADLINE_HEADER = "X-Request-Timeout-Ms"  # the exchange's milliseconds left (frontend sends it)
-DEADLINE_HEADER_KEY = DEADLINE_HEADER.lower()  # as the server keys headers
-FORWARD_HEADER = "X-Vsr-Forward"  # "1": a forward produced this answer; "0": none did
+DEADLINE_HEADER = wire.DEADLINE_HEADER  # the exchange's milliseconds left (frontend sends it)
+DEADLINE_HEADER_KEY = wire.DEADLINE_KEY
+FORWARD_HEADER = wire.FORWARD_HEADER  # "1": a forward produced this answer; "0": none did
 
 
 RequestTimeout = jsonbody.RequestTimeout
@@ -106,13 +104,6 @@ def _json_response(body: Any, status: int = 200) -> Response:
     return Response(jsonio.dumps(body), status)
 
 
-def _error_response(exc: VllmSrError) -> Response:
-    resp = error_response(exc)
-    if isinstance(exc, Overloaded):
-        resp.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-    return resp
-
-
 Route = Callable[[WorkerState, Request, Timing], Awaitable[Response]]
 
 SURFACE_BY_PATH = {
@@ -132,10 +123,10 @@ async def dispatch(
             raise request.error
         resp = await resolve(routes, request)(state, request, timing)
     except VllmSrError as exc:
-        resp = _error_response(exc)
+        resp = error_response(exc)
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        resp = _error_response(VllmSrError("internal error"))
+        resp = error_response(VllmSrError("internal error"))
     resp.headers["Server-Timing"] = timing.header()
     resp.headers[FORWARD_HEADER] = "1" if timing.forward else "0"
     surface = SURFACE_BY_PATH.get(request.path)
@@ -153,18 +144,8 @@ def read_json(request: Request) -> dict[str, Any]:
 def deadline_from_header(raw: str | None, now: float) -> float | None:
     """``X-Request-Timeout-Ms`` (positive milliseconds) -> an absolute deadline on the clock
     that gave ``now``; None when the header is absent."""
-    if raw is None:
-        return None
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = math.nan
-    if not math.isfinite(ms) or ms <= 0:
-        raise InvalidRequest(
-            f"{DEADLINE_HEADER}: {raw!r} is not accepted; give the milliseconds left as a "
-            "positive number (for example 1500 or 250.5)"
-        )
-    return now + ms / 1000.0
+    ms = wire.deadline_ms(raw)
+    return None if ms is None else now + ms / 1000.0
 
 
 def ready_parts(state: WorkerState) -> tuple[Engine, surfaces.ModelView]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_sr import wire
 from vllm_sr.errors import EXIT_OK, ConfigError, GoldenCheckFailed, NotReady, VllmSrError
 from vllm_sr.events import Event, log_sink
 from vllm_sr.httpserver import HttpServer
@@ -122,8 +123,8 @@ def build_state(opts: WorkerOptions, env: Mapping[str, str]) -> WorkerState:
         faults=faults_from_env(env),
         replica_id=opts.replica_id,
         served_names=frozenset(names),
-        max_body=int(_env_number(env, ENV_MAX_BODY, 8 * 1024 * 1024)),
-        read_timeout_s=_env_number(env, ENV_READ_TIMEOUT, 30.0),
+        max_body=int(_env_number(env, ENV_MAX_BODY, wire.MAX_BODY_BYTES)),
+        read_timeout_s=_env_number(env, ENV_READ_TIMEOUT, wire.READ_TIMEOUT_S),
         result_cache=ResultCache(opts.result_cache_bytes),
     )
     state.metrics.cache_max_bytes.set(opts.result_cache_bytes)
