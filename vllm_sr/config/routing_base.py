@@ -22,6 +22,9 @@ NOT_SUPPORTED = "not supported by vllm-sr"
 
 Path = tuple[str | int, ...]
 
+BackendSettings = dict[str, Any]
+"""Connection settings of an upstream backend vllm-sr never connects to (kept as written)."""
+
 
 class Strict(BaseModel):
     """Unknown keys are errors; field docstrings are the fields' descriptions; aliased fields

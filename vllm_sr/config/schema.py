@@ -36,10 +36,10 @@ from vllm_sr.config.upstream_global import (
     RoutingStrategy,
     Services,
     SkipProcessing,
-    Stores,
     StreamedBody,
 )
-from vllm_sr.config.upstream_settings import ModelSelection, RouterLearning
+from vllm_sr.config.upstream_learning import ModelSelection, RouterLearning
+from vllm_sr.config.upstream_stores import Stores
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
 
 DEVICE_RE = re.compile(r"^(cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from vllm_sr.config.routing_base import Strict
-from vllm_sr.config.upstream_global import BackendSettings
+from vllm_sr.config.routing_base import BackendSettings, Strict
 
 
 class PrototypeScoring(Strict):
