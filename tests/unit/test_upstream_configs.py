@@ -647,6 +647,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
         upstream_catalog,
         upstream_global,
         upstream_learning,
+        upstream_modules,
         upstream_settings,
         upstream_stores,
     )
@@ -658,6 +659,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
             upstream_catalog,
             upstream_global,
             upstream_learning,
+            upstream_modules,
             upstream_settings,
             upstream_stores,
         )

@@ -30,7 +30,7 @@ from vllm_sr.config.recipes import (
     normalized_names,
 )
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
-from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase, Modules
+from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
     RoutingStrategy,
@@ -39,6 +39,7 @@ from vllm_sr.config.upstream_global import (
     StreamedBody,
 )
 from vllm_sr.config.upstream_learning import ModelSelection, RouterLearning
+from vllm_sr.config.upstream_modules import Modules
 from vllm_sr.config.upstream_stores import Stores
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
 
