@@ -22,10 +22,9 @@ from vllm_sr.config.signal_families import (
     ContextSignal,
     ConversationSignal,
     LanguageSignal,
-    MetadataSignal,
-    RoleBinding,
     StructureSignal,
 )
+from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
 
 DEFAULT_BM25_THRESHOLD = 0.1
 DEFAULT_NGRAM_THRESHOLD = 0.4
