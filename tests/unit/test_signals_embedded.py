@@ -419,7 +419,7 @@ def test_a_jailbreak_classifier_deployment_must_exist() -> None:
 
 
 def test_heads_map_a_classifier_answer_to_upstreams_labels() -> None:
-    from vllm_sr.config.routing_signals import JailbreakSignal, NamedSignal
+    from vllm_sr.config.signal_embedded import JailbreakSignal, NamedSignal
     from vllm_sr.router.signals_heads import Heads
 
     jb = [JailbreakSignal(name="j", method="classifier", threshold=0.5, include_history=True)]
