@@ -472,7 +472,7 @@ def test_a_worker_measures_its_budget_the_way_the_planner_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vllm_sr.placement import cpu
-    from vllm_sr.worker.main import WorkerOptions, build_state
+    from vllm_sr.worker.options import WorkerOptions, build_state
 
     monkeypatch.setattr(cpu, "cgroup_quota_cpus", lambda *a: 1)  # a 1-CPU quota
     env = {ENV_ADAPTIVE: "1", ENV_RECORD_DIR: str(tmp_path)}
