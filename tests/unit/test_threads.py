@@ -18,13 +18,8 @@ from vllm_sr.clock import FakeClock
 from vllm_sr.control.threads_report import format_report
 from vllm_sr.errors import ConfigError
 from vllm_sr.events import THREADS_LEARNED, THREADS_RETIRED
-from vllm_sr.worker.learner import (
-    AdaptiveThreads,
-    allowed_counts,
-    bucket_label,
-    bucket_of,
-    identical,
-)
+from vllm_sr.worker.learner import AdaptiveThreads
+from vllm_sr.worker.learner_stats import allowed_counts, bucket_label, bucket_of, identical
 from vllm_sr.worker.policy import policy_from_env
 from vllm_sr.worker.threads import (
     ENV_ADAPTIVE,
