@@ -26,7 +26,8 @@ from vllm_sr.errors import (
 from vllm_sr.httpserver import HttpServer, Request, Response, error_response, resolve
 from vllm_sr.worker import classify, jsonio, surfaces
 from vllm_sr.worker.classify import CentroidCache
-from vllm_sr.worker.engine import Engine, Faults, Job, Limits
+from vllm_sr.worker.engine import Engine
+from vllm_sr.worker.engine_types import Faults, Job, Limits
 from vllm_sr.worker.metrics import CONTENT_TYPE, WorkerMetrics
 from vllm_sr.worker.result_cache import ResultCache, cache_key
 from vllm_sr.worker.threads import ThreadPolicy
