@@ -21,10 +21,11 @@ from typing import Any
 
 from vllm_sr.errors import EXIT_OK, ConfigError
 from vllm_sr.httpserver import HttpServer
-from vllm_sr.worker.api import WorkerState, build_server
+from vllm_sr.worker.api import build_server
 from vllm_sr.worker.engine_types import Job
 from vllm_sr.worker.options import WorkerOptions, build_state, cpu_budget, default_threads
 from vllm_sr.worker.startup import load_thread
+from vllm_sr.worker.state import WorkerState
 
 log = logging.getLogger("vllm_sr.worker")
 

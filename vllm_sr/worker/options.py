@@ -15,10 +15,10 @@ from vllm_sr import wire
 from vllm_sr.errors import ConfigError, VllmSrError
 from vllm_sr.events import Event, log_sink
 from vllm_sr.worker import artifacts, precision
-from vllm_sr.worker.api import WorkerState
 from vllm_sr.worker.engine_types import Faults
 from vllm_sr.worker.policy import policy_from_env
 from vllm_sr.worker.result_cache import ResultCache
+from vllm_sr.worker.state import WorkerState
 from vllm_sr.worker.threads import worker_cpu_budget
 
 ENV_FAULTS = "VLLM_SR_ENABLE_FAULTS"

@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm_sr.errors import GoldenCheckFailed, NotReady, VllmSrError
 from vllm_sr.worker import artifacts, calibrate, goldens, precision, surfaces
-from vllm_sr.worker.api import WorkerState, deliver_to_loop
+from vllm_sr.worker.api import deliver_to_loop
 from vllm_sr.worker.engine import Engine
 from vllm_sr.worker.forming import (
     CPU_FORWARD_TOKENS_PER_THREAD,
@@ -23,6 +23,7 @@ from vllm_sr.worker.forming import (
     probe_shapes,
 )
 from vllm_sr.worker.options import WorkerOptions
+from vllm_sr.worker.state import WorkerState
 from vllm_sr.worker.threads import process_context
 
 log = logging.getLogger("vllm_sr.worker")
