@@ -17,7 +17,8 @@ import yaml
 from tests.support.backends import answer_bundle
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.upstream_catalog import KnowledgeBase
-from vllm_sr.router.questions import TASK_QUERY, QuestionPlan, declared_keys
+from vllm_sr.router.deployment_questions import TASK_QUERY
+from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
