@@ -145,7 +145,7 @@ def test_a_revision_asked_for_a_local_directory_is_reported_not_fetched(
     tiny_bert_dir: Path, tiny_classifier_dir: Path
 ) -> None:
     from vllm_sr.worker import artifacts
-    from vllm_sr.worker.main import capabilities
+    from vllm_sr.worker.startup import capabilities
 
     loaded = artifacts.load(artifacts.resolve(str(tiny_bert_dir)), "cpu", "v1.0")
     whole, _ = artifacts.content_hashes(tiny_bert_dir)

@@ -301,14 +301,15 @@ def test_programmatic_construction_applies_the_same_rules() -> None:
 def test_every_field_has_a_docstring() -> None:
     from pydantic import BaseModel
 
-    from vllm_sr.config import schema
+    from vllm_sr.config import deployment, schema
 
     models = [
         v
-        for v in vars(schema).values()
+        for module in (schema, deployment)
+        for v in vars(module).values()
         if isinstance(v, type)
         and issubclass(v, BaseModel)
-        and v.__module__ == schema.__name__
+        and v.__module__ == module.__name__
         and not v.__name__.startswith("_")
     ]
     assert len(models) >= 8

@@ -301,7 +301,7 @@ def test_a_forward_target_below_one_is_refused(target: int) -> None:
 
 def test_cpu_workers_form_to_the_cpu_target_per_thread_and_gpus_to_their_limits() -> None:
     from vllm_sr.worker.forming import CPU_FORWARD_TOKENS_PER_THREAD
-    from vllm_sr.worker.main import forward_tokens
+    from vllm_sr.worker.startup import forward_tokens
 
     assert forward_tokens("cpu", 1) == CPU_FORWARD_TOKENS_PER_THREAD
     assert forward_tokens("cpu", 3) == 3 * CPU_FORWARD_TOKENS_PER_THREAD

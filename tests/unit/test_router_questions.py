@@ -10,13 +10,8 @@ import pytest
 
 from tests.support.backends import answer_bundle
 from vllm_sr.config.routing import Routing
-from vllm_sr.router.questions import (
-    TASK_CANDIDATES,
-    TASK_QUERY,
-    QuestionPlan,
-    SignalAnswerError,
-    request_text,
-)
+from vllm_sr.router.deployment_questions import TASK_CANDIDATES, TASK_QUERY, SignalAnswerError
+from vllm_sr.router.questions import QuestionPlan, request_text
 
 ROUTING: dict[str, Any] = {
     "signals": {

@@ -17,7 +17,8 @@ import yaml
 from tests.support.backends import answer_bundle
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.upstream_catalog import KnowledgeBase
-from vllm_sr.router.questions import TASK_QUERY, QuestionPlan, declared_keys
+from vllm_sr.router.deployment_questions import TASK_QUERY
+from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
@@ -419,7 +420,7 @@ def test_a_jailbreak_classifier_deployment_must_exist() -> None:
 
 
 def test_heads_map_a_classifier_answer_to_upstreams_labels() -> None:
-    from vllm_sr.config.routing_signals import JailbreakSignal, NamedSignal
+    from vllm_sr.config.signal_embedded import JailbreakSignal, NamedSignal
     from vllm_sr.router.signals_heads import Heads
 
     jb = [JailbreakSignal(name="j", method="classifier", threshold=0.5, include_history=True)]

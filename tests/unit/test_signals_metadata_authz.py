@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from vllm_sr.config.routing import Signals
-from vllm_sr.config.signal_families import MetadataSignal, RoleBinding
+from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.deterministic import AuthzRequired, DeterministicSignals
 from vllm_sr.router.request_view import RequestView

@@ -18,13 +18,8 @@ from vllm_sr.clock import FakeClock
 from vllm_sr.control.threads_report import format_report
 from vllm_sr.errors import ConfigError
 from vllm_sr.events import THREADS_LEARNED, THREADS_RETIRED
-from vllm_sr.worker.learner import (
-    AdaptiveThreads,
-    allowed_counts,
-    bucket_label,
-    bucket_of,
-    identical,
-)
+from vllm_sr.worker.learner import AdaptiveThreads
+from vllm_sr.worker.learner_stats import allowed_counts, bucket_label, bucket_of, identical
 from vllm_sr.worker.policy import policy_from_env
 from vllm_sr.worker.threads import (
     ENV_ADAPTIVE,
@@ -472,7 +467,7 @@ def test_a_worker_measures_its_budget_the_way_the_planner_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vllm_sr.placement import cpu
-    from vllm_sr.worker.main import WorkerOptions, build_state
+    from vllm_sr.worker.options import WorkerOptions, build_state
 
     monkeypatch.setattr(cpu, "cgroup_quota_cpus", lambda *a: 1)  # a 1-CPU quota
     env = {ENV_ADAPTIVE: "1", ENV_RECORD_DIR: str(tmp_path)}

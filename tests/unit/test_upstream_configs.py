@@ -642,11 +642,27 @@ def test_every_problem_of_a_file_comes_in_one_run() -> None:
 def test_every_new_model_field_has_a_docstring() -> None:
     from pydantic import BaseModel
 
-    from vllm_sr.config import recipes, upstream_catalog, upstream_global, upstream_settings
+    from vllm_sr.config import (
+        recipes,
+        upstream_catalog,
+        upstream_global,
+        upstream_learning,
+        upstream_modules,
+        upstream_settings,
+        upstream_stores,
+    )
 
     models = [
         v
-        for module in (recipes, upstream_catalog, upstream_global, upstream_settings)
+        for module in (
+            recipes,
+            upstream_catalog,
+            upstream_global,
+            upstream_learning,
+            upstream_modules,
+            upstream_settings,
+            upstream_stores,
+        )
         for v in vars(module).values()
         if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == module.__name__
     ]

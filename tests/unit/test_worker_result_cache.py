@@ -129,7 +129,7 @@ async def test_api_without_a_cache_never_looks_up() -> None:
 
 def test_worker_options_set_the_cache_bound() -> None:
     from vllm_sr.errors import ConfigError
-    from vllm_sr.worker.main import WorkerOptions, build_state
+    from vllm_sr.worker.options import WorkerOptions, build_state
 
     state = build_state(WorkerOptions("vllm-sr/d3-edge", result_cache_bytes=4096), {})
     assert state.result_cache.enabled and state.result_cache.max_bytes == 4096

@@ -12,8 +12,9 @@ import pytest
 
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.worker import classify, jsonio
-from vllm_sr.worker.artifacts import TokenizerAdapter
-from vllm_sr.worker.main import default_threads, expected_parent, faults_from_env, watch_parent
+from vllm_sr.worker.main import expected_parent, watch_parent
+from vllm_sr.worker.options import default_threads, faults_from_env
+from vllm_sr.worker.runner import TokenizerAdapter
 
 
 def test_centroid_classification_uses_the_documented_temperature() -> None:

@@ -2,35 +2,35 @@
 
 It speaks only the control API, through ``vllm_sr.control.client.AsyncControlClient``. All I/O
 runs in Textual workers on the app's event loop (httpx's async client, never blocking), so a
-slow or absent service never freezes the screen."""
+slow or absent service never freezes the screen. The app is the layout, the rendering, the
+actions and the command line; it mixes in its data side (``polling``) and its replica
+selection (``selection``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.geometry import Region
 from textual.widgets import Footer
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr_top.model import SORT_KEYS, DecisionRates, ThroughputHistory, next_filter, next_sort
+from vllm_sr_top.polling import Polling
 from vllm_sr_top.screens import ACTIONS, PAST, ConfirmScreen, HelpScreen
+from vllm_sr_top.selection import Selection
 from vllm_sr_top.source import (
     DEFAULT_SOCKET,
     ActionRefused,
     ControlApi,
     Disconnected,
     connect,
-    permission_from_health,
 )
 from vllm_sr_top.widgets import (
     Banner,
@@ -45,10 +45,8 @@ from vllm_sr_top.widgets import (
 RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 10.0
 
-EVENT_BACKLOG = 50
 
-
-class VllmSrTop(App[None]):
+class VllmSrTop(Polling, Selection, App[None]):
     TITLE = "vllm-sr-top"
     # The palette's footer entry would push our own keys off an 80-column footer.
     ENABLE_COMMAND_PALETTE = False
@@ -139,108 +137,6 @@ class VllmSrTop(App[None]):
     async def on_unmount(self) -> None:
         await self.api.close()
 
-    # ---- data ---------------------------------------------------------------------------
-
-    async def _poll_loop(self) -> None:
-        while True:
-            if not self.paused:
-                try:
-                    delay = await self.poll_once()
-                except Exception as exc:  # a bug or a malformed document: keep the loop alive
-                    self.log.error("refresh failed", exc)
-                    self.say(f"could not show the inventory: {exc!r}", "error")
-                    delay = None
-                if delay is not None:
-                    await self._wait(delay)
-                    continue
-            await self._wait(self.interval)
-
-    async def _wait(self, seconds: float) -> None:
-        """Sleeps ``seconds`` or until something asks for a refresh now."""
-        # Cleared after waking, so a request made while a poll was running is not lost.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
-        self._wake.clear()
-
-    def refresh_now(self) -> None:
-        self._wake.set()
-
-    async def poll_once(self) -> float | None:
-        """One refresh. Returns the retry delay when the service cannot be reached."""
-        try:
-            if not self.connected:
-                health = await self.api.health()
-                if "caller" in health:  # else what a 403 taught us stands
-                    self.read_only = permission_from_health(health)
-            inventory = await self.api.inventory()
-        except Disconnected as exc:
-            return self._went_away(str(exc))
-        service = inventory.get("service", {})
-        identity = (service.get("pid"), service.get("started_at"))
-        if self._identity is not None and identity != self._identity:
-            # A new service process numbers its events from 1 again.
-            self.events_pane.restarted()
-        self._identity = identity
-        self.connected = True
-        self._online.set()
-        self.backoff.reset()
-        self.attempts = 0
-        self.retry_at = None
-        self.inventory = inventory
-        self.history.record(inventory)
-        await self._render_all()
-        self.polls += 1
-        return None
-
-    def _went_away(self, reason: str) -> float:
-        self.connected = False
-        self._online.clear()
-        self.last_error = reason
-        delay = self.backoff.next_delay()
-        self.attempts += 1
-        self.retry_at = self.clock.monotonic() + delay
-        self._render_banner()
-        self._render_header()
-        return delay
-
-    async def _event_loop(self) -> None:
-        """Follows the event stream; after a break, replays what it missed from the ring."""
-        pane = self.events_pane
-        retry = Backoff(self.backoff.initial_s, self.backoff.max_s)
-        while True:
-            await self._online.wait()
-            seen = pane.last_seq
-            try:
-                await self._catch_up(pane)
-                # The stream replays what came after last_seq, so a reconnect loses nothing
-                # that is still in the service's ring.
-                async for event in self.api.stream_events(pane.last_seq):
-                    if isinstance(event.get("seq"), int):
-                        pane.add_event(event)
-            except Disconnected:
-                pass
-            except Exception as exc:  # a malformed line must not end the pane for good
-                self.log.error("event stream failed", exc)
-            if pane.last_seq != seen:
-                retry.reset()
-            # Let the poll loop confirm (and own the backoff of) an outage. A stream that
-            # breaks while the service answers is retried on a backoff of its own, so it
-            # cannot spin.
-            self._online.clear()
-            self.refresh_now()
-            await asyncio.sleep(retry.next_delay())
-
-    async def _catch_up(self, pane: EventsPane) -> None:
-        body = await self.api.events(pane.last_seq)
-        if int(body.get("last_seq") or 0) < pane.last_seq:
-            # Sequence numbers went back: a new service process the inventory has not shown
-            # yet. Start over from its ring.
-            pane.restarted()
-            body = await self.api.events(0)
-        # A fresh screen shows the recent past, not the whole ring.
-        for event in list(body.get("events", []))[-EVENT_BACKLOG:]:
-            pane.add_event(event)
-
     # ---- rendering ----------------------------------------------------------------------
 
     def _status_text(self) -> str:
@@ -318,72 +214,6 @@ class VllmSrTop(App[None]):
         self._render_banner()
         if self.connected and not self.paused:
             await self._render_all()
-
-    # ---- selection ----------------------------------------------------------------------
-
-    def _tables(self) -> list[ReplicaTable]:
-        return list(self.deployments.query(ReplicaTable))
-
-    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
-        if isinstance(event.widget, ReplicaTable):
-            self._table = event.widget
-
-    @property
-    def current_table(self) -> ReplicaTable | None:
-        """The table the selection is in. Kept apart from the focus: the focus goes away
-        while the terminal is not the active window (Textual blurs on focus-out), and keys
-        can still arrive then (tmux send-keys, a paste)."""
-        focused = self.focused
-        if isinstance(focused, ReplicaTable):
-            self._table = focused
-        elif self._table is not None and not self._table.is_attached:
-            self._table = None
-        return self._table
-
-    @property
-    def selected(self) -> str | None:
-        table = self.current_table
-        return table.selected_id if table is not None else None
-
-    def _focus(self, table: ReplicaTable) -> None:
-        self._table = table
-        # At once, not on the next message like Widget.focus(): a key already queued behind
-        # this one (j then e) must find the table focused.
-        table.screen.set_focus(table, scroll_visible=False)
-
-    def action_move(self, step: int) -> None:
-        """Moves the selection; past a table's end it continues in the next deployment."""
-        tables = self._tables()
-        current = self.current_table
-        if current is None:
-            if tables:
-                self._focus(tables[0])
-            return
-        if self.focused is not current:
-            self._focus(current)
-        row = current.cursor_row + step
-        if 0 <= row < current.row_count:
-            current.move_cursor(row=row, animate=False)
-            return
-        index = tables.index(current) + (1 if step > 0 else -1)
-        if 0 <= index < len(tables) and tables[index].row_count:
-            target = tables[index]
-            self._focus(target)
-            target.move_cursor(row=0 if step > 0 else target.row_count - 1, animate=False)
-
-    def on_data_table_row_highlighted(self, event: ReplicaTable.RowHighlighted) -> None:
-        """Keeps the selected row on screen: the tables grow to their full height inside one
-        scrolling area, so it is that area, not the table, that has to scroll."""
-        table = event.data_table
-        panel = table.parent
-        if not isinstance(panel, DeploymentPanel):
-            return
-        y = panel.virtual_region.y + table.virtual_region.y + table.header_height
-        row = Region(0, y + event.cursor_row, 1, 1)
-        container = self.deployments
-        # The header row goes along when the first row is selected.
-        top = row if event.cursor_row else Region(0, y - table.header_height, 1, 2)
-        container.scroll_to_region(top, animate=False, immediate=True)
 
     # ---- actions ------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import CommentMark
 from ruamel.yaml.tokens import CommentToken
 
-from vllm_sr.config.schema import Replica, embedded_default_deployments
+from vllm_sr.config.deployment import Replica
+from vllm_sr.config.schema import embedded_default_deployments
 
 __all__ = ["child", "deployment_doc", "set_key", "set_threads", "write_replicas"]
 

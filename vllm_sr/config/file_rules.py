@@ -12,6 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_sr.config.deployment import (
+    DEFAULT_BASE_EJECTION_MS,
+    DEVICE_RE,
+    NAME_ACCEPTED,
+    NAME_RE,
+    device_platform,
+    ejection_bounds_problem,
+)
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.recipes import normalized_names, recipe_problems, recipe_routing_problems
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES
@@ -19,13 +27,7 @@ from vllm_sr.config.routing_base import as_dict, as_list
 from vllm_sr.config.routing_rules import check_routing, routing_problems
 from vllm_sr.config.schema import (
     DEFAULT_AUTO_MODEL_NAME,
-    DEFAULT_BASE_EJECTION_MS,
     DEFAULT_DEPLOYMENT,
-    DEVICE_RE,
-    NAME_ACCEPTED,
-    NAME_RE,
-    device_platform,
-    ejection_bounds_problem,
     embedded_default_deployments,
 )
 from vllm_sr.config.upstream_refusals import global_refusals

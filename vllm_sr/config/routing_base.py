@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 if TYPE_CHECKING:
@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 NOT_SUPPORTED = "not supported by vllm-sr"
 
 Path = tuple[str | int, ...]
+
+BackendSettings = dict[str, Any]
+"""Connection settings of an upstream backend vllm-sr never connects to (kept as written)."""
+
+Description = Field(default=None, max_length=4000)
+"""The optional free-text ``description`` most routing entries carry."""
 
 
 class Strict(BaseModel):

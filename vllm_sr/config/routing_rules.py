@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
 from vllm_sr.config.routing_kbs import kb_problems
-from vllm_sr.config.routing_providers import providers_problems
+from vllm_sr.config.routing_provider_rules import providers_problems
 from vllm_sr.config.routing_support import (
     REFUSED_SIGNAL_LISTS,
     SUPPORTED_SIGNAL_LISTS,

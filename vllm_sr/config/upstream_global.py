@@ -7,27 +7,25 @@ settings configure upstream services that vllm-sr does not run (Envoy, Redis, Mi
 Responses API...). Such a setting is accepted when it cannot change routing or the request
 (observability, the management API's address); a switch that would turn on behaviour vllm-sr
 lacks is refused by ``upstream_refusals`` with "not supported by vllm-sr". Non-connection
-sub-blocks (observability, management auth, Router Learning, selector globals) are typed in
-``upstream_settings``. The connection blocks of stores and services (``redis``, ``postgres``,
+sub-blocks are typed in ``upstream_settings`` (observability, management auth) and
+``upstream_learning`` (Router Learning, selector globals); ``global.stores`` in
+``upstream_stores``. The connection blocks of stores and services (``redis``, ``postgres``,
 ``milvus``, ...) are :data:`BackendSettings`: mappings kept as written and not checked key by
 key, because nothing in vllm-sr connects to them and their switch is refused whenever it would.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from vllm_sr.config.routing_base import Strict
+from vllm_sr.config.routing_base import BackendSettings, Strict
 from vllm_sr.config.upstream_settings import (
     API,
     ManagementAuth,
     Observability,
 )
-
-BackendSettings = dict[str, Any]
-"""Connection settings of an upstream backend vllm-sr never connects to (kept as written)."""
 
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 DEFAULT_USER_ID_HEADER = "x-authz-user-id"
@@ -201,172 +199,6 @@ class Services(Strict):
 
     startup_status: StartupStatus = Field(default_factory=StartupStatus)
     """Upstream: startup status store (accepted; deployment only)."""
-
-
-# -- global.stores -----------------------------------------------------------------------------
-
-
-class ResponseCache(Strict):
-    """Upstream's response cache, the store of the decisions' ``response_cache`` plugins
-    (vllm_sr/router/plugins/response_cache.py); ``enabled`` unset means on, as upstream."""
-
-    enabled: bool = False
-    """Upstream: the cache switch."""
-
-    backend_type: str | None = None
-    """Upstream: memory, redis, valkey, milvus, qdrant."""
-
-    similarity_threshold: float | None = Field(default=None, ge=0, le=1)
-    """Upstream: semantic hit threshold."""
-
-    max_entries: int | None = Field(default=None, ge=0)
-    """Upstream: most cached entries (default 1000; the memory store's bound)."""
-
-    max_bytes: int | None = Field(default=None, ge=0)
-    """vllm-sr's: the memory store's bound in bytes (default 256 MiB), least recently used
-    entries evicted first."""
-
-    ttl_seconds: int | None = Field(default=None, ge=0)
-    """Upstream: entry lifetime (default 3600 s; a plugin's ttl_seconds overrides it)."""
-
-    eviction_policy: str | None = None
-    """Upstream: fifo, lru, lfu."""
-
-    embedding_model: str | None = None
-    """Upstream: the embedding model of the semantic tier."""
-
-    redis: BackendSettings | None = None
-    """Upstream: Redis connection."""
-
-    valkey: BackendSettings | None = None
-    """Upstream: Valkey connection."""
-
-    milvus: BackendSettings | None = None
-    """Upstream: Milvus connection."""
-
-    qdrant: BackendSettings | None = None
-    """Upstream: Qdrant connection."""
-
-
-class Memory(Strict):
-    """Upstream's agentic memory (recall injected into requests)."""
-
-    enabled: bool = False
-    """Upstream: memory on. vllm-sr has none: only false is supported."""
-
-    backend: str | None = None
-    """Upstream: milvus, valkey, qdrant."""
-
-    auto_store: bool | None = None
-    """Upstream: store every conversation."""
-
-    disabled_routes: list[str] | None = None
-    """Upstream: decisions without memory."""
-
-    disabled_models: list[str] | None = None
-    """Upstream: models without memory."""
-
-    milvus: BackendSettings | None = None
-    """Upstream: Milvus connection."""
-
-    valkey: BackendSettings | None = None
-    """Upstream: Valkey connection."""
-
-    qdrant: BackendSettings | None = None
-    """Upstream: Qdrant connection."""
-
-    redis_cache: BackendSettings | None = None
-    """Upstream: Redis read cache."""
-
-    embedding_model: str | None = None
-    """Upstream: memory embedding model."""
-
-    extraction_batch_size: int | None = None
-    """Upstream: extraction batch size."""
-
-    default_retrieval_limit: int | None = None
-    """Upstream: memories recalled per request."""
-
-    default_similarity_threshold: float | None = None
-    """Upstream: recall threshold."""
-
-    hybrid_search: bool | None = None
-    """Upstream: hybrid search on."""
-
-    hybrid_mode: str | None = None
-    """Upstream: hybrid mode."""
-
-    adaptive_threshold: bool | None = None
-    """Upstream: adaptive threshold."""
-
-    quality_scoring: BackendSettings | None = None
-    """Upstream: memory quality scoring."""
-
-    reflection: BackendSettings | None = None
-    """Upstream: memory reflection."""
-
-
-class VectorStore(Strict):
-    """Upstream's vector store (the /v1/vector_stores API and RAG)."""
-
-    enabled: bool = False
-    """Upstream: vector store on. vllm-sr has none: only false is supported."""
-
-    backend_type: str | None = None
-    """Upstream: memory, milvus, llama_stack, valkey, qdrant."""
-
-    file_storage_dir: str | None = None
-    """Upstream: uploaded files' directory."""
-
-    max_file_size_mb: int | None = None
-    """Upstream: upload size cap."""
-
-    embedding_model: str | None = None
-    """Upstream: document embedding model."""
-
-    embedding_dimension: int | None = None
-    """Upstream: vector size."""
-
-    ingestion_workers: int | None = None
-    """Upstream: ingestion workers."""
-
-    ingestion_drain_timeout_seconds: int | None = None
-    """Upstream: shutdown drain window."""
-
-    supported_formats: list[str] | None = None
-    """Upstream: accepted upload formats."""
-
-    metadata_store: str | None = None
-    """Upstream: registry store."""
-
-    metadata_postgres: BackendSettings | None = None
-    """Upstream: Postgres registry connection."""
-
-    memory: BackendSettings | None = None
-    """Upstream: memory backend settings."""
-
-    milvus: BackendSettings | None = None
-    """Upstream: Milvus connection."""
-
-    llama_stack: BackendSettings | None = None
-    """Upstream: Llama Stack connection."""
-
-    valkey: BackendSettings | None = None
-    """Upstream: Valkey connection."""
-
-    qdrant: BackendSettings | None = None
-    """Upstream: Qdrant connection."""
-
-
-class Stores(Strict):
-    response_cache: ResponseCache = Field(default_factory=ResponseCache)
-    """The store of the decisions' response_cache plugins (vllm_sr/router/plugins)."""
-
-    memory: Memory = Field(default_factory=Memory)
-    """Upstream: agentic memory (refused when enabled)."""
-
-    vector_store: VectorStore | None = None
-    """Upstream: the vector store (refused when enabled)."""
 
 
 # -- global.integrations -----------------------------------------------------------------------

@@ -33,13 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.config.signal_families import (
-    ContextSignal,
-    ConversationSignal,
-    LanguageSignal,
-    MetadataSignal,
-    RoleBinding,
-)
+from vllm_sr.config.signal_families import ContextSignal, ConversationSignal, LanguageSignal
+from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.request_view import ConversationFacts, RequestView
 from vllm_sr.router.signals import SignalResult

@@ -28,8 +28,9 @@ from vllm_sr.config.routing import Providers, Routing, effective_algorithm
 from vllm_sr.config.routing_kbs import knowledge_bases
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
 from vllm_sr.router.deterministic import DeterministicSignals
-from vllm_sr.router.questions import BUNDLE_PATH, DeploymentQuestions, QuestionPlan, declared_keys
+from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, SignalKey, choose_model, rank, static_order
 from vllm_sr.router.signals import SignalResult

@@ -8,7 +8,8 @@ one list, :meth:`EmbeddedFamilies.bank_texts`, embedded once per config generati
 deployment's other cached texts. Per request, the texts to embed are the current text plus,
 when a referenced family reads them, the prior user turns (reask) and the history (jailbreak
 ``include_history``): :meth:`EmbeddedFamilies.query_texts`. Both travel in the deployment's one
-bundle (``questions.py``); this module only scores vectors.
+bundle (``questions.py``); this module only scores vectors (the named banks and the
+logistic/softmax at temperature 0.05 are ``signals_prototypes``').
 
 Where upstream runs a trained classifier (jailbreak ``classifier``/``hybrid``, user_feedbacks,
 fact_check) we score built-in prototype banks and turn the two-sided margin into a probability
@@ -20,9 +21,7 @@ route upstream's probes.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy
@@ -32,9 +31,13 @@ from vllm_sr.config.routing_kbs import manifest_labels
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey, evaluate
 from vllm_sr.router.signals import SignalResult
-from vllm_sr.router.signals_prototypes import BankScore, PrototypeBank, PrototypeOptions
+from vllm_sr.router.signals_prototypes import (
+    PrototypeBanks,
+    PrototypeOptions,
+    logistic,
+    softmax_best,
+)
 
-TEMPERATURE = 0.05
 DEFAULT_REASK_THRESHOLD = 0.8
 DEFAULT_CONTRASTIVE_THRESHOLD = 0.10
 FEEDBACK_THRESHOLD = 0.7  # upstream modules.feedback_detector.threshold
@@ -43,42 +46,6 @@ LEVELS = ("hard", "medium", "easy")
 KINDS = ("complexity", "reask", "preference", "jailbreak", "kb", "user_feedback", "fact_check")
 
 Vectors = Callable[[str], numpy.ndarray]  # a query text -> its normalised embedding
-
-
-def logistic(margin: float) -> float:
-    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, margin / TEMPERATURE))))
-
-
-@dataclass
-class _Banks:
-    """Named example sets; their vectors arrive once (:meth:`take`)."""
-
-    specs: dict[str, tuple[list[str], PrototypeOptions | None]] = field(default_factory=dict)
-    banks: dict[str, PrototypeBank] = field(default_factory=dict)
-    raw: dict[str, numpy.ndarray] = field(default_factory=dict)
-
-    def add(self, name: str, texts: Iterable[str], options: PrototypeOptions | None) -> None:
-        self.specs[name] = ([t for t in texts if t], options)
-
-    def texts(self) -> list[str]:
-        return [t for texts, _ in self.specs.values() for t in texts]
-
-    def take(self, vectors: numpy.ndarray) -> None:
-        start = 0
-        for name, (texts, options) in self.specs.items():
-            rows = vectors[start : start + len(texts)]
-            start += len(texts)
-            self.raw[name] = rows
-            self.banks[name] = PrototypeBank(texts, rows, options)
-
-    def score(self, name: str, query: numpy.ndarray) -> BankScore:
-        return self.banks[name].score(query)
-
-    def max_cos(self, name: str, query: numpy.ndarray) -> float:
-        rows = self.raw.get(name)
-        if rows is None or rows.shape[0] == 0:
-            return 0.0
-        return float((rows @ query).max())
 
 
 class EmbeddedFamilies:
@@ -129,7 +96,7 @@ class EmbeddedFamilies:
         self.fact_checks = (
             list(signals.fact_check) if names["fact_check"] and not headed["fact"] else []
         )
-        self.banks = _Banks()
+        self.banks = PrototypeBanks()
         for c in self.complexity:
             self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, complexity_opts)
             self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, complexity_opts)
@@ -371,7 +338,7 @@ class EmbeddedFamilies:
     def _feedback(self, view: Any, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
         label, p = builtin.FEEDBACK_SATISFIED, 1.0
         if view.has_assistant_reply:
-            label, p = _softmax_best(
+            label, p = softmax_best(
                 {lb: self.banks.score(f"feedback:{lb}", query).score for lb in builtin.FEEDBACK}
             )
             if p < FEEDBACK_THRESHOLD:
@@ -411,14 +378,6 @@ def apply_composers(signals: Signals, results: dict[SignalKey, SignalResult]) ->
             res = results.get(key)
             if res is not None and res.matched and not evaluate(rule.composer, results).matched:
                 results[key] = SignalResult(False, 0.0, res.value)
-
-
-def _softmax_best(scores: dict[str, float]) -> tuple[str, float]:
-    top = max(scores.values())
-    weights = {k: math.exp((s - top) / TEMPERATURE) for k, s in scores.items()}
-    total = sum(weights.values())
-    best = min(scores, key=lambda k: (-scores[k], k))
-    return best, weights[best] / total
 
 
 def history(view: Any) -> list[str]:

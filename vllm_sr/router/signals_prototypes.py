@@ -9,11 +9,17 @@ largest goes first, ties by the seed's text), each cluster keeps its medoid (the
 the best mean cosine to the cluster, ties by text), the medoids are ordered by cluster size,
 mean cosine, text, and at most 8 are kept. Scoring: with the prototypes' cosines to the query
 sorted best first, score = 0.75 * best + 0.25 * mean(top 2) (``best_weight``, ``top_m``).
+
+``PrototypeBanks`` holds one config generation's named banks (embedded in one pass); where
+upstream runs a trained classifier, a bank margin becomes a probability through a logistic at
+``TEMPERATURE`` (and a label set through a softmax at the same temperature).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import numpy
 
@@ -23,6 +29,7 @@ CLUSTER_SIMILARITY = 0.9
 MAX_PROTOTYPES = 8
 BEST_WEIGHT = 0.75
 TOP_M = 2
+TEMPERATURE = 0.05
 
 
 @dataclass(frozen=True)
@@ -124,3 +131,48 @@ def _medoids(
     reps.sort(key=lambda r: (-r[0], -r[1], r[2]))
     reps = reps[: options.max_prototypes]
     return rows[[r[3] for r in reps]], [r[2] for r in reps]
+
+
+def logistic(margin: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, margin / TEMPERATURE))))
+
+
+def softmax_best(scores: dict[str, float]) -> tuple[str, float]:
+    top = max(scores.values())
+    weights = {k: math.exp((s - top) / TEMPERATURE) for k, s in scores.items()}
+    total = sum(weights.values())
+    best = min(scores, key=lambda k: (-scores[k], k))
+    return best, weights[best] / total
+
+
+@dataclass
+class PrototypeBanks:
+    """Named example sets (one bank per rule or label); their vectors arrive once
+    (:meth:`take`)."""
+
+    specs: dict[str, tuple[list[str], PrototypeOptions | None]] = field(default_factory=dict)
+    banks: dict[str, PrototypeBank] = field(default_factory=dict)
+    raw: dict[str, numpy.ndarray] = field(default_factory=dict)
+
+    def add(self, name: str, texts: Iterable[str], options: PrototypeOptions | None) -> None:
+        self.specs[name] = ([t for t in texts if t], options)
+
+    def texts(self) -> list[str]:
+        return [t for texts, _ in self.specs.values() for t in texts]
+
+    def take(self, vectors: numpy.ndarray) -> None:
+        start = 0
+        for name, (texts, options) in self.specs.items():
+            rows = vectors[start : start + len(texts)]
+            start += len(texts)
+            self.raw[name] = rows
+            self.banks[name] = PrototypeBank(texts, rows, options)
+
+    def score(self, name: str, query: numpy.ndarray) -> BankScore:
+        return self.banks[name].score(query)
+
+    def max_cos(self, name: str, query: numpy.ndarray) -> float:
+        rows = self.raw.get(name)
+        if rows is None or rows.shape[0] == 0:
+            return 0.0
+        return float((rows @ query).max())

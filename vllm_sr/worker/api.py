@@ -1,7 +1,8 @@
 """The worker's HTTP API, served by ``vllm_sr.httpserver``. Handlers stay small: parse, tokenize,
 hand rows to the engine, await the forward thread's answer, write JSON. Every response carries
 Server-Timing, and ``X-Vsr-Forward: 1`` or ``0``: whether a forward produced it (a result-cache
-hit or a verdict on the input did not), so the pool counts only forwards as successes."""
+hit or a verdict on the input did not), so the pool counts only forwards as successes. The
+state the handlers read, and the ``/health`` body, are in ``state``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
@@ -25,79 +25,20 @@ from vllm_sr.errors import (
 )
 from vllm_sr.httpserver import HttpServer, Request, Response, error_response, resolve
 from vllm_sr.worker import classify, jsonio, surfaces
-from vllm_sr.worker.classify import CentroidCache
-from vllm_sr.worker.engine import Engine, Faults, Job, Limits
-from vllm_sr.worker.metrics import CONTENT_TYPE, WorkerMetrics
-from vllm_sr.worker.result_cache import ResultCache, cache_key
-from vllm_sr.worker.threads import ThreadPolicy
+from vllm_sr.worker.engine import Engine
+from vllm_sr.worker.engine_types import Job
+from vllm_sr.worker.metrics import CONTENT_TYPE
+from vllm_sr.worker.result_cache import cache_key
+from vllm_sr.worker.state import Timing, WorkerState, health_body
 
 log = logging.getLogger("vllm_sr.worker.api")
 
-API_VERSION = "1"
-DEFAULT_MAX_BODY = wire.MAX_BODY_BYTES
-DEFAULT_READ_TIMEOUT_S = 30.0
 DEADLINE_HEADER = wire.DEADLINE_HEADER  # the exchange's milliseconds left (frontend sends it)
 DEADLINE_HEADER_KEY = wire.DEADLINE_KEY
 FORWARD_HEADER = wire.FORWARD_HEADER  # "1": a forward produced this answer; "0": none did
 
 
 RequestTimeout = jsonbody.RequestTimeout
-
-
-@dataclass
-class WorkerState:
-    """Everything the handlers read; main.py moves ``status`` along and fills the rest."""
-
-    artifact: str
-    device: str
-    threads: int
-    policy: ThreadPolicy
-    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
-    faults: Faults = field(default_factory=Faults)
-    status: str = "starting"
-    reason: str | None = "the worker is starting"
-    replica_id: str | None = None
-    served_names: frozenset[str] = frozenset()
-    limits: Limits | None = None
-    limit_source: dict[str, str] = field(default_factory=dict)
-    engine: Engine | None = None
-    view: surfaces.ModelView | None = None
-    card: dict[str, Any] = field(default_factory=dict)
-    centroids: CentroidCache = field(default_factory=CentroidCache)
-    result_cache: ResultCache = field(default_factory=lambda: ResultCache(0))
-    revision: str | None = None  # what the worker loaded (set at load; part of cache keys)
-    capabilities: dict[str, Any] | None = None  # surfaces, dimensions, max_length, labels
-    max_body: int = DEFAULT_MAX_BODY
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    started_at: float = field(default_factory=time.time)
-
-    def set_status(self, status: str, reason: str | None) -> None:
-        self.status = status
-        self.reason = reason
-        log.info("status %s%s", status, f": {reason}" if reason else "")
-
-
-class Timing:
-    """One request's Server-Timing marks, and the rows it sent to the engine (for metrics)."""
-
-    __slots__ = ("forward", "marks", "rows", "start")
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.marks: dict[str, float] = {}
-        self.rows = 0
-        self.forward = False  # a forward ran this request's rows
-
-    def lap(self, name: str, since: float) -> float:
-        now = time.perf_counter()
-        self.marks[name] = self.marks.get(name, 0.0) + (now - since)
-        return now
-
-    def header(self) -> str:
-        total = time.perf_counter() - self.start
-        parts = [f"{k};dur={v * 1000:.3f}" for k, v in self.marks.items()]
-        parts.append(f"total;dur={total * 1000:.3f}")
-        return ", ".join(parts)
 
 
 def _json_response(body: Any, status: int = 200) -> Response:
@@ -318,30 +259,6 @@ async def answer_bundle(
         results.append({"id": task_id, "status": 200, "body": p.finish(chunk)})
     every_ok = all(r["status"] == 200 for r in results)
     return {"object": "bundle", "results": results}, every_ok
-
-
-def health_body(state: WorkerState) -> dict[str, Any]:
-    return {
-        "status": state.status,
-        "reason": state.reason,
-        "api_version": API_VERSION,
-        "model": state.artifact,
-        "limits": state.limits.to_json() if state.limits else None,
-        "threads": state.threads,
-        "adaptive_threads": state.policy.report(),
-        "device": state.device,
-        "replica_id": state.replica_id,
-        "pid": os.getpid(),
-        "queue_rows": state.engine.queue_depth if state.engine else 0,
-        "forward_running": state.engine.busy if state.engine else False,
-        "revision": state.revision,
-        "capabilities": state.capabilities,
-        "forward_running_s": round(state.engine.forward_running_s, 3) if state.engine else 0.0,
-        "forward_costs": state.engine.costs.to_json() if state.engine else None,
-        "forward_tokens": (
-            state.engine.forming_limits.max_num_batched_tokens if state.engine else None
-        ),
-    }
 
 
 async def handle_health(state: WorkerState, request: Request, timing: Timing) -> Response:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_sr.errors import ArtifactError
-from vllm_sr.worker.engine import Limits
+from vllm_sr.worker.engine_types import Limits
 
 CPU_MAX_NUM_SEQS = 64
 CPU_MAX_NUM_BATCHED_TOKENS = 8192

@@ -2,16 +2,16 @@
 docs/adaptive-threads.md is the long form): per log2 token bucket, shadow passes at other
 counts that must reproduce the served answer bit for bit, timed against the configured count.
 A shadow pass reruns the served forward itself, so it runs at the served dtype (a bfloat16
-worker compares bfloat16 answers; its host record is kept apart, see threads_record).
+worker compares bfloat16 answers; its host record is kept apart, see threads_record). This is
+the policy; the buckets and their statistics are in ``learner_stats``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy
@@ -19,6 +19,16 @@ import numpy
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import ConfigError
 from vllm_sr.events import THREADS_LEARNED, THREADS_RETIRED
+from vllm_sr.worker.learner_stats import (
+    Bucket,
+    allowed_counts,
+    bucket_label,
+    bucket_of,
+    diff_summary,
+    identical,
+    median,
+    recommend,
+)
 from vllm_sr.worker.threads import ENV_ADAPTIVE, Rerun, batch_tokens
 
 log = logging.getLogger("vllm_sr.worker.threads")
@@ -50,76 +60,6 @@ TIME_SHARE = 0.2  # extra passes may take at most this share of the served forwa
 AUDIT_SHARE = 0.02  # mode 2, a bucket serving a learned count: share re-checked against configured
 MAX_SHADOW_PER_S = 10.0  # cap on extra passes (warm + shadow) per second, over all buckets
 MARGIN = 0.05  # another count must be this much faster (median paired ratio) to beat configured
-KEEP = 64  # timing samples kept per count per bucket (medians over the latest)
-
-
-def allowed_counts(configured: int, budget: int) -> list[int]:
-    """Powers of two up to the CPU budget, plus the configured count."""
-    counts = {configured}
-    n = 1
-    while n <= max(budget, 1):
-        counts.add(n)
-        n *= 2
-    return sorted(counts)
-
-
-def bucket_of(n_tokens: int) -> int:
-    """log2 bucket: b holds sizes in (2**(b-1), 2**b]; 0 holds 0 and 1."""
-    return max(0, (max(n_tokens, 1) - 1).bit_length())
-
-
-def bucket_label(b: int) -> str:
-    return "1" if b == 0 else f"{2 ** (b - 1) + 1}-{2**b}"
-
-
-def identical(a: numpy.ndarray, b: numpy.ndarray) -> bool:
-    """Bit for bit: same dtype, shape and raw bytes (a NaN equals only the same NaN)."""
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def _diff_summary(a: numpy.ndarray, b: numpy.ndarray) -> str:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-    av = a.reshape(-1).view(numpy.uint8).reshape(a.size, -1)
-    bv = b.reshape(-1).view(numpy.uint8).reshape(b.size, -1)
-    differ = int(numpy.count_nonzero((av != bv).any(axis=1)))
-    detail = f"{differ} of {a.size} values differ"
-    if numpy.issubdtype(a.dtype, numpy.floating):
-        delta = float(numpy.nanmax(numpy.abs(a.astype(numpy.float64) - b.astype(numpy.float64))))
-        detail += f", max |diff| {delta:.3g}"
-    return detail
-
-
-def _median(xs: Any) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return float(s[n // 2]) if n % 2 else float((s[n // 2 - 1] + s[n // 2]) / 2)
-
-
-@dataclass
-class _Bucket:
-    """What one input-size range has seen. Phases: exploring -> learned (mode 1, or the
-    configured count won) or exploring -> verifying -> serving (mode 2)."""
-
-    index: int
-    serving: int
-    phase: str = "exploring"
-    forwards: int = 0
-    explored: int = 0
-    best: int | None = None
-    matches: int = 0
-    times: dict[int, deque[float]] = field(default_factory=dict)  # seconds per timed pass
-    ratios: dict[int, deque[float]] = field(default_factory=dict)  # t(count) / t(configured)
-    samples: Counter[int] = field(default_factory=Counter)
-
-    def add(self, count: int, seconds: float, ratio: float | None) -> None:
-        self.times.setdefault(count, deque(maxlen=KEEP)).append(seconds)
-        if ratio is not None:
-            self.ratios.setdefault(count, deque(maxlen=KEEP)).append(ratio)
-        self.samples[count] += 1
-
-    def median_ratio(self, count: int, configured: int) -> float:
-        return 1.0 if count == configured else _median(self.ratios[count])
 
 
 @dataclass(frozen=True)
@@ -129,7 +69,7 @@ class _Forward:
     rows: list[list[int]]
     served: numpy.ndarray
     threads: int
-    bucket: _Bucket
+    bucket: Bucket
     rerun: Rerun
 
 
@@ -177,7 +117,7 @@ class AdaptiveThreads:
         self._retired: str | None = recorded_drift
         self.recorded_drift = recorded_drift is not None
         self.record_path = record_path
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[int, Bucket] = {}
         self._tokens = max(max_shadow_per_s, 2.0)
         self._refilled = clock.monotonic()
         self._passes = 0
@@ -226,15 +166,15 @@ class AdaptiveThreads:
         fwd = _Forward(rows, numpy.asarray(output), threads, bucket, rerun)
         {"explore": self._explore, "verify": self._verify, "check": self._check}[kind](fwd, count)
 
-    def _bucket(self, index: int) -> _Bucket:
+    def _bucket(self, index: int) -> Bucket:
         bucket = self._buckets.get(index)
         if bucket is None:
-            bucket = self._buckets[index] = _Bucket(index, self.configured)
+            bucket = self._buckets[index] = Bucket(index, self.configured)
             if len(self.allowed) == 1:
                 bucket.phase, bucket.best = "learned", self.configured
         return bucket
 
-    def _plan(self, bucket: _Bucket, threads: int, seconds: float) -> tuple[str, int] | None:
+    def _plan(self, bucket: Bucket, threads: int, seconds: float) -> tuple[str, int] | None:
         """Which passes this forward carries, inside the shares and the per-second cap.
         The passes' cost is predicted (this forward's time times what is known of the count's
         speed) and must fit the time share first, so one slow pass cannot overshoot it."""
@@ -258,14 +198,14 @@ class AdaptiveThreads:
             return None
         return plan
 
-    def _slowness(self, bucket: _Bucket, count: int) -> float:
+    def _slowness(self, bucket: Bucket, count: int) -> float:
         """Time at ``count`` over time at the configured count: this bucket's median when
         known, else the worst median of the other buckets, else 1."""
         if count == self.configured:
             return 1.0
         if bucket.ratios.get(count):
             return bucket.median_ratio(count, self.configured)
-        seen = [_median(b.ratios[count]) for b in self._buckets.values() if b.ratios.get(count)]
+        seen = [median(b.ratios[count]) for b in self._buckets.values() if b.ratios.get(count)]
         return max(seen, default=1.0)
 
     def _take(self, passes: int) -> bool:
@@ -320,7 +260,7 @@ class AdaptiveThreads:
         out, _ = self._timed(fwd.rerun, count)
         self._matches(fwd, out, count, drifting=fwd.threads)
 
-    def _maybe_learn(self, bucket: _Bucket) -> None:
+    def _maybe_learn(self, bucket: Bucket) -> None:
         others = [c for c in self.allowed if c != self.configured]
         if any(len(bucket.ratios.get(c, ())) < self.min_samples for c in others):
             return
@@ -333,7 +273,7 @@ class AdaptiveThreads:
         fields: dict[str, Any] = {
             "bucket": bucket_label(bucket.index),
             "threads": best,
-            "median_ms": round(_median(bucket.times[best]) * 1000, 3),
+            "median_ms": round(median(bucket.times[best]) * 1000, 3),
             "ratio": round(bucket.median_ratio(best, self.configured), 3),
             "samples": bucket.samples[best],
         }
@@ -353,7 +293,7 @@ class AdaptiveThreads:
         drifting = count if drifting is None else drifting
         against = fwd.threads if drifting == count else count
         tokens, label = batch_tokens(fwd.rows), bucket_label(fwd.bucket.index)
-        diff = _diff_summary(fwd.served, out)
+        diff = diff_summary(fwd.served, out)
         with self._lock:
             if self._retired is not None:
                 return False
@@ -415,7 +355,7 @@ class AdaptiveThreads:
             return "exploring"
         return "learned"
 
-    def _bucket_report(self, b: _Bucket) -> dict[str, Any]:
+    def _bucket_report(self, b: Bucket) -> dict[str, Any]:
         counts = []
         for c in self.allowed:
             times = b.times.get(c)
@@ -424,7 +364,7 @@ class AdaptiveThreads:
                 {
                     "threads": c,
                     "samples": b.samples[c],
-                    "median_ms": round(_median(times) * 1000, 3) if times else None,
+                    "median_ms": round(median(times) * 1000, 3) if times else None,
                     "ratio": round(b.median_ratio(c, self.configured), 3) if has_ratio else None,
                 }
             )
@@ -441,21 +381,4 @@ class AdaptiveThreads:
         }
 
     def _recommend(self) -> int | None:
-        """The one count to pin: least expected forward time over the learned buckets,
-        each weighted by its forwards; the configured count unless another beats it."""
-        learned = [b for b in self._buckets.values() if b.best is not None and b.times]
-        if not learned:
-            return None
-        if len(self.allowed) == 1:
-            return self.configured
-
-        def cost(c: int) -> float:
-            total = 0.0
-            for b in learned:
-                base = _median(b.times.get(self.configured) or [1.0])
-                total += b.forwards * base * b.median_ratio(c, self.configured)
-            return total
-
-        base_cost = cost(self.configured)
-        best = min(self.allowed, key=cost)
-        return best if cost(best) < (1.0 - self.margin) * base_cost else self.configured
+        return recommend(list(self._buckets.values()), self.allowed, self.configured, self.margin)

@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable, Mapping
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.worker.learner import AdaptiveThreads, Emit, allowed_counts
+from vllm_sr.worker.learner import AdaptiveThreads, Emit
+from vllm_sr.worker.learner_stats import allowed_counts
 from vllm_sr.worker.threads import ENV_ADAPTIVE, FixedThreads, ThreadPolicy, parse_mode
 from vllm_sr.worker.threads_record import HostFacts, HostRecords, host_facts, record_dir
 

@@ -1,0 +1,248 @@
+"""What one request asks one deployment, and reading its answer: the deployment's one routing
+bundle (``POST /v1/bundle``) with its ``query`` task (the request's texts) and, once per config
+generation, its ``candidates`` task (embedding candidates, domain examples, the families'
+banks); the answer's rows become signal results here. ``questions`` builds one of these per
+deployment from the config (:class:`~vllm_sr.router.questions.QuestionPlan`) and says why
+the bundle has this shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy
+
+from vllm_sr.config.routing import DomainSignal, EmbeddingSignal
+from vllm_sr.errors import VllmSrError
+from vllm_sr.router.request_view import RequestView
+from vllm_sr.router.rules import SignalKey
+from vllm_sr.router.signals import SignalResult, domain_results, embedding_result, normalize_rows
+from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
+from vllm_sr.router.signals_embedded import EmbeddedFamilies
+from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
+from vllm_sr.worker import classify
+from vllm_sr.worker.classify import LabelKey
+
+BUNDLE_PATH = "/v1/bundle"
+TASK_QUERY = "query"
+TASK_CANDIDATES = "candidates"
+
+
+class SignalAnswerError(VllmSrError):
+    """A deployment answered the routing bundle, but not with what the router asked for."""
+
+    code = "bad_signal_answer"
+    http_status = 502
+    retryable = True
+
+
+@dataclass
+class DeploymentQuestions:
+    deployment: str
+    embeddings: list[EmbeddingSignal]
+    domains: list[DomainSignal]  # the deployment's whole label set ([] when none is referenced)
+    referenced_domains: frozenset[str]
+    families: EmbeddedFamilies | None = None  # the embedding-only families (decision deployment)
+    heads: Heads | None = None  # signals its classification head answers
+    # Embedded once per config generation: the candidates, the domains' examples, the
+    # families' example banks.
+    texts: list[str] = field(default_factory=list)
+    slices: dict[str, slice] = field(default_factory=dict)
+    label_key: LabelKey = ()
+    # Normalised candidate embeddings per signal, and the domain centroids, once known.
+    candidates: dict[str, numpy.ndarray] | None = None
+    centroids: numpy.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for sig in self.embeddings:
+            self.slices[sig.name] = slice(len(self.texts), len(self.texts) + len(sig.candidates))
+            self.texts.extend(sig.candidates)
+        self.label_key = tuple((d.name, tuple(domain_examples(d))) for d in self.domains)
+        self._examples = slice(
+            len(self.texts), len(self.texts) + sum(len(e) for _, e in self.label_key)
+        )
+        for _, examples in self.label_key:
+            self.texts.extend(examples)
+        banks = self.families.bank_texts() if self.families is not None else []
+        self._banks = slice(len(self.texts), len(self.texts) + len(banks))
+        self.texts.extend(banks)
+        if not self.texts:  # e.g. reasks alone: nothing to embed ahead of the requests
+            self.take(numpy.zeros((0, 1), dtype=numpy.float32))
+
+    @property
+    def embeds(self) -> bool:
+        """Whether a request's text is embedded here (else only the head is asked)."""
+        return bool(self.embeddings or self.referenced_domains or self.families is not None)
+
+    @property
+    def cached(self) -> bool:
+        return self.candidates is not None
+
+    def signal_keys(self) -> list[SignalKey]:
+        """The signals this deployment answers (for per-signal errors when it fails)."""
+        out: list[SignalKey] = [("embedding", s.name) for s in self.embeddings]
+        out += [("domain", name) for name in sorted(self.referenced_domains)]
+        out += self.families.signal_keys() if self.families is not None else []
+        return out + (self.heads.signal_keys() if self.heads is not None else [])
+
+    def kinds(self) -> list[str]:
+        """The signal families answered here (KB metric values are not a family)."""
+        return sorted({kind for kind, _ in self.signal_keys() if kind != "kb_metric"})
+
+    def query_texts(self, text: str, view: RequestView | None = None) -> list[str]:
+        """What the request's ``query`` task embeds: its text first, then (deduplicated) the
+        turns the families read."""
+        out = [text]
+        if self.families is not None and view is not None:
+            for t in self.families.query_texts(view):
+                if t not in out:
+                    out.append(t)
+        return out
+
+    def bundle(self, text: str, view: RequestView | None = None) -> bytes:
+        """The request's bundle: its texts' embeddings (and the cached texts while not
+        cached). With the ``view``, the text embedded is upstream's sample of it (whole up to
+        2048 characters, else its first, middle and last thirds)."""
+        tasks: list[dict[str, Any]] = []
+        if self.embeds:
+            query = self.query_texts(view.sampled_text() if view is not None else text, view)
+            tasks.append({"id": TASK_QUERY, "embeddings": _embed(query)})
+        if self.heads is not None:
+            tasks.append(self.heads.task(view or RequestView(text=text)))
+        if not self.cached:
+            tasks.append({"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)})
+        return json.dumps({"tasks": tasks}, ensure_ascii=False).encode()
+
+    def warm_bundle(self) -> bytes | None:
+        """What fills the cache before the first request, or None when it is full."""
+        if self.cached:
+            return None
+        return json.dumps(
+            {"tasks": [{"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)}]}
+        ).encode()
+
+    def read(
+        self, body: bytes, *, warm: bool = False, view: RequestView | None = None
+    ) -> dict[SignalKey, SignalResult]:
+        """A bundle answer -> the deployment's signal results (caches the texts' embeddings
+        it carries). A ``warm`` answer (to :meth:`warm_bundle`) only fills the cache. ``view``
+        is the request the bundle was made for (:meth:`bundle`)."""
+        results = _results_by_id(self.deployment, body)
+        if TASK_CANDIDATES in results:
+            self.take(_vectors(self.deployment, results[TASK_CANDIDATES]))
+        if warm:
+            return {}
+        out: dict[SignalKey, SignalResult] = {}
+        if self.heads is not None:
+            out.update(self._head_results(results, view))
+        if not self.embeds:
+            return out
+        if TASK_QUERY not in results or self.candidates is None:
+            raise SignalAnswerError(
+                f"deployment {self.deployment!r} answered the routing bundle without the "
+                "embeddings it was asked for"
+            )
+        rows = _vectors(self.deployment, results[TASK_QUERY])
+        texts = self.query_texts(view.sampled_text(), view) if view is not None else [""]
+        if rows.shape[0] != len(texts):
+            raise SignalAnswerError(
+                f"deployment {self.deployment!r} returned {rows.shape[0]} query embeddings for "
+                f"{len(texts)} texts"
+            )
+        query = rows[0]
+        for sig in self.embeddings:
+            out[("embedding", sig.name)] = embedding_result(sig, query, self.candidates[sig.name])
+        if self.referenced_domains and self.centroids is not None:
+            names = [name for name, _ in self.label_key]
+            (row,) = classify.by_centroids(normalize_rows(query), self.centroids, names)
+            for name, res in domain_results(
+                self.domains, row["label"], row["probabilities"]
+            ).items():
+                if name in self.referenced_domains:
+                    out[("domain", name)] = res
+        if self.families is not None and view is not None:
+            normed = normalize_rows(rows)
+            by_text = {t: normed[i] for i, t in enumerate(texts)}
+            out.update(self.families.results(view, by_text.__getitem__, texts[0]))
+        return out
+
+    def _head_results(
+        self, results: dict[str, Any], view: RequestView | None
+    ) -> dict[SignalKey, SignalResult]:
+        assert self.heads is not None
+        view = view or RequestView(text="")
+        try:
+            rows = results[TASK_CLASSIFY]["data"]
+            if len(rows) != len(self.heads.texts(view)):
+                raise ValueError(f"{len(rows)} rows for {len(self.heads.texts(view))} texts")
+            return self.heads.results(view, rows)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SignalAnswerError(
+                f"deployment {self.deployment!r} answered the routing bundle without the "
+                f"classification it was asked for ({exc})"
+            ) from None
+
+    def take(self, vectors: numpy.ndarray) -> None:
+        if vectors.shape[0] != len(self.texts):
+            raise SignalAnswerError(
+                f"deployment {self.deployment!r} returned {vectors.shape[0]} embeddings for "
+                f"{len(self.texts)} texts"
+            )
+        normed = normalize_rows(vectors)
+        if self.label_key:
+            # As the worker's classify does: from the examples' embeddings as they came.
+            self.centroids = classify.centroids_from(vectors[self._examples], self.label_key)
+        if self.families is not None:
+            self.families.take(normed[self._banks])
+        self.candidates = {name: normed[sl] for name, sl in self.slices.items()}
+
+
+def domain_examples(dom: DomainSignal) -> list[str]:
+    """A domain's example texts: its own, plus our built-in examples of its
+    ``mmlu_categories`` when it gives no ``examples``."""
+    out = dom.label_examples()
+    if not dom.examples:
+        for cat in dom.mmlu_categories:
+            out += list(MMLU_EXAMPLES.get(cat, ()))
+    return out
+
+
+def _embed(texts: list[str]) -> dict[str, Any]:
+    return {"input": texts, "encoding_format": "base64", "truncate": True}
+
+
+def _results_by_id(deployment: str, body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+        results = doc["results"]
+        by_id = {r["id"]: r for r in results}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SignalAnswerError(
+            f"deployment {deployment!r} answered the routing bundle with no results ({exc})"
+        ) from None
+    out = {}
+    for task_id, res in by_id.items():
+        if res.get("status") != 200:
+            err = (res.get("body") or {}).get("error") or {}
+            raise SignalAnswerError(
+                f"deployment {deployment!r} refused routing task {task_id!r}: "
+                f"{err.get('code', res.get('status'))}: {err.get('message', '')}",
+                task=task_id,
+                task_code=err.get("code"),
+            )
+        out[task_id] = res["body"]
+    return out
+
+
+def _vectors(deployment: str, body: Any) -> numpy.ndarray:
+    try:
+        rows = [item["embedding"] for item in body["data"]]
+        if rows and isinstance(rows[0], str):
+            decoded = [numpy.frombuffer(base64.b64decode(r), dtype=numpy.float32) for r in rows]
+            return numpy.stack(decoded)
+        return numpy.asarray(rows, dtype=numpy.float32)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SignalAnswerError(f"deployment {deployment!r}: bad embeddings ({exc})") from None
