@@ -301,6 +301,64 @@ def test_a_forward_running_past_the_hang_bound_restarts_the_worker() -> None:
     serve([plan_of(2)], body)
 
 
+def test_a_hung_worker_leaves_dispatch_at_once_and_is_reported_once() -> None:
+    """Both records say hung before the kill has run (no await in between), each written by
+    its owner: the worker by ``mark_hung``, the pool's record by the pool's ``mark_hung``."""
+
+    async def body(h: Harness) -> None:
+        rep, pool = h.sup.replicas["primary-0"], h.sup.pools["primary"]
+        doc: dict[str, object] = {"forward_running_s": pool.settings.hang_bound_s + 0.5}
+        h.sup.on_health(rep, doc)
+        h.sup.on_health(rep, doc)  # the next /health read, before the kill: not again
+        assert rep.state is ReplicaState.HUNG
+        assert pool.replica("primary-0").state is ReplicaState.HUNG
+        leases = [pool.acquire(0) for _ in range(3)]
+        assert {lease.replica_id for lease in leases} == {"primary-1"}
+        for lease in leases:
+            pool.release(lease, "success")
+        assert len(h.of(ev.REPLICA_HUNG)) == 1
+        await until(lambda: rep.hung_reasons)
+        assert len(rep.hung_reasons) == 1
+        await until(lambda: pool.replica("primary-0").state is ReplicaState.READY)
+
+    serve([plan_of(2)], body)
+
+
+def test_router_views_come_through_the_constructor() -> None:
+    """The inventory's ``router`` and the replay records are the injected views' own; with
+    none (Engine mode, tests) the inventory has no ``router`` and replay is empty."""
+
+    class Views:
+        def __init__(self) -> None:
+            self.asked: list[tuple[str | None, int]] = []
+
+        def inventory(self) -> dict[str, object] | None:
+            return {"backends": [], "stats": {"decisions": []}}
+
+        def replay(self, decision: str | None = None, since: int = 0) -> dict[str, object]:
+            self.asked.append((decision, since))
+            return {"records": [{"seq": 4}], "last_seq": 4, "decisions": ["coding"]}
+
+    views = Views()
+    runtime = str(short_socket_dir(prefix="vsr-views-"))
+    sup = Supervisor(lambda: plan_of(1), runtime_dir=runtime, router=views)
+    assert sup.inventory()["router"] == {"backends": [], "stats": {"decisions": []}}
+    assert sup.replay("coding", 3)["last_seq"] == 4 and views.asked == [("coding", 3)]
+    bare = Supervisor(lambda: plan_of(1), runtime_dir=runtime)
+    assert "router" not in bare.inventory()
+    assert bare.replay() == {"records": [], "last_seq": 0, "decisions": []}
+
+
+def test_the_usage_sampler_reports_through_the_pool() -> None:
+    async def body(h: Harness) -> None:
+        rep = h.sup.replicas["primary-0"]
+        h.sup.on_usage(rep, {"cpu_percent": 50.0, "rss_bytes": 4096, "gpu": None})
+        doc = h.sup.inventory()["deployments"][0]["replicas"][0]
+        assert doc["usage"] == {"cpu_percent": 50.0, "rss_bytes": 4096, "gpu": None}
+
+    serve([plan_of(1)], body)
+
+
 def test_the_reconcile_pass_revives_a_lapsed_life_loop_and_replaces_a_missing_worker() -> None:
     async def body(h: Harness) -> None:
         rep = h.sup.replicas["primary-1"]
