@@ -1,5 +1,6 @@
-"""One replica as the pool sees it: its lifecycle state (set by the supervisor), its dispatch
-accounting (set by the pool on acquire/release) and its outlier record.
+"""One replica as the pool sees it: its lifecycle state (reported by the supervisor through the
+pool's ``mark_*``), its dispatch accounting (acquire/release) and its outlier record; the pool
+writes every field. ``ReplicaState`` itself is ``vllm_sr.plan``'s, shared with the supervisor.
 
 Ejection and the short failure backoff are overlays on the lifecycle state, not states of
 their own inside the replica: a replica can be ``ready`` (its process is healthy) and ejected
