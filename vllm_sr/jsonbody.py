@@ -1,28 +1,27 @@
-"""One reader for JSON request bodies (the control API's and the worker's): read with a size cap
-and a read timeout, decode UTF-8, parse, require an object, and validate it with a pydantic model
-when given one. Each failure is a typed error whose message starts with ``body:`` and says what
-was wrong: ``RequestTooLarge`` (413), ``RequestTimeout`` (408, the client stalled), and
-``InvalidRequest`` (400: not UTF-8, not JSON, not an object, or a field the model refuses,
-named by its path)."""
+"""One parser for JSON request bodies (the control API's and the worker's): decode UTF-8, parse,
+require an object, and validate it with a pydantic model when given one. Each failure is
+``InvalidRequest`` (400) with a message that starts with ``body:`` and says what was wrong (not
+UTF-8, not JSON, not an object), or names each field the model refuses by its path.
+
+The body arrives whole: the one server (``vllm_sr.httpserver``) reads it within its size cap and
+read timeout, and hands a refusal to the handler as ``Request.error`` instead: 413, or
+``RequestTimeout`` (408, the client stalled), which lives here because the clients map the
+wire code back to it without importing a server."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
-from vllm_sr.errors import DeadlineExceeded, InvalidRequest, RequestTooLarge
-
-if TYPE_CHECKING:  # the clients import RequestTimeout from here and need no server library
-    from aiohttp import web
+from vllm_sr.errors import DeadlineExceeded, InvalidRequest
 
 M = TypeVar("M", bound=BaseModel)
 Loads = Callable[[str], Any]
 
-__all__ = ["RequestTimeout", "describe", "parse_json", "read_json"]
+__all__ = ["RequestTimeout", "describe", "parse_json"]
 
 
 class RequestTimeout(DeadlineExceeded):
@@ -83,57 +82,3 @@ def parse_json(
         return model.model_validate(data)
     except ValidationError as exc:
         raise InvalidRequest(describe(exc)) from None
-
-
-@overload
-async def read_json(
-    request: web.Request,
-    model: None = None,
-    *,
-    max_bytes: int,
-    timeout_s: float,
-    allow_empty: bool = ...,
-    loads: Loads = ...,
-) -> dict[str, Any]: ...
-@overload
-async def read_json(
-    request: web.Request,
-    model: type[M],
-    *,
-    max_bytes: int,
-    timeout_s: float,
-    allow_empty: bool = ...,
-    loads: Loads = ...,
-) -> M: ...
-async def read_json(
-    request: web.Request,
-    model: type[M] | None = None,
-    *,
-    max_bytes: int,
-    timeout_s: float,
-    allow_empty: bool = False,
-    loads: Loads = json.loads,
-) -> M | dict[str, Any]:
-    """Read ``request``'s body (at most ``max_bytes``, within ``timeout_s``) and parse it as
-    ``parse_json`` does. The app's ``client_max_size`` should be ``max_bytes``: aiohttp then
-    stops a chunked body at the cap instead of buffering it."""
-    from aiohttp import web
-
-    length = request.content_length
-    if length is not None and length > max_bytes:
-        raise RequestTooLarge(f"body: {length} bytes is over the cap of {max_bytes} bytes")
-    try:
-        # asyncio.timeout, not wait_for: no task per request (this is every request's path).
-        async with asyncio.timeout(timeout_s):
-            raw = await request.read()
-    except TimeoutError:
-        raise RequestTimeout(
-            f"body: not received within {timeout_s:g} s (the client stalled)"
-        ) from None
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestTooLarge(f"body: over the cap of {max_bytes} bytes") from None
-    if len(raw) > max_bytes:
-        raise RequestTooLarge(f"body: over the cap of {max_bytes} bytes")
-    if model is None:
-        return parse_json(raw, allow_empty=allow_empty, loads=loads)
-    return parse_json(raw, model, allow_empty=allow_empty, loads=loads)

@@ -11,17 +11,12 @@ import logging
 import os
 import pwd
 import socket
-import struct
 from dataclasses import dataclass
 
-from vllm_sr.control.socketfile import peer_pid_uid_gid
 from vllm_sr.errors import Forbidden
+from vllm_sr.httpserver import PeerCredentials, peer_credentials
 
 log = logging.getLogger("vllm_sr.control")
-
-# Linux >= 4.13; Python does not export the constant on every build.
-SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
-_MAX_GROUPS = 65536
 
 
 @dataclass(frozen=True)
@@ -42,27 +37,15 @@ def _user_name(uid: int) -> str:
         return "unknown user"
 
 
+def peer_of(creds: PeerCredentials) -> Peer:
+    """The policy's view of a connection's peer (``Request.peer``, read by the server when it
+    accepted the connection), its groups included."""
+    return Peer(creds.pid, creds.uid, creds.gid, creds.groups())
+
+
 def read_peer(sock: socket.socket) -> Peer:
     """The kernel's account of the process on the other end of ``sock``."""
-    pid, uid, gid = peer_pid_uid_gid(sock)
-    return Peer(pid, uid, gid, frozenset({gid, *_peer_groups(sock, pid)}))
-
-
-def _peer_groups(sock: socket.socket, pid: int) -> list[int]:
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * _MAX_GROUPS)
-        return list(struct.unpack(f"{len(raw) // 4}I", raw))
-    except OSError:
-        pass
-    # Older kernels: the process's supplementary groups as /proc shows them now.
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Groups:"):
-                    return [int(g) for g in line.split()[1:]]
-    except OSError:
-        pass
-    return []
+    return peer_of(peer_credentials(sock))
 
 
 class AccessPolicy:

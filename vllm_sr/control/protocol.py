@@ -11,5 +11,5 @@ HEARTBEAT = "heartbeat"
 STREAM_CLOSED = "stream_closed"  # the service is stopping
 STREAM_DROPPED = "stream_dropped"  # this reader fell too far behind
 
-# RequestTimeout (408: the client stalled sending its body) is the body reader's, shared with
-# the worker; named here too because the clients map the wire code to it.
+# RequestTimeout (408: the client stalled sending its request) is the server's refusal, the
+# same on every socket; named here too because the clients map the wire code to it.

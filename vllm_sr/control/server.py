@@ -9,30 +9,36 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from aiohttp import web
-
+from vllm_sr import wire
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.control import routes
 from vllm_sr.control.auth import AccessPolicy
 from vllm_sr.control.routes import ControlBackend
 from vllm_sr.control.socketfile import bind_socket, remove_if_ours
+from vllm_sr.control.stream import EventStream
+from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse
 
 __all__ = ["ControlBackend", "ControlServer"]
 
 log = logging.getLogger("vllm_sr.control")
 
 DEFAULT_SOCKET = Path("/run/vllm-sr/control.sock")
-MAX_BODY = 64 * 1024
+MAX_BODY = wire.CONTROL_MAX_BODY_BYTES
+STOP_GRACE_S = 2.0  # on stop, requests in hand (a stream's last line) get this long
 
 
 class ControlServer:
-    """Serves the control API for ``backend`` on the Unix socket ``path``.
+    """Serves the control API for ``backend`` on the Unix socket ``path``, on the project's one
+    HTTP server (``vllm_sr.httpserver``).
 
     ``group`` owns the socket file (mode 0660); ``admin_group`` and ``service_user`` (default:
-    the uid this process runs as) may mutate, as may root. Timeouts: a connection that does not
-    complete a request's headers within ``idle_timeout_s`` is closed, a body must arrive within
-    ``body_timeout_s``, and a stream reader that does not take a line within
-    ``write_timeout_s`` is cut off."""
+    the uid this process runs as) may mutate, as may root; the peer is the kernel's account of
+    the connecting process (``Request.peer``, ``SO_PEERCRED``). Timeouts: a connection that
+    sends no request for ``idle_timeout_s`` (after opening or after its last answer) is
+    closed; a request, head and body, must arrive whole within ``body_timeout_s`` of its
+    first byte, else it is answered 408 and its connection closed; and a stream reader that
+    does not take a line within ``write_timeout_s`` is cut off. Bodies over ``max_body`` are
+    answered 413."""
 
     def __init__(
         self,
@@ -65,70 +71,57 @@ class ControlServer:
         self.backlog = backlog
         self.clock = clock
         self.closing = False
-        self.streams: set[routes.EventStream] = set()
-        self._runner: web.AppRunner | None = None
+        self.streams: set[EventStream] = set()
+        self._http: HttpServer | None = None
         self._inode: int | None = None
 
     @property
     def running(self) -> bool:
-        return self._runner is not None
+        return self._http is not None
 
     @property
     def connection_count(self) -> int:
         """Open client connections (streams included)."""
-        server = self._runner.server if self._runner is not None else None
-        return len(server.connections) if server is not None else 0
+        return len(self._http.connections) if self._http is not None else 0
+
+    async def _handle(self, request: Request) -> Response | StreamResponse:
+        return await routes.handle(self, request)
 
     async def start(self) -> None:
         """Bind the socket (refusing a live one, replacing a stale one) and start serving."""
-        if self._runner is not None:
+        if self._http is not None:
             return
         sock, inode = bind_socket(self.path, self.group, self.backlog)
-        app = web.Application(
-            client_max_size=self.max_body,
-            middlewares=[routes.error_middleware],
-        )
-        app[routes.SERVER_KEY] = self
-        routes.add_routes(app)
-        runner = web.AppRunner(
-            app,
-            handle_signals=False,
-            access_log=None,
-            # A client that goes away cancels its handler (mutations are shielded).
-            handler_cancellation=True,
-            # aiohttp arms this timer at connection start and after each response, so it also
-            # closes connections that never finish sending a request's headers.
-            keepalive_timeout=self.idle_timeout_s,
-            # After an early answer (403, 413, 408) the rest of a body is read and dropped for
-            # at most this long, so a stalled body cannot hold the connection open either.
-            lingering_time=self.body_timeout_s,
-            max_line_size=8190,
-            max_field_size=8190,
+        http = HttpServer(
+            self._handle,
+            max_body=self.max_body,
+            read_timeout_s=self.body_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            # A client that goes away cancels its handler (a stream's; mutations are shielded).
+            cancel_on_disconnect=True,
         )
         try:
-            await runner.setup()
-            site = web.SockSite(runner, sock, shutdown_timeout=2.0, backlog=self.backlog)
-            await site.start()
+            await http.listen_unix(sock=sock, backlog=self.backlog)
         except BaseException:
-            await runner.cleanup()
             sock.close()
             remove_if_ours(self.path, inode)
             raise
-        self._runner = runner
+        self.closing = False
+        self._http = http
         self._inode = inode
         log.info("control API listening on %s", self.path)
 
     async def stop(self) -> None:
         """End every stream, stop listening and remove the socket file (if still ours)."""
-        runner, self._runner = self._runner, None
-        if runner is None:
+        http, self._http = self._http, None
+        if http is None:
             return
         self.closing = True
         for stream in list(self.streams):
             stream.wake()
         remove_if_ours(self.path, self._inode)
         self._inode = None
-        await runner.cleanup()
+        await http.close(STOP_GRACE_S)
         log.info("control API on %s stopped", self.path)
 
     async def __aenter__(self) -> ControlServer:

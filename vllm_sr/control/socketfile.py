@@ -10,24 +10,16 @@ import logging
 import os
 import socket
 import stat
-import struct
 from pathlib import Path
 
 from vllm_sr.errors import ConfigError, Conflict
+from vllm_sr.httpserver import peer_credentials
 
 log = logging.getLogger("vllm_sr.control")
 
 SOCKET_MODE = 0o660
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
-_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def peer_pid_uid_gid(sock: socket.socket) -> tuple[int, int, int]:
-    """SO_PEERCRED of a connected Unix socket: the peer's (pid, uid, gid)."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
-    pid, uid, gid = _CRED.unpack(raw)
-    return pid, uid, gid
 
 
 def probe(path: Path, timeout_s: float = 1.0) -> int | None:
@@ -53,7 +45,7 @@ def probe(path: Path, timeout_s: float = 1.0) -> int | None:
             return 0
         raise
     try:
-        return peer_pid_uid_gid(sock)[0]
+        return peer_credentials(sock).pid
     finally:
         sock.close()
 

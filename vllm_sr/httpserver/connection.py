@@ -1,71 +1,31 @@
-"""HttpServer: the worker's and the frontend's HTTP/1.1 server, requests parsed by ``httptools``
-(llhttp, the parser uvicorn uses) fed straight from an asyncio protocol.
-
-A worker answers every request the frontend forwards, on the same core as its forwards, and the
-frontend every request of every caller, so the Python work per request is worth keeping small:
-no URL objects, header multidicts, middleware chains or per-request streams. The whole body is
-read before the handler runs (bodies are small and capped), and an answer goes out in one write
-with a ``Content-Length``; a ``StreamResponse`` goes out chunked as it is made (Router mode's
-SSE), and ``cancel_on_disconnect`` cancels a request whose caller hangs up (the frontend).
-
-What it does, and what the tests pin down:
-- keep-alive (HTTP/1.1 by default, ``Connection: close`` and HTTP/1.0 honoured; a connection
-  idle ``idle_timeout_s`` between requests is closed, as aiohttp did after 75 s), requests
-  pipelined on one connection answered in order, ``Content-Length`` and chunked bodies,
-  ``Expect: 100-continue``, HEAD answered like GET without a body;
-- a body over ``max_body`` is refused (413) as soon as it is known to be: at once when its
-  ``Content-Length`` says so, when a chunked body crosses the cap otherwise. What the client
-  still sends of that request is read and dropped, then the connection closes, so the client
-  reads the 413 rather than a reset;
-- a request not whole ``read_timeout_s`` after its first byte is answered 408 and its
-  connection closed (other connections are not held up; while the server itself holds a
-  pipelined request back, its clock stops);
-- a request head (request line and headers) over ``MAX_HEAD_BYTES`` is refused (413; one
-  header is measured as it arrives, not only once it ends) and bytes that are not HTTP get 400;
-  both close the connection, and when answers are still owed on it the refusal is not sent:
-  those answers go out, then the connection closes.
-
-- a request whose ``Transfer-Encoding`` is anything but exactly ``chunked`` (``identity,
-  chunked``, ``gzip, chunked``, ``chunked, chunked`` ...) is refused 501 and its connection
-  closed: RFC 9112 asks that of a server that does not implement the coding, and framing a
-  body by a coding list is where request smuggling lives;
-- with ``max_connections``, a connection past that many open ones is answered 503
-  ``unavailable`` (``Retry-After: 1``) and closed at once, so a flood of idle connections
-  cannot take the file descriptors that worker restarts and the control socket need.
-
-Errors found while reading (413, 408) reach the handler as ``Request.error`` rather than being
-answered here, so the application answers them like any other error (its headers, its
-metrics). ``close(grace_s)`` stops accepting, closes idle connections, lets requests being
-handled finish within the grace and then closes the rest.
-"""
+"""The connection protocol: one client connection, its bytes parsed by ``httptools`` (llhttp,
+the parser uvicorn uses) as they arrive, its requests run through the handler one at a time in
+the order they came, each answer written back. The guarantees it keeps are listed in
+``vllm_sr.httpserver``'s docstring; ``HttpServer`` (``server.py``) makes one per connection."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import http
-import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from vllm_sr import wire
-from vllm_sr.errors import (
-    InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-    RequestTooLarge,
-    VllmSrError,
-)
+from vllm_sr.errors import InvalidRequest, RequestTooLarge, VllmSrError
+from vllm_sr.httpserver.peer import PeerCredentials, unix_peer
+from vllm_sr.httpserver.routing import error_response
+from vllm_sr.httpserver.streaming import StreamResponse
+from vllm_sr.httpserver.types import Request, Response, render
 from vllm_sr.jsonbody import RequestTimeout
+
+if TYPE_CHECKING:
+    from vllm_sr.httpserver.server import HttpServer
 
 log = logging.getLogger("vllm_sr.httpserver")
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
-IDLE_TIMEOUT_S = 75.0  # a kept-alive connection with no request for this long is closed
 LINGER_S = 2.0  # after refusing bad bytes: how long the client may go on sending before the close
 
 
@@ -76,174 +36,13 @@ class CodingNotImplemented(VllmSrError):
     http_status = 501
 
 
-FULL_ANSWER = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-)
-
-
-class Request:
-    """One request, read whole. ``headers`` has lower-case names (repeated ones joined with
-    ", "); ``error`` is set when the request could not be read (its body is then empty)."""
-
-    __slots__ = ("body", "conn", "error", "headers", "method", "path", "query")
-
-    def __init__(
-        self,
-        method: str,
-        path: str,
-        query: str,
-        headers: dict[str, str],
-        body: bytes,
-        error: VllmSrError | None = None,
-        conn: _Connection | None = None,
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.error = error
-        self.conn = conn  # where a StreamResponse writes (None: made outside a server)
-
-
-class Response:
-    __slots__ = ("body", "content_type", "headers", "status")
-
-    def __init__(
-        self,
-        body: bytes = b"",
-        status: int = 200,
-        content_type: str = "application/json",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.body = body
-        self.status = status
-        self.content_type = content_type
-        self.headers = headers if headers is not None else {}
-
-
-class StreamResponse:
-    """An answer sent as it is made, chunked: ``await prepare(request)`` sends the head,
-    ``await write(data)`` a chunk (waiting while the client reads slower than we write), and
-    ``await write_eof()`` the end; the server ends a stream its handler left open. ``write``
-    raises ``ConnectionResetError`` once the client has gone."""
-
-    __slots__ = ("_conn", "content_type", "ended", "headers", "status")
-
-    def __init__(
-        self,
-        status: int = 200,
-        content_type: str = "application/octet-stream",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.status = status
-        self.content_type = content_type
-        self.headers = headers if headers is not None else {}
-        self.ended = False
-        self._conn: _Connection | None = None
-
-    @property
-    def prepared(self) -> bool:
-        return self._conn is not None
-
-    async def prepare(self, request: Request) -> None:
-        if request.conn is None:
-            raise RuntimeError("a streamed answer needs a request read by HttpServer")
-        lines = [
-            b"HTTP/1.1 %d %s" % (self.status, _reason(self.status)),
-            *header_lines(self.content_type, self.headers),
-            b"Transfer-Encoding: chunked",
-            b"\r\n",
-        ]
-        self._conn = request.conn
-        request.conn.stream = self  # once its head is out, nothing else may answer
-        await self._conn.send(b"\r\n".join(lines))
-
-    async def write(self, data: bytes) -> None:
-        if self._conn is None:
-            raise RuntimeError("write before prepare")
-        if data:
-            await self._conn.send(b"%x\r\n%s\r\n" % (len(data), data))
-
-    async def write_eof(self) -> None:
-        if self._conn is not None and not self.ended:
-            self.ended = True
-            await self._conn.send(b"0\r\n\r\n")
-
-
-Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
-
-
-def error_response(exc: VllmSrError) -> Response:
-    """An error as the project's one JSON answer (``vllm_sr.wire``: ``Allow`` on a 405,
-    ``Retry-After`` where the error asks the caller to come back)."""
-    response = Response(wire.error_body(exc), exc.http_status)
-    response.headers.update(wire.error_headers(exc))
-    return response
-
-
-R = TypeVar("R")
-
-
-def resolve(routes: Mapping[str, Mapping[str, R]], request: Request) -> R:
-    """The route for the request's path and method (HEAD is GET without a body); unknown
-    paths are ``NotFound``, other methods ``MethodNotAllowed``."""
-    by_method = routes.get(request.path)
-    if by_method is None:
-        raise NotFound(f"{request.path}: no such path")
-    method = "GET" if request.method == "HEAD" else request.method
-    route = by_method.get(method)
-    if route is None:
-        allowed = sorted(by_method)
-        raise MethodNotAllowed(
-            f"{request.method} {request.path}: not allowed; use {' or '.join(allowed)}",
-            allowed=allowed,
-        )
-    return route
-
-
-def _reason(status: int) -> bytes:
-    try:
-        return http.HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b"Unknown"
-
-
-def header_lines(content_type: str, headers: Mapping[str, str]) -> list[bytes]:
-    """``Content-Type`` and ``headers`` as ``Name: value`` lines, UTF-8 (names from a config
-    may be any text, as aiohttp sent them); a CR or LF, which would end the head early, is
-    refused."""
-    lines = []
-    for name, value in (("Content-Type", content_type), *headers.items()):
-        line = f"{name}: {value}"
-        if "\r" in line or "\n" in line:
-            raise ValueError(f"header {name!r}: a CR or LF is not allowed in {value!r}")
-        lines.append(line.encode("utf-8"))
-    return lines
-
-
-def render(response: Response, *, head_only: bool, close: bool) -> bytes:
-    """The bytes of one answer: status line, headers, and the body unless ``head_only``."""
-    lines = [
-        b"HTTP/1.1 %d %s" % (response.status, _reason(response.status)),
-        *header_lines(response.content_type, response.headers),
-        b"Content-Length: %d" % len(response.body),
-    ]
-    if close:
-        lines.append(b"Connection: close")
-    lines.append(b"\r\n")
-    head = b"\r\n".join(lines)
-    return head if head_only else head + response.body
-
-
 class _Unframeable(Exception):
     def __init__(self, coding: str) -> None:
         super().__init__(coding)
         self.coding = coding
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One client connection: parses requests, runs them through the handler one at a time
     (in the order they came), writes each answer."""
 
@@ -269,6 +68,7 @@ class _Connection(asyncio.Protocol):
         self.writable: asyncio.Event | None = None  # cleared while the transport is full
         self.stream: StreamResponse | None = None  # the streamed answer under way, if any
         self.timer: asyncio.TimerHandle | None = None
+        self.peer: PeerCredentials | None = None  # who connected, over a Unix socket
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -282,6 +82,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
             return
         self.server.connections.add(self)
+        self.peer = unix_peer(self.transport.get_extra_info("socket"))
         self._await_next()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -426,7 +227,8 @@ class _Connection(asyncio.Protocol):
             url = rest[slash:] if slash >= 0 else b"/"
         path, _, query = url.decode("latin-1").partition("?")
         method = self.parser.get_method().decode("latin-1")
-        return Request(method, path, query, self.headers, body, error, self)
+        version = self.parser.get_http_version()
+        return Request(method, path, query, self.headers, body, error, self, self.peer, version)
 
     def _too_large(self, message: str) -> None:
         """Answer 413 now; drop the rest of this request's bytes, then close."""
@@ -533,6 +335,7 @@ class _Connection(asyncio.Protocol):
             # Its head and chunks went out as it ran; the end goes out if it was left open.
             with contextlib.suppress(ConnectionError):
                 await stream.write_eof()
+            keep_alive = keep_alive and stream.chunked  # else its end is the close
         self.handling = None
         if self.transport is None:
             return
@@ -587,94 +390,3 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
-
-
-class HttpServer:
-    """Serves ``handler`` on Unix sockets and TCP ports (``listen_unix``, ``listen_tcp``)."""
-
-    def __init__(
-        self,
-        handler: Handler,
-        *,
-        max_body: int,
-        read_timeout_s: float,
-        idle_timeout_s: float = IDLE_TIMEOUT_S,
-        cancel_on_disconnect: bool = False,
-        max_connections: int | None = None,
-    ) -> None:
-        if max_body < 0:
-            raise ValueError(f"max_body: {max_body} is below 0")
-        if read_timeout_s <= 0:
-            raise ValueError(f"read_timeout_s: {read_timeout_s} is not above 0")
-        if idle_timeout_s <= 0:
-            raise ValueError(f"idle_timeout_s: {idle_timeout_s} is not above 0")
-        if max_connections is not None and max_connections < 1:
-            raise ValueError(f"max_connections: {max_connections} is below 1")
-        self.handler = handler
-        self.max_body = max_body
-        self.read_timeout_s = read_timeout_s
-        self.idle_timeout_s = idle_timeout_s
-        # True: a request whose client hangs up is cancelled (the frontend frees its slot);
-        # False: it runs to its end (a worker's forward is queued already).
-        self.cancel_on_disconnect = cancel_on_disconnect
-        self.connections: set[_Connection] = set()
-        self.max_connections = max_connections  # None: no cap (a worker: only the frontend)
-        self.turned_away = 0  # connections answered 503 at the cap
-        body = json.dumps(
-            {
-                "error": {
-                    "code": "unavailable",
-                    "message": "too many open connections; try again shortly",
-                    "retryable": True,
-                }
-            }
-        ).encode()
-        self.full_answer = FULL_ANSWER % (len(body), body)
-        self.servers: list[asyncio.AbstractServer] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._all_gone: asyncio.Event | None = None  # set by close(): the last one went
-
-    def forget(self, conn: _Connection) -> None:
-        self.connections.discard(conn)
-        if not self.connections and self._all_gone is not None:
-            self._all_gone.set()
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        return self._loop
-
-    def _protocol(self) -> _Connection:
-        return _Connection(self)
-
-    async def listen_unix(self, path: str) -> None:
-        self.servers.append(await self.loop.create_unix_server(self._protocol, path))
-
-    async def listen_tcp(self, host: str, port: int) -> tuple[str, int]:
-        """Listen on ``host:port`` (port 0: any free one); returns the address bound."""
-        server = await self.loop.create_server(self._protocol, host, port, reuse_address=True)
-        self.servers.append(server)
-        address: Any = server.sockets[0].getsockname()
-        return str(address[0]), int(address[1])
-
-    def stop_accepting(self) -> None:
-        for server in self.servers:
-            server.close()
-
-    async def close(self, grace_s: float) -> None:
-        """Stop accepting; answer the requests being handled within ``grace_s``, close every
-        connection."""
-        self.stop_accepting()
-        self._all_gone = asyncio.Event()
-        for conn in list(self.connections):
-            conn.shut()
-        if self.connections:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._all_gone.wait(), grace_s)
-        for conn in list(self.connections):
-            conn.abort()
-        for server in self.servers:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
-        self.servers.clear()
