@@ -8,7 +8,7 @@ import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 
@@ -100,6 +100,12 @@ class Subscription:
 
     def close(self) -> None:
         self._bus.unsubscribe(self)
+
+
+class Emit(Protocol):
+    """What publishes an event (``EventBus.publish``, or a stand-in in tests)."""
+
+    def __call__(self, name: str, **fields: object) -> object: ...
 
 
 class EventBus:

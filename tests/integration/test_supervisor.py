@@ -20,18 +20,18 @@ import pytest
 from tests.integration.test_supervisor_fake import (
     FAKE_MODULE,
     REPO_ROOT,
-    FakeSpec,
     fake_plan,
     fake_spec,
     replica_doc,
+    spec_of,
     start_service,
     wait_for,
 )
 from vllm_sr import events as ev
 from vllm_sr.control.commands import Command
 from vllm_sr.errors import ConfigError, VllmSrError
+from vllm_sr.plan import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.reconfigure import RELOAD_MARGIN_S
-from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 
 
 def free_port() -> int:
@@ -277,7 +277,7 @@ async def test_attached_replica_is_served_with_its_own_model_name() -> None:
     remote = await asyncio.create_subprocess_exec(
         *argv, env={**os.environ, "PYTHONPATH": REPO_ROOT}
     )
-    spec = FakeSpec(
+    spec = spec_of(
         "primary-0",
         "primary",
         0,

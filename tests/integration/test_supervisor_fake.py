@@ -20,59 +20,45 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.support.workers import short_socket_dir
 from vllm_sr.control.commands import Command
 from vllm_sr.frontend.app import Frontend
+from vllm_sr.plan import DeploymentPlan, ReplicaSpec, ServicePlan
 from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.supervisor.managed import ProcessOptions
-from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.supervisor import Supervisor
 
 FAKE_MODULE = "tests.integration.test_supervisor_fake"
 
 
-@dataclass
-class FakeSpec:
-    """The shape of placement's ReplicaSpec, for plans built in tests."""
-
-    id: str
-    deployment: str
-    index: int
-    artifact: str = "fake/artifact"
-    revision: str | None = None
-    device: str = "cpu"
-    threads: int = 1
-    cpus: list[int] | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    endpoint: str | None = None
-    model: str | None = None
-
-    def identity(self) -> tuple[Any, ...]:
-        return (
-            self.artifact,
-            self.revision,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.device,
-            self.threads,
-        )
+def spec_of(
+    id: str,
+    deployment: str,
+    index: int,
+    *,
+    artifact: str = "fake/artifact",
+    revision: str | None = None,
+    device: str | None = "cpu",
+    threads: int | None = 1,
+    **kw: Any,
+) -> ReplicaSpec:
+    """Placement's ReplicaSpec with the fake worker's defaults, for plans built in tests."""
+    return ReplicaSpec(id, deployment, index, artifact, revision, device, threads=threads, **kw)
 
 
 def fake_worker_argv() -> list[str]:
     return [sys.executable, "-m", FAKE_MODULE, "worker"]
 
 
-def test_fake_spec_identity_ignores_env_and_id() -> None:
-    a = FakeSpec("primary-0", "primary", 0, env={"A": "1"})
-    b = FakeSpec("primary-1", "primary", 1)
+def test_spec_identity_ignores_env_and_id() -> None:
+    a = spec_of("primary-0", "primary", 0, env={"A": "1"})
+    b = spec_of("primary-1", "primary", 1)
     assert a.identity() == b.identity()
-    assert FakeSpec("primary-0", "primary", 0, threads=2).identity() != a.identity()
+    assert spec_of("primary-0", "primary", 0, threads=2).identity() != a.identity()
 
 
 # ---------------------------------------------------------------------- the fake worker
@@ -196,9 +182,9 @@ if __name__ == "__main__":
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def fake_spec(deployment: str, index: int, **kw: Any) -> FakeSpec:
+def fake_spec(deployment: str, index: int, **kw: Any) -> ReplicaSpec:
     env = {"PYTHONPATH": REPO_ROOT, **kw.pop("env", {})}
-    return FakeSpec(f"{deployment}-{index}", deployment, index, env=env, **kw)
+    return spec_of(f"{deployment}-{index}", deployment, index, env=env, **kw)
 
 
 def fake_plan(replicas: int, *, deployment: str = "primary", **kw: Any) -> ServicePlan:

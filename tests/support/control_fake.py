@@ -35,6 +35,25 @@ LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 8192}
 _SERVICE = cast(Any, Supervisor)  # its views run on this backend (duck-typed: same fields)
 
 
+class StubRouter:
+    """Router mode's views as a test gives them (``Supervisor(router=...)``)."""
+
+    def __init__(
+        self,
+        inventory: Callable[[], dict[str, Any] | None] = lambda: None,
+        replay: Callable[[str | None, int], dict[str, Any]] | None = None,
+    ) -> None:
+        self._inventory, self._replay = inventory, replay
+
+    def inventory(self) -> dict[str, Any] | None:
+        return self._inventory()
+
+    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+        if self._replay is None:
+            return {"records": [], "last_seq": 0, "decisions": []}
+        return self._replay(decision, since)
+
+
 class FakeBackend:
     """``FakeBackend({"primary": ["cpu", "cpu"]})``: deployment -> the device of each replica."""
 
@@ -60,6 +79,7 @@ class FakeBackend:
         self.hold: asyncio.Event | None = None
         self.pools: dict[str, ReplicaPool] = {}
         self.keeper = TaskKeeper(clock, self.events.publish)  # the service tasks' failures
+        self.router: StubRouter | None = None  # Router mode's views (Supervisor's ``router``)
         self._next_pid = 40_000
         self._config = config
         self.reset(deployments or {"primary": ["cpu", "cpu"]})

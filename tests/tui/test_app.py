@@ -22,7 +22,7 @@ from vllm_sr_top.widgets import (
     RouterPanel,
 )
 
-from tests.support.control_fake import sample_adaptive_threads
+from tests.support.control_fake import StubRouter, sample_adaptive_threads
 from tests.tui.harness import HOST, LiveControl, ReadOnlyPolicy, load, make_app, until
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import Conflict
@@ -310,7 +310,7 @@ async def test_router_mode_shows_backends_and_decision_rates(
                       "misses": [{"decision": "coding", "mode": "exact", "count": 4}]},
         }  # fmt: skip
 
-    live.backend.router_view = router
+    live.backend.router = StubRouter(inventory=router)
     app = make_app(live.path, clock)
     async with app.run_test(size=SIZE) as pilot:
         await _started(pilot)

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.control_fake import FakeBackend, ThreadedControlServer, sample_adaptive_threads
+from tests.support.control_fake import (
+    FakeBackend,
+    StubRouter,
+    ThreadedControlServer,
+    sample_adaptive_threads,
+)
 from tests.support.workers import short_socket_dir
 from vllm_sr import errors
 from vllm_sr.cli import main
@@ -311,7 +316,7 @@ def test_ctl_replay_reads_records_by_decision_and_follows(
 
     add("coding")
     add("billing", 502)
-    served.backend.replay_view = log.read  # type: ignore[attr-defined]
+    served.backend.router = StubRouter(replay=log.read)
     sock = ("--socket", str(served.path))
     assert run("ctl", "replay", "--decision", "billing", "--json", *sock) == 0
     (rec,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -329,7 +334,7 @@ def test_ctl_replay_reads_records_by_decision_and_follows(
             handed.set()
         return answer
 
-    served.backend.replay_view = read  # type: ignore[attr-defined]
+    served.backend.router = StubRouter(replay=read)
 
     def add_then_stop() -> None:
         served.call(lambda: add("coding"))

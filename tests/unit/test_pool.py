@@ -215,6 +215,7 @@ def test_unavailable_when_none_ready() -> None:
         lambda p: p.mark_starting("primary-0", 555),
         lambda p: p.mark_backoff_restart("primary-0", 2000.0),
         lambda p: p.probe_result("primary-0", False, "503 loading"),
+        lambda p: p.mark_hung("primary-0", "hung: forward running 12.0 s > bound 10.0 s"),
     ],
 )
 def test_only_ready_healthy_replicas_take_requests(transition: Any) -> None:
@@ -409,6 +410,44 @@ def test_restarts_and_adaptive_threads_show_in_inventory() -> None:
     assert (rep["restarts"], rep["adaptive_threads"]) == (2, {"mode": 1})
     pool.set_restarts("primary-0", 0)
     assert pool.inventory()["replicas"][0]["restarts"] == 0
+
+
+def test_a_hung_replica_is_out_until_its_next_process_is_ready() -> None:
+    pool, _, _ = make_pool(2)
+    reason = "hung: forward running 12.0 s > bound 10.0 s"
+    pool.mark_hung("primary-0", reason)
+    doc = pool.inventory()["replicas"][0]
+    assert (doc["state"], doc["ready"], doc["last_error"]) == ("hung", False, reason)
+    pool.mark_exited("primary-0", reason)  # killed: the exit carries the hang as its reason
+    assert pool.inventory()["replicas"][0]["restart_reason"] == reason
+    pool.mark_starting("primary-0", 777)
+    assert {pool.acquire(1).replica_id for _ in range(4)} == {"primary-1"}
+    assert pool.mark_ready("primary-0", 777, {"max_num_seqs": 64}, 1)
+    assert pool.replica("primary-0").state is ReplicaState.READY
+    assert "primary-0" in {pool.acquire(1).replica_id for _ in range(4)}
+
+
+def test_a_hung_only_replica_brings_back_the_ejected_one() -> None:
+    """Hung is out like any state that cannot serve: an ejected peer serves again."""
+    pool, _, rec = make_pool(2)
+    pool.eject("primary-1", duration_ms=60_000)
+    pool.mark_hung("primary-0", "hung")
+    assert pool.acquire(1).replica_id == "primary-1"
+    assert rec.of(ev.REPLICA_READMITTED)[-1]["why"] == "no_other_replica"
+
+
+def test_what_the_supervisor_reports_reaches_the_record_through_the_pool() -> None:
+    """The pool is the one writer of its records: usage and supervision failures come in
+    through its methods and show in the inventory."""
+    pool, _, _ = make_pool(1)
+    pool.set_usage("primary-0", {"cpu_percent": 12.5, "rss_bytes": 1 << 20, "gpu": None})
+    pool.note_supervision_failed("primary-0", 2, "supervision failed: RuntimeError: boom")
+    doc = pool.inventory()["replicas"][0]
+    assert doc["usage"] == {"cpu_percent": 12.5, "rss_bytes": 1 << 20, "gpu": None}
+    assert doc["supervision_failures"] == 2
+    assert doc["last_error"] == "supervision failed: RuntimeError: boom"
+    with pytest.raises(NotFound):
+        pool.set_usage("primary-9", {})
 
 
 def test_requests_per_second_over_the_last_ten_seconds() -> None:

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_supervisor_fake import FakeSpec
+from tests.integration.test_supervisor_fake import spec_of
 from tests.support.workers import short_socket_dir
 from vllm_sr import events as ev
 from vllm_sr.clock import FakeClock
 from vllm_sr.control.commands import Command
 from vllm_sr.errors import VllmSrError
+from vllm_sr.plan import DeploymentPlan, ReplicaSpec, ReplicaState, ServicePlan
 from vllm_sr.pool.client import WorkerResponse
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.supervisor.managed import ProcessOptions
-from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.supervisor import Supervisor
 
 PIDS = itertools.count(1000)
@@ -43,7 +43,7 @@ class MemoryReplica:
     """What the supervisor needs of a ManagedReplica, in memory: it is ready on start unless
     the spec says ``fail``; ``restart`` and ``kill_hung`` start a new life at once."""
 
-    def __init__(self, spec: FakeSpec, hooks: Any) -> None:
+    def __init__(self, spec: ReplicaSpec, hooks: Any) -> None:
         self.spec, self.id, self.hooks = spec, spec.id, hooks
         self.client = GatedClient()
         self.served_model: str | None = None
@@ -53,7 +53,8 @@ class MemoryReplica:
         if spec.env.get("revision"):
             self.health["revision"] = spec.env["revision"]
         self.pid: int | None = None
-        self.state, self.last_error, self.restarts, self.lives = "starting", None, 0, 0
+        self.state, self.last_error = ReplicaState.STARTING, None
+        self.restarts, self.lives = 0, 0
         self.record: Any = None
         self.process = None
         self.ready, self.settled = asyncio.Event(), asyncio.Event()
@@ -71,7 +72,7 @@ class MemoryReplica:
         self.pid, self.lives = next(PIDS), self.lives + 1
         self.hooks.on_starting(self, False)
         await self.release.wait()
-        self.state = "ready"
+        self.state = ReplicaState.READY
         self.ready.set()
         self.settled.set()
         self.hooks.on_ready(self)
@@ -80,11 +81,11 @@ class MemoryReplica:
         self.pid, self.lives = next(PIDS), self.lives + 1
         self.hooks.on_starting(self, restarted)
         if self.spec.env.get("fail"):
-            self.state, self.last_error = "failed", "exit 78: bad artifact"
+            self.state, self.last_error = ReplicaState.FAILED, "exit 78: bad artifact"
             self.settled.set()
             self.hooks.on_failed(self, self.last_error)
             return
-        self.state = "ready"
+        self.state = ReplicaState.READY
         self.ready.set()
         self.settled.set()
         self.hooks.on_ready(self)
@@ -100,6 +101,12 @@ class MemoryReplica:
         self.restarts += 1
         self.hooks.on_exited(self, -15, "restarted on request (exit -15)")
         self._life(restarted=True)
+
+    def mark_hung(self, reason: str) -> bool:
+        if self.state is not ReplicaState.READY:
+            return False
+        self.state, self.last_error = ReplicaState.HUNG, reason
+        return True
 
     async def kill_hung(self, reason: str) -> None:
         self.hung_reasons.append(reason)
@@ -128,7 +135,7 @@ class MemoryReplica:
 
 
 def plan_of(n: int, **kw: Any) -> ServicePlan:
-    specs = [FakeSpec(f"primary-{i}", "primary", i, **kw) for i in range(n)]
+    specs = [spec_of(f"primary-{i}", "primary", i, **kw) for i in range(n)]
     dep = DeploymentPlan("primary", "fake/artifact", specs, settings=PoolSettings(timeout_ms=1000))
     return ServicePlan({"primary": dep}, "primary")
 
@@ -294,6 +301,64 @@ def test_a_forward_running_past_the_hang_bound_restarts_the_worker() -> None:
     serve([plan_of(2)], body)
 
 
+def test_a_hung_worker_leaves_dispatch_at_once_and_is_reported_once() -> None:
+    """Both records say hung before the kill has run (no await in between), each written by
+    its owner: the worker by ``mark_hung``, the pool's record by the pool's ``mark_hung``."""
+
+    async def body(h: Harness) -> None:
+        rep, pool = h.sup.replicas["primary-0"], h.sup.pools["primary"]
+        doc: dict[str, object] = {"forward_running_s": pool.settings.hang_bound_s + 0.5}
+        h.sup.on_health(rep, doc)
+        h.sup.on_health(rep, doc)  # the next /health read, before the kill: not again
+        assert rep.state is ReplicaState.HUNG
+        assert pool.replica("primary-0").state is ReplicaState.HUNG
+        leases = [pool.acquire(0) for _ in range(3)]
+        assert {lease.replica_id for lease in leases} == {"primary-1"}
+        for lease in leases:
+            pool.release(lease, "success")
+        assert len(h.of(ev.REPLICA_HUNG)) == 1
+        await until(lambda: rep.hung_reasons)
+        assert len(rep.hung_reasons) == 1
+        await until(lambda: pool.replica("primary-0").state is ReplicaState.READY)
+
+    serve([plan_of(2)], body)
+
+
+def test_router_views_come_through_the_constructor() -> None:
+    """The inventory's ``router`` and the replay records are the injected views' own; with
+    none (Engine mode, tests) the inventory has no ``router`` and replay is empty."""
+
+    class Views:
+        def __init__(self) -> None:
+            self.asked: list[tuple[str | None, int]] = []
+
+        def inventory(self) -> dict[str, object] | None:
+            return {"backends": [], "stats": {"decisions": []}}
+
+        def replay(self, decision: str | None = None, since: int = 0) -> dict[str, object]:
+            self.asked.append((decision, since))
+            return {"records": [{"seq": 4}], "last_seq": 4, "decisions": ["coding"]}
+
+    views = Views()
+    runtime = str(short_socket_dir(prefix="vsr-views-"))
+    sup = Supervisor(lambda: plan_of(1), runtime_dir=runtime, router=views)
+    assert sup.inventory()["router"] == {"backends": [], "stats": {"decisions": []}}
+    assert sup.replay("coding", 3)["last_seq"] == 4 and views.asked == [("coding", 3)]
+    bare = Supervisor(lambda: plan_of(1), runtime_dir=runtime)
+    assert "router" not in bare.inventory()
+    assert bare.replay() == {"records": [], "last_seq": 0, "decisions": []}
+
+
+def test_the_usage_sampler_reports_through_the_pool() -> None:
+    async def body(h: Harness) -> None:
+        rep = h.sup.replicas["primary-0"]
+        h.sup.on_usage(rep, {"cpu_percent": 50.0, "rss_bytes": 4096, "gpu": None})
+        doc = h.sup.inventory()["deployments"][0]["replicas"][0]
+        assert doc["usage"] == {"cpu_percent": 50.0, "rss_bytes": 4096, "gpu": None}
+
+    serve([plan_of(1)], body)
+
+
 def test_the_reconcile_pass_revives_a_lapsed_life_loop_and_replaces_a_missing_worker() -> None:
     async def body(h: Harness) -> None:
         rep = h.sup.replicas["primary-1"]
@@ -360,9 +425,9 @@ async def until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
 
 def test_workers_sharing_a_gpu_start_one_after_another() -> None:
     specs = [
-        FakeSpec("primary-0", "primary", 0, device="rocm:0", env={"hold": "1"}),
-        FakeSpec("primary-1", "primary", 1, device="rocm:0", env={"hold": "1"}),
-        FakeSpec("primary-2", "primary", 2, device="rocm:1", env={"hold": "1"}),
+        spec_of("primary-0", "primary", 0, device="rocm:0", env={"hold": "1"}),
+        spec_of("primary-1", "primary", 1, device="rocm:0", env={"hold": "1"}),
+        spec_of("primary-2", "primary", 2, device="rocm:1", env={"hold": "1"}),
     ]
     plan = ServicePlan({"primary": DeploymentPlan("primary", "a", specs)}, "primary")
 

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_supervisor_fake import FakeSpec
+from tests.integration.test_supervisor_fake import spec_of
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import FakeClock
+from vllm_sr.plan import ReplicaSpec
 from vllm_sr.supervisor.reload import diff_plans
 
 
@@ -39,8 +40,8 @@ def test_restart_backoff_refuses_bad_bounds() -> None:
         Backoff(2.0, 1.0)
 
 
-def specs(n: int, **kw: Any) -> list[FakeSpec]:
-    return [FakeSpec(f"primary-{i}", "primary", i, **kw) for i in range(n)]
+def specs(n: int, **kw: Any) -> list[ReplicaSpec]:
+    return [spec_of(f"primary-{i}", "primary", i, **kw) for i in range(n)]
 
 
 def test_diff_keeps_same_identity_and_starts_and_retires_the_rest() -> None:

@@ -1,5 +1,6 @@
 """Per-worker usage as htop shows it (issue 14 item 9): CPU % and resident memory of real
-processes, GPU usage from a probe, set on the pool records by the sampling loop."""
+processes, GPU usage from a probe, handed per worker to a report callback by the sampling loop
+(the supervisor's gives it to the worker's pool, the one writer of its record)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def test_gpu_usage_comes_from_the_probe_per_platform() -> None:
 @dataclass
 class Spec:
     device: str = "cpu"
+    host_device: str | None = None
 
 
 @dataclass
@@ -61,13 +63,17 @@ class Record:
     usage: Any = None
 
 
-def test_the_loop_sets_each_workers_record() -> None:
+def to_record(worker: Worker, usage: dict[str, object]) -> None:
+    worker.record.usage = usage
+
+
+def test_the_loop_reports_each_workers_usage() -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         worker = Worker(sleeper.pid, record=Record())
 
         async def main() -> None:
-            task = asyncio.ensure_future(UsageSampler().run(lambda: [worker], 0.01))
+            task = asyncio.ensure_future(UsageSampler().run(lambda: [worker], 0.01, to_record))
             deadline = time.monotonic() + 10
             while worker.record.usage is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
@@ -95,7 +101,7 @@ def test_a_gpu_workers_record_carries_its_cards_usage() -> None:
         worker = Worker(sleeper.pid, spec=OrdinalSpec(), record=Record())  # type: ignore[arg-type]
 
         async def main() -> None:
-            task = asyncio.ensure_future(UsageSampler(probe).run(lambda: [worker], 0.01))
+            task = asyncio.ensure_future(UsageSampler(probe).run(lambda: [worker], 0.01, to_record))
             deadline = time.monotonic() + 10
             while worker.record.usage is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)

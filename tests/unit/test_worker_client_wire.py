@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.workers import short_socket_dir
 from vllm_sr.errors import DeadlineExceeded, WorkerFailed
-from vllm_sr.pool import client as client_module
+from vllm_sr.pool import connection as connection_module
 from vllm_sr.pool.client import MAX_HEADER_BYTES, WorkerClient
 
 Reply = Callable[[asyncio.StreamWriter], Awaitable[bool]]  # -> keep the connection open
@@ -215,7 +215,7 @@ async def test_oversized_head_is_worker_failed(scripted: Scripted, end: bytes) -
 async def test_oversized_body_is_worker_failed(
     scripted: Scripted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(client_module, "MAX_RESPONSE_BYTES", 8)
+    monkeypatch.setattr(connection_module, "MAX_RESPONSE_BYTES", 8)
     scripted.replies["/big"] = sends(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n123456789")
     client = WorkerClient(uds=scripted.path)
     exc = await _failure(client, "/big")

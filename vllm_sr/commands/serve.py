@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vllm_sr.supervisor.reload import ServicePlan
+    from vllm_sr.plan import ServicePlan
 
 log = logging.getLogger("vllm_sr.serve")
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from vllm_sr import wire
 from vllm_sr.errors import InvalidRequest, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
-from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
+from vllm_sr.frontend.chat_mount import ChatMount
 from vllm_sr.frontend.metrics import FrontendCollector
 from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
 from vllm_sr.httpserver import (
@@ -33,8 +33,11 @@ from vllm_sr.httpserver import (
     error_response,
     resolve,
 )
+from vllm_sr.jsontypes import JsonObject
+from vllm_sr.plan import RouterPlan
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
+from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.router.metrics import RouterCollector
 
 log = logging.getLogger("vllm_sr.frontend")
@@ -74,16 +77,21 @@ class Service(Protocol):
     @property
     def admitting(self) -> bool: ...
 
-    def inventory(self) -> dict[str, Any]: ...
+    def inventory(self) -> JsonObject: ...
 
-    def health(self) -> dict[str, Any]: ...
+    def health(self) -> JsonObject: ...
 
     def router_plan(self) -> RouterPlan | None: ...
 
 
 class Frontend:
     def __init__(
-        self, service: Service, *, cache_entries: int = 4096, max_connections: int | None = None
+        self,
+        service: Service,
+        *,
+        cache_entries: int = 4096,
+        max_connections: int | None = None,
+        chat: ChatMount | None = None,
     ) -> None:
         self.service = service
         self.directory = service.directory
@@ -95,7 +103,7 @@ class Frontend:
         self.registry.register(self.collector)
         self.scraped = ScrapedCollector()
         self.registry.register(self.scraped)
-        self.chat = ChatMount(self.directory)
+        self.chat = chat if chat is not None else ChatMount(self.directory)  # serve shares one
         self._chat_generation = -1
         self.registry.register(RouterCollector(lambda: self.chat.chat))
         self.routes: dict[str, dict[str, Handler]] = {
@@ -166,7 +174,7 @@ class Frontend:
             cache = self.caches[name] = ResultCache(self._cache_entries)
         return cache
 
-    def _surface(self, surface: str) -> Any:
+    def _surface(self, surface: str) -> Handler:
         path = f"/v1/{surface}"
 
         async def handler(request: Request) -> Response:
@@ -242,7 +250,7 @@ class Frontend:
         return Response(generate_latest(self.registry), content_type=CONTENT_TYPE_LATEST)
 
 
-def served_dtype(pool: Any) -> str:
+def served_dtype(pool: ReplicaPool) -> str:
     """The precision the deployment's serving replica resolved ("" before one reports): part
     of the frontend cache's key, so an answer of one precision never answers for another."""
     for r in pool.replicas():
@@ -251,5 +259,5 @@ def served_dtype(pool: Any) -> str:
     return ""
 
 
-def _json(doc: Any, status: int = 200) -> Response:
+def _json(doc: object, status: int = 200) -> Response:
     return Response(json.dumps(doc).encode(), status)

@@ -6,6 +6,10 @@ a ``ChatRouter`` (``vllm_sr/router``) whose questions go through the deployments
 reload that changes only signals or decisions builds a new router and keeps every worker and
 the backends (and the decision counters); a change of providers starts new backends and closes
 the old ones after the swap. Engine mode (``-e``) answers chat with a typed 404.
+
+Importing this module loads no router: the router (and what it pulls in: numpy, the signal
+models' code) is imported when a generation turns Router mode on, so that Engine mode and the
+supervisor, which hold a ``ChatMount`` from the start, never pay for it.
 """
 
 from __future__ import annotations
@@ -13,36 +17,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.errors import NotFound, Unavailable, VllmSrError
-from vllm_sr.httpserver import Request, Response, StreamResponse
+from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
+from vllm_sr.jsontypes import JsonObject
+from vllm_sr.plan import RouterPlan
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import ChatRouter, build_chat_router, engine_mode_chat, error_response
-from vllm_sr.router.route import AuthzOptions
 
 if TYPE_CHECKING:
-    from vllm_sr.config.schema import GlobalSection
+    from vllm_sr.router.backends import BackendSet
+    from vllm_sr.router.chat import ChatRouter
+
+__all__ = ["ChatMount", "NoProviders", "RouterPlan"]
 
 log = logging.getLogger("vllm_sr.frontend")
-
-
-@dataclass(frozen=True)
-class RouterPlan:
-    enabled: bool
-    auto_model_names: tuple[str, ...]
-    providers: Providers | None
-    routing: Routing | None
-    decision_deployment: str
-    authz: AuthzOptions = field(default_factory=AuthzOptions)
-    recipes: Mapping[str, Routing] = field(default_factory=dict)  # by name, "default" included
-    entrypoints: Mapping[str, str] = field(default_factory=dict)  # model name -> recipe
-    global_: GlobalSection | None = None
 
 
 class NoProviders(NotFound):
@@ -55,7 +45,7 @@ class ChatMount:
         self.plan: RouterPlan | None = None
         self.chat: ChatRouter | None = None
         self._backends: BackendSet | None = None
-        self._warm: asyncio.Task[Any] | None = None
+        self._warm: asyncio.Task[None] | None = None
 
     async def routing_exchange(
         self, deployment: str, path: str, body: bytes, timeout_ms: float | None
@@ -75,6 +65,10 @@ class ChatMount:
                 await self.chat.cache.store.close()
             self.plan, self.chat, self._backends = plan, None, None
         else:
+            from vllm_sr.config.routing import Routing
+            from vllm_sr.router.backends import BackendSet
+            from vllm_sr.router.chat import build_chat_router
+
             same_providers = self.plan is not None and self.plan.providers == plan.providers
             backends = old_backends if same_providers and old_backends else None
             if backends is None:
@@ -127,6 +121,8 @@ class ChatMount:
         if not admitting:
             return error_response(Unavailable("the service is stopping", retry_after_s=1.0))
         if self.plan is None or not self.plan.enabled:
+            from vllm_sr.router.chat import engine_mode_chat
+
             return await engine_mode_chat(request)
         if self.chat is None:
             return error_response(
@@ -140,25 +136,27 @@ class ChatMount:
     async def handle_eval(self, request: Request) -> Response:
         """``/api/v1/eval``: Router mode's routing preview (no backend is called)."""
         if self.plan is None or not self.plan.enabled:
+            from vllm_sr.router.chat import engine_mode_chat
+
             return await engine_mode_chat(request)
         if self.chat is None:
             return error_response(NoProviders("routing needs providers: (docs/router.md)"))
         return await self.chat.handle_eval(request)
 
-    def models_data(self) -> list[dict[str, Any]]:
+    def models_data(self) -> list[JsonObject]:
         return self.chat.models_data() if self.chat is not None else []
 
-    def inventory(self) -> dict[str, Any] | None:
+    def inventory(self) -> JsonObject | None:
         return self.chat.inventory() if self.chat is not None else None
 
-    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+    def replay(self, decision: str | None = None, since: int = 0) -> JsonObject:
         """router_replay's records (the control API's ``GET /v1/replay``)."""
         if self.chat is None:
             return {"records": [], "last_seq": 0, "decisions": []}
         return self.chat.replay.read(decision, since)
 
 
-def _store_of(plan: RouterPlan) -> Any:
-    """The plan's response-cache store settings (None: the defaults)."""
+def _store_of(plan: RouterPlan) -> object:
+    """The plan's response-cache store settings (None: the defaults), compared for equality."""
     glob = plan.global_
     return None if glob is None else glob.stores.response_cache

@@ -6,8 +6,7 @@ a request latency histogram per deployment and surface. The workers' own series 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -19,6 +18,9 @@ from prometheus_client.registry import Collector
 
 from vllm_sr.frontend.cache import ResultCache
 from vllm_sr.pool.directory import PoolDirectory
+from vllm_sr.pool.replica import Replica
+
+Family = CounterMetricFamily | GaugeMetricFamily
 
 STATES = ("ready", "degraded", "unavailable")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -60,7 +62,18 @@ class LatencyHistogram:
         return fam
 
 
-def _replica_families() -> dict[str, Any]:
+# Per-replica series read straight off the pool's records (by the family's key below).
+REPLICA_VALUES: dict[str, Callable[[Replica], int]] = {
+    "inflight": lambda r: r.inflight,
+    "outstanding_bytes": lambda r: r.outstanding_bytes,
+    "admitted_bytes": lambda r: r.admitted_bytes,
+    "restarts": lambda r: r.restarts,
+    "ejections": lambda r: r.ejections,
+    "readmissions": lambda r: r.readmissions,
+}
+
+
+def _replica_families() -> dict[str, Family]:
     c, g = CounterMetricFamily, GaugeMetricFamily
     return {
         "inflight": g("vllm_sr_replica_inflight", "Requests in flight", labels=REPLICA),
@@ -78,7 +91,7 @@ def _replica_families() -> dict[str, Any]:
     }
 
 
-def _pool_families() -> dict[str, Any]:
+def _pool_families() -> dict[str, Family]:
     c, g = CounterMetricFamily, GaugeMetricFamily
     dep = ["deployment"]
     return {
@@ -138,24 +151,26 @@ class FrontendCollector(Collector):
     def _pools(self) -> Iterator[Metric]:
         per_replica, per_pool = _replica_families(), _pool_families()
         for name, pool in self.directory.items():
-            m, inv = pool.metrics(), pool.inventory()
-            for rid, r in m["replicas"].items():
+            replicas = pool.replicas()
+            for r in replicas:
                 for key, fam in per_replica.items():
-                    fam.add_metric([name, rid], r[key])
-                for outcome, n in r["requests"].items():
-                    per_pool["requests"].add_metric([name, rid, outcome], n)
-                for kind, n in r["by_kind"].items():
-                    per_pool["by_kind"].add_metric([name, rid, kind], n)
-                per_pool["state"].add_metric([name, rid, r["state"]], 1)
-            for rule, n in m["withheld"].items():
+                    fam.add_metric([name, r.id], REPLICA_VALUES[key](r))
+                for outcome, n in r.outcomes.items():
+                    per_pool["requests"].add_metric([name, r.id, outcome], n)
+                for kind, n in r.by_kind.items():
+                    per_pool["by_kind"].add_metric([name, r.id, kind], n)
+                per_pool["state"].add_metric([name, r.id, r.display_state()], 1)
+            for rule, n in pool.withheld.items():
                 per_pool["withheld"].add_metric([name, rule], n)
-            for reason, n in m["rejected"].items():
+            for reason, n in pool.rejected.items():
                 per_pool["rejected"].add_metric([name, reason], n)
+            state = pool.inventory()["state"]  # ready, degraded or unavailable
             for s in STATES:
-                per_pool["pool_state"].add_metric([name, s], 1 if inv["state"] == s else 0)
-            per_pool["ready"].add_metric([name], inv["ready_replicas"])
-            per_pool["desired"].add_metric([name], inv["desired_replicas"])
-            per_pool["retries"].add_metric([name], m["retries"])
+                per_pool["pool_state"].add_metric([name, s], 1 if state == s else 0)
+            per_pool["ready"].add_metric([name], sum(1 for r in replicas if r.serving))
+            desired = pool.desired_replicas
+            per_pool["desired"].add_metric([name], len(replicas) if desired is None else desired)
+            per_pool["retries"].add_metric([name], pool.retries)
         yield from per_replica.values()
         yield from per_pool.values()
 

@@ -23,11 +23,11 @@ SCRAPE_TIMEOUT_S = 0.5
 
 
 async def _one(deployment: str, rep: Replica) -> tuple[str, str, str] | None:
-    request = getattr(rep.client, "request", None)
-    if request is None or rep.served_model is not None:
+    """One worker's exposition text, through its client (the pool's ``Client``: ``request``)."""
+    if rep.client is None or rep.served_model is not None:
         return None  # attached runtimes are scraped where they run
     try:
-        resp = await request("GET", "/metrics", timeout_s=SCRAPE_TIMEOUT_S)
+        resp = await rep.client.request("GET", "/metrics", timeout_s=SCRAPE_TIMEOUT_S)
     except VllmSrError:
         return None
     if resp.status != 200:

@@ -30,6 +30,7 @@ from vllm_sr.placement.cpu import (
     threads_per_worker,
 )
 from vllm_sr.placement.gpus import MIB, GpuInfo, query_gpus
+from vllm_sr.plan import ReplicaSpec
 
 InventoryProvider = Callable[[str], list[GpuInfo]]
 
@@ -38,64 +39,6 @@ InventoryProvider = Callable[[str], list[GpuInfo]]
 VRAM_NEED_FACTOR = 2.0
 KNOWN_ARTIFACT_BYTES = {"vllm-sr/d3-edge": 90_868_376}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-@dataclass(frozen=True)
-class ReplicaSpec:
-    """What the supervisor needs to start (or attach) one worker."""
-
-    id: str
-    deployment: str
-    index: int
-    artifact: str
-    revision: str | None
-    device: str | None
-    endpoint: str | None = None
-    model: str | None = None
-    threads: int | None = None
-    cpus: tuple[int, ...] | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    dtype: str = "auto"
-    host_device: str | None = None
-    """The GPU as the inventory tool lists it (``rocm:3``) when ``device`` is an allocation
-    ordinal (``rocm:0``); else equal to ``device``. The key of ``gpus.gpu_usage``."""
-
-    @property
-    def attached(self) -> bool:
-        return self.endpoint is not None
-
-    @property
-    def torch_device(self) -> str | None:
-        """The device inside the worker: its env shows it exactly one GPU, so always index 0."""
-        if self.device is None:
-            return None
-        return "cpu" if self.device == "cpu" else "cuda:0"
-
-    def identity(self) -> tuple[Any, ...]:
-        """A reload keeps a running worker only when this tuple is unchanged."""
-        return (
-            self.artifact,
-            self.revision,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.dtype,
-            self.device if not self.attached else (self.endpoint, self.model),
-            self.threads,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "deployment": self.deployment,
-            "device": self.device if not self.attached else None,
-            **({"host_device": self.host_device} if self.host_device else {}),
-            **({"endpoint": self.endpoint, "model": self.model} if self.attached else {}),
-            "threads": self.threads,
-            "cpus": list(self.cpus) if self.cpus is not None else None,
-            "env": dict(self.env),
-        }
 
 
 @dataclass

@@ -3,7 +3,8 @@ Unix socket (managed workers) or an attached runtime's endpoint (``http://``, ``
 ``unix:``, see ``vllm_sr.endpoint``).
 
 Answers are parsed by ``httptools`` (llhttp, the parser uvicorn uses) fed straight from an
-asyncio protocol, rather than by a general client: the frontend forwards every request through
+asyncio protocol (one ``vllm_sr.pool.connection.Connection`` per connection), rather than by a
+general client: the frontend forwards every request through
 it, and the per-request Python work of a general client (URL objects, cookie jars, tracing
 hooks, header multidicts) is most of what the frontend adds to a short request. Per worker it
 keeps a pool of idle keep-alive connections (each with its own parser, reused), sends the
@@ -24,194 +25,32 @@ against the worker.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
-import httptools
-
-from vllm_sr import wire
 from vllm_sr.endpoint import Endpoint, InvalidEndpoint, parse_endpoint
 from vllm_sr.errors import DeadlineExceeded, WorkerFailed
+from vllm_sr.jsontypes import JsonObject, json_object
+from vllm_sr.pool.connection import (
+    LOCAL_SHORTAGE,
+    MAX_HEADER_BYTES,
+    MAX_RESPONSE_BYTES,
+    Broken,
+    Connection,
+    WorkerResponse,
+)
 
-# Cap on what a worker may send back; a larger answer is a broken worker, not a big result.
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-MAX_HEADER_BYTES = 64 * 1024
-# What the frontend's answer contract passes on to callers from a worker's answer (docs/serve.md):
-# the worker's timing split, and a 429's or 503's advice on when to try again.
-PASSED_HEADERS = (b"server-timing", b"retry-after")
-FORWARD_HEADER = (
-    wire.FORWARD_HEADER.lower().encode()
-)  # the worker's "1"/"0": did a forward produce the answer
+__all__ = [
+    "CA_FILE_ENV",
+    "MAX_HEADER_BYTES",
+    "MAX_RESPONSE_BYTES",
+    "WorkerClient",
+    "WorkerResponse",
+]
+
 CA_FILE_ENV = "VLLM_SR_ENDPOINT_CA_FILE"  # a CA bundle for https:// endpoints (PEM)
-
-
-@dataclass(frozen=True)
-class WorkerResponse:
-    status: int
-    body: bytes
-    content_type: str
-    headers: dict[str, str]
-    # Whether a forward produced the answer (``X-Vsr-Forward``); None when the worker does
-    # not say (an attached runtime that is not ours).
-    forward: bool | None = None
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-# A connect that fails for want of our own resources says nothing of the worker.
-LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-
-
-class _Broken(Exception):
-    """The exchange on one connection ended without a whole answer."""
-
-    def __init__(self, reason: str, *, before_answer: bool, local: bool = False) -> None:
-        super().__init__(reason)
-        self.before_answer = before_answer
-        self.local = local  # this process is out of descriptors (or memory) to connect with
-
-
-class _Conn(asyncio.Protocol):
-    """One connection: the transport, its parser, and the state of the exchange in flight."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.waiter: asyncio.Future[WorkerResponse] | None = None
-        self.closed = False
-        self.keep = False
-        self._reset()
-
-    def _reset(self) -> None:
-        self.got_bytes = False  # any byte of this exchange's answer arrived
-        self.head_done = False
-        self.head_bytes = 0  # bytes of a head not finished yet
-        self.header_bytes = 0  # names and values of the headers parsed
-        self.until_eof = True  # no Content-Length nor chunked: the body ends with the stream
-        self.ctype = "application/json"
-        self.passed: dict[str, str] = {}
-        self.forward: bool | None = None
-        self.parts: list[bytes] = []
-        self.size = 0
-
-    def begin(self, data: bytes) -> asyncio.Future[WorkerResponse]:
-        assert self.transport is not None
-        self._reset()
-        self.keep = False
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(data)
-        return self.waiter
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (asyncio's, or uvloop's, which does not subclass asyncio's).
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        waiter = self.waiter
-        if waiter is None or waiter.done():  # bytes nobody asked for: the stream is corrupt
-            self.keep = False
-            self.abort()
-            return
-        self.got_bytes = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail("the worker switched protocols", before_answer=False)
-        except httptools.HttpParserError as exc:
-            self._fail(f"not an HTTP/1.x answer: {exc}", before_answer=False)
-        else:
-            if not self.head_done:
-                self.head_bytes += len(data)  # the head is unfinished: all of it is head
-                if self.head_bytes > MAX_HEADER_BYTES:
-                    self._fail(f"answer head over {MAX_HEADER_BYTES} bytes", before_answer=False)
-
-    def eof_received(self) -> bool | None:
-        self._lost("the worker closed the connection")
-        return None  # let the transport close itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._lost(f"connection lost: {exc}" if exc else "the worker closed the connection")
-
-    def _lost(self, reason: str) -> None:
-        waiter = self.waiter
-        if waiter is None or waiter.done():
-            return
-        if self.head_done and self.until_eof:  # a body delimited by the end of the stream
-            self.keep = False
-            waiter.set_result(self._answer())
-            return
-        self._fail(reason, before_answer=not self.got_bytes)
-
-    def _fail(self, reason: str, *, before_answer: bool) -> None:
-        self.keep = False
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(_Broken(reason, before_answer=before_answer))
-        self.abort()
-
-    def abort(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    # httptools callbacks
-    def on_message_begin(self) -> None:
-        waiter = self.waiter
-        if waiter is None or waiter.done():  # a second answer to one request
-            self._fail("bytes after the answer", before_answer=False)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self.head_done:
-            return  # a trailer (after a chunked body): nothing of it is passed on
-        self.header_bytes += len(name) + len(value)
-        key = name.lower()
-        if key == b"content-type":
-            self.ctype = value.decode("latin-1")
-        elif key == b"content-length" or key == b"transfer-encoding":
-            self.until_eof = False
-        elif key in PASSED_HEADERS:
-            self.passed[name.decode("latin-1")] = value.decode("latin-1")
-        elif key == FORWARD_HEADER:
-            self.forward = value.strip() == b"1"
-
-    def on_headers_complete(self) -> None:
-        self.head_done = True
-        if self.header_bytes > MAX_HEADER_BYTES:
-            self._fail(f"answer head over {MAX_HEADER_BYTES} bytes", before_answer=False)
-
-    def on_body(self, body: bytes) -> None:
-        self.size += len(body)
-        if self.size > MAX_RESPONSE_BYTES:
-            self._fail(f"answer over {MAX_RESPONSE_BYTES} bytes", before_answer=False)
-        else:
-            self.parts.append(body)
-
-    def on_message_complete(self) -> None:
-        waiter = self.waiter
-        if waiter is None or waiter.done():
-            return
-        status = self.parser.get_status_code()
-        if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
-            self._reset()
-            self.got_bytes = True
-            return
-        self.keep = self.parser.should_keep_alive()
-        waiter.set_result(self._answer())
-
-    def _answer(self) -> WorkerResponse:
-        parts = self.parts
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        self.parts = []
-        status = self.parser.get_status_code()
-        return WorkerResponse(status, body, self.ctype, self.passed, self.forward)
 
 
 def _ssl_context(ca_file: str | None, value: str) -> ssl.SSLContext:
@@ -251,7 +90,7 @@ class WorkerClient:
                 self._ssl = _ssl_context(ca_file, base_url)
         self._prefix = prefix
         self._max_idle = max_idle
-        self._idle: list[_Conn] = []
+        self._idle: list[Connection] = []
         self._busy = 0  # connections carrying an exchange now
         self._freed: asyncio.Event | None = None  # made while someone waits for a connection
         self._host_header = f"Host: {netloc}\r\n".encode()
@@ -281,33 +120,33 @@ class WorkerClient:
             if conn.transport is not None:
                 conn.transport.close()
 
-    async def _open(self) -> _Conn:
-        """A new connection; any failure is a ``_Broken`` before the answer."""
+    async def _open(self) -> Connection:
+        """A new connection; any failure is a ``Broken`` before the answer."""
         loop = asyncio.get_running_loop()
         try:
             if self.uds is not None:
-                _, conn = await loop.create_unix_connection(_Conn, self.uds)
+                _, conn = await loop.create_unix_connection(Connection, self.uds)
             else:
                 ep = self._endpoint
                 assert ep is not None
                 server_hostname = ep.host if self._ssl is not None else None
                 _, conn = await loop.create_connection(
-                    _Conn, ep.host, ep.port, ssl=self._ssl, server_hostname=server_hostname
+                    Connection, ep.host, ep.port, ssl=self._ssl, server_hostname=server_hostname
                 )
         except OSError as exc:  # refused, no such socket, DNS, TLS handshake or certificate
             reason = f"cannot connect: {type(exc).__name__}: {exc}"
             local = exc.errno in LOCAL_SHORTAGE
-            raise _Broken(reason, before_answer=True, local=local) from exc
+            raise Broken(reason, before_answer=True, local=local) from exc
         return conn
 
-    async def _open_or_wait(self) -> _Conn | None:
+    async def _open_or_wait(self) -> Connection | None:
         """A new connection; or, when this process is out of descriptors (EMFILE: the file
         limit, a flood) while exchanges with this worker are under way on other connections,
         None once one of those is back in the idle pool (within the request's deadline), so
         that a shortage of ours is not taken for a broken worker."""
         try:
             return await self._open()
-        except _Broken as exc:
+        except Broken as exc:
             if not exc.local or self._busy == 0:
                 raise
         if self._freed is None:
@@ -348,7 +187,7 @@ class WorkerClient:
                             continue
                         try:
                             return await self._exchange(conn, data)
-                        except _Broken as exc:
+                        except Broken as exc:
                             if exc.before_answer:
                                 continue  # closed while idle: take another (or a new one)
                             raise
@@ -360,14 +199,14 @@ class WorkerClient:
                 f"worker {self.replica_id} did not answer within {timeout_s:.3f} s",
                 replica=self.replica_id,
             ) from exc
-        except _Broken as exc:
+        except Broken as exc:
             raise WorkerFailed(
                 f"worker {self.replica_id} failed: {exc}",
                 replica=self.replica_id,
                 before_answer=exc.before_answer,
             ) from exc
 
-    async def _exchange(self, conn: _Conn, data: bytes) -> WorkerResponse:
+    async def _exchange(self, conn: Connection, data: bytes) -> WorkerResponse:
         done = False
         self._busy += 1
         try:
@@ -401,14 +240,15 @@ class WorkerClient:
     ) -> WorkerResponse:
         return await self.request("POST", path, body, timeout_s=timeout_s, headers=headers)
 
-    async def health(self, timeout_s: float = 2.0) -> tuple[int, dict[str, Any]]:
-        """``GET /health`` -> (status, body). Raises like ``request``."""
+    async def health(self, timeout_s: float = 2.0) -> tuple[int, JsonObject]:
+        """``GET /health`` -> (status, body; {} when the body is not a JSON object). Raises
+        like ``request``."""
         resp = await self.request("GET", "/health", timeout_s=timeout_s)
         try:
             doc = resp.json()
         except ValueError:
             doc = {}
-        return resp.status, doc if isinstance(doc, dict) else {}
+        return resp.status, json_object(doc) or {}
 
     async def set_faults(self, forward_delay_ms: int, timeout_s: float = 5.0) -> WorkerResponse:
         """``POST /debug/faults`` (answered only under VLLM_SR_ENABLE_FAULTS=1)."""

@@ -7,7 +7,6 @@ generation that would be."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from vllm_sr.pool.settings import PoolSettings
 
@@ -16,7 +15,7 @@ from vllm_sr.pool.settings import PoolSettings
 CAPABILITY_FIELDS = ("surfaces", "dimensions", "max_length", "labels", "dtype")
 
 
-def limits_problem(settings: PoolSettings, limits: Mapping[str, Any]) -> str | None:
+def limits_problem(settings: PoolSettings, limits: Mapping[str, object]) -> str | None:
     wanted = {
         "max_num_seqs": settings.configured_max_num_seqs,
         "max_num_batched_tokens": settings.configured_max_num_batched_tokens,
@@ -31,8 +30,8 @@ def limits_problem(settings: PoolSettings, limits: Mapping[str, Any]) -> str | N
 
 def peer_problem(
     revision: str | None,
-    capabilities: Mapping[str, Any] | None,
-    peers: Iterable[tuple[str, str | None, Mapping[str, Any] | None]],
+    capabilities: Mapping[str, object] | None,
+    peers: Iterable[tuple[str, str | None, Mapping[str, object] | None]],
 ) -> str | None:
     """How this replica differs from the first peer (id, revision, capabilities) that reported
     the same things, or None. Peers that reported nothing are not compared."""

@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from vllm_sr import wire
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import DeadlineExceeded, Unavailable, WorkerFailed
+from vllm_sr.pool.connection import WorkerResponse
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.pool.replica import Outcome, Replica
 
@@ -137,7 +137,7 @@ async def exchange(
         )
 
 
-async def _send(rep: Replica, path: str, body: bytes, remaining_s: float) -> Any:
+async def _send(rep: Replica, path: str, body: bytes, remaining_s: float) -> WorkerResponse:
     if rep.client is None:  # published pools only hold workers with a client; be safe anyway
         raise WorkerFailed(f"replica {rep.id} has no worker client", replica=rep.id)
     if remaining_s <= 0:

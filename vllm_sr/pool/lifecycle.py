@@ -1,31 +1,35 @@
-"""Lifecycle transitions of a pool's replicas, set by the supervisor (``mark_*``): part of
-``ReplicaPool``, kept in its own module. Each keeps dispatch consistent: when no replica outside
-ejection could serve any more, the ejected ones serve again."""
+"""Lifecycle transitions of a pool's replicas, reported by the supervisor (``mark_*``), and
+what else the supervisor learns of a worker (restarts, its learner's report, its usage): part of
+``ReplicaPool``, kept in its own module. The supervisor never sets a record's field itself;
+these methods are how it tells the pool, the one writer (docs/internals.md, "Replica state").
+Each transition keeps dispatch consistent: when no replica outside ejection could serve any
+more, the ejected ones serve again."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr import events as ev
+from vllm_sr.events import Emit
+from vllm_sr.jsontypes import JsonObject
+from vllm_sr.plan import ReplicaState
 from vllm_sr.pool import compat
-from vllm_sr.pool.replica import Replica, ReplicaState
+from vllm_sr.pool.replica import Replica
 from vllm_sr.pool.settings import PoolSettings
 
 
 class Lifecycle:
     settings: PoolSettings
     _replicas: dict[str, Replica]
-    _emit: Callable[..., Any]
+    _emit: Emit
 
-    def _get(self, replica_id: str) -> Replica:
-        raise NotImplementedError
+    if TYPE_CHECKING:
 
-    def _restore_if_none_serve(self) -> bool:
-        raise NotImplementedError
+        def _get(self, replica_id: str) -> Replica: ...
 
-    def _who(self, r: Replica) -> dict[str, Any]:
-        raise NotImplementedError
+        def _restore_if_none_serve(self) -> bool: ...
+
+        def _who(self, r: Replica) -> dict[str, object]: ...
 
     def mark_starting(self, replica_id: str, pid: int | None = None) -> None:
         r = self._get(replica_id)
@@ -38,11 +42,11 @@ class Lifecycle:
         self,
         replica_id: str,
         pid: int | None,
-        limits: dict[str, Any] | None = None,
+        limits: JsonObject | None = None,
         threads: int | None = None,
         *,
         revision: str | None = None,
-        capabilities: dict[str, Any] | None = None,
+        capabilities: JsonObject | None = None,
     ) -> bool:
         """The worker answered /health 200. Returns False (and marks it ``incompatible``)
         when its reported limits differ from the configured ones, or its revision or
@@ -69,8 +73,17 @@ class Lifecycle:
         return True
 
     def mark_exited(self, replica_id: str, reason: str) -> None:
+        """The process exited (``reason``: its exit, a hang, a restart asked for)."""
         r = self._get(replica_id)
         r.state, r.pid, r.last_error = ReplicaState.STOPPED, None, reason
+        r.restart_reason = reason
+        self._restore_if_none_serve()
+
+    def mark_hung(self, replica_id: str, reason: str) -> None:
+        """Its forward has run past the hang bound: out of dispatch now (a hung forward can
+        still answer /health and its result cache), until its next process is ready."""
+        r = self._get(replica_id)
+        r.state, r.last_error = ReplicaState.HUNG, reason
         self._restore_if_none_serve()
 
     def mark_backoff_restart(self, replica_id: str, until: float) -> None:
@@ -101,11 +114,20 @@ class Lifecycle:
         r.restarts += 1
         return r.restarts
 
-    def set_adaptive_threads(self, replica_id: str, value: Any) -> None:
+    def set_adaptive_threads(self, replica_id: str, value: object) -> None:
         self._get(replica_id).adaptive_threads = value
 
     def set_last_error(self, replica_id: str, message: str | None) -> None:
         self._get(replica_id).last_error = message
+
+    def set_usage(self, replica_id: str, usage: JsonObject) -> None:
+        """The worker's sampled CPU %, RSS and GPU usage (the supervisor's usage sampler)."""
+        self._get(replica_id).usage = usage
+
+    def note_supervision_failed(self, replica_id: str, failures: int, error: str) -> None:
+        """The supervisor's life loop for it raised (``failures`` times so far)."""
+        r = self._get(replica_id)
+        r.supervision_failures, r.last_error = failures, error
 
     def idle(self, replica_id: str) -> bool:
         """Nothing in flight (a draining replica may be stopped)."""

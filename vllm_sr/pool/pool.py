@@ -21,27 +21,29 @@ and below ``max_inflight_per_replica``, the one with the fewest outstanding requ
 ties to the least recently assigned. There is no queue: all such replicas full raises
 ``Overloaded``; none that could serve raises ``Unavailable``.
 
-Lifecycle states are set by the supervisor (``mark_*``); the supervisor emits their events.
-The pool emits only what it decides: ``replica_ejected``, ``replica_readmitted``,
-``replica_ejection_withheld`` and ``replica_incompatible``, each once per transition.
+The pool is the one writer of its replica records: the supervisor reports lifecycle
+transitions through ``mark_*`` (``lifecycle``) and emits their events itself; outcomes and probes
+drive backoff and ejection (``ejection``). The pool emits only what it decides:
+``replica_ejected``, ``replica_readmitted``, ``replica_ejection_withheld`` and
+``replica_incompatible``, each once per transition.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from vllm_sr import events as ev
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
 from vllm_sr.errors import Conflict, NotFound, Overloaded, Unavailable
+from vllm_sr.events import Emit
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool import outlier, views
+from vllm_sr.pool.ejection import Ejection
 from vllm_sr.pool.lifecycle import Lifecycle
-from vllm_sr.pool.replica import OUTCOMES, Outcome, Replica, ReplicaState
+from vllm_sr.pool.replica import OUTCOMES, Client, Outcome, Replica
 from vllm_sr.pool.settings import PoolSettings
-
-Emit = Callable[..., Any]
 
 __all__ = ["Emit", "Lease", "PoolSettings", "ReplicaPool"]
 
@@ -62,7 +64,7 @@ class Lease:
     kind: str = "native"
 
 
-class ReplicaPool(Lifecycle):
+class ReplicaPool(Ejection, Lifecycle):
     """Admission, dispatch and outlier ejection for one deployment's replicas."""
 
     def __init__(
@@ -81,7 +83,7 @@ class ReplicaPool(Lifecycle):
         self.policy = self.settings.policy()
         self.desired_replicas = desired_replicas
         self._clock = clock
-        self._emit: Emit = emit or (lambda name, **fields: None)
+        self._emit: Emit = emit or _no_emit
         self._replicas: dict[str, Replica] = {}
         self._seq = 0
         self._probes: dict[str, None] = {}  # ordered set
@@ -105,7 +107,7 @@ class ReplicaPool(Lifecycle):
         device: str,
         pid: int | None = None,
         *,
-        client: Any = None,
+        client: Client | None = None,
         served_model: str | None = None,
     ) -> Replica:
         if replica_id in self._replicas:
@@ -249,42 +251,14 @@ class ReplicaPool(Lifecycle):
             r.latency.add(latency_s if latency_s is not None else now - lease.started)
             self._on_success(r, now)
         elif outcome == "timeout":
-            self._on_failure(r, lease, now)
-            self._on_timeout(r, lease)
+            self._on_failure(r, lease.started, now)
+            self._on_timeout(r, lease.started)
         elif outcome == "failure":
-            self._on_failure(r, lease, now)
+            self._on_failure(r, lease.started, now)
         elif outcome == "no_forward":
             r.latency.add(latency_s if latency_s is not None else now - lease.started)
         # cancelled / refused / no_forward: neither counts nor resets the run of timeouts
         # (an answer no forward produced says nothing of whether the forward works).
-
-    def _on_success(self, r: Replica, now: float) -> None:
-        r.last_success_at = now
-        r.backoff_until, r.backoff_set_at = None, None
-        r.failure_backoff.reset()
-        r.consecutive_timeouts, r.timeouts_began_at = 0, None
-        r.withheld_rule = None
-        r.ejection_level = 0  # "starts over": the next ejection is the base again
-        if r.ejected:
-            self._readmit(r, outlier.WHY_SUCCESS)
-
-    def _on_failure(self, r: Replica, lease: Lease, now: float) -> None:
-        # Only an exchange sent after the last step began doubles the backoff: the 32
-        # exchanges in flight when a worker hung or died are one failure, not 32.
-        if (
-            not r.failure_backoff.active
-            or r.backoff_set_at is None
-            or (lease.started >= r.backoff_set_at)
-        ):
-            r.failure_backoff.next_delay()
-            r.backoff_set_at = now
-        r.backoff_until = max(r.backoff_until or now, now + r.backoff_s)
-        self._request_probe(r.id)
-
-    def _request_probe(self, replica_id: str) -> None:
-        self._probes[replica_id] = None
-        if self.on_wake is not None:
-            self.on_wake()
 
     def note_retry(self, failed_replica: str, error: str) -> None:
         """An exchange that failed on ``failed_replica`` before an answer goes to another
@@ -309,155 +283,7 @@ class ReplicaPool(Lifecycle):
             error=error,
         )
 
-    def _on_timeout(self, r: Replica, lease: Lease) -> None:
-        if r.consecutive_timeouts == 0:
-            r.timeouts_began_at = lease.started
-        r.consecutive_timeouts += 1
-        if not self.policy.enabled or r.ejected or r.state is not ReplicaState.READY:
-            return
-        if r.consecutive_timeouts < self.policy.consecutive_timeouts:
-            return
-        decision = outlier.decide(self.policy, r, self._replicas.values())
-        if decision.eject:
-            r.ejection_level += 1
-            self._eject(r, decision.duration_ms, "consecutive_timeouts")
-        elif decision.rule != r.withheld_rule:
-            r.withheld_rule = decision.rule
-            assert decision.rule is not None
-            self.withheld[decision.rule] += 1
-            self._emit(
-                ev.REPLICA_EJECTION_WITHHELD,
-                deployment=self.deployment,
-                replica=r.id,
-                rule=decision.rule,
-                timeouts=r.consecutive_timeouts,
-            )
-
-    # ----------------------------------------------------------------- probes + time
-    def take_probe_requests(self) -> list[str]:
-        """Replica ids whose /health should be probed now (after a failed or timed-out
-        exchange, at ejection); each id once until taken again."""
-        ids = [rid for rid in self._probes if rid in self._replicas]
-        self._probes.clear()
-        return ids
-
-    def probe_result(self, replica_id: str, healthy: bool, reason: str | None = None) -> None:
-        """A /health probe's answer. An unhealthy replica leaves dispatch and is probed
-        again (0.1 s doubling to 3.2 s, like the failure backoff) until a healthy answer or
-        ``mark_ready``. A healthy answer does not readmit an ejected replica: a hung forward
-        can still answer /health."""
-        r = self._replicas.get(replica_id)
-        if r is None:
-            return
-        r.healthy = healthy
-        if healthy:
-            r.reprobe_at = None
-            r.reprobe.reset()
-            return
-        r.last_error = reason or "health probe failed"
-        # Nothing else would probe it again: it gets no traffic, so no failures.
-        r.reprobe_at = self._clock.monotonic() + r.reprobe.next_delay()
-        self._restore_if_none_serve()
-
-    def tick(self) -> float | None:
-        """Apply time-based transitions (cool-downs ending). Returns seconds until the next
-        one, or None when nothing is pending, so a caller can sleep exactly that long."""
-        now = self._clock.monotonic()
-        self._advance(now)
-        pending = [
-            t - now
-            for r in self._replicas.values()
-            for t in (r.ejected_until, r.backoff_until, r.reprobe_at)
-            if t is not None and t > now
-        ]
-        return min(pending) if pending else None
-
-    def _advance(self, now: float) -> None:
-        for r in self._replicas.values():
-            if r.ejected_until is not None and now >= r.ejected_until:
-                self._readmit(r, outlier.WHY_COOLDOWN)
-            if r.backoff_until is not None and now >= r.backoff_until:
-                r.backoff_until = None  # the doubling stays until a success
-            if r.reprobe_at is not None and now >= r.reprobe_at:
-                r.reprobe_at = None
-                self._request_probe(r.id)
-
-    # ----------------------------------------------------------------- manual ops (control API)
-    def eject(
-        self, replica_id: str, duration_ms: int | None = None, reason: str = "manual"
-    ) -> None:
-        """Take a replica out of dispatch for ``duration_ms`` (default: base_ejection_ms).
-        Refused when no other replica could take its requests."""
-        r = self._get(replica_id)
-        if duration_ms is not None and duration_ms < 1:
-            raise ValueError(f"duration_ms must be >= 1, got {duration_ms}")
-        if not any(o.serving and not o.ejected for o in self._replicas.values() if o is not r):
-            raise Conflict(
-                f"replica {replica_id!r} cannot be ejected: no other replica of "
-                f"{self.deployment!r} can take requests (drain it instead)",
-                replica=replica_id,
-            )
-        self._eject(r, duration_ms or self.policy.base_ejection_ms, reason)
-
-    def readmit(self, replica_id: str) -> bool:
-        """Return an ejected or drained replica to dispatch now; its record starts over.
-        False when it was neither."""
-        r = self._get(replica_id)
-        r.backoff_until, r.backoff_set_at = None, None
-        r.failure_backoff.reset()
-        r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
-        r.ejection_level = 0
-        if r.state is ReplicaState.DRAINING and r.pid is not None:
-            r.state = ReplicaState.READY  # `ctl drain` undone: the process never stopped
-            self._emit(ev.REPLICA_READMITTED, **self._who(r), why=outlier.WHY_UNDRAIN)
-            return True
-        if not r.ejected:
-            return False
-        self._readmit(r, outlier.WHY_MANUAL)
-        return True
-
-    def drain(self, replica_id: str) -> None:
-        self.mark_draining(replica_id)
-
-    # ----------------------------------------------------------------- transitions
-    def _eject(self, r: Replica, duration_ms: int, reason: str) -> None:
-        r.ejected_until = self._clock.monotonic() + duration_ms / 1000.0
-        r.ejections += 1
-        r.withheld_rule = None
-        self._request_probe(r.id)
-        self._emit(
-            ev.REPLICA_EJECTED,
-            **self._who(r),
-            timeouts=r.consecutive_timeouts,
-            duration_ms=duration_ms,
-            reason=reason,
-        )
-
-    def _readmit(self, r: Replica, why: str) -> None:
-        r.ejected_until = None
-        r.readmissions += 1
-        self._emit(ev.REPLICA_READMITTED, **self._who(r), why=why)
-
-    def _restore_if_none_serve(self) -> bool:
-        """If no replica outside ejection can take requests, the ejected ones serve again.
-        "Can take requests" is read as: ready, healthy and not in its short failure backoff;
-        one that is merely full can (its slots free soon: callers keep the 429), while one
-        backing off, starting, draining or unreachable cannot. Returns whether any was
-        readmitted."""
-        now = self._clock.monotonic()
-        ejected = []
-        for r in self._replicas.values():
-            if not r.serving:
-                continue
-            if not r.ejected and not r.in_backoff(now):
-                return False  # it can take requests (perhaps once a slot frees)
-            if r.ejected:
-                ejected.append(r)
-        for r in ejected:
-            self._readmit(r, outlier.WHY_NO_OTHER)
-        return bool(ejected)
-
-    def _who(self, r: Replica) -> dict[str, Any]:
+    def _who(self, r: Replica) -> dict[str, object]:
         return {"deployment": self.deployment, "replica": r.id, "device": r.device, "pid": r.pid}
 
     def _get(self, replica_id: str) -> Replica:
@@ -471,11 +297,15 @@ class ReplicaPool(Lifecycle):
             ) from None
 
     # ----------------------------------------------------------------- inventory + metrics
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> JsonObject:
         """This deployment's entry in the inventory document (docs/internals.md)."""
         self._advance(self._clock.monotonic())
         return views.inventory(self, self._clock)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> JsonObject:
         """Counters for /metrics: per replica, withheld ejections by rule, refusals, retries."""
         return views.metrics(self)
+
+
+def _no_emit(name: str, **fields: object) -> None:
+    """A pool built without an event bus (tests) publishes nothing."""

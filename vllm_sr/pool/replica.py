@@ -1,5 +1,6 @@
-"""One replica as the pool sees it: its lifecycle state (set by the supervisor), its dispatch
-accounting (set by the pool on acquire/release) and its outlier record.
+"""One replica as the pool sees it: its lifecycle state (reported by the supervisor through the
+pool's ``mark_*``), its dispatch accounting (acquire/release) and its outlier record; the pool
+writes every field. ``ReplicaState`` itself is ``vllm_sr.plan``'s, shared with the supervisor.
 
 Ejection and the short failure backoff are overlays on the lifecycle state, not states of
 their own inside the replica: a replica can be ``ready`` (its process is healthy) and ejected
@@ -8,29 +9,25 @@ inventory shows ``ejected`` for a ready replica that is ejected (``display_state
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
+from vllm_sr.jsontypes import JsonObject
+from vllm_sr.plan import ReplicaState
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 
+if TYPE_CHECKING:
+    from vllm_sr.pool.connection import WorkerResponse
 
-class ReplicaState(enum.StrEnum):
-    STARTING = "starting"  # spawned, waiting for /health 200
-    READY = "ready"  # healthy and a member of dispatch
-    BACKOFF = "backoff"  # process exited; waiting to be restarted
-    EJECTED = "ejected"  # shown for a READY replica the outlier detector took out
-    DRAINING = "draining"  # finishing what it has, admits nothing new
-    INCOMPATIBLE = "incompatible"  # reported limits differ from the configured ones
-    FAILED = "failed"  # will not be restarted (bad artifact, golden check ...)
-    STOPPED = "stopped"  # no process
+__all__ = ["OUTCOMES", "Client", "Outcome", "Replica", "ReplicaState"]
 
 
 class Client(Protocol):
-    """What the pool needs of a worker client (``vllm_sr.pool.client.WorkerClient``)."""
+    """What is asked of a worker client (``vllm_sr.pool.client.WorkerClient``): the pool's
+    exchanges ``post``; the frontend's /metrics scrape ``request``s ``GET /metrics``."""
 
     async def post(
         self,
@@ -39,7 +36,17 @@ class Client(Protocol):
         *,
         timeout_s: float | None = None,
         headers: dict[str, str] | None = None,
-    ) -> Any: ...
+    ) -> WorkerResponse: ...
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> WorkerResponse: ...
 
 
 Outcome = Literal["success", "timeout", "failure", "cancelled", "refused", "no_forward"]
@@ -55,7 +62,9 @@ OUTCOMES: tuple[Outcome, ...] = (
 
 @dataclass(eq=False)
 class Replica:
-    """Mutable record of one replica; the pool is the only writer."""
+    """Mutable record of one replica. The pool is the only writer: the supervisor reports
+    what it sees through the pool's methods (``mark_*``, ``note_*``, ``set_*``), never by
+    setting a field (docs/internals.md, "Replica state")."""
 
     id: str
     deployment: str
@@ -65,11 +74,11 @@ class Replica:
     state: ReplicaState = ReplicaState.STARTING
     healthy: bool = True  # last /health probe answered 200 (or no probe yet)
     reprobe_at: float | None = None  # monotonic; when to probe an unhealthy replica again
-    limits: dict[str, Any] | None = None
+    limits: JsonObject | None = None
     revision: str | None = None  # what the worker reports loading (HF revision or content hash)
-    capabilities: dict[str, Any] | None = None  # surfaces, dimensions, max_length, labels, dtype
+    capabilities: JsonObject | None = None  # surfaces, dimensions, max_length, labels, dtype
     threads: int | None = None
-    adaptive_threads: Any = None
+    adaptive_threads: object = None  # the worker's learner report (JSON), as /health gave it
     restarts: int = 0
     last_error: str | None = None
     restart_at: float | None = None  # monotonic; when the supervisor restarts it (BACKOFF)
@@ -77,7 +86,7 @@ class Replica:
     served_model: str | None = None  # attached runtimes: the name to put in "model"
     restart_reason: str | None = None  # why the last restart happened (exit, hung, request)
     supervision_failures: int = 0  # times the supervisor's life loop for it raised
-    usage: dict[str, Any] | None = None  # sampled process / device usage (CPU %, RSS, GPU)
+    usage: JsonObject | None = None  # sampled process / device usage (CPU %, RSS, GPU)
 
     # Dispatch accounting.
     inflight: int = 0
@@ -137,7 +146,7 @@ class Replica:
     def requests(self) -> int:
         return sum(self.outcomes.values())
 
-    def inventory(self, max_inflight: int, clock: Clock) -> dict[str, Any]:
+    def inventory(self, max_inflight: int, clock: Clock) -> JsonObject:
         """This replica's entry in the inventory document (docs/internals.md)."""
         p50, p99 = self.latency.percentiles(0.5, 0.99)
         ejected_until = None

@@ -9,7 +9,7 @@ config.yaml documents, and the one cross-field check of outlier_detection, have 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from vllm_sr.config.schema import Deployment
 
 
-class PoolSettings(BaseModel):
+# The ignore: mypy reads pydantic's own ``__init__(**data: Any)`` into every model class.
+class PoolSettings(BaseModel):  # type: ignore[explicit-any]
     """Per-deployment pool settings (from config.yaml's deployment entry)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -98,10 +99,10 @@ class PoolSettings(BaseModel):
         return ms / 1000.0
 
     @classmethod
-    def from_deployment(cls, deployment: Deployment, **overrides: Any) -> PoolSettings:
+    def from_deployment(cls, deployment: Deployment, **overrides: object) -> PoolSettings:
         """The settings of a validated config deployment (``vllm_sr.config.schema``)."""
         od = deployment.outlier_detection
-        values: dict[str, Any] = {
+        values: dict[str, object] = {
             "timeout_ms": deployment.timeout_ms,
             "consecutive_timeouts": od.consecutive_timeouts,
             "base_ejection_ms": od.base_ejection_ms,
@@ -112,4 +113,4 @@ class PoolSettings(BaseModel):
             "configured_max_num_batched_tokens": deployment.engine_args.max_num_batched_tokens,
         }
         values.update(overrides)
-        return cls(**values)
+        return cls.model_validate(values)

@@ -3,9 +3,10 @@ only; built on demand, so the request path pays nothing for them)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from vllm_sr.clock import Clock
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool.replica import Replica
 from vllm_sr.pool.settings import PoolSettings
 
@@ -24,7 +25,7 @@ class ReplicaPool(Protocol):
     def replicas(self) -> list[Replica]: ...
 
 
-def inventory(pool: ReplicaPool, clock: Clock) -> dict[str, Any]:
+def inventory(pool: ReplicaPool, clock: Clock) -> JsonObject:
     replicas = pool.replicas()
     desired = pool.desired_replicas if pool.desired_replicas is not None else len(replicas)
     ready = sum(1 for r in replicas if r.serving)
@@ -48,7 +49,7 @@ def inventory(pool: ReplicaPool, clock: Clock) -> dict[str, Any]:
     }
 
 
-def metrics(pool: ReplicaPool) -> dict[str, Any]:
+def metrics(pool: ReplicaPool) -> JsonObject:
     return {
         "deployment": pool.deployment,
         "replicas": {

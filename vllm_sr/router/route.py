@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_sr.config.routing import Providers, Routing, effective_algorithm
 from vllm_sr.config.routing_kbs import knowledge_bases
 from vllm_sr.errors import VllmSrError
+from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
 from vllm_sr.router.deterministic import DeterministicSignals
@@ -44,16 +45,6 @@ log = logging.getLogger("vllm_sr.router")
 
 Exchange = Callable[[str, str, bytes, float | None], Awaitable[tuple[int, bytes]]]
 NO_DECISION = "(default)"  # the decision label of a request no decision matched
-
-
-@dataclass(frozen=True)
-class AuthzOptions:
-    """``global.services.authz``: where the caller's identity is read, and whether a request
-    without one may pass when role bindings are configured."""
-
-    user_id_header: str = "x-authz-user-id"
-    user_groups_header: str = "x-authz-user-groups"
-    fail_open: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import psutil
 
+from vllm_sr.plan import ServicePlan
 
-def place_service(plan: Any, own_cpus: list[int]) -> list[int]:
+
+def place_service(plan: ServicePlan | None, own_cpus: list[int]) -> list[int]:
     """Keep the service's own per-request work off the workers' pinned CPUs when some are
     left over (the page: per-request work small and off the forward's cores). Returns the
     CPU set the service started with (remembered across reloads)."""
     if plan is None:
         return own_cpus
-    specs = [s for s in plan.specs() if not getattr(s, "endpoint", None)]
-    if not specs or not all(getattr(s, "cpus", None) for s in specs):
+    specs = [s for s in plan.specs() if not s.endpoint]
+    cpu_sets = [s.cpus for s in specs]
+    if not cpu_sets or not all(cpu_sets):
         return own_cpus  # an unpinned worker would inherit a narrowed set: leave it all
-    pinned = {c for spec in specs for c in spec.cpus}
+    pinned = {c for cpus in cpu_sets for c in cpus or ()}
     with contextlib.suppress(psutil.Error, OSError, AttributeError):
         me = psutil.Process()
         if not own_cpus:

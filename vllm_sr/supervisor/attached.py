@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import Conflict, VllmSrError
+from vllm_sr.plan import ReplicaSpec, ReplicaState
 from vllm_sr.pool.client import WorkerClient
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions, ReplicaHooks
 
@@ -22,7 +22,11 @@ POLL_S = 1.0
 
 class AttachedReplica(ManagedReplica):
     def __init__(
-        self, spec: Any, hooks: ReplicaHooks, options: ProcessOptions, clock: Clock = SYSTEM_CLOCK
+        self,
+        spec: ReplicaSpec,
+        hooks: ReplicaHooks,
+        options: ProcessOptions,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         super().__init__(spec, "", hooks, options, clock)
         self.client = WorkerClient.from_endpoint(str(spec.endpoint), self.id)
@@ -53,7 +57,7 @@ class AttachedReplica(ManagedReplica):
             except VllmSrError as exc:
                 self.last_error = exc.message
             await asyncio.sleep(POLL_S)
-        self.state = "ready"
+        self.state = ReplicaState.READY
         self.last_error = None
         self.ready.set()
         self.settled.set()

@@ -7,20 +7,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from vllm_sr import events as ev
 from vllm_sr.clock import Clock
+from vllm_sr.events import Emit
+from vllm_sr.jsontypes import json_int, json_object, json_str
+from vllm_sr.plan import DeploymentPlan, ReplicaSpec, ReplicaState, ServicePlan
 from vllm_sr.pool.directory import PoolDirectory
-from vllm_sr.pool.pool import Emit, ReplicaPool
+from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.supervisor.managed import ManagedReplica
-from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 
-Spawn = Callable[[Any], ManagedReplica]
+Spawn = Callable[[ReplicaSpec], ManagedReplica]
 
 
 class Fleet:
-    def __init__(self, clock: Clock, emit: Emit, on_wake: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        emit: Emit,
+        on_wake: Callable[[], None] | None = None,
+        directory: PoolDirectory | None = None,
+    ) -> None:
         self.clock = clock
         self.emit = emit
         self.on_wake = on_wake
@@ -30,7 +37,7 @@ class Fleet:
         self.published: set[str] = set()
         self.staged: list[ManagedReplica] = []  # a reload's new workers, not yet published
         self.retiring: list[ManagedReplica] = []  # retired workers still draining
-        self.directory = PoolDirectory()
+        self.directory = directory if directory is not None else PoolDirectory()
         self.generation = 0
 
     # ------------------------------------------------------------------ lookups
@@ -61,7 +68,7 @@ class Fleet:
 
     def join(self, rep: ManagedReplica, pool: ReplicaPool) -> None:
         """Publish ``rep`` under its id in ``pool`` (with the client exchanges go through)."""
-        where = rep.spec.device or getattr(rep.spec, "endpoint", None)
+        where = rep.spec.device or rep.spec.endpoint
         self.replicas[rep.id] = rep
         self.published.add(rep.id)
         rep.record = pool.add_replica(
@@ -167,7 +174,9 @@ def size_caches(workers: list[ManagedReplica], plan: ServicePlan, cache_bytes: i
             rep.result_cache_bytes = cache_bytes
 
 
-def start_in_order(workers: list[ManagedReplica], busy: list[ManagedReplica]) -> list[Any]:
+def start_in_order(
+    workers: list[ManagedReplica], busy: list[ManagedReplica]
+) -> list[asyncio.Future[None]]:
     """Start ``workers``; those placed on the same GPU one after another. Each GPU worker
     calibrates its token budget from the device's free memory at startup, so two starting
     together on one card would both count the same free memory. ``busy`` are workers already
@@ -175,9 +184,9 @@ def start_in_order(workers: list[ManagedReplica], busy: list[ManagedReplica]) ->
     tasks that hold back later starts (the caller keeps them alive)."""
     chains: dict[str, list[ManagedReplica]] = {}
     for rep in busy:
-        if _gpu(rep) is not None and rep.state == "starting":
+        if _gpu(rep) is not None and rep.state is ReplicaState.STARTING:
             chains.setdefault(_gpu(rep) or "", []).append(rep)
-    tasks = []
+    tasks: list[asyncio.Future[None]] = []
     for rep in workers:
         gpu = _gpu(rep)
         if gpu is None or not chains.get(gpu):
@@ -197,11 +206,11 @@ async def _start_after(rep: ManagedReplica, before: list[ManagedReplica]) -> Non
 
 
 def _gpu(rep: ManagedReplica) -> str | None:
-    device = str(getattr(rep.spec, "device", None) or "cpu")
-    return None if device == "cpu" or getattr(rep.spec, "endpoint", None) else device
+    device = rep.spec.device or "cpu"
+    return None if device == "cpu" or rep.spec.endpoint else device
 
 
-def who(rep: ManagedReplica) -> dict[str, Any]:
+def who(rep: ManagedReplica) -> dict[str, str]:
     return {"deployment": rep.spec.deployment, "replica": rep.id, "device": str(rep.spec.device)}
 
 
@@ -212,9 +221,9 @@ def mark_ready(pool: ReplicaPool, rep: ManagedReplica) -> bool:
         rep.id,
         rep.pid,
         rep.limits,
-        h.get("threads"),
-        revision=h.get("revision"),
-        capabilities=h.get("capabilities"),
+        json_int(h.get("threads")),
+        revision=json_str(h.get("revision")),
+        capabilities=json_object(h.get("capabilities")),
     )
     pool.set_adaptive_threads(rep.id, h.get("adaptive_threads"))
     return ok

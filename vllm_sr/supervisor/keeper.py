@@ -9,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from vllm_sr import events as ev
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
+from vllm_sr.events import Emit
 
 log = logging.getLogger("vllm_sr.supervisor")
-
-Emit = Callable[..., Any]
 
 
 class TaskKeeper:
@@ -32,7 +30,7 @@ class TaskKeeper:
         self.emit = emit
         self.failures: dict[str, int] = {}  # task name -> times it raised
 
-    async def keep(self, name: str, factory: Callable[[], Awaitable[Any]]) -> None:
+    async def keep(self, name: str, factory: Callable[[], Awaitable[object]]) -> None:
         backoff = Backoff(
             self.initial_s, self.max_s, reset_after_s=self.reset_after_s, clock=self.clock
         )

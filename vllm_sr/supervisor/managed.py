@@ -22,14 +22,17 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import EXIT_DO_NOT_RESTART, VllmSrError
+from vllm_sr.jsontypes import JsonObject, json_object
+from vllm_sr.plan import ReplicaSpec, ReplicaState
 from vllm_sr.pool.client import WorkerClient
+from vllm_sr.pool.replica import Replica
 from vllm_sr.supervisor.process import WorkerProcess, worker_command
 
 log = logging.getLogger("vllm_sr.supervisor")
@@ -58,14 +61,14 @@ class ReplicaHooks(Protocol):
     def on_exited(self, rep: ManagedReplica, returncode: int, reason: str) -> None: ...
     def on_backoff(self, rep: ManagedReplica, delay_s: float) -> None: ...
     def on_failed(self, rep: ManagedReplica, reason: str) -> None: ...
-    def on_health(self, rep: ManagedReplica, doc: dict[str, Any]) -> None: ...
+    def on_health(self, rep: ManagedReplica, doc: JsonObject) -> None: ...
     def on_supervision_failed(self, rep: ManagedReplica, error: str) -> None: ...
 
 
 class ManagedReplica:
     def __init__(
         self,
-        spec: Any,
+        spec: ReplicaSpec,
         socket_path: str,
         hooks: ReplicaHooks,
         options: ProcessOptions,
@@ -79,15 +82,17 @@ class ManagedReplica:
         self.client = WorkerClient(uds=socket_path, replica_id=self.id)
         self.process: WorkerProcess | None = None
         self.restarts = 0
-        self.state = "starting"
+        # Written by this object alone (its life loop, ``mark_hung``); the pool keeps its own
+        # record of the replica (``record``), written by the pool alone.
+        self.state = ReplicaState.STARTING
         self.last_error: str | None = None
-        self.health: dict[str, Any] = {}
+        self.health: JsonObject = {}
         self.ready = asyncio.Event()  # set while the current process is ready
         self.settled = asyncio.Event()  # ready or failed for good (a reload waits on it)
         self.lives = 0  # processes started so far
         self.supervision_failures = 0  # times its life loop raised (and was started again)
         self._life = asyncio.Event()  # set (and replaced) each time a process starts
-        self.record: Any = None  # its pool Replica record while published
+        self.record: Replica | None = None  # its pool record while published (set by Fleet.join)
         self.served_model: str | None = None  # attached runtimes: the name to put in "model"
         self.result_cache_bytes = 0  # set by the supervisor for multi-replica deployments
         self._backoff = Backoff(
@@ -107,14 +112,13 @@ class ManagedReplica:
         return self.process.pid if self.process and self.process.running else None
 
     @property
-    def limits(self) -> dict[str, Any] | None:
-        lim = self.health.get("limits")
-        return lim if isinstance(lim, dict) else None
+    def limits(self) -> JsonObject | None:
+        return json_object(self.health.get("limits"))
 
     def start(self) -> None:
         self._supervise(self._run())
 
-    def _supervise(self, coro: Any) -> None:
+    def _supervise(self, coro: Coroutine[object, object, None]) -> None:
         self._task = asyncio.create_task(coro, name=f"replica-{self.id}")
         self._task.add_done_callback(self._ended)
 
@@ -122,7 +126,12 @@ class ManagedReplica:
         """Its life loop has ended while it should still run (not stopping, not failed for
         good): the supervisor's reconcile pass revives it."""
         task = self._task
-        return task is not None and task.done() and not self._stopping and self.state != "failed"
+        return (
+            task is not None
+            and task.done()
+            and not self._stopping
+            and self.state is not ReplicaState.FAILED
+        )
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """The life loop's task is done: a lapse is counted and reported, never silent (and
@@ -153,7 +162,7 @@ class ManagedReplica:
     async def _recover(self) -> None:
         # The wait comes first, so a hook that keeps raising cannot make the revival spin.
         delay = self._backoff.next_delay()
-        self.state = "backoff"
+        self.state = ReplicaState.BACKOFF
         with contextlib.suppress(Exception):
             self.hooks.on_backoff(self, delay)
         if self.process is not None and self.process.running:
@@ -164,18 +173,26 @@ class ManagedReplica:
             await self._run(restarted=True)
 
     async def wait_settled(self) -> None:
-        """Until the worker is ready, or failed for good (then ``state == "failed"``)."""
+        """Until the worker is ready, or failed for good (then ``state`` is FAILED)."""
         await self.settled.wait()
 
     async def wait_new_life(self, after: int) -> None:
         """Until a process later than life number ``after`` has started (or it failed)."""
-        while self.lives <= after and self.state != "failed":
+        while self.lives <= after and self.state is not ReplicaState.FAILED:
             await self._life.wait()
 
     def _new_life(self) -> None:
         self.lives += 1
         self._life.set()
         self._life = asyncio.Event()
+
+    def mark_hung(self, reason: str) -> bool:
+        """Its forward has run past the hang bound: HUNG (``kill_hung`` restarts it). False,
+        and nothing changes, unless it is READY (a hang is reported once per process)."""
+        if self.state is not ReplicaState.READY:
+            return False
+        self.state, self.last_error = ReplicaState.HUNG, reason
+        return True
 
     async def kill_hung(self, reason: str) -> None:
         """Its forward hangs: TERM, a short grace, KILL; the life loop restarts it with the
@@ -230,7 +247,7 @@ class ManagedReplica:
                 self.last_error = reason
                 self.hooks.on_exited(self, returncode, reason)
             if returncode == EXIT_DO_NOT_RESTART:
-                self.state = "failed"
+                self.state = ReplicaState.FAILED
                 self.settled.set()
                 self._life.set()
                 self.hooks.on_failed(self, reason)
@@ -239,7 +256,7 @@ class ManagedReplica:
                 self._restart_now = False
             else:
                 delay = self._backoff.next_delay()
-                self.state = "backoff"
+                self.state = ReplicaState.BACKOFF
                 self.hooks.on_backoff(self, delay)
                 await self._sleep(delay)
             restarted = True
@@ -257,11 +274,11 @@ class ManagedReplica:
         argv = worker_command(
             self.spec, self.socket_path, self.options.worker_argv, self.result_cache_bytes
         )
-        env = dict(getattr(self.spec, "env", None) or {})
+        env = dict(self.spec.env)
         proc = WorkerProcess(
             argv,
             env=env,
-            cpus=getattr(self.spec, "cpus", None),
+            cpus=self.spec.cpus,
             socket_path=self.socket_path,
             name=self.id,
         )
@@ -271,13 +288,13 @@ class ManagedReplica:
             await proc.start(stderr_sink=self._stderr_tail)
         except OSError as exc:  # EMFILE, ENOMEM, ENOENT (a package upgraded under us) ...
             raise SpawnFailed(f"spawn failed: {type(exc).__name__}: {exc}") from exc
-        self.state = "starting"
+        self.state = ReplicaState.STARTING
         self.health = {}
         self.last_error = None
         self._new_life()
         self.hooks.on_starting(self, restarted)
         if await self._wait_ready(proc):
-            self.state = "ready"
+            self.state = ReplicaState.READY
             self._backoff.mark_ready()
             self.ready.set()
             self.settled.set()

@@ -17,9 +17,10 @@ import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import psutil
+
+from vllm_sr.plan import ReplicaSpec
 
 log = logging.getLogger("vllm_sr.supervisor")
 
@@ -28,37 +29,35 @@ PARENT_PID_ENV = "VLLM_SR_PARENT_PID"
 
 
 def worker_command(
-    spec: Any, socket_path: str, base: Sequence[str] | None = None, result_cache_bytes: int = 0
+    spec: ReplicaSpec,
+    socket_path: str,
+    base: Sequence[str] | None = None,
+    result_cache_bytes: int = 0,
 ) -> list[str]:
-    """The argv that runs ``vllm-sr worker`` for ``spec`` (a placement ReplicaSpec)."""
+    """The argv that runs ``vllm-sr worker`` for ``spec``."""
     argv = list(base) if base else [sys.executable, "-m", "vllm_sr.cli", "worker"]
     argv += [str(spec.artifact), "--uds", socket_path]
     # A GPU worker sees exactly its own GPU (the plan's *_VISIBLE_DEVICES), so it is index 0
-    # inside; placement's ReplicaSpec says so as ``torch_device``.
-    device = getattr(spec, "torch_device", None) or getattr(spec, "device", None)
-    if device:
-        argv += ["--device", str(device)]
-    threads = getattr(spec, "threads", None)
-    if threads:
-        argv += ["--threads", str(threads)]
-    for flag, attr in (
-        ("--max-num-seqs", "max_num_seqs"),
-        ("--max-num-batched-tokens", "max_num_batched_tokens"),
-        ("--dtype", "dtype"),
+    # inside: ``torch_device`` says so.
+    if spec.torch_device:
+        argv += ["--device", spec.torch_device]
+    if spec.threads:
+        argv += ["--threads", str(spec.threads)]
+    for flag, value in (
+        ("--max-num-seqs", spec.max_num_seqs),
+        ("--max-num-batched-tokens", spec.max_num_batched_tokens),
+        ("--dtype", spec.dtype),
     ):
-        value = getattr(spec, attr, None)
         if value is not None and value != "auto":  # auto is the worker's own default
             argv += [flag, str(value)]
-    revision = getattr(spec, "revision", None)
-    if revision:
-        argv += ["--revision", str(revision)]
+    if spec.revision:
+        argv += ["--revision", str(spec.revision)]
     if result_cache_bytes > 0:  # several replicas: each keeps its own result cache (the page)
         argv += ["--result-cache-bytes", str(result_cache_bytes)]
     argv += ["--replica-id", str(spec.id)]
     # Requests name the deployment in "model"; the worker must accept that name as its own.
-    deployment = getattr(spec, "deployment", None)
-    if deployment:
-        argv += ["--served-model-name", str(deployment)]
+    if spec.deployment:
+        argv += ["--served-model-name", str(spec.deployment)]
     return argv
 
 

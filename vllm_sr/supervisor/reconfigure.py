@@ -13,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from vllm_sr import events as ev
 from vllm_sr.control.commands import Command
 from vllm_sr.errors import Conflict, InvalidRequest, VllmSrError
 from vllm_sr.events import EventBus
+from vllm_sr.jsontypes import JsonObject, json_object, json_str
+from vllm_sr.plan import ReplicaState, ServicePlan
 from vllm_sr.pool import compat
 from vllm_sr.supervisor.fleet import Fleet, Spawn, size_caches, start_in_order, who
 from vllm_sr.supervisor.managed import ManagedReplica
-from vllm_sr.supervisor.reload import ServicePlan, diff_plans
+from vllm_sr.supervisor.reload import diff_plans
 
 log = logging.getLogger("vllm_sr.supervisor")
 
@@ -43,7 +45,7 @@ RELOAD_MARGIN_S = 30.0
 
 
 def resolve(
-    cmd: Command, *, result: dict[str, Any] | None = None, exc: Exception | None = None
+    cmd: Command, *, result: JsonObject | None = None, exc: Exception | None = None
 ) -> None:
     if cmd.done is None or cmd.done.done():
         return
@@ -98,7 +100,7 @@ class Reconfiguration:
         self.scaler: Scaler | None = None
         self.task: asyncio.Task[None] | None = None
         self.retiring_tasks: set[asyncio.Task[None]] = set()
-        self.starts: list[Any] = []
+        self.starts: list[asyncio.Future[None]] = []
         self.cache_bytes = 0  # each new worker's result cache when its deployment has several
 
     @property
@@ -218,7 +220,7 @@ class Reconfiguration:
                     )
                 for fut in done:
                     rep = waits[fut]
-                    if rep.state == "failed":
+                    if rep.state is ReplicaState.FAILED:
                         raise VllmSrError(
                             f"new worker {rep.id} failed: {rep.last_error}", replica=rep.id
                         )
@@ -235,22 +237,21 @@ class Reconfiguration:
         before it); otherwise the reload is refused and the running generation serves on."""
         for name, dep in plan.deployments.items():
             pool = self.fleet.pools.get(name)
-            peers: list[tuple[str, str | None, Any]] = [
+            peers: list[tuple[str, str | None, Mapping[str, object] | None]] = [
                 (r.id, r.revision, r.capabilities)
                 for r in (pool.replicas() if pool is not None else [])
                 if r.id not in retire and r.serving
             ]
             for rep in (r for r in staged if r.spec.deployment == name):
-                h = rep.health
+                revision = json_str(rep.health.get("revision"))
+                capabilities = json_object(rep.health.get("capabilities"))
                 problem = compat.limits_problem(dep.settings, rep.limits or {})
-                problem = problem or compat.peer_problem(
-                    h.get("revision"), h.get("capabilities"), peers
-                )
+                problem = problem or compat.peer_problem(revision, capabilities, peers)
                 if problem is not None:
                     raise VllmSrError(
                         f"new worker {rep.id} is incompatible: {problem}", replica=rep.id
                     )
-                peers.append((rep.id, h.get("revision"), h.get("capabilities")))
+                peers.append((rep.id, revision, capabilities))
 
     async def retire(self, rep: ManagedReplica) -> None:
         """Drain: wait for its in-flight exchanges (up to the drain timeout), then stop it."""

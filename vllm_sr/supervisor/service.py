@@ -1,26 +1,30 @@
 """The running service: supervisor + frontend + control API in one asyncio process, and the
 bridge from config.yaml (loaded and planned by the config and placement packages) to the
-supervisor's ``ServicePlan``."""
+supervisor's ``ServicePlan`` (``vllm_sr.plan``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.schema import DEFAULT_ARTIFACT, RootConfig
 from vllm_sr.events import log_sink
 from vllm_sr.frontend.app import Frontend
-from vllm_sr.frontend.chat_mount import RouterPlan
+from vllm_sr.frontend.chat_mount import ChatMount
+from vllm_sr.jsontypes import JsonObject
+from vllm_sr.plan import AuthzOptions, DeploymentPlan, ReplicaSpec, RouterPlan, ServicePlan
+from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.settings import PoolSettings
-from vllm_sr.router.route import AuthzOptions
 from vllm_sr.supervisor.managed import ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Scaler
-from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.supervisor import Supervisor
 from vllm_sr.supervisor.systemd import SystemdNotifier
+
+if TYPE_CHECKING:
+    from vllm_sr.config.service import ServiceSettings
 
 log = logging.getLogger("vllm_sr.serve")
 
@@ -29,13 +33,12 @@ Announce = Callable[[str, str, str], None]
 
 @dataclass
 class ServeOptions:
-    settings: Any  # vllm_sr.config.service.ServiceSettings
+    settings: ServiceSettings
     announce: Announce | None = None
     worker_argv: list[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
+def service_plan(config: RootConfig, replicas: list[ReplicaSpec]) -> ServicePlan:
     """config.yaml (a validated RootConfig) + the planner's replica specs -> ServicePlan."""
     from vllm_sr.config.files import effective_dict
 
@@ -112,7 +115,7 @@ def config_planner(config_path: Path, artifacts_dir: Path | None = None) -> Plan
     return plan
 
 
-def _gpu_probe(platform: str) -> dict[str, dict[str, Any]]:
+def _gpu_probe(platform: str) -> dict[str, JsonObject]:
     from vllm_sr.placement.gpus import gpu_usage
 
     return {str(k): dict(v) for k, v in gpu_usage(platform).items()}
@@ -132,6 +135,11 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
     from vllm_sr.control.server import ControlServer
 
     settings = options.settings
+    # Built first and handed to both: the pools' directory (the supervisor publishes into it,
+    # the frontend resolves against it) and Router mode's chat mount (the frontend serves it,
+    # the supervisor's inventory and replay read it).
+    directory = PoolDirectory()
+    chat = ChatMount(directory)
     sup = Supervisor(
         planner,
         runtime_dir=settings.runtime_dir,
@@ -142,14 +150,14 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         ),
         notifier=SystemdNotifier(),
         drain_timeout_s=settings.drain_timeout_s,
+        router=chat,
+        directory=directory,
+        scaler=scaler,
+        gpu_probe=_gpu_probe,
     )
-    sup.scaler = scaler
-    sup.usage.gpu_probe = _gpu_probe
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
-    frontend = Frontend(sup, max_connections=settings.max_connections)
-    sup.router_view = frontend.chat.inventory
-    sup.replay_view = frontend.chat.replay
+    frontend = Frontend(sup, max_connections=settings.max_connections, chat=chat)
     control = ControlServer(
         sup, settings.control_socket, group=settings.control_group, admin_group=settings.admin_group
     )

@@ -18,11 +18,11 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any
 
 import sdnotify
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.jsontypes import JsonObject, json_int, json_object
 
 log = logging.getLogger("vllm_sr.supervisor.systemd")
 
@@ -174,8 +174,15 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _deployment_line(dep: Mapping[str, Any]) -> str:
-    replicas = dep.get("replicas") or []
+def _objects(value: object) -> list[JsonObject]:
+    """The JSON objects of a list (anything else in it, or a non-list, counts as nothing)."""
+    if not isinstance(value, list):
+        return []
+    return [obj for item in value if (obj := json_object(item)) is not None]
+
+
+def _deployment_line(dep: Mapping[str, object]) -> str:
+    replicas = _objects(dep.get("replicas"))
     ready = dep.get("ready_replicas")
     if ready is None:
         ready = sum(1 for r in replicas if r.get("ready"))
@@ -185,15 +192,15 @@ def _deployment_line(dep: Mapping[str, Any]) -> str:
     ejected = dep.get("ejected_replicas")
     if ejected is None:
         ejected = sum(1 for r in replicas if r.get("state") == "ejected")
-    restarts = sum(int(r.get("restarts") or 0) for r in replicas)
+    restarts = sum(json_int(r.get("restarts")) or 0 for r in replicas)
     name = dep.get("name", "?")
     return f"{name}: {ready}/{desired} ready, {ejected} ejected, {_plural(restarts, 'restart')}"
 
 
-def status_line(inventory: Mapping[str, Any]) -> str:
+def status_line(inventory: Mapping[str, object]) -> str:
     """One STATUS= line from the inventory document, e.g.
     "primary: 2/2 ready, 0 ejected, 1 restart"; deployments joined by '; '."""
-    deployments = inventory.get("deployments") or []
+    deployments = _objects(inventory.get("deployments"))
     if not deployments:
         return "no deployments"
     return "; ".join(_deployment_line(d) for d in deployments)

@@ -6,11 +6,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Protocol, TypeVar
 
 import psutil
 
-GpuProbe = Callable[[str], dict[str, dict[str, Any]]]  # platform -> {host id: usage}
+from vllm_sr.jsontypes import JsonObject
+
+GpuProbe = Callable[[str], dict[str, JsonObject]]  # platform -> {host id: usage}
+
+
+class SampledSpec(Protocol):
+    @property
+    def device(self) -> str | None: ...
+
+    @property
+    def host_device(self) -> str | None: ...
+
+
+class Sampled(Protocol):
+    """What the sampler reads of a worker (``ManagedReplica``)."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def spec(self) -> SampledSpec: ...
+
+
+W = TypeVar("W", bound=Sampled)
 
 
 class UsageSampler:
@@ -18,13 +41,13 @@ class UsageSampler:
         self._procs: dict[int, psutil.Process] = {}
         self.gpu_probe = gpu_probe
 
-    def sample(self, pids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    def sample(self, pids: Iterable[int]) -> dict[int, JsonObject]:
         """{pid: {"cpu_percent", "rss_bytes"}} for the pids still alive. CPU % is over the
         time since this pid's previous sample (the first sample of a pid says 0.0)."""
         wanted = set(pids)
         for gone in set(self._procs) - wanted:
             del self._procs[gone]
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, JsonObject] = {}
         for pid in wanted:
             try:
                 proc = self._procs.get(pid)
@@ -39,11 +62,11 @@ class UsageSampler:
             out[pid] = {"cpu_percent": round(cpu, 1), "rss_bytes": int(rss)}
         return out
 
-    def gpus(self, platforms: Iterable[str]) -> dict[str, dict[str, Any]]:
+    def gpus(self, platforms: Iterable[str]) -> dict[str, JsonObject]:
         """{"rocm:3": {...}} for every GPU of the given platforms; {} without a probe."""
         if self.gpu_probe is None:
             return {}
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, JsonObject] = {}
         for platform in set(platforms):
             try:
                 found = self.gpu_probe(platform)
@@ -53,33 +76,39 @@ class UsageSampler:
                 out[f"{platform}:{host_id}"] = usage
         return out
 
-    def _take(self, workers: list[Any]) -> tuple[dict[int, Any], dict[str, Any]]:
+    def _take(self, workers: list[W]) -> tuple[dict[int, JsonObject], dict[str, JsonObject]]:
         pids = [w.pid for w in workers if w.pid is not None]
         platforms = {gpu.split(":")[0] for w in workers if (gpu := _gpu_of(w))}
         return self.sample(pids), self.gpus(platforms)
 
-    async def run(self, workers: Callable[[], list[Any]], every_s: float) -> None:
-        """Every ``every_s``: sample in a thread, then set each worker's pool record's
-        ``usage`` (``{"cpu_percent", "rss_bytes", "gpu"}``) on the loop."""
+    async def run(
+        self,
+        workers: Callable[[], list[W]],
+        every_s: float,
+        report: Callable[[W, JsonObject], None],
+    ) -> None:
+        """Every ``every_s``: sample in a thread, then hand each worker's usage
+        (``{"cpu_percent", "rss_bytes", "gpu"}``) to ``report`` on the loop (the supervisor
+        gives it to the worker's pool, the one writer of its record)."""
         while True:
             await asyncio.sleep(every_s)
             current = [w for w in workers() if w.pid is not None]
             procs, gpus = await asyncio.to_thread(self._take, current)
             for w in current:
-                usage = procs.get(w.pid)
-                if usage is not None and w.record is not None:
+                usage = procs.get(w.pid) if w.pid is not None else None
+                if usage is not None:
                     gpu = _gpu_of(w)
-                    w.record.usage = {**usage, "gpu": gpus.get(gpu) if gpu else None}
+                    report(w, {**usage, "gpu": gpus.get(gpu) if gpu else None})
 
 
-def _gpu_of(worker: Any) -> str | None:
+def _gpu_of(worker: Sampled) -> str | None:
     """The host GPU a worker runs on (``rocm:3``; placement's ``host_device`` when the config
     device is an allocation ordinal), None on CPU."""
     spec = worker.spec
-    device = str(getattr(spec, "device", None) or "cpu")
+    device = str(spec.device or "cpu")
     if device == "cpu":
         return None
-    host = getattr(spec, "host_device", None)
+    host: object = spec.host_device  # an int: a bare host index (older plans, tests)
     if isinstance(host, int):
         return f"{device.split(':')[0]}:{host}"
     return str(host) if host else device

@@ -1,0 +1,213 @@
+"""What an exchange's outcome and a /health probe do to a replica of one deployment: the
+short failure backoff, outlier ejection and readmission (the rules are ``outlier``'s), the
+probes a failure or an ejection asks for, and the time-based transitions (``tick``). Part of
+``ReplicaPool``, kept in its own module; like the rest of the pool, pure logic on an injected
+clock. The pool emits only what it decides here: ``replica_ejected``, ``replica_readmitted``
+and ``replica_ejection_withheld``, each once per transition."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from vllm_sr import events as ev
+from vllm_sr.clock import Clock
+from vllm_sr.errors import Conflict
+from vllm_sr.events import Emit
+from vllm_sr.plan import ReplicaState
+from vllm_sr.pool import outlier
+from vllm_sr.pool.outlier import OutlierPolicy
+from vllm_sr.pool.replica import Replica
+from vllm_sr.pool.settings import PoolSettings
+
+
+class Ejection:
+    deployment: str
+    settings: PoolSettings
+    policy: OutlierPolicy
+    withheld: dict[str, int]
+    on_wake: Callable[[], None] | None
+    _replicas: dict[str, Replica]
+    _probes: dict[str, None]
+    _clock: Clock
+    _emit: Emit
+
+    if TYPE_CHECKING:
+
+        def _get(self, replica_id: str) -> Replica: ...
+
+        def _who(self, r: Replica) -> dict[str, object]: ...
+
+        def mark_draining(self, replica_id: str) -> None: ...
+
+    def _on_success(self, r: Replica, now: float) -> None:
+        r.last_success_at = now
+        r.backoff_until, r.backoff_set_at = None, None
+        r.failure_backoff.reset()
+        r.consecutive_timeouts, r.timeouts_began_at = 0, None
+        r.withheld_rule = None
+        r.ejection_level = 0  # "starts over": the next ejection is the base again
+        if r.ejected:
+            self._readmit(r, outlier.WHY_SUCCESS)
+
+    def _on_failure(self, r: Replica, started: float, now: float) -> None:
+        # Only an exchange sent after the last step began doubles the backoff: the 32
+        # exchanges in flight when a worker hung or died are one failure, not 32.
+        if not r.failure_backoff.active or r.backoff_set_at is None or started >= r.backoff_set_at:
+            r.failure_backoff.next_delay()
+            r.backoff_set_at = now
+        r.backoff_until = max(r.backoff_until or now, now + r.backoff_s)
+        self._request_probe(r.id)
+
+    def _request_probe(self, replica_id: str) -> None:
+        self._probes[replica_id] = None
+        if self.on_wake is not None:
+            self.on_wake()
+
+    def _on_timeout(self, r: Replica, started: float) -> None:
+        if r.consecutive_timeouts == 0:
+            r.timeouts_began_at = started
+        r.consecutive_timeouts += 1
+        if not self.policy.enabled or r.ejected or r.state is not ReplicaState.READY:
+            return
+        if r.consecutive_timeouts < self.policy.consecutive_timeouts:
+            return
+        decision = outlier.decide(self.policy, r, self._replicas.values())
+        if decision.eject:
+            r.ejection_level += 1
+            self._eject(r, decision.duration_ms, "consecutive_timeouts")
+        elif decision.rule != r.withheld_rule:
+            r.withheld_rule = decision.rule
+            assert decision.rule is not None
+            self.withheld[decision.rule] += 1
+            self._emit(
+                ev.REPLICA_EJECTION_WITHHELD,
+                deployment=self.deployment,
+                replica=r.id,
+                rule=decision.rule,
+                timeouts=r.consecutive_timeouts,
+            )
+
+    # ----------------------------------------------------------------- probes + time
+    def take_probe_requests(self) -> list[str]:
+        """Replica ids whose /health should be probed now (after a failed or timed-out
+        exchange, at ejection); each id once until taken again."""
+        ids = [rid for rid in self._probes if rid in self._replicas]
+        self._probes.clear()
+        return ids
+
+    def probe_result(self, replica_id: str, healthy: bool, reason: str | None = None) -> None:
+        """A /health probe's answer. An unhealthy replica leaves dispatch and is probed
+        again (0.1 s doubling to 3.2 s, like the failure backoff) until a healthy answer or
+        ``mark_ready``. A healthy answer does not readmit an ejected replica: a hung forward
+        can still answer /health."""
+        r = self._replicas.get(replica_id)
+        if r is None:
+            return
+        r.healthy = healthy
+        if healthy:
+            r.reprobe_at = None
+            r.reprobe.reset()
+            return
+        r.last_error = reason or "health probe failed"
+        # Nothing else would probe it again: it gets no traffic, so no failures.
+        r.reprobe_at = self._clock.monotonic() + r.reprobe.next_delay()
+        self._restore_if_none_serve()
+
+    def tick(self) -> float | None:
+        """Apply time-based transitions (cool-downs ending). Returns seconds until the next
+        one, or None when nothing is pending, so a caller can sleep exactly that long."""
+        now = self._clock.monotonic()
+        self._advance(now)
+        pending = [
+            t - now
+            for r in self._replicas.values()
+            for t in (r.ejected_until, r.backoff_until, r.reprobe_at)
+            if t is not None and t > now
+        ]
+        return min(pending) if pending else None
+
+    def _advance(self, now: float) -> None:
+        for r in self._replicas.values():
+            if r.ejected_until is not None and now >= r.ejected_until:
+                self._readmit(r, outlier.WHY_COOLDOWN)
+            if r.backoff_until is not None and now >= r.backoff_until:
+                r.backoff_until = None  # the doubling stays until a success
+            if r.reprobe_at is not None and now >= r.reprobe_at:
+                r.reprobe_at = None
+                self._request_probe(r.id)
+
+    # ----------------------------------------------------------------- manual ops (control API)
+    def eject(
+        self, replica_id: str, duration_ms: int | None = None, reason: str = "manual"
+    ) -> None:
+        """Take a replica out of dispatch for ``duration_ms`` (default: base_ejection_ms).
+        Refused when no other replica could take its requests."""
+        r = self._get(replica_id)
+        if duration_ms is not None and duration_ms < 1:
+            raise ValueError(f"duration_ms must be >= 1, got {duration_ms}")
+        if not any(o.serving and not o.ejected for o in self._replicas.values() if o is not r):
+            raise Conflict(
+                f"replica {replica_id!r} cannot be ejected: no other replica of "
+                f"{self.deployment!r} can take requests (drain it instead)",
+                replica=replica_id,
+            )
+        self._eject(r, duration_ms or self.policy.base_ejection_ms, reason)
+
+    def readmit(self, replica_id: str) -> bool:
+        """Return an ejected or drained replica to dispatch now; its record starts over.
+        False when it was neither."""
+        r = self._get(replica_id)
+        r.backoff_until, r.backoff_set_at = None, None
+        r.failure_backoff.reset()
+        r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
+        r.ejection_level = 0
+        if r.state is ReplicaState.DRAINING and r.pid is not None:
+            r.state = ReplicaState.READY  # `ctl drain` undone: the process never stopped
+            self._emit(ev.REPLICA_READMITTED, **self._who(r), why=outlier.WHY_UNDRAIN)
+            return True
+        if not r.ejected:
+            return False
+        self._readmit(r, outlier.WHY_MANUAL)
+        return True
+
+    def drain(self, replica_id: str) -> None:
+        self.mark_draining(replica_id)
+
+    # ----------------------------------------------------------------- transitions
+    def _eject(self, r: Replica, duration_ms: int, reason: str) -> None:
+        r.ejected_until = self._clock.monotonic() + duration_ms / 1000.0
+        r.ejections += 1
+        r.withheld_rule = None
+        self._request_probe(r.id)
+        self._emit(
+            ev.REPLICA_EJECTED,
+            **self._who(r),
+            timeouts=r.consecutive_timeouts,
+            duration_ms=duration_ms,
+            reason=reason,
+        )
+
+    def _readmit(self, r: Replica, why: str) -> None:
+        r.ejected_until = None
+        r.readmissions += 1
+        self._emit(ev.REPLICA_READMITTED, **self._who(r), why=why)
+
+    def _restore_if_none_serve(self) -> bool:
+        """If no replica outside ejection can take requests, the ejected ones serve again.
+        "Can take requests" is read as: ready, healthy and not in its short failure backoff;
+        one that is merely full can (its slots free soon: callers keep the 429), while one
+        backing off, starting, draining or unreachable cannot. Returns whether any was
+        readmitted."""
+        now = self._clock.monotonic()
+        ejected = []
+        for r in self._replicas.values():
+            if not r.serving:
+                continue
+            if not r.ejected and not r.in_backoff(now):
+                return False  # it can take requests (perhaps once a slot frees)
+            if r.ejected:
+                ejected.append(r)
+        for r in ejected:
+            self._readmit(r, outlier.WHY_NO_OTHER)
+        return bool(ejected)
