@@ -199,3 +199,18 @@ def test_the_last_error_column_shows_the_replicas_last_error_on_one_line() -> No
     long = "supervision failed: RuntimeError: " + "x" * 100 + "\nsecond line"
     cell = last_error_cell(long)
     assert len(cell) == LAST_ERROR_WIDTH and cell.endswith("…") and "\n" not in cell
+
+
+def test_every_replica_state_has_a_style_and_a_severity() -> None:
+    """A state added to the one vocabulary (vllm_sr.plan.ReplicaState) must show in colour in
+    vllm-sr-top and `vllm-sr ctl status`, and sort with the trouble it is."""
+    from vllm_sr_top import model
+
+    from vllm_sr.control import render
+    from vllm_sr.plan import ReplicaState
+
+    for state in ReplicaState:
+        assert state.value in model.REPLICA_STATE_STYLES, state
+        assert state.value in model._STATE_SEVERITY, state
+        assert state.value in render._STATE_STYLE, state
+    assert model._STATE_SEVERITY["hung"] < model._STATE_SEVERITY["ready"]

@@ -21,6 +21,7 @@ REPLICA_STATE_STYLES: dict[str, str] = {
     "starting": "cyan",
     "backoff": "yellow",
     "ejected": "bold red",
+    "hung": "bold red",
     "draining": "magenta",
     "failed": "bold white on red",
     "incompatible": "red",
@@ -198,7 +199,17 @@ def replica_cells(replica: dict[str, Any], now: float) -> list[Text | str]:
 _STATE_SEVERITY = {
     s: i
     for i, s in enumerate(
-        ("failed", "ejected", "incompatible", "backoff", "draining", "starting", "stopped", "ready")
+        (
+            "failed",
+            "hung",
+            "ejected",
+            "incompatible",
+            "backoff",
+            "draining",
+            "starting",
+            "stopped",
+            "ready",
+        )
     )
 }
 

@@ -20,6 +20,7 @@ _STATE_STYLE = {
     "draining": "yellow",
     "backoff": "yellow",
     "ejected": "magenta",
+    "hung": "red",
     "incompatible": "red",
     "failed": "red",
     "unavailable": "red",
