@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,8 +54,7 @@ def weighted_pick(candidates: Sequence[Backend], *, least_request: bool = True) 
 
 class BackendSet:
     """Every model's backends; health checks in one task; chats through the one client.
-    ``max_connections`` caps the client's open connections (all backends together); ``tls``
-    replaces the system's CA store for https backends (tests)."""
+    ``max_connections`` caps the client's open connections (all backends together)."""
 
     def __init__(
         self,
@@ -64,7 +62,6 @@ class BackendSet:
         clock: Clock = SYSTEM_CLOCK,
         *,
         max_connections: int = MAX_CONNECTIONS,
-        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.clock = clock
         self.models: dict[str, list[Backend]] = {
@@ -79,7 +76,6 @@ class BackendSet:
             for m in providers.models
         }
         self._max_connections = max_connections
-        self._tls = tls
         self._proxy: BackendProxy | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -102,7 +98,7 @@ class BackendSet:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, *, health_checks: bool = True) -> None:
         if self._proxy is None:
-            client = backend_client(max_connections=self._max_connections, tls=self._tls)
+            client = backend_client(max_connections=self._max_connections)
             self._proxy = BackendProxy(client, self.mark_failed)
         if health_checks and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._health_loop())
