@@ -19,7 +19,9 @@ control client's library.
 - One pool for every backend: at most ``MAX_CONNECTIONS`` open at once (a chat beyond it waits
   for one, within its deadline); idle ones are closed after ``KEEPALIVE_EXPIRY_S``, under the
   5 s keep-alive of uvicorn (vLLM's server), so a chat is not sent on a connection the backend
-  is closing.
+  is closing. As many may stay idle as may be open: httpcore 1.0 compares its keep-alive limit
+  with every connection, not the idle ones, so a lower limit would close each connection as
+  soon as it is idle whenever more than that many are open (no reuse under load).
 - Timeouts per phase: ``CONNECT_TIMEOUT_S`` to connect, ``READ_TIMEOUT_S`` between two reads
   (a slow model may think a while before its first token), no total (a long stream is fine).
 """
