@@ -5,7 +5,9 @@
   records what it received. Streaming can be held between chunks (``gate``) so a test can see
   the first chunk arrive before the second is even sent (no buffering on the way). A request
   whose last user message is ``FAIL <status>`` gets that status with an OpenAI-style error;
-  ``PLAIN <status>`` gets a plain-text error body.
+  ``PLAIN <status>`` gets a plain-text error body. Chats can be held before any answer
+  (``hold``), so a test can see how many arrive at once and over how many connections
+  (``inflight``, ``max_inflight``, ``peers``); ``start(ssl_context=...)`` serves https.
 - :class:`FakeWorkerExchange`: the injected ``exchange`` answering ``/v1/bundle`` in the
   worker's own format: the bundle is parsed and answered by the worker's code
   (``vllm_sr.worker.surfaces``, ``classify``) over a toy encoder (a hashed bag of words), so
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import time
 import zlib
 from collections import Counter
@@ -42,6 +45,7 @@ TOY_DIMS = 64
 class Received:
     body: dict[str, Any]
     headers: dict[str, str]
+    peer: tuple[str, int] | None = None  # the client's end of the connection
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -61,9 +65,15 @@ class StandInBackend:
         self.gate: asyncio.Event | None = None  # set: streams wait on it after the first chunk
         # Every chat fails this way: "reset" (connection dropped, no answer), "503"/"429"
         # (that status), "stream_before_first" (SSE headers, then dropped before any chunk),
-        # "stream_after_first" (dropped after the first chunk), "slow" (answers after slow_s).
+        # "stream_after_first" (dropped after the first chunk), "slow" (answers after slow_s),
+        # "stream_slow_first" (SSE headers at once, the first chunk after slow_s), "redirect"
+        # (302 to redirect_to).
         self.fault: str | None = None
         self.slow_s = 1.0
+        self.redirect_to = ""
+        self.hold: asyncio.Event | None = None  # set: chats wait on it before answering
+        self.inflight = 0
+        self.max_inflight = 0
         self.app = web.Application()
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -74,10 +84,17 @@ class StandInBackend:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def start(self, port: int = 0) -> StandInBackend:
+    @property
+    def peers(self) -> set[tuple[str, int]]:
+        """The client connections chats came over."""
+        return {r.peer for r in self.received if r.peer is not None}
+
+    async def start(
+        self, port: int = 0, ssl_context: ssl.SSLContext | None = None
+    ) -> StandInBackend:
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, ssl_context=ssl_context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self
@@ -88,13 +105,25 @@ class StandInBackend:
             self._runner = None
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.fault == "redirect":
+            raise web.HTTPFound(self.redirect_to)
         if not self.healthy:
             return web.json_response({"error": {"message": "down"}}, status=503)
         return web.json_response({"object": "list", "data": [{"id": self.name}]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.received.append(Received(body, dict(request.headers)))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.received.append(Received(body, dict(request.headers), peer))
+        if self.hold is not None:
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            try:
+                await self.hold.wait()
+            finally:
+                self.inflight -= 1
+        if self.fault == "redirect":
+            raise web.HTTPFound(self.redirect_to)
         if self.fault == "slow":
             await asyncio.sleep(self.slow_s)
         if self.fault == "reset":
@@ -137,6 +166,8 @@ class StandInBackend:
         words = reply.split(" ")
         step = max(1, len(words) // self.chunks)
         pieces = [" ".join(words[i : i + step]) for i in range(0, len(words), step)]
+        if self.fault == "stream_slow_first":
+            await asyncio.sleep(self.slow_s)
         for i, piece in enumerate(pieces):
             if self.fault == "stream_before_first" or (self.fault == "stream_after_first" and i):
                 assert request.transport is not None

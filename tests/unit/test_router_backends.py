@@ -16,7 +16,8 @@ from tests.support.backends import StandInBackend
 from vllm_sr.clock import FakeClock
 from vllm_sr.config.routing import ModelRef, Providers, Routing
 from vllm_sr.httpserver import Request, Response
-from vllm_sr.router.backends import BackendHealth, BackendSet, weighted_pick
+from vllm_sr.router.backend import BackendHealth
+from vllm_sr.router.backends import BackendSet, weighted_pick
 from vllm_sr.router.chat import build_chat_router
 from vllm_sr.router.metrics import RouterCollector
 from vllm_sr.router.reasoning import apply_reasoning

@@ -44,7 +44,7 @@ log = logging.getLogger("vllm_sr.frontend")
 
 MAX_BODY_BYTES = wire.MAX_BODY_BYTES
 READ_TIMEOUT_S = wire.READ_TIMEOUT_S
-SHUTDOWN_GRACE_S = 60.0  # requests in hand at stop get this long (aiohttp's default, kept)
+SHUTDOWN_GRACE_S = 60.0  # requests in hand at stop get this long
 RETRY_HEADER = wire.RETRY_HEADER
 SURFACES = ("embeddings", "classify", "bundle")
 JSON = "application/json"

@@ -25,7 +25,9 @@ from vllm_sr.router.answers import (
     answer_headers,
     error_response,
 )
-from vllm_sr.router.backends import AttemptFailed, Backend, BackendSet
+from vllm_sr.router.backend import Backend
+from vllm_sr.router.backend_proxy import AttemptFailed
+from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
 from vllm_sr.router.plugins import shapers

@@ -1,0 +1,171 @@
+"""One LLM backend: a ``providers.models[].backend_refs`` entry of one model, with the name
+that backend expects for the model, its credential, its health and its request statistics.
+:mod:`vllm_sr.router.backends` spreads chats over them and runs their health checks;
+:mod:`vllm_sr.router.backend_proxy` sends one chat to one of them.
+
+- Health: ``GET {api}/models`` every ``HEALTH_EVERY_S`` while healthy; after a failure
+  (a failed check, or a proxied request that could not reach the server) the backend is
+  unhealthy and re-checked after a doubling backoff (0.5 s to 30 s), as the pool does for
+  replicas. :class:`BackendHealth` is that logic on a clock.
+- Credential (upstream's rules): the key is ``api_key``, else the environment variable
+  ``api_key_env`` (read once, when the backend is built, and never logged: only the variable's
+  name is, when it is unset). It goes as ``<auth_header>: <auth_prefix> <key>``; the header and
+  prefix default by ``provider`` (openai and unset: ``Authorization: Bearer``), and an empty
+  ``auth_prefix`` counts as unset, as upstream. With no key, the caller's own value of that
+  header is passed on (upstream's Envoy keeps the caller's header), so a client may bring its
+  own key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_sr.backoff import Backoff
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.config.routing import BackendRef, ProviderModel
+from vllm_sr.pool.stats import LatencyWindow, RateWindow
+
+log = logging.getLogger("vllm_sr.router.backends")
+
+HEALTH_EVERY_S = 5.0
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+class BackendHealth:
+    """A backend's health on a clock: ``unknown`` until the first check (requests may go
+    there), ``healthy`` (re-checked every ``every_s``), ``unhealthy`` (re-checked after a
+    doubling backoff)."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK, every_s: float = HEALTH_EVERY_S) -> None:
+        self._clock = clock
+        self.every_s = every_s
+        self.backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S, clock=clock)
+        self.state = "unknown"
+        self.next_check_at = clock.monotonic()
+        self.last_error: str | None = None
+        self.failures = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.state != "unhealthy"
+
+    def due(self) -> bool:
+        return self._clock.monotonic() >= self.next_check_at
+
+    def record_success(self) -> None:
+        self.state = "healthy"
+        self.backoff.reset()
+        self.next_check_at = self._clock.monotonic() + self.every_s
+
+    def record_failure(self, reason: str) -> None:
+        self.state = "unhealthy"
+        self.failures += 1
+        self.last_error = reason
+        self.next_check_at = self._clock.monotonic() + self.backoff.next_delay()
+
+
+# provider -> (auth header, auth prefix): upstream's providerTypeRegistry.
+PROVIDER_AUTH: dict[str, tuple[str, str]] = {
+    "openai": ("Authorization", "Bearer"),
+    "anthropic": ("x-api-key", ""),
+    "azure-openai": ("api-key", ""),
+    "bedrock": ("Authorization", "Bearer"),
+    "gemini": ("Authorization", "Bearer"),
+    "vertex-ai": ("Authorization", "Bearer"),
+    "minimax": ("Authorization", "Bearer"),
+}
+DEFAULT_AUTH = PROVIDER_AUTH["openai"]
+
+
+def credential_header(ref: BackendRef) -> tuple[str, str]:
+    """(header, prefix) for ``ref``'s key: the provider's defaults, overridden by
+    ``auth_header`` / a non-empty ``auth_prefix``."""
+    header, prefix = PROVIDER_AUTH.get(ref.provider or "", DEFAULT_AUTH)
+    return ref.auth_header or header, ref.auth_prefix or prefix
+
+
+def pricing_of(model: ProviderModel) -> dict[str, Any] | None:
+    """The model's prices as reported (currency USD unless given), or None when it has none
+    (upstream's rule: any price, or a currency alone)."""
+    if model.pricing is None or not model.pricing.configured:
+        return None
+    doc = model.pricing.model_dump(exclude_none=True)
+    doc["currency"] = model.pricing.currency or "USD"
+    return doc
+
+
+class Backend:
+    """One backend ref of one model, with its health and request statistics."""
+
+    def __init__(self, model: ProviderModel, ref: BackendRef, index: int, clock: Clock) -> None:
+        self.model = model.name
+        self.ref = ref
+        self.id = ref.endpoint_name(model.name, index)  # upstream's endpoint id <model>_<name>
+        self.name = self.id[len(model.name) + 1 :]
+        self.model_id = model.model_id_for(ref)  # what the backend calls the model
+        self.weight = ref.effective_weight
+        self.api_base = ref.api_base()
+        self.api_key_env = ref.api_key_env
+        self.auth_header, self.auth_prefix = credential_header(ref)
+        self._key = ref.api_key or (os.environ.get(ref.api_key_env) if ref.api_key_env else None)
+        if ref.api_key_env and not self._key:
+            log.warning(
+                "backend %s of model %s: environment variable %s is unset; requests carry "
+                "only the caller's own %s header",
+                self.api_base,
+                model.name,
+                ref.api_key_env,
+                self.auth_header,
+            )
+        self.health = BackendHealth(clock)
+        self.latency = LatencyWindow(1024)
+        self.rate = RateWindow(clock)
+        self.requests = 0
+        self.errors = 0
+        self.inflight = 0
+        self.rr_current = 0  # the smooth weighted round robin's running score
+
+    def headers(self, caller: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The request headers: the configured credential, else the caller's own value of
+        the credential header (``caller`` has lower-case names, as httpserver reads them)."""
+        out = {"Content-Type": "application/json"}
+        if self._key:
+            out[self.auth_header] = (
+                f"{self.auth_prefix} {self._key}" if self.auth_prefix else self._key
+            )
+        elif caller is not None and caller.get(self.auth_header.lower()):
+            out[self.auth_header] = caller[self.auth_header.lower()]
+        return out
+
+    def record(self, seconds: float, ok: bool) -> None:
+        self.requests += 1
+        self.rate.add()
+        self.latency.add(seconds)
+        if not ok:
+            self.errors += 1
+
+    def inventory(self) -> dict[str, Any]:
+        p50, p99 = self.latency.percentiles(0.5, 0.99)
+        return {
+            "model": self.model,
+            "name": self.name,
+            "id": self.id,
+            "provider_model_id": self.model_id,
+            "url": self.api_base,
+            "weight": self.weight,
+            "type": self.ref.endpoint_type,
+            "provider": self.ref.provider,
+            "state": self.health.state,
+            "inflight": self.inflight,
+            "requests": self.requests,
+            "requests_per_s": round(self.rate.rate(), 3),
+            "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
+            "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
+            "errors": self.errors,
+            "health_failures": self.health.failures,
+            "last_error": self.health.last_error,
+        }

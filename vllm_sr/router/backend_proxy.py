@@ -1,0 +1,277 @@
+"""One chat to one LLM backend, over the one outbound client
+(:mod:`vllm_sr.router.backend_client`), answered to the caller.
+
+``POST {api}/chat/completions`` with ``model`` rewritten to the name that backend expects
+(``external_model_ids[type]``, else ``provider_model_id``, else the name, as upstream); an SSE
+answer is streamed through chunk by chunk as it arrives, any other answer is passed through
+with the backend's status (a 3xx too: redirects are not followed). A backend error that is not
+an OpenAI-style ``{"error": ...}`` body is wrapped in ours (``backend_error``); a backend that
+cannot be reached is a 502 ``backend_unavailable``; one that sends nothing for
+``READ_TIMEOUT_S`` is a 504 ``deadline_exceeded``.
+
+Before the first byte reached the caller, a failure may be handed back as
+:class:`AttemptFailed` instead (``early_failure``) so the chat can go to another model
+(vllm_sr/router/fallback.py); once a byte went out it never is: a stream that breaks later just
+ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+import httpx
+
+from vllm_sr.errors import DeadlineExceeded, VllmSrError
+from vllm_sr.httpserver import Request, Response, StreamResponse
+from vllm_sr.router.backend import Backend
+from vllm_sr.router.backend_client import (
+    BROKEN,
+    READ_TIMEOUT_S,
+    connection_reason,
+    is_timeout,
+    media_type,
+)
+
+log = logging.getLogger("vllm_sr.router.backends")
+
+MAX_ERROR_TEXT = 500
+T = TypeVar("T")
+
+
+class BackendUnavailable(VllmSrError):
+    code = "backend_unavailable"
+    http_status = 502
+    retryable = True
+
+
+class AnswerTap(Protocol):
+    """What sees a proxied answer on its way out (the response cache's writer)."""
+
+    def whole(self, status: int, body: bytes) -> None: ...
+
+    def chunk(self, data: bytes) -> None: ...
+
+    def finish(self) -> None:
+        """The backend's stream ended normally (a stream that broke never calls this)."""
+
+
+class AttemptFailed(Exception):
+    """A backend failed before the first byte reached the caller (``proxy(early_failure=
+    True)``): ``reason`` (``connect``, ``reset``, ``http_503``, ``stream_first_chunk``,
+    ``deadline``...) and what the caller gets if nothing else answers: ``answer`` (the
+    backend's own error answer) or ``error``."""
+
+    def __init__(
+        self, reason: str, answer: Response | None = None, error: VllmSrError | None = None
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.answer = answer
+        self.error = error
+
+
+class BackendProxy:
+    """Sends chats through ``client``; a backend that fails is reported to ``mark_failed``
+    (the set's health, which re-checks it)."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, mark_failed: Callable[[Backend, str], None]
+    ) -> None:
+        self.client = client
+        self.mark_failed = mark_failed
+
+    async def proxy(
+        self,
+        backend: Backend,
+        body: dict[str, Any],
+        request: Request,
+        headers: Mapping[str, str],
+        *,
+        upstream_model: str | None = None,
+        early_failure: bool = False,
+        first_byte_timeout_s: float | None = None,
+        tap: AnswerTap | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        drop_headers: Sequence[str] = (),
+    ) -> tuple[Response | StreamResponse, bool]:
+        """``BackendSet.proxy``'s work (see there) -> (the answer, whether the backend answered
+        well: below 400 and, for a stream, to its end). Raises :class:`AttemptFailed` (with
+        ``early_failure``), :class:`BackendUnavailable` or ``DeadlineExceeded``."""
+        payload = json.dumps(
+            {**body, "model": upstream_model or backend.model_id}, ensure_ascii=False
+        ).encode()
+        loop = asyncio.get_running_loop()
+        deadline = None if first_byte_timeout_s is None else loop.time() + first_byte_timeout_s
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - loop.time())
+
+        outgoing = self.client.build_request(
+            "POST",
+            f"{backend.api_base}/chat/completions",
+            content=payload,
+            headers=request_headers(backend, request, extra_headers, drop_headers),
+        )
+        try:
+            upstream = await _wait(self.client.send(outgoing, stream=True), left())
+            try:
+                status = upstream.status_code
+                if (status == 429 or status >= 500) and early_failure:
+                    answer = await _whole(backend, upstream, headers)
+                    if status >= 500:
+                        self.mark_failed(backend, f"chat answered {status}")
+                    raise AttemptFailed(f"http_{status}", answer)
+                if status < 400 and media_type(upstream) == "text/event-stream":
+                    return await self._stream(
+                        backend, upstream, request, headers, early_failure, left(), tap
+                    )
+                answer = await _whole(backend, upstream, headers)
+                if tap is not None:
+                    tap.whole(status, answer.body)
+                return answer, status < 400
+            finally:
+                await upstream.aclose()
+        except BROKEN as exc:
+            if is_timeout(exc):
+                raise _timed_out(backend, first_byte_timeout_s, early_failure) from None
+            self.mark_failed(backend, f"chat failed: {type(exc).__name__}: {exc}")
+            error = BackendUnavailable(
+                f"backend {backend.api_base} of model {backend.model!r} cannot be reached: "
+                f"{type(exc).__name__}: {exc}",
+                model=backend.model,
+            )
+            if early_failure:
+                raise AttemptFailed(connection_reason(exc), error=error) from None
+            raise error from None
+
+    async def _stream(
+        self,
+        backend: Backend,
+        upstream: httpx.Response,
+        request: Request,
+        headers: Mapping[str, str],
+        early_failure: bool,
+        first_chunk_s: float | None,
+        tap: AnswerTap | None,
+    ) -> tuple[StreamResponse, bool]:
+        """Chunks go out as they arrive; the caller's answer begins only once the backend's
+        first chunk is in hand (so a stream that fails before it can go elsewhere).
+        -> (the answer, whether the backend finished it)."""
+        chunks = upstream.aiter_bytes().__aiter__()
+        first: bytes | None
+        try:
+            first = await _wait(chunks.__anext__(), first_chunk_s)
+        except StopAsyncIteration:
+            first = None
+        except TimeoutError:
+            raise  # the caller's deadline: ``deadline``, not the backend's fault
+        except BROKEN as exc:
+            first = None
+            log.info("backend %s: stream broke before its first chunk: %s", backend.id, exc)
+        if first is None:
+            self.mark_failed(backend, "chat stream ended before its first chunk")
+            error = BackendUnavailable(
+                f"backend {backend.api_base} of model {backend.model!r} ended its stream "
+                "before the first chunk",
+                model=backend.model,
+            )
+            if early_failure:
+                raise AttemptFailed("stream_first_chunk", error=error)
+            raise error
+        out = StreamResponse(
+            upstream.status_code, "text/event-stream", {"Cache-Control": "no-cache"}
+        )
+        out.headers.update(headers)
+        await out.prepare(request)
+        chunk = first
+        while True:
+            if tap is not None:
+                tap.chunk(chunk)
+            try:
+                await out.write(chunk)
+            except (ConnectionError, OSError):
+                return out, True  # the caller hung up; not the backend's fault
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except BROKEN as exc:
+                # The status is already sent: the stream just ends, without "data: [DONE]".
+                log.warning("backend stream broke after the answer began: %s", exc)
+                return out, False
+        if tap is not None:
+            tap.finish()
+        with contextlib.suppress(ConnectionError, OSError):
+            await out.write_eof()  # the caller may have hung up: not the backend's fault
+        return out, True
+
+
+def request_headers(
+    backend: Backend,
+    request: Request,
+    extra_headers: Mapping[str, str] | None,
+    drop_headers: Sequence[str],
+) -> dict[str, str]:
+    """The headers to the backend: its credential (else the caller's own), less
+    ``drop_headers``, with ``extra_headers`` set over any of the same name (header_mutation)."""
+    out = backend.headers(request.headers)
+    drop = {h.lower() for h in drop_headers}
+    out = {k: v for k, v in out.items() if k.lower() not in drop}
+    for name, value in (extra_headers or {}).items():
+        out = {k: v for k, v in out.items() if k.lower() != name.lower()}
+        out[name] = value
+    return out
+
+
+def _timed_out(
+    backend: Backend, first_byte_timeout_s: float | None, early_failure: bool
+) -> Exception:
+    reason = (
+        f"nothing for {READ_TIMEOUT_S:g} s"
+        if first_byte_timeout_s is None
+        else f"nothing within the caller's deadline ({first_byte_timeout_s:.3f} s)"
+    )
+    error = DeadlineExceeded(
+        f"backend {backend.api_base} of model {backend.model!r} sent {reason}",
+        model=backend.model,
+    )
+    return AttemptFailed("deadline", error=error) if early_failure else error
+
+
+async def _wait(aw: Awaitable[T], timeout_s: float | None) -> T:
+    if timeout_s is None:
+        return await aw
+    return await asyncio.wait_for(aw, timeout_s)
+
+
+async def _whole(
+    backend: Backend, upstream: httpx.Response, headers: Mapping[str, str]
+) -> Response:
+    raw = await upstream.aread()
+    status = upstream.status_code
+    content_type = upstream.headers.get("Content-Type", "application/json")
+    if status >= 400 and not _is_openai_error(raw):
+        text = raw.decode("utf-8", "replace")[:MAX_ERROR_TEXT]
+        err = {
+            "error": {
+                "code": "backend_error",
+                "message": f"backend {backend.api_base} of model {backend.model!r} answered "
+                f"{status}: {text}",
+                "retryable": status >= 500 or status == 429,
+            }
+        }
+        raw, content_type = json.dumps(err).encode(), "application/json"
+    return Response(raw, status, content_type, dict(headers))
+
+
+def _is_openai_error(raw: bytes) -> bool:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("error"), dict)
