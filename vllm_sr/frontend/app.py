@@ -7,6 +7,10 @@ unchanged, and the worker's bytes come back unchanged. ``GET /v1/models``, ``/he
 ``{"error": {"code", "message", "retryable"}}`` with the error's HTTP status (429 carries
 Retry-After); an unknown path is 404 ``not_found``, another method 405 ``method_not_allowed``.
 A caller that hangs up has its request cancelled (the pool frees its slot as "cancelled").
+
+Router mode (``/v1/chat/completions``, ``/api/v1/eval``) is mounted only when a generation turns
+routing on: Engine mode (``serve -e``) imports nothing of ``vllm_sr.router`` (nor numpy), and
+answers those paths with a typed 404 ``engine_mode``.
 """
 
 from __future__ import annotations
@@ -14,14 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from vllm_sr import wire
-from vllm_sr.errors import InvalidRequest, Unavailable, VllmSrError
+from vllm_sr.errors import EngineMode, InvalidRequest, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
-from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
 from vllm_sr.frontend.metrics import FrontendCollector
 from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
 from vllm_sr.httpserver import (
@@ -35,7 +38,9 @@ from vllm_sr.httpserver import (
 )
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
-from vllm_sr.router.metrics import RouterCollector
+
+if TYPE_CHECKING:  # the router loads only when routing is on (mount_router)
+    from vllm_sr.frontend.chat_mount import ChatMount, RouterPlan
 
 log = logging.getLogger("vllm_sr.frontend")
 
@@ -95,9 +100,8 @@ class Frontend:
         self.registry.register(self.collector)
         self.scraped = ScrapedCollector()
         self.registry.register(self.scraped)
-        self.chat = ChatMount(self.directory)
+        self.chat: ChatMount | None = None  # Router mode's mount, from the first routed plan
         self._chat_generation = -1
-        self.registry.register(RouterCollector(lambda: self.chat.chat))
         self.routes: dict[str, dict[str, Handler]] = {
             **{f"/v1/{s}": {"POST": self._surface(s)} for s in SURFACES},
             "/v1/models": {"GET": self.models},
@@ -142,16 +146,47 @@ class Frontend:
     async def sync_router(self) -> None:
         """Follow the published generation's router settings (cheap when unchanged)."""
         generation = self.directory.generation
-        if generation != self._chat_generation:
-            self._chat_generation = generation
-            await self.chat.update(self.service.router_plan())
+        if generation == self._chat_generation:
+            return
+        self._chat_generation = generation
+        plan = self.service.router_plan()
+        if self.chat is None:
+            if plan is None or not plan.enabled:
+                return  # Engine mode: the router stays unimported
+            self.chat = self.mount_router()
+        await self.chat.update(plan)  # a later Engine-mode plan closes what it built
+
+    def mount_router(self) -> ChatMount:
+        """Router mode's chat mount and its metrics, imported here: the first generation that
+        turns routing on pays the router's import (numpy and all), Engine mode never does."""
+        from vllm_sr.frontend.chat_mount import ChatMount
+        from vllm_sr.router.metrics import RouterCollector
+
+        chat = ChatMount(self.directory)
+        self.registry.register(RouterCollector(lambda: chat.chat))
+        return chat
 
     async def chat_completions(self, request: Request) -> Response | StreamResponse:
         await self.sync_router()
-        return await self.chat.handle_chat(request, self.service.admitting)
+        if self.chat is not None:
+            return await self.chat.handle_chat(request, self.service.admitting)
+        if not self.service.admitting:
+            return error_response(Unavailable("the service is stopping", retry_after_s=1.0))
+        return error_response(EngineMode(EngineMode.MESSAGE))
+
+    def router_inventory(self) -> dict[str, Any] | None:
+        """Router mode's part of the inventory (None in Engine mode)."""
+        return self.chat.inventory() if self.chat is not None else None
+
+    def router_replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+        """router_replay's records (the control API's ``GET /v1/replay``); none in Engine mode."""
+        if self.chat is None:
+            return {"records": [], "last_seq": 0, "decisions": []}
+        return self.chat.replay(decision, since)
 
     async def stop(self) -> None:
-        await self.chat.close()
+        if self.chat is not None:
+            await self.chat.close()
         await self.server.close(SHUTDOWN_GRACE_S)
 
     def _cache_for(self, name: str, replicas: int) -> ResultCache | None:
@@ -207,7 +242,7 @@ class Frontend:
     # ------------------------------------------------------------------ descriptions
     async def models(self, request: Request) -> Response:
         await self.sync_router()
-        data = self.chat.models_data()
+        data = self.chat.models_data() if self.chat is not None else []
         for name, pool in self.directory.items():
             inv = pool.inventory()
             data.append(
@@ -227,6 +262,8 @@ class Frontend:
 
     async def route_eval(self, request: Request) -> Response:
         await self.sync_router()
+        if self.chat is None:
+            return error_response(EngineMode(EngineMode.MESSAGE))
         return await self.chat.handle_eval(request)
 
     async def health(self, request: Request) -> Response:

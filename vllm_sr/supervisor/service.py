@@ -8,19 +8,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.schema import DEFAULT_ARTIFACT, RootConfig
 from vllm_sr.events import log_sink
 from vllm_sr.frontend.app import Frontend
-from vllm_sr.frontend.chat_mount import RouterPlan
 from vllm_sr.pool.settings import PoolSettings
-from vllm_sr.router.route import AuthzOptions
 from vllm_sr.supervisor.managed import ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Scaler
 from vllm_sr.supervisor.reload import DeploymentPlan, ServicePlan
 from vllm_sr.supervisor.supervisor import Supervisor
 from vllm_sr.supervisor.systemd import SystemdNotifier
+
+if TYPE_CHECKING:  # Router mode's types: Engine mode imports no router (router_plan)
+    from vllm_sr.frontend.chat_mount import RouterPlan
+    from vllm_sr.router.route import AuthzOptions
 
 log = logging.getLogger("vllm_sr.serve")
 
@@ -48,7 +50,21 @@ def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
         )
         for name, dep in config.deployments.items()
     }
-    router = RouterPlan(
+    return ServicePlan(
+        deployments,
+        config.default_deployment(),
+        effective_dict(config),
+        router_plan(config) if config.global_.router.enabled else None,
+        listen=first_listener(config),
+        embedded_default=DEFAULT_ARTIFACT if config.uses_embedded_default else None,
+    )
+
+
+def router_plan(config: RootConfig) -> RouterPlan:
+    """Router mode's settings (Engine mode has none: its plan's ``router`` is None)."""
+    from vllm_sr.frontend.chat_mount import RouterPlan
+
+    return RouterPlan(
         enabled=config.global_.router.enabled,
         auto_model_names=tuple(config.global_.router.auto_model_names),
         providers=config.providers,
@@ -62,14 +78,6 @@ def service_plan(config: Any, replicas: list[Any]) -> ServicePlan:
         decision_deployment=config.default_deployment(),
         authz=authz_options(config),
         global_=config.global_,
-    )
-    return ServicePlan(
-        deployments,
-        config.default_deployment(),
-        effective_dict(config),
-        router,
-        listen=first_listener(config),
-        embedded_default=DEFAULT_ARTIFACT if config.uses_embedded_default else None,
     )
 
 
@@ -86,6 +94,8 @@ def first_listener(config: RootConfig) -> str | None:
 
 def authz_options(config: RootConfig) -> AuthzOptions:
     """``global.services.authz``: the identity headers role_bindings read."""
+    from vllm_sr.router.route import AuthzOptions
+
     authz = config.global_.services.authz
     identity = authz.identity
     return AuthzOptions(
@@ -148,8 +158,8 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
     frontend = Frontend(sup, max_connections=settings.max_connections)
-    sup.router_view = frontend.chat.inventory
-    sup.replay_view = frontend.chat.replay
+    sup.router_view = frontend.router_inventory
+    sup.replay_view = frontend.router_replay
     control = ControlServer(
         sup, settings.control_socket, group=settings.control_group, admin_group=settings.admin_group
     )
