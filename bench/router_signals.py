@@ -40,7 +40,9 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from bench.router import Procs, free_port, pct, run_load, wait_http  # noqa: E402
+from bench.common import free_port  # noqa: E402
+from bench.router_load import pct, run_load  # noqa: E402
+from bench.router_procs import Procs, wait_http  # noqa: E402
 
 FRAGMENTS = REPO / "tests" / "fixtures" / "upstream" / "fragments" / "signal"
 DIMS = 384
