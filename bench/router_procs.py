@@ -125,10 +125,9 @@ async def no_worker(dep: str, path: str, body: bytes, timeout_ms: float | None) 
 def router_process(spec_path: str, port: int, uds: str | None) -> None:
     """The local and standalone targets: the Router-mode handlers on our HTTP server in their
     own process, as the frontend mounts them (``resolve`` over ``ChatRouter.routes()``)."""
-    from vllm_sr import aio
+    from vllm_sr import aio, wire
     from vllm_sr.config.routing import Providers, Routing
     from vllm_sr.errors import VllmSrError
-    from vllm_sr.frontend.app import MAX_BODY_BYTES, READ_TIMEOUT_S
     from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
     from vllm_sr.router.chat import build_chat_router, error_response
 
@@ -162,8 +161,8 @@ def router_process(spec_path: str, port: int, uds: str | None) -> None:
 
         server = HttpServer(
             handle,
-            max_body=MAX_BODY_BYTES,
-            read_timeout_s=READ_TIMEOUT_S,
+            max_body=wire.MAX_BODY_BYTES,
+            read_timeout_s=wire.READ_TIMEOUT_S,
             cancel_on_disconnect=True,
         )
         await server.listen_tcp("127.0.0.1", port)
