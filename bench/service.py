@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from bench.ceiling import INPUTS, Ceiling, average  # noqa: E402
+from bench.common import free_port  # noqa: E402
 from bench.service_load import load  # noqa: E402
 from bench.worker import LONG, SHORT, thread_cpu  # noqa: E402
 from vllm_sr import aio  # noqa: E402
@@ -86,12 +86,6 @@ def host_lines() -> list[str]:
 
 
 # ---------------------------------------------------------------------- the service
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_service(
     tmp: Path, run: Path, dtype: str | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
