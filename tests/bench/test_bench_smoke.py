@@ -8,8 +8,9 @@ decision, the exact cache hits hit).
 Benches that can run without a model do so here on a stand-in (the stand-in worker of
 tests/integration/test_supervisor_fake.py, the stand-in backend and toy encoder of
 tests/support/backends.py) in a few seconds. Those that measure d3-edge itself (its forward,
-its worker, the service against its ceiling, the dtype check) load it in every process they
-start, which takes ~7 s per process on a 2-core host: they are marked slow, and so is the
+its worker, the service against its ceiling, the dtype check, the router bench's service and
+standalone targets) load it in every process they start, which takes ~7 s per process on a
+2-core host: they are marked slow, and so is the
 threads bench, whose three stand-in workers start one after another (~7.5 s in all)."""
 
 from __future__ import annotations
@@ -160,6 +161,31 @@ def test_worker_bench() -> None:
     )
     for kind in ("short", "long"):
         lines_like(out, rf"^\| {kind} \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|")
+
+
+SMALL_ROUTER_RUN = ("--rounds", "1", "--requests-c1", "5", "--requests-cn", "10")
+SMALL_ROUTER_RUN += ("--concurrency", "2", "--in-process", "20")
+
+
+@pytest.mark.slow
+def test_router_bench_on_the_service() -> None:
+    """The real `vllm-sr serve` with providers: and routing: (a d3-edge worker)."""
+    out = run_bench(
+        "router.py", "--target", "service", "--profiles", "keyword-only", *SMALL_ROUTER_RUN
+    )
+    lines_like(out, r"^  decisions: coding ")
+    lines_like(out, rf"^  keyword-only +in process wall p50 +{NUMBER}")
+
+
+@pytest.mark.slow
+def test_router_bench_standalone_with_model_signals() -> None:
+    """The router process asking a d3-edge worker over its socket (embeddings and domains)."""
+    out = run_bench(
+        "router.py", "--target", "standalone", "--profiles", "embedding+domain", *SMALL_ROUTER_RUN
+    )
+    lines_like(out, r"^  decisions: coding ")  # the keyword decision outranks the others
+    lines_like(out, rf"one d3-edge forward p50 +{NUMBER} ms")
+    lines_like(out, rf"^  embedding\+domain +in process wall p50 +{NUMBER}")
 
 
 @pytest.mark.slow
