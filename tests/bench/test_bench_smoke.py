@@ -10,8 +10,7 @@ tests/integration/test_supervisor_fake.py, the stand-in backend and toy encoder 
 tests/support/backends.py) in a few seconds. Those that measure d3-edge itself (its forward,
 its worker, the service against its ceiling, the dtype check, the router bench's service and
 standalone targets) load it in every process they start, which takes ~7 s per process on a
-2-core host: they are marked slow, and so is the
-threads bench, whose three stand-in workers start one after another (~7.5 s in all)."""
+2-core host: they are marked slow."""
 
 from __future__ import annotations
 
@@ -132,17 +131,17 @@ def test_router_probes_bench_on_the_toy_encoder() -> None:
 
 
 def test_chaos_bench_baseline_on_the_stand_in_worker() -> None:
-    out = run_bench("chaos.py", "--stand-in", "--rows", "baseline", "--steady-s", "0.3")
+    out = run_bench("chaos.py", "--stand-in", "--rows", "baseline", "--steady-s", "0.1")
     lines_like(out, r"^baseline +\d+ +none +0 +0 ")
     lines_like(out, r"^promises: all held")
 
 
-@pytest.mark.slow  # ~7.5 s alone: three stand-in workers started (off, mode 1, mode 2), in turn
 def test_threads_bench_on_the_stand_in_worker() -> None:
+    # Three stand-in workers, one after another (off, mode 1, mode 2): ~4.5 s on a quiet host.
     out = run_bench(
         "threads.py",
-        *("--stand-in", "--counts", "1", "--seconds", "0.2", "--settle-s", "0.1"),
-        *("--learn-s", "0.1", "--inflight", "4"),
+        *("--stand-in", "--counts", "1", "--seconds", "0.1", "--settle-s", "0.05"),
+        *("--learn-s", "0.05", "--inflight", "2"),
     )
     for label in (r"off, 1 threads \(default\)", "mode 1, fresh", "mode 2, learned"):
         for kind in ("short", "long"):
