@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast test-slow test-system lint bench bench-worker bench-frontend bench-threads bench-chaos bench-service bench-forward-sizes deb clean
+.PHONY: install run test test-fast test-slow test-system lint bench bench-smoke bench-worker bench-frontend bench-threads bench-chaos bench-service bench-forward-sizes deb clean
 
 install: $(STAMP)
 
@@ -44,6 +44,9 @@ lint: install
 	$(VENV)/bin/mypy
 
 bench: bench-worker bench-frontend bench-threads
+
+bench-smoke: install  # every bench at its smallest (tests/bench; the stand-in ones are in test-fast)
+	$(PY) -m pytest -q -ra tests/bench
 
 bench-worker: install
 	$(PY) bench/worker.py

@@ -38,16 +38,18 @@ def numbered(texts: list[str], n: int) -> str:
     return f"{texts[n % len(texts)]} #{n}"
 
 
-def ceiling_loop(cpu: int | None, dtype: str = "float32") -> None:
+def ceiling_loop(
+    cpu: int | None, dtype: str = "float32", sizes: tuple[int, ...] | None = None
+) -> None:
     """A child: load d3-edge with one thread, forwarding at ``dtype``, then answer commands
     on stdin, one JSON line each:
-    {"texts": "short", "seconds": S, "full": bool} -> {"rows_s", "batch", "row_tokens",
-    "full_ms"} (``full_ms`` only when asked: a full batch of long rows takes seconds);
+    {"texts": "short", "seconds": S, "full": N} -> {"rows_s", "batch", "row_tokens",
+    "full_ms"} (``full_ms``, a batch of N rows, only when N > 0: 64 long rows take seconds);
     {"batch1": "short"} -> {"batch1_ms"} (40 batch-of-one forwards back to back);
     {"one": "short", "n": N} -> {"ms"} (one batch-of-one forward of text N)."""
     import torch
 
-    from bench.worker import best_batch, forward_rate
+    from bench.worker import BATCH_SIZES, best_batch, forward_rate
     from vllm_sr.worker.artifacts import D3_EDGE, load, resolve
 
     if cpu is not None:
@@ -67,18 +69,20 @@ def ceiling_loop(cpu: int | None, dtype: str = "float32") -> None:
             continue
         texts = [numbered(INPUTS[cmd["texts"]], FIRST_NUMBER + i) for i in range(64)]
         if cmd["texts"] not in batches:
-            batches[cmd["texts"]] = best_batch(loaded, texts, 0.25, rounds=3)
+            batches[cmd["texts"]] = best_batch(
+                loaded, texts, 0.25, rounds=3, sizes=sizes or BATCH_SIZES
+            )
         batch = batches[cmd["texts"]]
         rate = forward_rate(loaded, texts, batch, cmd["seconds"])
         tokens = statistics.mean(map(len, loaded.tokenizer.encode(texts)))
         answer = {"rows_s": rate, "batch": batch, "row_tokens": tokens}
-        full = _full_ms(loaded, texts) if cmd.get("full") else math.nan
+        full = _full_ms(loaded, texts, cmd["full"]) if cmd.get("full") else math.nan
         print(json.dumps({**answer, "full_ms": full}), flush=True)
 
 
-def _full_ms(loaded: Any, texts: list[str]) -> float:
-    """Median time of a bare forward of a full batch (64 rows)."""
-    full = loaded.tokenizer.encode([numbered(texts, FIRST_NUMBER + i) for i in range(64)])
+def _full_ms(loaded: Any, texts: list[str], rows: int) -> float:
+    """Median time of a bare forward of a full batch (``rows``: the top concurrency, 64)."""
+    full = loaded.tokenizer.encode([numbered(texts, FIRST_NUMBER + i) for i in range(rows)])
     return statistics.median(_timed(loaded, full) for _ in range(5))
 
 
@@ -97,9 +101,11 @@ def _timed(loaded: Any, rows: list[list[int]]) -> float:
 class Ceiling:
     """Two ceiling processes at one precision, kept loaded and idle between cells."""
 
-    def __init__(self, dtype: str = "float32") -> None:
+    def __init__(self, dtype: str = "float32", sizes: tuple[int, ...] | None = None) -> None:
         self.dtype = dtype
         argv = [sys.executable, str(Path(__file__).resolve()), "--dtype", dtype]
+        if sizes:  # the batch sizes the loops try (default: bench/worker.py's)
+            argv += ["--batch-sizes", *map(str, sizes)]
         # Placed like the service's two workers: one CPU each, one OpenMP/MKL thread.
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         cpus = sorted(os.sched_getaffinity(0))
@@ -118,7 +124,7 @@ class Ceiling:
             json.loads(p.stdout.readline())
 
     def run(
-        self, texts: str, seconds: float, *, batch1: bool = False, full: bool = False
+        self, texts: str, seconds: float, *, batch1: bool = False, full: int = 0
     ) -> dict[str, float]:
         """Rows/s of both loops at once; ``batch1`` and ``full`` add the forward times the
         c=1 and c=64 targets compare with (only those cells ask: they cost seconds)."""
@@ -181,7 +187,7 @@ class Ceiling:
         full batch's forward)."""
         if name == "mixed":
             return self.mixed(seconds)
-        return self.run(name, seconds, batch1=c == 1, full=c == top)
+        return self.run(name, seconds, batch1=c == 1, full=top if c == top else 0)
 
     def close(self) -> None:
         for p in self.procs:
@@ -197,8 +203,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--cpu", type=int, default=None, help="the CPU this loop runs on")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
     args = p.parse_args()
-    ceiling_loop(args.cpu, args.dtype)
+    ceiling_loop(args.cpu, args.dtype, tuple(args.batch_sizes) if args.batch_sizes else None)
 
 
 if __name__ == "__main__":

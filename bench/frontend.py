@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STAND_IN = "tests.integration.test_supervisor_fake"
+sys.path.insert(0, str(REPO))
+
+from bench.common import free_port, stand_in_serve_env  # noqa: E402
+
 SHORT = "The quick brown fox jumps over the lazy dog by the river."
 LONG = (
     "Semantic routing sends each request to the model best suited to answer it, using small "
@@ -173,12 +175,6 @@ async def ab_cell(
     return ca, cb
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_serve(
     replicas: int, workdir: Path, stand_in: bool = False
 ) -> tuple[subprocess.Popen[bytes], int, Path]:
@@ -192,8 +188,7 @@ def start_serve(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if stand_in:
         # The tests' stand-in worker answers at once: what is left is the frontend's own cost.
-        env["PYTHONPATH"] = str(REPO)
-        env["VLLM_SR_WORKER_ARGV"] = f"{sys.executable} -m {STAND_IN} worker"
+        env.update(stand_in_serve_env())
     name = "stand-in" if stand_in else f"serve-{replicas}"
     log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 (kept for the process)
     proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=REPO)

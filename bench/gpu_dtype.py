@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -27,16 +26,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy  # noqa: E402
 
+from bench.common import free_port  # noqa: E402
 from bench.worker import LONG, SHORT  # noqa: E402
 from tests.support.workers import short_socket_dir, start_worker, stop_worker  # noqa: E402
 
 ROWS = 64
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _call(port: int, path: str, body: Any = None) -> Any:
@@ -52,7 +46,7 @@ def texts(kind: list[str], n: int = ROWS) -> list[str]:
 
 
 def measure(device: str, dtype: str, rounds: int) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     handle = start_worker(
         "vllm-sr/d3-edge",
         short_socket_dir() / f"gpu-{dtype}.sock",

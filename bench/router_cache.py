@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench.common import free_port  # noqa: E402
+
 AUTO = "vllm-sr/auto"
 BILLING = "I was charged twice for my order"
 ROUTING: dict[str, Any] = {
@@ -74,13 +76,6 @@ ROUTING: dict[str, Any] = {
         },
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def router_process(port: int, backend_port: int) -> None:

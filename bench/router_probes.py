@@ -9,7 +9,10 @@ signals are upstream's own. A probe passes when the eval's routing_decision (els
 decision_result.decision_name) is its ``expected_decision``; ``signal_errors`` must be empty.
 Variants with ``generated_text`` or image fixtures are not run (counted as skipped).
 
-    python bench/router_probes.py [--recipe feedback ...] [--verbose]
+    python bench/router_probes.py [--recipe feedback ...] [--verbose] [--stand-in]
+
+``--stand-in`` answers the bundles with tests/support's toy encoder instead of d3-edge (no model
+load: the smoke test's mode; its pass counts say nothing about routing quality).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 RECIPES = REPO / "tests" / "fixtures" / "upstream" / "recipes"
 WITH_PROBES = ("accuracy", "agent", "feedback", "knowledge", "privacy")
+Exchange = Callable[[str, str, bytes, float | None], Awaitable[tuple[int, bytes]]]
 
 
 def loadable(doc: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +117,16 @@ def variant_payload(variant: dict[str, Any], model: str | None) -> dict[str, Any
     return payload
 
 
-async def run_recipe(name: str, d3: D3Edge, verbose: bool) -> Counter[str]:
+async def stand_in_exchange(
+    deployment: str, path: str, body: bytes, timeout_ms: float | None
+) -> tuple[int, bytes]:
+    """Bundles answered by the tests' toy encoder (the worker's own bundle code around it)."""
+    from tests.support.backends import answer_bundle
+
+    return 200, answer_bundle(body)
+
+
+async def run_recipe(name: str, exchange: Exchange, verbose: bool) -> Counter[str]:
     from vllm_sr.config.schema import RootConfig
     from vllm_sr.router import eval as route_eval
     from vllm_sr.router.backends import BackendSet
@@ -125,7 +139,7 @@ async def run_recipe(name: str, d3: D3Edge, verbose: bool) -> Counter[str]:
     chat = build_chat_router(
         config.providers,
         config.routing,
-        exchange=d3.exchange,
+        exchange=exchange,
         decision_deployment="primary",
         auto_model_names=["vllm-sr/auto", "auto", "MoM"],
         backends=backends,
@@ -157,12 +171,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", action="append", choices=WITH_PROBES)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--stand-in", action="store_true", help="a toy encoder, not d3-edge")
     args = parser.parse_args()
-    d3 = D3Edge()
+    exchange = stand_in_exchange if args.stand_in else D3Edge().exchange
     total: Counter[str] = Counter()
     print(f"{'recipe':<12} {'pass':>5} {'fail':>5} {'skipped':>8}")
     for name in args.recipe or WITH_PROBES:
-        tally = asyncio.run(run_recipe(name, d3, args.verbose))
+        tally = asyncio.run(run_recipe(name, exchange, args.verbose))
         total.update(tally)
         print(f"{name:<12} {tally['pass']:>5} {tally['fail']:>5} {tally['skipped']:>8}")
     print(f"{'all':<12} {total['pass']:>5} {total['fail']:>5} {total['skipped']:>8}")

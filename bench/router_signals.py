@@ -11,7 +11,10 @@ dimensions, cached per text), so what is measured is the router's work (signals,
 JSON both ways, scoring, decisions, the proxy), not a model's forward. Printed per variant:
 chats/s and p50 / p99 latency at c=1 and c=64, and the p50 added over the concrete-model path.
 
-    python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000]
+    python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000] [--leave-out F,..]
+
+``--leave-out language`` drops a family's fragment (the language detector's models take half a
+minute to load in each process: the smoke test in tests/bench leaves it out).
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from router import Procs, free_port, pct, run_load, wait_http  # noqa: E402
+from bench.common import free_port  # noqa: E402
+from bench.router_load import pct, run_load  # noqa: E402
+from bench.router_procs import Procs, wait_http  # noqa: E402
 
 FRAGMENTS = REPO / "tests" / "fixtures" / "upstream" / "fragments" / "signal"
 DIMS = 384
@@ -62,11 +66,18 @@ CHATS = [
 HEADERS = {"x-authz-user-id": "bench", "x-authz-user-groups": "staff"}
 
 
-def every_family() -> dict[str, Any]:
-    """Upstream's fragments of every family, one decision per signal (all referenced), and a
-    projection over them."""
+def fragment_families() -> list[str]:
+    """The families ``--leave-out`` accepts: each fragment's directory."""
+    return [rel.split("/")[0] for rel in FAMILY_FRAGMENTS]
+
+
+def every_family(leave_out: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Upstream's fragments of every family (but those left out), one decision per signal (all
+    referenced), and a projection over them."""
     signals: dict[str, Any] = {}
     for rel in FAMILY_FRAGMENTS:
+        if rel.split("/")[0] in leave_out:
+            continue
         doc = yaml.safe_load((FRAGMENTS / f"{rel}.yaml").read_text())
         for family, items in doc["routing"]["signals"].items():
             signals.setdefault(family, []).extend(items)
@@ -139,7 +150,7 @@ class InstantExchange:
         return 200, json.dumps({"results": results}).encode()
 
 
-def router_process(variant: str, port: int, backend_port: int) -> None:
+def router_process(variant: str, port: int, backend_port: int, leave_out: frozenset[str]) -> None:
     from vllm_sr.config.routing import Providers, Routing
     from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
     from vllm_sr.router.backends import BackendSet
@@ -153,7 +164,8 @@ def router_process(variant: str, port: int, backend_port: int) -> None:
                 "models": [{"name": "general", "backend_refs": [{"endpoint": endpoint}]}],
             }
         )
-        routing = Routing.model_validate(every_family() if variant == "all" else KEYWORDS_ONLY)
+        doc = every_family(leave_out) if variant == "all" else KEYWORDS_ONLY
+        routing = Routing.model_validate(doc)
         backends = BackendSet(providers)
         await backends.start(health_checks=False)
         chat = build_chat_router(
@@ -219,7 +231,7 @@ async def measure(urls: dict[str, str], counts: dict[int, int]) -> None:
                 )
 
 
-async def per_family(chats: int) -> None:
+async def per_family(chats: int, leave_out: frozenset[str]) -> None:
     """In this process: the mean milliseconds per chat of each family's step (the
     model-backed families share their deployment's one bundle, so they show its time)."""
     from vllm_sr.config.routing import Providers, Routing
@@ -233,7 +245,7 @@ async def per_family(chats: int) -> None:
     )  # fmt: skip
     router = Router(
         providers,
-        Routing.model_validate(every_family()),
+        Routing.model_validate(every_family(leave_out)),
         exchange=InstantExchange(),
         backends=BackendSet(providers),
         decision_deployment="primary",
@@ -261,12 +273,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests-c1", type=int, default=300)
     parser.add_argument("--requests-c64", type=int, default=3000)
+    parser.add_argument(
+        "--leave-out", default="", help=f"comma list of {', '.join(fragment_families())}"
+    )
     parser.add_argument("--router-process", choices=("all", "keywords"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--backend-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    leave_out = frozenset(f for f in args.leave_out.split(",") if f)
+    unknown = sorted(leave_out - set(fragment_families()))
+    if unknown:
+        parser.error(f"--leave-out: {unknown} unknown; accepted: {', '.join(fragment_families())}")
     if args.router_process:
-        router_process(args.router_process, args.port, args.backend_port)
+        router_process(args.router_process, args.port, args.backend_port, leave_out)
         return
     with tempfile.TemporaryDirectory(prefix="vsr-bench-signals-") as tmp:
         procs = Procs(Path(tmp))
@@ -281,13 +300,17 @@ def main() -> None:
             for variant in ("keywords", "all"):
                 port = free_port()
                 argv = [sys.executable, __file__, "--router-process", variant, "--port",
-                        str(port), "--backend-port", str(backend_port)]  # fmt: skip
+                        str(port), "--backend-port", str(backend_port),
+                        "--leave-out", args.leave_out]  # fmt: skip
                 rproc, rlog = procs.start(f"router-{variant}", argv)
                 wait_http(f"http://127.0.0.1:{port}/v1/models", 120, rproc, rlog)
                 urls[variant] = f"http://127.0.0.1:{port}"
-            print(f"router signals bench ({os.cpu_count()} CPUs; instant backend and exchange)")
+            print(
+                f"router signals bench ({os.cpu_count()} CPUs; instant backend and exchange"
+                + (f"; left out: {', '.join(sorted(leave_out))})" if leave_out else ")")
+            )
             asyncio.run(measure(urls, {1: args.requests_c1, 64: args.requests_c64}))
-            asyncio.run(per_family(args.requests_c1))
+            asyncio.run(per_family(args.requests_c1, leave_out))
         finally:
             procs.stop_all()
 

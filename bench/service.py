@@ -30,14 +30,10 @@ sizes (1 / (0.5 / short ceiling + 0.5 / long ceiling)).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
 import json
 import os
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +47,9 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from bench.ceiling import FIRST_NUMBER, INPUTS, Ceiling, average  # noqa: E402
+from bench.ceiling import INPUTS, Ceiling, average  # noqa: E402
+from bench.common import free_port  # noqa: E402
+from bench.service_load import load  # noqa: E402
 from bench.worker import LONG, SHORT, thread_cpu  # noqa: E402
 from vllm_sr import aio  # noqa: E402
 
@@ -65,7 +63,6 @@ LONG_OVER_FLOAT32 = 1.8
 P99_TARGET = 1.3  # c=64 p99 against a full batch's median forward
 C1_TARGET_MS = 2.0  # c=1 p50 over a bare batch-of-one forward (back to back)
 MIXED = [text for pair in zip(SHORT, LONG, strict=True) for text in pair]
-REQUEST_NUMBERS = itertools.count(FIRST_NUMBER)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
 
 
@@ -89,12 +86,6 @@ def host_lines() -> list[str]:
 
 
 # ---------------------------------------------------------------------- the service
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_service(
     tmp: Path, run: Path, dtype: str | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -147,171 +138,6 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-REQUEST_HEAD = (
-    b"POST /v1/embeddings HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n"
-)
-
-
-class Conn(asyncio.Protocol):
-    """One keep-alive connection of the load generator: it writes each request in one write
-    and finds the answer's end from its head (status line, Content-Length) itself, so that
-    the generator, on the same two cores, takes as little of them as a small C client would
-    (asyncio's streams took about 0.4 ms of CPU per request at c=1, as much as the frontend)."""
-
-    def __init__(self, timing: bool = False) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
-        self.end = -1  # where the answer ends in ``buf``, once its head is in
-        self.status = 0
-        self.timing = timing  # read the worker's Server-Timing marks (c=1 only: it costs CPU)
-        self.marks: dict[str, float] = {}
-        self.waiter: asyncio.Future[int] | None = None
-        self.lost: Exception | None = None  # why the connection can take no more requests
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def post(self, body: bytes) -> asyncio.Future[int]:
-        """The answer's status, once the whole answer has come."""
-        assert self.transport is not None
-        self.buf.clear()
-        self.end = -1
-        self.waiter = asyncio.get_running_loop().create_future()
-        if self.lost is not None:
-            self.waiter.set_exception(self.lost)
-        else:
-            self.transport.write(REQUEST_HEAD % len(body) + body)
-        return self.waiter
-
-    def data_received(self, data: bytes) -> None:
-        if self.waiter is None or self.waiter.done():  # nobody asked: the stream is out of step
-            self._fail(ConnectionError("bytes after an answer"))
-            return
-        self.buf += data
-        if self.end < 0:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = bytes(self.buf[:head_end]).lower()
-            at = head.find(b"\r\ncontent-length:")
-            if at < 0:
-                self._fail(ConnectionError("an answer without Content-Length"))
-                return
-            line_end = head.find(b"\r\n", at + 2)
-            length = int(head[at + 17 : line_end if line_end >= 0 else None])
-            self.status = int(head[9:12])
-            self.end = head_end + 4 + length
-            if self.timing:
-                self.marks = server_timing(head)
-        if len(self.buf) > self.end:
-            self._fail(ConnectionError("bytes after the answer"))
-        elif len(self.buf) == self.end and self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(self.status)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(exc or ConnectionError("the service closed the connection"))
-
-    def _fail(self, exc: Exception) -> None:
-        """End the connection: the request in flight, and any later one, fail with ``exc``."""
-        self.lost = self.lost or exc
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(self.lost)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
-
-
-def server_timing(head: bytes) -> dict[str, float]:
-    """The ``Server-Timing`` marks of an answer's (lower-cased) head, in milliseconds:
-    ``parse;dur=0.021, tokenize;dur=0.140, ...`` -> {"parse": 0.021, "tokenize": 0.14, ...}."""
-    at = head.find(b"\r\nserver-timing:")
-    if at < 0:
-        return {}
-    line_end = head.find(b"\r\n", at + 2)
-    marks = {}
-    for part in head[at + 16 : line_end if line_end >= 0 else None].split(b","):
-        name, _, dur = part.strip().partition(b";dur=")
-        if dur:
-            marks[name.decode()] = float(dur)
-    return marks
-
-
-def bodies(texts: list[str]) -> list[bytes]:
-    """Each text's JSON body up to its request number: ``numbered(texts, n)``'s body is
-    ``bodies(texts)[n % len(texts)] + b"%d\"}" % n`` (json.dumps of a dict per request cost
-    more than the rest of the generator's work)."""
-    return [json.dumps({"input": f"{t} #"}).encode()[:-2] for t in texts]
-
-
-async def load(port: int, texts: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    timing = concurrency == 1
-
-    def conn() -> Conn:
-        return Conn(timing)
-
-    conns = [(await loop.create_connection(conn, "127.0.0.1", port))[1] for _ in range(concurrency)]
-    heads = bodies(texts)
-    latencies: list[float] = []
-    marks: list[dict[str, float]] = []
-    stop_at = 0.0
-
-    async def client(conn: Conn) -> None:
-        while time.perf_counter() < stop_at:
-            # Distinct across the whole run: a text sent in an earlier cell would be answered
-            # from the workers' result caches (two replicas keep them).
-            n = next(REQUEST_NUMBERS)
-            body = heads[n % len(heads)] + b'%d"}' % n
-            t0 = time.perf_counter()
-            if await conn.post(body) != 200:
-                raise RuntimeError("the service answered an error")
-            latencies.append(time.perf_counter() - t0)
-            if timing:
-                marks.append({**conn.marks, "client": latencies[-1] * 1000})
-
-    stop_at = time.perf_counter() + 0.5  # warm every connection
-    await asyncio.gather(*(client(c) for c in conns))
-    latencies.clear()
-    marks.clear()
-    start = time.perf_counter()
-    stop_at = start + seconds
-    await asyncio.gather(*(client(c) for c in conns))
-    elapsed = time.perf_counter() - start
-    for c in conns:
-        assert c.transport is not None
-        c.transport.close()
-    latencies.sort()
-    return {
-        "rows_s": len(latencies) / elapsed,
-        "p50_ms": latencies[len(latencies) // 2] * 1000,
-        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-        **({"split": c1_split(marks)} if timing else {}),
-    }
-
-
-def c1_split(marks: list[dict[str, float]]) -> dict[str, float]:
-    """Medians over the requests of a c=1 cell, in ms: the time outside the worker's handler
-    (load generator, frontend, the worker's server), and inside it tokenizing, the forward
-    (from the first forward that took the request's rows to its answer), and the rest (parse,
-    queue, the hand-offs between the loop and the forward thread, JSON)."""
-
-    marks = [m for m in marks if "total" in m]
-    if not marks:  # no Server-Timing came back
-        return {}
-
-    def median(f: Any) -> float:
-        return statistics.median(f(m) for m in marks)
-
-    return {
-        "outside": median(lambda m: m["client"] - m["total"]),
-        "tokenize": median(lambda m: m.get("tokenize", 0.0)),
-        "forward": median(lambda m: m.get("forward", 0.0)),
-        "handler_rest": median(
-            lambda m: m["total"] - m.get("forward", 0.0) - m.get("tokenize", 0.0)
-        ),
-    }
-
-
 def forward_totals(port: int) -> dict[str, float]:
     """Sums over both workers (from the frontend's merged /metrics): forwards, rows in them
     and padded tokens in them."""
@@ -352,12 +178,18 @@ def service_cell(proc: Any, port: int, texts: list[str], c: int, seconds: float)
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=6.0, help="window per cell")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="served (default: auto)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    p.add_argument("--mixed", type=int, nargs="*", default=list(MIXED_CONCURRENCY))
+    p.add_argument("--batch-sizes", type=int, nargs="+", help="the ceiling's (default: all)")
     args = p.parse_args()
+    if 1 not in args.concurrency:
+        p.error("--concurrency must include 1 (the c=1 targets)")
     for line in host_lines():
         print(line, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="vsr-bench-service-"))
     runs = [Path(tempfile.mkdtemp(prefix="vsr-bench-", dir="/tmp")) for _ in range(2)]
-    services = [start_service(tmp / "auto", runs[0])]
+    services = [start_service(tmp / "auto", runs[0], args.dtype)]
     ceilings: dict[str, Ceiling] = {}
     rows: list[dict[str, Any]] = []
     try:
@@ -365,13 +197,16 @@ def main() -> None:
         if dtype != "float32":  # the float32 side, measured at c=64 for the ratios
             services.append(start_service(tmp / "float32", runs[1], "float32"))
         for d in dict.fromkeys((dtype, "float32")):
-            ceilings[d] = Ceiling(d)
+            ceilings[d] = Ceiling(d, tuple(args.batch_sizes or ()))
         print(
             f"service at auto resolved {dtype}; ceiling loops at {dtype}"
             + ("" if dtype == "float32" else "; at c=64 also the float32 ceiling and service"),
             flush=True,
         )
-        run_cells(args.seconds, services, ceilings[dtype], ceilings.get("float32"), rows)
+        cells = [(name, c) for name in INPUTS for c in args.concurrency]
+        cells += [("mixed", c) for c in args.mixed]
+        f32 = ceilings.get("float32")
+        run_cells(args.seconds, services, ceilings[dtype], f32, cells, rows)
     finally:
         for ceiling in ceilings.values():
             ceiling.close()
@@ -381,7 +216,7 @@ def main() -> None:
             proc.wait(60)
         for run in runs:
             shutil.rmtree(run, ignore_errors=True)
-    summary(rows, dtype)
+    summary(rows, dtype, max(args.concurrency))
     out = tmp / "service.json"
     out.write_text(json.dumps(rows, indent=2))
     print(f"raw figures: {out}")
@@ -392,14 +227,13 @@ def run_cells(
     services: list[tuple[Any, int]],
     ceiling: Ceiling,
     float32_ceiling: Ceiling | None,
+    cells: list[tuple[str, int]],
     rows: list[dict[str, Any]],
 ) -> None:
-    (proc, port), top = services[0], max(CONCURRENCY)
+    (proc, port), top = services[0], max(c for name, c in cells if name != "mixed")
     print(f"{'input':<6}{'c':>4}{'ceiling':>9}{'service':>9}{'ratio':>7}{'p50 ms':>9}"
           f"{'p99 ms':>9}{'rows/fwd':>9}{'pad/row':>8}"
           f"   cpu: client | frontend | w0 fwd+rest | w1 fwd+rest", flush=True)  # fmt: skip
-    cells = [(name, c) for name in INPUTS for c in CONCURRENCY]
-    cells += [("mixed", c) for c in MIXED_CONCURRENCY]
     for name, c in cells:
         texts = MIXED if name == "mixed" else INPUTS[name]
         # The ceiling just before and just after the service's window, averaged.
@@ -436,14 +270,15 @@ def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def summary(rows: list[dict[str, Any]], dtype: str) -> None:
+def summary(rows: list[dict[str, Any]], dtype: str, top_c: int = 64) -> None:
+    """The targets, judged at the top concurrency ``top_c`` (64 in a full run) and at c=1."""
     print()
     met: list[bool] = []
     targets = TARGETS if dtype == "float32" else BF16_TARGETS
     if dtype == "float32":
-        print("no native bf16 on this host: the service served float32; the float32 targets stand")
+        print("the service served float32 (no native bf16, or --dtype): the float32 targets stand")
     for name, target in targets.items():
-        top = next(r for r in rows if r["input"] == name and r["c"] == 64)
+        top = next(r for r in rows if r["input"] == name and r["c"] == top_c)
         one = next(r for r in rows if r["input"] == name and r["c"] == 1)
         ratio = top["rows_s"] / top["ceiling"]["rows_s"]
         p99_x = top["p99_ms"] / top["ceiling"]["full_ms"]
@@ -452,9 +287,9 @@ def summary(rows: list[dict[str, Any]], dtype: str) -> None:
         c1_met = added <= C1_TARGET_MS
         met += [ratio >= target, p99_x <= P99_TARGET, c1_met]
         print(
-            f"{name}: c64 ratio {ratio:.3f} ({verdict(ratio >= target)}: >= {target}; the "
+            f"{name}: c{top_c} ratio {ratio:.3f} ({verdict(ratio >= target)}: >= {target}; the "
             f"ceiling's loops at {'/'.join(map(str, top['ceiling']['batches']))} rows); "
-            f"c64 p99 {top['p99_ms']:.0f} ms = {p99_x:.2f} x a full batch's forward "
+            f"c{top_c} p99 {top['p99_ms']:.0f} ms = {p99_x:.2f} x a full batch's forward "
             f"({top['ceiling']['full_ms']:.0f} ms; {verdict(p99_x <= P99_TARGET)}: <= "
             f"{P99_TARGET}); c1 p50 {one['p50_ms']:.2f} ms = batch-of-one forward "
             f"{one['ceiling']['batch1_ms']:.2f} ms + {added:.2f} ms ({verdict(c1_met)}: <= "
@@ -466,7 +301,7 @@ def summary(rows: list[dict[str, Any]], dtype: str) -> None:
         if f32 is not None:
             over = top["rows_s"] / f32["service"]["rows_s"]
             line = (
-                f"  c64 ceilings: {dtype} {top['ceiling']['rows_s']:.1f}, float32 "
+                f"  c{top_c} ceilings: {dtype} {top['ceiling']['rows_s']:.1f}, float32 "
                 f"{f32['ceiling']['rows_s']:.1f} rows/s; services: auto ({dtype}) "
                 f"{top['rows_s']:.1f}, float32 {f32['service']['rows_s']:.1f} rows/s = "
                 f"{over:.2f} x"

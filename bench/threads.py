@@ -9,6 +9,9 @@ tokens) and long (~106 tokens) inputs. Rows are served rows/s and client-side p9
 
 With --strict the whole set runs again with MKL_CBWR=AVX2,STRICT in the workers' environment
 (MKL's reproducible mode, under which this x86 host's counts were bit-identical).
+
+``--stand-in`` runs the stand-in worker (no model, no adaptive report: the smoke test's mode),
+``--counts`` only some thread counts and ``--settle-s`` a shorter settling time.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from typing import Any
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import stand_in_argv  # noqa: E402
+
 ARTIFACT = "vllm-sr/d3-edge"
 SHORT = "route this short request to the right small model"  # ~13 tokens
 LONG = " ".join(["the router sends each long request to a small encoder on a shared host"] * 7)
@@ -43,10 +50,13 @@ class Result:
     report: dict[str, Any] | None
 
 
-def spawn(uds: Path, threads: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn(
+    uds: Path, threads: int, env: dict[str, str], stand_in: bool = False
+) -> subprocess.Popen[bytes]:
     full = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
     full["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full.get("PYTHONPATH")) if p)
-    argv = [sys.executable, "-m", "vllm_sr.cli", "worker", ARTIFACT, "--uds", str(uds)]
+    worker = stand_in_argv() if stand_in else [sys.executable, "-m", "vllm_sr.cli", "worker"]
+    argv = [*worker, ARTIFACT, "--uds", str(uds)]
     log = open(uds.with_suffix(".log"), "wb")  # noqa: SIM115 - the child keeps it
     return subprocess.Popen(
         [*argv, "--threads", str(threads)],
@@ -105,7 +115,10 @@ def pct(sorted_lat: list[float], q: float) -> float:
 
 
 async def report(s: aiohttp.ClientSession) -> dict[str, Any] | None:
+    """The worker's adaptive-threads report (None: off, or a worker without /v1/models)."""
     async with s.get("http://w/v1/models") as r:
+        if r.status != 200:
+            return None
         doc = await r.json()
     value: dict[str, Any] | None = doc["data"][0].get("adaptive_threads")
     return value
@@ -115,7 +128,7 @@ async def measure(
     label: str, threads: int, env: dict[str, str], args: argparse.Namespace, learn_first: bool
 ) -> list[Result]:
     uds = Path(tempfile.mkdtemp(prefix="vsrb-", dir="/tmp")) / "w.sock"
-    proc = spawn(uds, threads, env)
+    proc = spawn(uds, threads, env, args.stand_in)
     out: list[Result] = []
     try:
         conn = aiohttp.UnixConnector(path=str(uds), limit=0)
@@ -124,7 +137,11 @@ async def measure(
             if learn_first:
                 await learn(s, args)
             # Long requests wait seconds in the queue: a longer window and settling time.
-            runs = (("short", SHORT, args.seconds, 1.0), ("long", LONG, 2 * args.seconds, 3.0))
+            settle = args.settle_s
+            runs = (
+                ("short", SHORT, args.seconds, settle),
+                ("long", LONG, 2 * args.seconds, 3 * settle),
+            )
             for kind, text, secs, settle in runs:
                 await load(s, text, settle, args.inflight)  # fills the queue, not measured
                 start = time.monotonic()
@@ -142,7 +159,7 @@ async def learn(s: aiohttp.ClientSession, args: argparse.Namespace) -> None:
     deadline = time.monotonic() + args.learn_s
     while time.monotonic() < deadline:
         for text in (SHORT, LONG):
-            await load(s, text, 3.0, args.inflight)
+            await load(s, text, min(3.0, args.learn_s), args.inflight)
         rep = await report(s)
         if rep is None or rep["state"] != "exploring":
             return
@@ -163,7 +180,7 @@ def describe(rep: dict[str, Any] | None) -> str:
 async def run_set(args: argparse.Namespace, env: dict[str, str], tag: str) -> list[Result]:
     budget = len(os.sched_getaffinity(0))
     default = min(16, max(1, budget // 2))
-    counts = sorted({default, *(2**i for i in range(8) if 2**i <= budget)})
+    counts = args.counts or sorted({default, *(2**i for i in range(8) if 2**i <= budget)})
     results: list[Result] = []
     for n in counts:
         name = f"{tag}off, {n} threads" + (" (default)" if n == default else "")
@@ -198,6 +215,11 @@ async def main() -> None:
     ap.add_argument("--inflight", type=int, default=64, help="one-row requests in flight")
     ap.add_argument("--learn-s", type=float, default=90.0, help="mode 2's longest warm-up")
     ap.add_argument("--strict", action="store_true", help="also run with MKL_CBWR=AVX2,STRICT")
+    ap.add_argument("--stand-in", action="store_true", help="the stand-in worker, no model")
+    ap.add_argument(
+        "--counts", type=int, nargs="+", help="fixed thread counts to run (default: each allowed)"
+    )
+    ap.add_argument("--settle-s", type=float, default=1.0, help="unmeasured load first (long: 3x)")
     args = ap.parse_args()
     results = await run_set(args, {}, "")
     print(table(results), flush=True)

@@ -61,13 +61,19 @@ def forward_rate(loaded: Any, texts: list[str], batch: int, seconds: float) -> f
 BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 64)
 
 
-def best_batch(loaded: Any, texts: list[str], seconds: float, rounds: int = 1) -> int:
+def best_batch(
+    loaded: Any,
+    texts: list[str],
+    seconds: float,
+    rounds: int = 1,
+    sizes: tuple[int, ...] = BATCH_SIZES,
+) -> int:
     """The batch size at which bare forwards (our runner, no HTTP, no queue) go fastest:
     each size runs ``seconds`` per round, the sizes taking turns, best mean rate wins (more
     rounds: a drift of the host falls on every size alike, not on one)."""
-    scout: dict[int, float] = dict.fromkeys(BATCH_SIZES, 0.0)
+    scout: dict[int, float] = dict.fromkeys(sizes, 0.0)
     for _ in range(rounds):
-        for b in BATCH_SIZES:
+        for b in sizes:
             scout[b] += forward_rate(loaded, texts, b, seconds)
     return max(scout, key=lambda b: scout[b])
 
@@ -188,7 +194,12 @@ def worker_run(handle: Any, texts: list[str], concurrency: int, seconds: float) 
     return result
 
 
-def measure(threads: int, seconds: float) -> tuple[dict[str, float], dict[str, int], list[Cell]]:
+def measure(
+    threads: int,
+    seconds: float,
+    concurrency: tuple[int, ...] = CONCURRENCY,
+    batch_sizes: tuple[int, ...] = BATCH_SIZES,
+) -> tuple[dict[str, float], dict[str, int], list[Cell]]:
     """Each cell: the in-process ceiling at the best batch, measured right before the worker
     run (the worker idle meanwhile), so both see the same background load on a shared host."""
     import torch
@@ -201,14 +212,14 @@ def measure(threads: int, seconds: float) -> tuple[dict[str, float], dict[str, i
     sizes = {
         k: statistics.mean(len(r) for r in loaded.tokenizer.encode(v)) for k, v in inputs.items()
     }
-    batches = {k: best_batch(loaded, v, seconds / 4) for k, v in inputs.items()}
+    batches = {k: best_batch(loaded, v, seconds / 4, sizes=batch_sizes) for k, v in inputs.items()}
     handle = start_worker(
         ARTIFACT, short_socket_dir() / "bench.sock", extra_args=["--threads", str(threads)]
     )
     cells: list[Cell] = []
     try:
         for name, texts in inputs.items():
-            for c in CONCURRENCY:
+            for c in concurrency:
                 ceiling = forward_rate(loaded, texts, batches[name], seconds / 2)
                 result = worker_run(handle, texts, c, seconds)
                 result["ceiling"] = ceiling
@@ -245,7 +256,10 @@ def report(threads: int, seconds: float, measured: Any) -> None:
         )
     print()
     for name, target in TARGETS.items():
-        r64 = next(r for n, c, r in cells if n == name and c == 64)
+        r64 = next((r for n, c, r in cells if n == name and c == 64), None)
+        if r64 is None:
+            print(f"target {name} at 64: not measured (--concurrency)")
+            continue
         ratio = r64["rows_s"] / r64["ceiling"]
         verdict = "met" if ratio >= target else "MISSED"
         print(f"target {name} at 64: >= {target} of the ceiling: {ratio:.2f} ({verdict})")
@@ -255,11 +269,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=6.0, help="per worker measurement")
     parser.add_argument("--threads", type=int, default=None, help="worker threads (default)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES), help="the ceiling's"
+    )
     args = parser.parse_args()
     from vllm_sr.worker.main import cpu_budget, default_threads
 
     threads = args.threads or default_threads(cpu_budget())
-    report(threads, args.seconds, measure(threads, args.seconds))
+    cells = measure(threads, args.seconds, tuple(args.concurrency), tuple(args.batch_sizes))
+    report(threads, args.seconds, cells)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,19 @@ class NotFound(VllmSrError):
     http_status = 404
 
 
+class EngineMode(NotFound):
+    """A Router-mode surface (chat completions, the routing eval) asked of a service in Engine
+    mode (``serve -e``). Here, not in the router, so that Engine mode answers it without
+    importing the router."""
+
+    code = "engine_mode"
+    MESSAGE = (
+        "chat completions are not served: the service runs in Engine mode (serve -e); "
+        "accepted: the native surfaces /v1/embeddings, /v1/classify, /v1/bundle, or "
+        "restart without -e for Router mode"
+    )
+
+
 class MethodNotAllowed(VllmSrError):
     """The path exists but not for this method; ``details["allowed"]`` lists those it takes."""
 

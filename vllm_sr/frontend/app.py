@@ -38,7 +38,6 @@ from vllm_sr.plan import RouterPlan
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import exchange
 from vllm_sr.pool.pool import ReplicaPool
-from vllm_sr.router.metrics import RouterCollector
 
 log = logging.getLogger("vllm_sr.frontend")
 
@@ -105,7 +104,7 @@ class Frontend:
         self.registry.register(self.scraped)
         self.chat = chat if chat is not None else ChatMount(self.directory)  # serve shares one
         self._chat_generation = -1
-        self.registry.register(RouterCollector(lambda: self.chat.chat))
+        self._router_metrics = False  # RouterCollector registered (with the first routed plan)
         self.routes: dict[str, dict[str, Handler]] = {
             **{f"/v1/{s}": {"POST": self._surface(s)} for s in SURFACES},
             "/v1/models": {"GET": self.models},
@@ -153,6 +152,13 @@ class Frontend:
         if generation != self._chat_generation:
             self._chat_generation = generation
             await self.chat.update(self.service.router_plan())
+            if self.chat.chat is not None and not self._router_metrics:
+                # Imported here: Engine mode never loads the router (lazy Router mode).
+                from vllm_sr.router.metrics import RouterCollector
+
+                chat = self.chat
+                self.registry.register(RouterCollector(lambda: chat.chat))
+                self._router_metrics = True
 
     async def chat_completions(self, request: Request) -> Response | StreamResponse:
         await self.sync_router()

@@ -19,7 +19,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from vllm_sr.errors import NotFound, Unavailable, VllmSrError
+from vllm_sr.errors import EngineMode, NotFound, Unavailable, VllmSrError
 from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import RouterPlan
@@ -121,9 +121,7 @@ class ChatMount:
         if not admitting:
             return error_response(Unavailable("the service is stopping", retry_after_s=1.0))
         if self.plan is None or not self.plan.enabled:
-            from vllm_sr.router.chat import engine_mode_chat
-
-            return await engine_mode_chat(request)
+            return error_response(EngineMode(EngineMode.MESSAGE))
         if self.chat is None:
             return error_response(
                 NoProviders(
@@ -136,9 +134,7 @@ class ChatMount:
     async def handle_eval(self, request: Request) -> Response:
         """``/api/v1/eval``: Router mode's routing preview (no backend is called)."""
         if self.plan is None or not self.plan.enabled:
-            from vllm_sr.router.chat import engine_mode_chat
-
-            return await engine_mode_chat(request)
+            return error_response(EngineMode(EngineMode.MESSAGE))
         if self.chat is None:
             return error_response(NoProviders("routing needs providers: (docs/router.md)"))
         return await self.chat.handle_eval(request)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.config.routing_plugins import decision_plugins
-from vllm_sr.errors import NotFound, VllmSrError
+from vllm_sr.errors import EngineMode, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router import eval as route_eval
 from vllm_sr.router.answers import (
@@ -94,10 +94,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("vllm_sr.router.chat")
 
 DEFAULT_EVAL_MODEL = "vllm-sr/auto"  # upstream's eval reads an empty model as this alias
-
-
-class EngineMode(NotFound):
-    code = "engine_mode"
 
 
 class ChatRouter(ChatPlugins):
@@ -352,10 +348,4 @@ def build_chat_router(
 
 async def engine_mode_chat(request: Request) -> Response:
     """``/v1/chat/completions`` in Engine mode (-e): a typed 404 that says so."""
-    return error_response(
-        EngineMode(
-            "chat completions are not served: the service runs in Engine mode (serve -e); "
-            "accepted: the native surfaces /v1/embeddings, /v1/classify, /v1/bundle, or "
-            "restart without -e for Router mode"
-        )
-    )
+    return error_response(EngineMode(EngineMode.MESSAGE))
