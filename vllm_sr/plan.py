@@ -98,22 +98,15 @@ class ReplicaSpec:
         }
 
 
-def _default_settings() -> PoolSettings:
-    # The pool's settings model (pydantic, over config's defaults): imported only for a plan
-    # built without settings (tests), so importing this module stays free of both.
-    from vllm_sr.pool.settings import PoolSettings
-
-    return PoolSettings()
-
-
 @dataclass
 class DeploymentPlan:
     name: str
     artifact: str
     replicas: list[ReplicaSpec]
     # The deployment's one settings object (deadline, ejection, limits set in config),
-    # built once from the schema (``PoolSettings.from_deployment``).
-    settings: PoolSettings = field(default_factory=_default_settings)
+    # built once from the schema (``PoolSettings.from_deployment``). Required: a default would
+    # make this neutral module reach up into the pool.
+    settings: PoolSettings
 
 
 @dataclass(frozen=True)

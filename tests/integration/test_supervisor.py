@@ -31,6 +31,7 @@ from vllm_sr import events as ev
 from vllm_sr.control.commands import Command
 from vllm_sr.errors import ConfigError, VllmSrError
 from vllm_sr.plan import DeploymentPlan, ServicePlan
+from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.supervisor.reconfigure import RELOAD_MARGIN_S
 
 
@@ -285,7 +286,9 @@ async def test_attached_replica_is_served_with_its_own_model_name() -> None:
         endpoint=f"http://127.0.0.1:{port}",
         model="remote-name",
     )  # type: ignore[arg-type]
-    plan = ServicePlan({"primary": DeploymentPlan("primary", "fake/remote", [spec])}, "primary")
+    plan = ServicePlan(
+        {"primary": DeploymentPlan("primary", "fake/remote", [spec], PoolSettings())}, "primary"
+    )
     svc = await start_service(lambda: plan)
     try:
         async with aiohttp.ClientSession() as s:

@@ -429,7 +429,9 @@ def test_workers_sharing_a_gpu_start_one_after_another() -> None:
         spec_of("primary-1", "primary", 1, device="rocm:0", env={"hold": "1"}),
         spec_of("primary-2", "primary", 2, device="rocm:1", env={"hold": "1"}),
     ]
-    plan = ServicePlan({"primary": DeploymentPlan("primary", "a", specs)}, "primary")
+    plan = ServicePlan(
+        {"primary": DeploymentPlan("primary", "a", specs, PoolSettings())}, "primary"
+    )
 
     async def body(h: Harness) -> None:
         r0, r1, r2 = (h.sup.replicas[f"primary-{i}"] for i in range(3))

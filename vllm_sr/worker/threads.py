@@ -17,8 +17,6 @@ from typing import Any, Protocol
 
 import numpy
 
-# Re-exported until `vllm-sr ctl threads` imports it from its own numpy-free home.
-from vllm_sr.control.threads_report import format_report
 from vllm_sr.errors import ConfigError
 
 ENV_ADAPTIVE = "VLLM_SRUN_CPU_ADAPTIVE_THREADS"
@@ -195,7 +193,6 @@ __all__ = [
     "ThreadContext",
     "ThreadPolicy",
     "batch_tokens",
-    "format_report",
     "parse_mode",
     "process_context",
     "worker_cpu_budget",
