@@ -24,7 +24,7 @@ from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import RouterPlan
 from vllm_sr.pool.directory import PoolDirectory
-from vllm_sr.pool.exchange import exchange
+from vllm_sr.pool.exchange import routing_exchange
 
 if TYPE_CHECKING:
     from vllm_sr.router.backends import BackendSet
@@ -46,14 +46,6 @@ class ChatMount:
         self.chat: ChatRouter | None = None
         self._backends: BackendSet | None = None
         self._warm: asyncio.Task[None] | None = None
-
-    async def routing_exchange(
-        self, deployment: str, path: str, body: bytes, timeout_ms: float | None
-    ) -> tuple[int, bytes]:
-        answer = await exchange(
-            self.directory.resolve(deployment), path, body, timeout_ms, kind="routing"
-        )
-        return answer.status, answer.body
 
     async def update(self, plan: RouterPlan | None) -> None:
         """Take a generation's router settings; rebuild only what changed."""
@@ -81,7 +73,7 @@ class ChatMount:
             self.chat = build_chat_router(
                 plan.providers,
                 plan.routing or Routing(),
-                exchange=self.routing_exchange,
+                exchange=routing_exchange(self.directory),
                 decision_deployment=plan.decision_deployment,
                 auto_model_names=list(plan.auto_model_names),
                 backends=backends,

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from vllm_sr import wire
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import DeadlineExceeded, Unavailable, WorkerFailed
 from vllm_sr.pool.connection import WorkerResponse
+from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.pool.replica import Outcome, Replica
 
@@ -146,3 +148,23 @@ async def _send(rep: Replica, path: str, body: bytes, remaining_s: float) -> Wor
         body = with_model(body, rep.served_model)
     headers = {DEADLINE_HEADER: wire.deadline_header_value(remaining_s)}
     return await rep.client.post(path, body, timeout_s=remaining_s, headers=headers)
+
+
+RoutingExchange = Callable[[str, str, bytes, float | None], Awaitable[tuple[int, bytes]]]
+
+
+def routing_exchange(directory: PoolDirectory) -> RoutingExchange:
+    """Router mode's questions to the deployments' workers: ``(deployment, path, body,
+    timeout_ms) -> (status, body)`` through ``exchange`` with ``kind="routing"``, on the same
+    admission and per-worker accounting as native requests. Made here, in the pool, so that a
+    routed chat goes frontend -> router -> pool and never back up through the frontend."""
+
+    async def ask(
+        deployment: str, path: str, body: bytes, timeout_ms: float | None
+    ) -> tuple[int, bytes]:
+        answer = await exchange(
+            directory.resolve(deployment), path, body, timeout_ms, kind="routing"
+        )
+        return answer.status, answer.body
+
+    return ask
