@@ -18,7 +18,7 @@ from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from vllm_sr import wire
+from vllm_sr import jsonbody, wire
 from vllm_sr.errors import InvalidRequest, Unavailable, VllmSrError
 from vllm_sr.frontend.cache import CachedAnswer, ResultCache, cache_key
 from vllm_sr.frontend.chat_mount import ChatMount
@@ -55,13 +55,7 @@ def caller_timeout_ms(request: Request) -> float | None:
 
 def model_of(body: bytes) -> str | None:
     """The ``model`` field, the only part of the body the frontend reads."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = doc.get("model")
+    model = jsonbody.parse_json(body).get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequest(f"field 'model' must be a string naming a deployment, got {model!r}")
     return model

@@ -4,10 +4,9 @@ each header means."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from vllm_sr import httpserver
+from vllm_sr import httpserver, jsonbody
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.families import DEBUG_HEADER_WORD
 from vllm_sr.router.reasoning import reasoning_enabled
@@ -41,12 +40,7 @@ error_response = httpserver.error_response  # the one error answer (vllm_sr.wire
 
 
 def parse_chat(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
+    body = jsonbody.parse_json(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest(
