@@ -4,6 +4,7 @@ deployment is kept out of dispatch with the difference named."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import urllib.request
@@ -66,8 +67,8 @@ async def test_a_float32_worker_next_to_a_bfloat16_one_is_kept_out_of_dispatch(
     plan = fake_plan(2, artifact=str(tiny_bert_dir), timeout_ms=10_000)
     specs = plan.deployments["primary"].replicas
     # As if one replica's host resolved auto differently: one forced to each precision.
-    specs[0].dtype = "bfloat16"  # type: ignore[attr-defined]
-    specs[1].dtype = "float32"  # type: ignore[attr-defined]
+    specs[0] = dataclasses.replace(specs[0], dtype="bfloat16")
+    specs[1] = dataclasses.replace(specs[1], dtype="float32")
     svc = await start_service(lambda: plan, worker_argv=WORKER_ARGV, wait_ready=False)
     try:
         docs = await wait_for(
