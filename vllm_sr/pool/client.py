@@ -185,35 +185,45 @@ class WorkerClient:
             raise Broken(reason, before_answer=True, local=local, connecting=True) from exc
         return conn
 
-    async def _acquire(self) -> tuple[Connection, bool]:
-        """A connection for one exchange -> (it, whether it was idle, i.e. reused). Beyond
-        ``max_connections`` it waits for one to come back. When this process is out of
-        descriptors (EMFILE: the file limit, a flood) while other exchanges with this origin
-        are under way, it waits for one of those too, so that a shortage of ours is not taken
-        for a broken server."""
+    def _take_idle(self) -> Connection | None:
+        """An idle connection still open and not past ``idle_expiry_s`` (counted busy), or
+        None. The most recently used first: when it is too old, so are all the others."""
+        idle = self._idle
+        if not idle:
+            return None
+        expiry = self._idle_expiry_s
+        oldest_ok = -1.0 if expiry is None else self._clock.monotonic() - expiry
+        while idle:
+            conn = idle.pop()
+            transport = conn.transport
+            if conn.closed or transport is None or transport.is_closing():
+                continue
+            if conn.idle_since < oldest_ok:
+                for old in (conn, *idle):
+                    if old.transport is not None:
+                        old.transport.close()
+                idle.clear()
+                return None
+            self._busy += 1
+            return conn
+        return None
+
+    async def _acquire(self) -> Connection:
+        """A new connection for one exchange (counted busy) once no idle one is left (callers
+        try ``_take_idle`` first). Beyond ``max_connections`` it waits for one to come back
+        (then an idle one may be returned). When this process is out of descriptors (EMFILE:
+        the file limit, a flood) while other exchanges with this origin are under way, it
+        waits for one of those too, so that a shortage of ours is not taken for a broken
+        server."""
         while True:
-            idle = self._idle
-            if idle:
-                expiry = self._idle_expiry_s
-                oldest_ok = -1.0 if expiry is None else self._clock.monotonic() - expiry
-                while idle:
-                    conn = idle.pop()
-                    transport = conn.transport
-                    if conn.closed or transport is None or transport.is_closing():
-                        continue
-                    if conn.idle_since < oldest_ok:  # this one and all below it: too old
-                        for old in (conn, *idle):
-                            if old.transport is not None:
-                                old.transport.close()
-                        idle.clear()
-                        break
-                    self._busy += 1
-                    return conn, True
+            conn = self._take_idle()
+            if conn is not None:
+                return conn
             cap = self._max_connections
             if cap is None or self._busy < cap:
                 self._busy += 1
                 try:
-                    return await self._open(), False
+                    return await self._open()
                 except Broken as exc:
                     self._released()
                     if not exc.local or self._busy == 0:
@@ -283,7 +293,10 @@ class WorkerClient:
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    conn, reused = await self._acquire()
+                    conn = self._take_idle()
+                    reused = conn is not None
+                    if conn is None:
+                        conn = await self._acquire()
                     try:
                         return await self._exchange(conn, data)
                     except Broken as exc:
@@ -330,7 +343,10 @@ class WorkerClient:
         data = self._head(method, path, body, headers) + (body or b"")
         loop = asyncio.get_running_loop()
         while True:
-            conn, reused = await self._acquire()
+            conn = self._take_idle()
+            reused = conn is not None
+            if conn is None:
+                conn = await self._acquire()
             answer = StreamedAnswer(loop, partial(self._release, conn), self._read_timeout_s)
             try:
                 conn.begin_stream(data, answer)

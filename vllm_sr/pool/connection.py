@@ -127,7 +127,9 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if not self._in_flight():  # bytes nobody asked for: the stream is corrupt
+        waiter = self.waiter  # ``_in_flight()`` inlined: this runs per read
+        if self.sink is None and (waiter is None or waiter.done()):
+            # Bytes nobody asked for: the stream is corrupt.
             self.keep = False
             self.abort()
             return
@@ -135,7 +137,7 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail("the worker switched protocols", before_answer=False)
+            self._fail("the server switched protocols", before_answer=False)
         except httptools.HttpParserError as exc:
             self._fail(f"not an HTTP/1.x answer: {exc}", before_answer=False)
         else:
@@ -145,7 +147,7 @@ class Connection(asyncio.Protocol):
                     self._fail(f"answer head over {MAX_HEADER_BYTES} bytes", before_answer=False)
 
     def eof_received(self) -> bool | None:
-        self._lost("the worker closed the connection")
+        self._lost("the server closed the connection")
         return None  # let the transport close itself
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -153,7 +155,7 @@ class Connection(asyncio.Protocol):
         drained = self.drained
         if drained is not None and not drained.done():
             drained.set_result(None)  # the writer finds the connection closed
-        self._lost(f"connection lost: {exc}" if exc else "the worker closed the connection")
+        self._lost(f"connection lost: {exc}" if exc else "the server closed the connection")
 
     def pause_writing(self) -> None:
         self.drained = asyncio.get_running_loop().create_future()
