@@ -313,3 +313,26 @@ async def test_giving_up_on_a_body_cuts_the_connection(server: Server) -> None:
         assert server.connections == 2  # half an answer is never reused
     finally:
         await client.close()
+
+
+async def test_a_body_the_server_does_not_take_times_out_at_the_write_timeout() -> None:
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await asyncio.sleep(30)
+
+    tcp = await asyncio.start_server(never_reads, "127.0.0.1", 0)
+    port = tcp.sockets[0].getsockname()[1]
+    client = WorkerClient(base_url=f"http://127.0.0.1:{port}", write_timeout_s=0.3)
+    try:
+        body = b"x" * (64 * 1024 * 1024)  # more than loopback's socket buffers can hold
+        with pytest.raises(TimeoutError, match=r"did not take the request's body within 0\.3 s"):
+            async with asyncio.timeout(10):  # not this one: its message differs
+                await client.stream("POST", "/chat", body)
+        assert client._busy == 0 and client._idle == []  # the connection was cut
+    finally:
+        await client.close()
+        tcp.close()
+        for w in accepted:
+            w.transport.abort()
