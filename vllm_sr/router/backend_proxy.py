@@ -158,7 +158,7 @@ class BackendProxy:
         """Chunks go out as they arrive; the caller's answer begins only once the backend's
         first chunk is in hand (so a stream that fails before it can go elsewhere).
         -> (the answer, whether the backend finished it)."""
-        chunks = upstream
+        chunks = upstream  # each read: everything that arrived since the last one
         first: bytes | None
         try:
             first = await _wait(chunks.__anext__(), first_chunk_s)
