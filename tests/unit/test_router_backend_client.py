@@ -23,6 +23,7 @@ from tests.support.workers import free_tcp_port
 from vllm_sr.config.routing import Providers
 from vllm_sr.errors import DeadlineExceeded
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse
+from vllm_sr.pool.client import Broken
 from vllm_sr.router.backend_proxy import AttemptFailed, BackendUnavailable
 from vllm_sr.router.backends import BackendSet
 
@@ -281,3 +282,21 @@ async def test_health_checks_follow_no_redirect(
         assert backend.health.last_error == "GET /models answered 302"
     finally:
         await other.stop()
+
+
+# -- one client per origin -----------------------------------------------------------------------
+
+
+async def test_backends_on_one_server_share_its_client_and_keep_their_paths(
+    started: Callable[..., Any],
+) -> None:
+    s = await started(one_model({"endpoint": "127.0.0.1:9"}))
+    clients = s.clients
+    v1, prefix_v1 = clients.for_url("http://127.0.0.1:9/v1")
+    other, prefix_other = clients.for_url("http://127.0.0.1:9/openai/v1")
+    elsewhere, _ = clients.for_url("http://127.0.0.1:10/v1")
+    assert v1 is other and (prefix_v1, prefix_other) == ("/v1", "/openai/v1")
+    assert elsewhere is not v1
+    with pytest.raises(Broken) as info:  # not a URL a backend can have: as unreachable
+        clients.for_url("ftp://127.0.0.1/v1")
+    assert info.value.connecting

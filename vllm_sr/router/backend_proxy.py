@@ -24,17 +24,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-import httpx
-
 from vllm_sr.errors import DeadlineExceeded, VllmSrError
 from vllm_sr.httpserver import Request, Response, StreamResponse
+from vllm_sr.pool.client import StreamedAnswer
 from vllm_sr.router.backend import Backend
 from vllm_sr.router.backend_client import (
     BROKEN,
     READ_TIMEOUT_S,
+    BackendClients,
     connection_reason,
     is_timeout,
-    media_type,
 )
 
 log = logging.getLogger("vllm_sr.router.backends")
@@ -76,13 +75,13 @@ class AttemptFailed(Exception):
 
 
 class BackendProxy:
-    """Sends chats through ``client``; a backend that fails is reported to ``mark_failed``
+    """Sends chats through ``clients``; a backend that fails is reported to ``mark_failed``
     (the set's health, which re-checks it)."""
 
     def __init__(
-        self, client: httpx.AsyncClient, mark_failed: Callable[[Backend, str], None]
+        self, clients: BackendClients, mark_failed: Callable[[Backend, str], None]
     ) -> None:
-        self.client = client
+        self.clients = clients
         self.mark_failed = mark_failed
 
     async def proxy(
@@ -111,22 +110,19 @@ class BackendProxy:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - loop.time())
 
-        outgoing = self.client.build_request(
-            "POST",
-            f"{backend.api_base}/chat/completions",
-            content=payload,
-            headers=request_headers(backend, request, extra_headers, drop_headers),
-        )
+        outgoing = request_headers(backend, request, extra_headers, drop_headers)
         try:
-            upstream = await _wait(self.client.send(outgoing, stream=True), left())
+            client, prefix = self.clients.for_url(backend.api_base)
+            path = f"{prefix}/chat/completions"
+            upstream = await _wait(client.stream("POST", path, payload, headers=outgoing), left())
             try:
-                status = upstream.status_code
+                status = upstream.status
                 if (status == 429 or status >= 500) and early_failure:
                     answer = await _whole(backend, upstream, headers)
                     if status >= 500:
                         self.mark_failed(backend, f"chat answered {status}")
                     raise AttemptFailed(f"http_{status}", answer)
-                if status < 400 and media_type(upstream) == "text/event-stream":
+                if status < 400 and upstream.media_type == "text/event-stream":
                     return await self._stream(
                         backend, upstream, request, headers, early_failure, left(), tap
                     )
@@ -152,7 +148,7 @@ class BackendProxy:
     async def _stream(
         self,
         backend: Backend,
-        upstream: httpx.Response,
+        upstream: StreamedAnswer,
         request: Request,
         headers: Mapping[str, str],
         early_failure: bool,
@@ -162,7 +158,7 @@ class BackendProxy:
         """Chunks go out as they arrive; the caller's answer begins only once the backend's
         first chunk is in hand (so a stream that fails before it can go elsewhere).
         -> (the answer, whether the backend finished it)."""
-        chunks = upstream.aiter_bytes().__aiter__()
+        chunks = upstream  # each read: everything that arrived since the last one
         first: bytes | None
         try:
             first = await _wait(chunks.__anext__(), first_chunk_s)
@@ -183,9 +179,7 @@ class BackendProxy:
             if early_failure:
                 raise AttemptFailed("stream_first_chunk", error=error)
             raise error
-        out = StreamResponse(
-            upstream.status_code, "text/event-stream", {"Cache-Control": "no-cache"}
-        )
+        out = StreamResponse(upstream.status, "text/event-stream", {"Cache-Control": "no-cache"})
         out.headers.update(headers)
         await out.prepare(request)
         chunk = first
@@ -244,17 +238,20 @@ def _timed_out(
 
 
 async def _wait(aw: Awaitable[T], timeout_s: float | None) -> T:
+    """``aw`` within ``timeout_s`` (``TimeoutError``); no task per call, unlike ``wait_for``
+    on Python 3.11."""
     if timeout_s is None:
         return await aw
-    return await asyncio.wait_for(aw, timeout_s)
+    async with asyncio.timeout(timeout_s):
+        return await aw
 
 
 async def _whole(
-    backend: Backend, upstream: httpx.Response, headers: Mapping[str, str]
+    backend: Backend, upstream: StreamedAnswer, headers: Mapping[str, str]
 ) -> Response:
-    raw = await upstream.aread()
-    status = upstream.status_code
-    content_type = upstream.headers.get("Content-Type", "application/json")
+    raw = await upstream.read()
+    status = upstream.status
+    content_type = upstream.headers.get("content-type", "application/json")
     if status >= 400 and not _is_openai_error(raw):
         text = raw.decode("utf-8", "replace")[:MAX_ERROR_TEXT]
         err = {

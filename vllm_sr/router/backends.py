@@ -22,13 +22,11 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
-
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.routing import Providers
 from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.router.backend import HEALTH_EVERY_S, Backend, pricing_of
-from vllm_sr.router.backend_client import BROKEN, MAX_CONNECTIONS, backend_client
+from vllm_sr.router.backend_client import BROKEN, MAX_CONNECTIONS, BackendClients
 from vllm_sr.router.backend_proxy import AnswerTap, BackendProxy
 
 HEALTH_TIMEOUT_S = 3.0
@@ -54,7 +52,7 @@ def weighted_pick(candidates: Sequence[Backend], *, least_request: bool = True) 
 
 class BackendSet:
     """Every model's backends; health checks in one task; chats through the one client.
-    ``max_connections`` caps the client's open connections (all backends together)."""
+    ``max_connections`` caps the open connections to each backend origin (host and port)."""
 
     def __init__(
         self,
@@ -98,8 +96,8 @@ class BackendSet:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, *, health_checks: bool = True) -> None:
         if self._proxy is None:
-            client = backend_client(max_connections=self._max_connections)
-            self._proxy = BackendProxy(client, self.mark_failed)
+            clients = BackendClients(max_connections=self._max_connections, clock=self.clock)
+            self._proxy = BackendProxy(clients, self.mark_failed)
         if health_checks and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._health_loop())
 
@@ -110,13 +108,13 @@ class BackendSet:
                 await self._task
             self._task = None
         if self._proxy is not None:
-            await self._proxy.client.aclose()
+            await self._proxy.clients.aclose()
             self._proxy = None
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The outbound client (``start()`` makes it)."""
-        return self._started().client
+    def clients(self) -> BackendClients:
+        """The outbound clients (``start()`` makes them)."""
+        return self._started().clients
 
     def _started(self) -> BackendProxy:
         if self._proxy is None:
@@ -125,17 +123,19 @@ class BackendSet:
 
     # -- health ------------------------------------------------------------------------------
     async def check(self, backend: Backend) -> None:
-        url = f"{backend.api_base}/models"
         try:
-            r = await asyncio.wait_for(
-                self.client.get(url, headers=backend.headers(), timeout=HEALTH_TIMEOUT_S),
-                HEALTH_TIMEOUT_S,
-            )
+            client, prefix = self.clients.for_url(backend.api_base)
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                answer = await client.stream("GET", f"{prefix}/models", headers=backend.headers())
+                try:
+                    await answer.read()
+                finally:
+                    await answer.aclose()
         except BROKEN as exc:
             backend.health.record_failure(f"GET /models failed: {type(exc).__name__}: {exc}")
             return
-        if r.status_code != 200:
-            backend.health.record_failure(f"GET /models answered {r.status_code}")
+        if answer.status != 200:
+            backend.health.record_failure(f"GET /models answered {answer.status}")
             return
         backend.health.record_success()
 
