@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +40,6 @@ from vllm_sr.router.route import AuthzOptions, Router, RouteResult, RouterStats
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Decision, ProviderModel
 
-log = logging.getLogger("vllm_sr.router.chat")
 
 H_CACHE_HIT = "x-vsr-cache-hit"
 H_CACHE_SIMILARITY = "x-vsr-cache-similarity"

@@ -17,6 +17,7 @@ retried away from as ``backend id:reason``."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from vllm_sr.router.backend import Backend
     from vllm_sr.router.backend_proxy import AttemptFailed
     from vllm_sr.router.backends import BackendSet
+
+log = logging.getLogger("vllm_sr.router.chat")
 
 H_BACKEND_FALLBACK = "x-vsr-backend-fallback"
 H_BACKEND_RETRIES = "x-vsr-backend-retries"
@@ -110,6 +113,7 @@ class Attempts:
         if policy.retries(exc.reason, len(self._tried) - 1) and self._time_left():
             other = self.backends.retry_pick(self.model, self._tried)
             if other is not None:
+                log.info("backend %s failed (%s); retrying on %s", backend.id, exc.reason, other.id)
                 backend.retried_from += 1
                 self.retried.append((backend.id, exc.reason))
                 self._next = other
@@ -119,6 +123,9 @@ class Attempts:
         self.fell_back_from_last = self._i < len(self.order)
         if not self.fell_back_from_last:
             return "last"
+        log.info(
+            "model %s failed before its first byte (%s); trying the next", self.model, exc.reason
+        )
         self.failed.append((self.model, exc.reason))
         return "fallback"
 
