@@ -80,6 +80,7 @@ def test_every_upstream_field_is_accepted_and_read() -> None:
         ({"base_ejection_time": "30x"}, "base_ejection_time", ["'30x' is not a duration"]),
         ({"health_check_interval": "10"}, "health_check_interval", ["'10' is not a duration"]),
         ({"health_check_timeout": "-1s"}, "health_check_timeout", ["e.g. 500ms, 30s, 1m30s"]),
+        ({"health_check_interval": "0s"}, "health_check_interval", ["'0s' is no time", "above 0"]),
         ({"health_check_path": "health"}, "health_check_path", ["'health' does not start with /"]),
     ],
 )

@@ -158,11 +158,12 @@ def _reliability_problems(path: Path, rel: dict[str, Any]) -> list[Problem]:
                 )
     for key in ("base_ejection_time", "health_check_interval", "health_check_timeout"):
         value = rel.get(key)
-        if isinstance(value, str) and go_duration_s(value) is None:
+        if isinstance(value, str) and not go_duration_s(value):  # Envoy wants them > 0
+            what = "is not a duration" if go_duration_s(value) is None else "is no time"
             problems.append(
                 problem(
                     (*path, key),
-                    f"{value!r} is not a duration; accepted: Go's syntax, a number and a unit "
+                    f"{value!r} {what}; accepted: above 0 in Go's syntax, a number and a unit "
                     "(ns, us, ms, s, m, h), e.g. 500ms, 30s, 1m30s",
                 )
             )
