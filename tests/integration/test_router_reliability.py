@@ -22,6 +22,18 @@ from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import build_chat_router
 
 AUTO = "vllm-sr/auto"
+# "fallback" in a chat: the decision tries m, then other
+ROUTING = {
+    "signals": {"keywords": [{"name": "fb", "operator": "OR", "keywords": ["fallback"]}]},
+    "decisions": [
+        {
+            "name": "fb",
+            "priority": 10,
+            "rules": {"operator": "AND", "conditions": [{"type": "keyword", "name": "fb"}]},
+            "modelRefs": [{"model": "m"}, {"model": "other"}],
+        }
+    ],
+}
 
 
 @dataclass
@@ -65,7 +77,7 @@ async def make_stack() -> AsyncIterator[Callable[..., Any]]:
         await backends.start(health_checks=health_checks)
         chat = build_chat_router(
             providers,
-            Routing.model_validate({}),
+            Routing.model_validate(ROUTING),
             exchange=FakeWorkerExchange({"primary"}),
             decision_deployment="primary",
             auto_model_names=[AUTO],
@@ -166,6 +178,19 @@ async def test_retries_stop_at_retry_count_and_at_the_last_backend(
     # each backend once: a retry never goes back to a backend the chat tried
     assert len(st.first.received) == 1 and len(st.second.received) == 1
     assert info.value.response.headers["x-vsr-backend-retries"] == "m_primary:http_503"
+
+
+async def test_retries_come_first_then_the_fallback_to_the_next_model(
+    make_stack: Callable[..., Any],
+) -> None:
+    st = await make_stack({"retry_count": 1, "retry_on": "5xx"})
+    st.first.fault = st.second.fault = "503"
+    raw = await ask(st.client, "fallback please", model=AUTO)
+    assert raw.parse().choices[0].message.content == "other got: fallback please"
+    assert len(st.first.received) == 1 and len(st.second.received) == 1
+    assert raw.headers["x-vsr-selected-model"] == "other"
+    assert raw.headers["x-vsr-backend-retries"] == "m_primary:http_503"
+    assert raw.headers["x-vsr-backend-fallback"] == "m:http_503"
 
 
 # -- ejection ----------------------------------------------------------------------------------
