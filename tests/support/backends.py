@@ -1,7 +1,8 @@
 """Stand-ins for Router mode's neighbours.
 
 - :class:`StandInBackend`: a real OpenAI-compatible HTTP server (aiohttp on a real TCP socket)
-  with ``GET /v1/models`` and ``POST /v1/chat/completions``, streaming (SSE) and not. It
+  with ``GET /v1/models`` (and ``GET /health``; each check's path goes in ``probes``) and
+  ``POST /v1/chat/completions``, streaming (SSE) and not. It
   records what it received. Streaming can be held between chunks (``gate``) so a test can see
   the first chunk arrive before the second is even sent (no buffering on the way). A request
   whose last user message is ``FAIL <status>`` gets that status with an OpenAI-style error;
@@ -75,7 +76,9 @@ class StandInBackend:
         self.inflight = 0
         self.max_inflight = 0
         self.app = web.Application()
+        self.probes: list[str] = []  # the paths of the health checks received
         self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.models)  # vLLM's own health path
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -105,6 +108,7 @@ class StandInBackend:
             self._runner = None
 
     async def models(self, request: web.Request) -> web.Response:
+        self.probes.append(request.path)
         if self.fault == "redirect":
             raise web.HTTPFound(self.redirect_to)
         if not self.healthy:

@@ -279,7 +279,7 @@ async def test_health_checks_follow_no_redirect(
         backend = s.pick("m")
         await s.check(backend)
         assert backend.health.state == "unhealthy"
-        assert backend.health.last_error == "GET /models answered 302"
+        assert backend.health.last_error == "GET /v1/models answered 302"
     finally:
         await other.stop()
 

@@ -164,9 +164,9 @@ def test_what_vllm_sr_does_not_act_on_is_refused_by_name() -> None:
     small = doc["providers"]["models"][0]
     small["api_format"] = "anthropic"
     small["reliability"] = {
-        "lb_policy": "least_request",  # acted on by router/backends.py
+        "lb_policy": "least_request",  # all acted on by router/backends.py ...
         "retry_count": 2,
-        "retry_on": "connect-failure",
+        "retry_on": "connect-failure,retriable-status-codes",  # ... but this condition
         "health_check_interval": "10s",
     }
     remote = small["backend_refs"][1]
@@ -181,9 +181,7 @@ def test_what_vllm_sr_does_not_act_on_is_refused_by_name() -> None:
     m0 = "providers.models[0]"
     refused = {
         f"{m0}.api_format": "supported: openai",
-        f"{m0}.reliability.retry_count": "supported: 0",
-        f"{m0}.reliability.retry_on": "supported: vllm-sr's own backend health",
-        f"{m0}.reliability.health_check_interval": "supported: vllm-sr's own backend health",
+        f"{m0}.reliability.retry_on": "supported: 5xx, gateway-error, reset, connect-failure",
         f"{m0}.backend_refs[1].provider": "supported: openai",
         f"{m0}.backend_refs[1].chat_path": "supported: /chat/completions",
         f"{m0}.backend_refs[1].api_version": "supported: no api_version",

@@ -99,6 +99,16 @@ def test_each_upstream_recipe_loads_or_is_refused_only_by_name(recipe: str) -> N
         assert "; supported: " in p  # each refusal names what is supported instead
 
 
+def test_balance_recipe_is_refused_only_for_router_learning() -> None:
+    """Its providers' reliability blocks (retries, ejection, health checks) are acted on; what
+    is left is Router Learning, another piece of work."""
+    problems = _upstream_problems(FIXTURES / "recipes" / "balance" / "config.yaml")
+    fields = [p.split(": ", 2)[1] for p in problems]
+    assert fields == ["global.router.learning.enabled"], problems
+    assert "Router Learning" in problems[0] and NOT_SUPPORTED in problems[0]
+    assert not [p for p in problems if "reliability" in p]
+
+
 def test_upstream_reference_config_lists_every_refusal_in_one_run(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -28,10 +28,29 @@ DEFAULT_CHAT_PATH = "/chat/completions"
 UPSTREAM_PROVIDERS = ("openai", "anthropic", "azure-openai", "bedrock", "gemini", "vertex-ai")
 SUPPORTED_PROVIDERS = ("openai",)
 SUPPORTED_API_FORMATS = ("openai",)
-HEALTH_SUPPORTED = (
-    "vllm-sr's own backend health (GET {api}/models every 5 s while healthy; after a failure "
-    "the backend is skipped and re-checked after a doubling backoff of 0.5 s to 30 s); "
-    "remove the field"
+
+# Go's duration syntax (time.ParseDuration) without the sign.
+GO_UNITS_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0}
+GO_UNITS_S |= {"m": 60.0, "h": 3600.0}
+GO_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+GO_DURATION_RE = re.compile(f"(?:{GO_PART_RE.pattern})+")
+
+# Envoy's retry_on conditions for HTTP; vllm-sr honours the ones its HTTP/1.1 backends can
+# meet (router/backend_retry.py maps its failure reasons onto them).
+RETRY_ON_WORDS = ("5xx", "gateway-error", "reset", "connect-failure", "refused-stream")
+ENVOY_RETRY_ON = (
+    *RETRY_ON_WORDS,
+    "reset-before-request",
+    "envoy-ratelimited",
+    "retriable-4xx",
+    "retriable-status-codes",
+    "retriable-headers",
+    "http3-post-connect-failure",
+    "cancelled",
+    "deadline-exceeded",
+    "internal",
+    "resource-exhausted",
+    "unavailable",
 )
 
 
@@ -109,29 +128,71 @@ def _model_problems(path: Path, model: dict[str, Any], families: dict[str, Any])
 
 
 def _reliability_problems(path: Path, rel: dict[str, Any]) -> list[Problem]:
-    problems = []
-    count = rel.get("retry_count")
-    if isinstance(count, int) and count > 0:
+    """Upstream's checks (retry_count 0-5 with retry_on, Go durations, a path starting with
+    /), each naming the field, the value and what is accepted; and the retry_on words vllm-sr
+    cannot honour, refused by name."""
+    problems: list[Problem] = []
+    count, retry_on = rel.get("retry_count"), rel.get("retry_on")
+    if (
+        isinstance(count, int)
+        and count > 0
+        and not (isinstance(retry_on, str) and retry_on.strip())
+    ):
         problems.append(
-            refusal(
-                (*path, "retry_count"),
-                f"retry_count {count} (retrying a failed chat)",
-                "0: a backend that cannot be reached answers 502 and is skipped until it is "
-                "healthy again",
+            problem(
+                (*path, "retry_on"),
+                f"retry_count {count} needs retry_on; accepted: a comma list of "
+                f"{', '.join(RETRY_ON_WORDS)}",
             )
         )
-    for key in (
-        "retry_on",
-        "consecutive_5xx",
-        "base_ejection_time",
-        "max_ejection_percent",
-        "health_check_path",
-        "health_check_interval",
-        "health_check_timeout",
-    ):
-        if rel.get(key) is not None:
-            problems.append(refusal((*path, key), f"reliability.{key}", HEALTH_SUPPORTED))
+    if isinstance(retry_on, str):
+        for word in retry_on_words(retry_on):
+            if word not in RETRY_ON_WORDS:
+                what = "retry_on condition" if word in ENVOY_RETRY_ON else "unknown retry_on word"
+                problems.append(
+                    refusal(
+                        (*path, "retry_on"),
+                        f"{what} {word!r}",
+                        f"{', '.join(RETRY_ON_WORDS)} (comma-separated, as Envoy's)",
+                    )
+                )
+    for key in ("base_ejection_time", "health_check_interval", "health_check_timeout"):
+        value = rel.get(key)
+        if isinstance(value, str) and not go_duration_s(value):  # Envoy wants them > 0
+            what = "is not a duration" if go_duration_s(value) is None else "is no time"
+            problems.append(
+                problem(
+                    (*path, key),
+                    f"{value!r} {what}; accepted: above 0 in Go's syntax, a number and a unit "
+                    "(ns, us, ms, s, m, h), e.g. 500ms, 30s, 1m30s",
+                )
+            )
+    hc_path = rel.get("health_check_path")
+    if isinstance(hc_path, str) and not hc_path.startswith("/"):
+        problems.append(
+            problem(
+                (*path, "health_check_path"),
+                f"{hc_path!r} does not start with /; accepted: a path on the backend's server, "
+                "e.g. /health",
+            )
+        )
     return problems
+
+
+def retry_on_words(retry_on: str) -> list[str]:
+    """Envoy's comma list as words (blanks around them dropped, empty ones skipped)."""
+    return [w.strip() for w in retry_on.split(",") if w.strip()]
+
+
+def go_duration_s(text: str) -> float | None:
+    """Go's ``time.ParseDuration`` for what a timeout can be: ``0`` or a sequence of a decimal
+    number and a unit (``1m30s``, ``1.5h``, ``500ms``) -> seconds; None when ``text`` is not
+    one (a sign is not accepted: a negative time means nothing here)."""
+    if text == "0":
+        return 0.0
+    if not GO_DURATION_RE.fullmatch(text):
+        return None
+    return sum(float(n) * GO_UNITS_S[unit] for n, unit in GO_PART_RE.findall(text))
 
 
 def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:

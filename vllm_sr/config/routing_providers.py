@@ -6,21 +6,24 @@ Field names and meanings follow the upstream vLLM Semantic Router (``C/canonical
 (reasoning_family, provider_model_id, external_model_ids, api_format, pricing, reliability,
 backend_refs[]). What vllm-sr does not act on is refused by name (see routing_base): Anthropic
 wire format, provider profiles other than OpenAI-compatible ones, chat_path / api_version /
-extra_headers, the Envoy settings under ``reliability`` for retries, ejection and health
-checks, and models with no backend. ``router/backends.py`` acts on the rest (weights,
-lb_policy, credentials, the model name per backend type)."""
+extra_headers, retry_on conditions its backends cannot meet, and models with no backend.
+``router/backends.py`` acts on the rest (weights, ``reliability``, credentials, the model name
+per backend type)."""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from vllm_sr.config.routing_base import Strict, raise_first
-from vllm_sr.config.routing_provider_rules import ENDPOINT_RE, providers_problems
+from vllm_sr.config.routing_provider_rules import (
+    ENDPOINT_RE,
+    go_duration_s,
+    providers_problems,
+    retry_on_words,
+)
 
-GO_DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
 HEADER_NAME_RE = r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$"
 DEFAULT_ENDPOINT_TYPE = "vllm"
 REASONING_FAMILY_TYPES = ("chat_template_kwargs", "reasoning_effort", "top_level_reasoning_effort")
@@ -144,9 +147,10 @@ class ModelPricing(Strict):
 
 
 class ProviderReliability(Strict):
-    """Upstream's Envoy data-plane settings. vllm-sr acts on ``lb_policy``; it does not retry
-    and runs its own health checks, so the retry, ejection and health-check fields are refused
-    (``retry_count: 0`` is accepted)."""
+    """Upstream's Envoy data-plane settings, acted on by vllm-sr's router (docs/router.md
+    "Retries, ejection and health checks"): the spread (lb_policy), retries on another backend
+    of the model before the first byte (retry_count, retry_on; router/backend_retry.py),
+    ejection after consecutive 5xx (router/backend_outlier.py) and the active health check."""
 
     lb_policy: Literal["round_robin", "least_request"] | None = None
     """How chats spread over the model's healthy backends, by backend_refs[].weight:
@@ -154,28 +158,45 @@ class ProviderReliability(Strict):
     weighted round robin breaking ties; round_robin: the plain weighted round robin."""
 
     retry_count: int = Field(default=0, ge=0, le=5)
-    """Upstream: retries of a failed request (0-5)."""
+    """How many times a chat whose backend failed before the first byte is sent to another
+    usable backend of the same model (0-5; 0: never), before any fallback to another model."""
 
     retry_on: str | None = Field(default=None, min_length=1, max_length=300)
-    """Upstream: Envoy's retry conditions (required when retry_count > 0)."""
+    """Envoy's comma list of the failures retried (required when retry_count > 0): 5xx,
+    gateway-error, reset, connect-failure, refused-stream."""
 
-    consecutive_5xx: int | None = Field(default=None, ge=0)
-    """Upstream: outlier ejection after this many 5xx answers in a row."""
+    consecutive_5xx: int = Field(default=0, ge=0)
+    """Eject a backend after this many chats in a row answered 5xx or could not reach it
+    (0, the default: no ejection; as upstream, only for a model with two or more backends)."""
 
-    base_ejection_time: str | None = Field(default=None, pattern=GO_DURATION_RE.pattern)
-    """Upstream: how long an ejected backend stays out (a Go duration, e.g. 30s)."""
+    base_ejection_time: str | None = Field(default=None, max_length=64)
+    """How long an ejection lasts, times the number of times that backend was ejected (a Go
+    duration, default 30s; at most 300s or this, whichever is longer, as Envoy)."""
 
-    max_ejection_percent: int | None = Field(default=None, ge=0, le=100)
-    """Upstream: the most backends ejected at once (percent)."""
+    max_ejection_percent: int = Field(default=50, ge=0, le=100)
+    """The most of the model's backends ejected at once, in percent of them rounded down
+    (default 50, as upstream; one backend always stays)."""
 
     health_check_path: str | None = Field(default=None, min_length=1, max_length=300)
-    """Upstream: Envoy's active health check path."""
+    """The active health check's path on the backend's server, e.g. /health (default: the
+    API's /models, e.g. /v1/models)."""
 
-    health_check_interval: str | None = Field(default=None, pattern=GO_DURATION_RE.pattern)
-    """Upstream: how often Envoy checks (a Go duration)."""
+    health_check_interval: str | None = Field(default=None, max_length=64)
+    """How often a healthy backend is checked (a Go duration, default 5s)."""
 
-    health_check_timeout: str | None = Field(default=None, pattern=GO_DURATION_RE.pattern)
-    """Upstream: the health check's timeout (a Go duration)."""
+    health_check_timeout: str | None = Field(default=None, max_length=64)
+    """How long a check may take before it counts as failed (a Go duration, default 3s)."""
+
+    @property
+    def retry_on_words(self) -> list[str]:
+        """``retry_on`` as its words (none when unset)."""
+        return retry_on_words(self.retry_on or "")
+
+    def seconds(self, field: str, default: float) -> float:
+        """A duration field in seconds, ``default`` when unset."""
+        value = getattr(self, field)
+        parsed = None if value is None else go_duration_s(value)
+        return default if parsed is None else parsed
 
 
 class ProviderModel(Strict):

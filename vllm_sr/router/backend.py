@@ -3,10 +3,12 @@ that backend expects for the model, its credential, its health and its request s
 :mod:`vllm_sr.router.backends` spreads chats over them and runs their health checks;
 :mod:`vllm_sr.router.backend_proxy` sends one chat to one of them.
 
-- Health: ``GET {api}/models`` every ``HEALTH_EVERY_S`` while healthy; after a failure
-  (a failed check, or a proxied request that could not reach the server) the backend is
-  unhealthy and re-checked after a doubling backoff (0.5 s to 30 s), as the pool does for
-  replicas. :class:`BackendHealth` is that logic on a clock.
+- Health: ``GET {api}/models`` (or ``reliability.health_check_path`` on the backend's
+  server) every ``HEALTH_EVERY_S`` (``health_check_interval``) while healthy, within
+  ``HEALTH_TIMEOUT_S`` (``health_check_timeout``); after a failure (a failed check, or a
+  proxied request that could not reach the server) the backend is unhealthy and re-checked
+  after a doubling backoff (0.5 s to 30 s), as the pool does for replicas.
+  :class:`BackendHealth` is that logic on a clock.
 - Credential (upstream's rules): the key is ``api_key``, else the environment variable
   ``api_key_env`` (read once, when the backend is built, and never logged: only the variable's
   name is, when it is unset). It goes as ``<auth_header>: <auth_prefix> <key>``; the header and
@@ -31,6 +33,7 @@ from vllm_sr.pool.stats import LatencyWindow, RateWindow
 log = logging.getLogger("vllm_sr.router.backends")
 
 HEALTH_EVERY_S = 5.0
+HEALTH_TIMEOUT_S = 3.0
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 
@@ -104,6 +107,7 @@ class Backend:
     def __init__(self, model: ProviderModel, ref: BackendRef, index: int, clock: Clock) -> None:
         self.model = model.name
         self.ref = ref
+        self.index = index  # in the model's backend_refs (its outlier detector's index)
         self.id = ref.endpoint_name(model.name, index)  # upstream's endpoint id <model>_<name>
         self.name = self.id[len(model.name) + 1 :]
         self.model_id = model.model_id_for(ref)  # what the backend calls the model
@@ -121,12 +125,26 @@ class Backend:
                 ref.api_key_env,
                 self.auth_header,
             )
-        self.health = BackendHealth(clock)
+        rel = model.reliability
+        every_s = (
+            HEALTH_EVERY_S if rel is None else rel.seconds("health_check_interval", HEALTH_EVERY_S)
+        )
+        self.health = BackendHealth(clock, every_s)
+        self.health_timeout_s = (
+            HEALTH_TIMEOUT_S
+            if rel is None
+            else rel.seconds("health_check_timeout", HEALTH_TIMEOUT_S)
+        )
+        self.health_path = None if rel is None else rel.health_check_path
+        # With ejection on (consecutive_5xx), a 5xx answer counts toward it instead of marking
+        # the backend unhealthy at once (Envoy: outlier detection is passive, health active).
+        self.ejects_on_5xx = bool(rel and rel.consecutive_5xx and len(model.backend_refs) > 1)
         self.latency = LatencyWindow(1024)
         self.rate = RateWindow(clock)
         self.requests = 0
         self.errors = 0
         self.inflight = 0
+        self.retried_from = 0  # chats retried on another backend after failing here
         self.rr_current = 0  # the smooth weighted round robin's running score
 
     def headers(self, caller: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -166,6 +184,7 @@ class Backend:
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
             "errors": self.errors,
+            "retried_from": self.retried_from,
             "health_failures": self.health.failures,
             "last_error": self.health.last_error,
         }

@@ -119,7 +119,7 @@ class BackendProxy:
                 status = upstream.status
                 if (status == 429 or status >= 500) and early_failure:
                     answer = await _whole(backend, upstream, headers)
-                    if status >= 500:
+                    if status >= 500 and not backend.ejects_on_5xx:
                         self.mark_failed(backend, f"chat answered {status}")
                     raise AttemptFailed(f"http_{status}", answer)
                 if status < 400 and upstream.media_type == "text/event-stream":

@@ -10,15 +10,22 @@ spread of chats over them, their health checks, and the one outbound client they
   concurrency the backends with the fewest chats in flight per unit of weight go first and the
   round robin breaks ties, so a slow backend is not sent more than it can answer;
   ``reliability.lb_policy: round_robin`` asks for the plain weighted round robin instead.
-- Health: ``GET {api}/models`` (within ``HEALTH_TIMEOUT_S``; 200 is healthy, anything else,
-  a redirect too, is not) on :class:`~vllm_sr.router.backend.BackendHealth`'s schedule, in one
-  task; a chat that could not reach its backend marks it failed and wakes that task.
+- Health: ``GET {api}/models``, or ``GET <reliability.health_check_path>`` on the backend's
+  server (within ``health_check_timeout``, default 3 s; 200 is healthy, anything else, a
+  redirect too, is not) on :class:`~vllm_sr.router.backend.BackendHealth`'s schedule
+  (``health_check_interval``, default 5 s), in one task; a chat that could not reach its
+  backend marks it failed and wakes that task.
+- Ejection (``reliability.consecutive_5xx``): :mod:`vllm_sr.router.backend_outlier`, one
+  detector per model, fed by every chat's outcome; an ejected backend is not usable.
+- Retries (``reliability.retry_count`` / ``retry_on``): :mod:`vllm_sr.router.backend_retry`
+  says which failures are retried; :meth:`BackendSet.retry_pick` gives the next backend.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,9 +34,19 @@ from vllm_sr.config.routing import Providers
 from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.router.backend import HEALTH_EVERY_S, Backend, pricing_of
 from vllm_sr.router.backend_client import BROKEN, MAX_CONNECTIONS, BackendClients
-from vllm_sr.router.backend_proxy import AnswerTap, BackendProxy
+from vllm_sr.router.backend_outlier import OutlierDetector
+from vllm_sr.router.backend_proxy import (
+    AnswerTap,
+    AttemptFailed,
+    BackendProxy,
+    BackendUnavailable,
+)
+from vllm_sr.router.backend_retry import RetryPolicy
 
-HEALTH_TIMEOUT_S = 3.0
+log = logging.getLogger("vllm_sr.router.backends")
+
+# failure reasons that count as a 5xx for ejection (Envoy counts local-origin failures so)
+EJECTING_REASONS = ("connect", "reset", "stream_first_chunk")
 
 
 def weighted_pick(candidates: Sequence[Backend], *, least_request: bool = True) -> Backend:
@@ -73,6 +90,8 @@ class BackendSet:
             m.name: m.reliability is None or m.reliability.lb_policy != "round_robin"
             for m in providers.models
         }
+        self.outliers = {m.name: OutlierDetector.of(m, clock) for m in providers.models}
+        self.retry_policies = {m.name: RetryPolicy.of(m) for m in providers.models}
         self._max_connections = max_connections
         self._proxy: BackendProxy | None = None
         self._task: asyncio.Task[None] | None = None
@@ -81,17 +100,35 @@ class BackendSet:
     def all(self) -> list[Backend]:
         return [b for group in self.models.values() for b in group]
 
+    def usable(self, backend: Backend) -> bool:
+        """Not unhealthy and not ejected."""
+        return backend.health.usable and not self.outliers[backend.model].ejected(backend.index)
+
     def healthy(self, model: str) -> bool:
-        return any(b.health.usable for b in self.models.get(model, []))
+        return any(self.usable(b) for b in self.models.get(model, []))
 
     def pick(self, model: str) -> Backend:
         """A usable backend of ``model`` by weight (:func:`weighted_pick`); with none usable,
         the first (the request then reports the real error)."""
         group = self.models[model]
-        usable = [b for b in group if b.health.usable]
+        usable = [b for b in group if self.usable(b)]
         if not usable:
             return group[0]
         return weighted_pick(usable, least_request=self._least_request[model])
+
+    def retry_pick(self, model: str, tried: Sequence[Backend]) -> Backend | None:
+        """A usable backend of ``model`` this chat has not tried, by weight; None if none."""
+        usable = [b for b in self.models[model] if b not in tried and self.usable(b)]
+        if not usable:
+            return None
+        return weighted_pick(usable, least_request=self._least_request[model])
+
+    def has_other(self, model: str, tried: Sequence[Backend]) -> bool:
+        """Whether ``model`` has a usable backend not in ``tried`` (no pick is made)."""
+        return any(b not in tried and self.usable(b) for b in self.models[model])
+
+    def retry_policy(self, model: str) -> RetryPolicy:
+        return self.retry_policies[model]
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, *, health_checks: bool = True) -> None:
@@ -125,17 +162,18 @@ class BackendSet:
     async def check(self, backend: Backend) -> None:
         try:
             client, prefix = self.clients.for_url(backend.api_base)
-            async with asyncio.timeout(HEALTH_TIMEOUT_S):
-                answer = await client.stream("GET", f"{prefix}/models", headers=backend.headers())
+            path = backend.health_path or f"{prefix}/models"
+            async with asyncio.timeout(backend.health_timeout_s):
+                answer = await client.stream("GET", path, headers=backend.headers())
                 try:
                     await answer.read()
                 finally:
                     await answer.aclose()
         except BROKEN as exc:
-            backend.health.record_failure(f"GET /models failed: {type(exc).__name__}: {exc}")
+            backend.health.record_failure(f"GET {path} failed: {type(exc).__name__}: {exc}")
             return
         if answer.status != 200:
-            backend.health.record_failure(f"GET /models answered {answer.status}")
+            backend.health.record_failure(f"GET {path} answered {answer.status}")
             return
         backend.health.record_success()
 
@@ -159,7 +197,15 @@ class BackendSet:
 
     def inventory(self) -> list[dict[str, Any]]:
         """Every backend's entry, each with its model's ``pricing`` (None: none configured)."""
-        return [{**b.inventory(), "pricing": self.pricing[b.model]} for b in self.all()]
+        return [
+            {
+                **b.inventory(),
+                "pricing": self.pricing[b.model],
+                "ejected_for_s": self.outliers[b.model].ejected_for(b.index),
+                "ejections": self.outliers[b.model].states[b.index].times_ejected,
+            }
+            for b in self.all()
+        ]
 
     # -- proxy -------------------------------------------------------------------------------
     async def proxy(
@@ -192,6 +238,7 @@ class BackendSet:
         started = self.clock.monotonic()
         backend.inflight += 1
         ok = False
+        failed_5xx: bool | None = None  # None: says nothing of the backend (caller's deadline)
         try:
             answer, ok = await proxy.proxy(
                 backend,
@@ -205,7 +252,23 @@ class BackendSet:
                 extra_headers=extra_headers,
                 drop_headers=drop_headers,
             )
+            failed_5xx = answer.status >= 500
             return answer
+        except AttemptFailed as exc:
+            if exc.reason != "deadline":
+                failed_5xx = exc.reason.startswith("http_5") or exc.reason in EJECTING_REASONS
+            raise
+        except BackendUnavailable:
+            failed_5xx = True
+            raise
         finally:
             backend.inflight -= 1
             backend.record(self.clock.monotonic() - started, ok)
+            if failed_5xx is not None and self.outliers[backend.model].record(
+                backend.index, failed_5xx
+            ):
+                log.warning(
+                    "backend %s ejected for %.1f s after consecutive 5xx",
+                    backend.id,
+                    self.outliers[backend.model].ejected_for(backend.index) or 0.0,
+                )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +40,6 @@ from vllm_sr.router.route import AuthzOptions, Router, RouteResult, RouterStats
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Decision, ProviderModel
 
-log = logging.getLogger("vllm_sr.router.chat")
 
 H_CACHE_HIT = "x-vsr-cache-hit"
 H_CACHE_SIMILARITY = "x-vsr-cache-similarity"
@@ -87,29 +85,23 @@ class ChatPlugins:
         recorder: AnswerRecorder | None,
         replay: Replay,
     ) -> tuple[Response | StreamResponse, str, list[tuple[str, str]]]:
-        """The chat to its model's backend, falling back before the first byte
-        (vllm_sr/router/fallback.py). -> (the answer, the model that answered, the models that
-        failed with their reasons)."""
+        """The chat to its model's backend, retried on the model's other backends and then
+        falling back to other models before the first byte (vllm_sr/router/fallback.py).
+        -> (the answer, the model that answered, the models that failed with their reasons)."""
         order = fallback.candidates(result, self.router.default_model, self.backends.healthy)
-        failed: list[tuple[str, str]] = []
-        last: AttemptFailed | None = None
+        attempts = fallback.Attempts(order, self.backends, deadline)
         set_headers, drop_headers = (
             shapers.header_changes(plugins.header_mutation)
             if plugins.header_mutation is not None
             else ({}, [])
         )
-        clock = self.backends.clock
-        for i, (model, ref) in enumerate(order):
-            remaining = None if deadline is None else deadline - clock.monotonic()
-            if remaining is not None and remaining <= 0 and last is not None:
-                break
+        while (step := attempts.next()) is not None:
+            i, model, ref, backend = step
             attempt = result if i == 0 else dataclasses.replace(result, model=model, model_ref=ref)
-            backend = self.backends.pick(model)
             outgoing = self.outgoing_body(body, attempt, backend, plugins)
             headers = answer_headers(attempt, debug=debug)
             headers.update(replay.headers)
-            if failed:
-                headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
+            headers.update(attempts.headers())
             try:
                 answer = await self.backends.proxy(
                     backend,
@@ -117,24 +109,26 @@ class ChatPlugins:
                     request,
                     headers,
                     upstream_model=getattr(ref, "lora_name", None),
-                    early_failure=i < len(order) - 1,
-                    first_byte_timeout_s=remaining,
+                    early_failure=attempts.more_after(backend),
+                    first_byte_timeout_s=attempts.remaining(),
                     tap=TeeTap(recorder if i == 0 else None, replay.tap),
                     extra_headers=set_headers,
                     drop_headers=drop_headers,
                 )
-                return answer, model, failed
+                return answer, model, attempts.failed
             except AttemptFailed as exc:
-                log.info(
-                    "model %s failed before its first byte (%s); trying the next", model, exc.reason
-                )
-                failed.append((model, exc.reason))
-                self.stats.backend_fallbacks[(model, exc.reason)] += 1
-                last = exc
+                if attempts.record(backend, exc) == "fallback":
+                    self.stats.backend_fallbacks[(model, exc.reason)] += 1
+        last = attempts.last
         assert last is not None
+        if not attempts.fell_back_from_last:
+            # the last model's own failure: its answer, as without retries
+            if last.answer is None:
+                raise last.error or Unavailable("no backend answered")
+            return last.answer, attempts.model, attempts.failed
         answer = last.answer or error_response(last.error or Unavailable("no backend answered"))
-        answer.headers[fallback.H_BACKEND_FALLBACK] = fallback.failure_header(failed)
-        return answer, failed[-1][0], failed
+        answer.headers.update(attempts.headers())
+        return answer, attempts.failed[-1][0], attempts.failed
 
     async def select_tools(
         self,

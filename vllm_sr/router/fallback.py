@@ -1,24 +1,37 @@
-"""Backend fallback before the first byte: when the chosen model's backend fails before any
-byte of its answer reached the caller (it cannot be reached or resets the connection, answers
-429 or 5xx, or its stream fails before its first chunk), the chat goes to the decision's next
-``modelRefs`` entry (decision order) with a healthy backend, then to ``default_model``, while
-the caller's deadline (``X-Request-Timeout-Ms``) lasts. Never after a byte went out: a stream
-that breaks later just ends, as before.
+"""Retries and backend fallback before the first byte: when the chosen model's backend fails
+before any byte of its answer reached the caller (it cannot be reached or resets the
+connection, answers 429 or 5xx, or its stream fails before its first chunk), the chat is first
+retried on the model's other usable backends when its ``reliability`` asks for it
+(``retry_count`` times at most, for the failures ``retry_on`` names:
+vllm_sr/router/backend_retry.py), then goes to the decision's next ``modelRefs`` entry
+(decision order) with a healthy backend, then to ``default_model``, while the caller's
+deadline (``X-Request-Timeout-Ms``) lasts. Never after a byte went out: a stream that breaks
+later just ends, as before.
 
 Only routed chats whose decision matched fall back (a chat naming a model asked for that model;
-a chat no decision matched is already on ``default_model``). The answer's
-``x-vsr-selected-model`` is the model that answered; ``x-vsr-backend-fallback`` lists the ones
-that failed as ``model:reason`` (reasons: ``connect``, ``reset``, ``http_<status>``,
-``stream_first_chunk``, ``deadline``)."""
+a chat no decision matched is already on ``default_model``); retries apply to every chat. The
+answer's ``x-vsr-selected-model`` is the model that answered; ``x-vsr-backend-fallback`` lists
+the ones that failed as ``model:reason`` (reasons: ``connect``, ``reset``, ``http_<status>``,
+``stream_first_chunk``, ``deadline``), and ``x-vsr-backend-retries`` the backends a chat was
+retried away from as ``backend id:reason``."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from vllm_sr.router.route import RouteResult
 
+if TYPE_CHECKING:
+    from vllm_sr.router.backend import Backend
+    from vllm_sr.router.backend_proxy import AttemptFailed
+    from vllm_sr.router.backends import BackendSet
+
+log = logging.getLogger("vllm_sr.router.chat")
+
 H_BACKEND_FALLBACK = "x-vsr-backend-fallback"
+H_BACKEND_RETRIES = "x-vsr-backend-retries"
 
 
 def candidates(
@@ -40,3 +53,87 @@ def candidates(
 
 def failure_header(failed: list[tuple[str, str]]) -> str:
     return ",".join(f"{model}:{reason}" for model, reason in failed)
+
+
+class Attempts:
+    """The backends one chat tries, in order: for each model of ``order``, a picked backend,
+    then (``record`` of a failure its retry policy covers) another usable backend of the model
+    not tried yet, then the next model; all while ``deadline`` (a clock time) lasts."""
+
+    def __init__(
+        self, order: list[tuple[str, Any]], backends: BackendSet, deadline: float | None
+    ) -> None:
+        self.order = order
+        self.backends = backends
+        self.deadline = deadline
+        self.failed: list[tuple[str, str]] = []  # (model fallen back from, reason)
+        self.retried: list[tuple[str, str]] = []  # (backend id retried away from, reason)
+        self.last: AttemptFailed | None = None
+        self.fell_back_from_last = False  # the last failure moved the chat to another model
+        self.model = order[0][0]
+        self._i = 0
+        self._tried: list[Backend] = []
+        self._next: Backend | None = None
+
+    def remaining(self) -> float | None:
+        """Seconds left of the caller's deadline (None: no deadline)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - self.backends.clock.monotonic()
+
+    def _time_left(self) -> bool:
+        left = self.remaining()
+        return left is None or left > 0
+
+    def next(self) -> tuple[int, str, Any, Backend] | None:
+        """(index in order, model, modelRef, backend) to try now; None when nothing is left
+        or the deadline ran out after a failure."""
+        if self._i >= len(self.order) or (self.last is not None and not self._time_left()):
+            return None
+        self.model, ref = self.order[self._i]
+        if self._next is None:
+            self._next = self.backends.pick(self.model)
+        return self._i, self.model, ref, self._next
+
+    def more_after(self, backend: Backend) -> bool:
+        """Whether something could still be tried if ``backend`` fails now (another model,
+        or a retry): then its failure before the first byte comes back to ``record``."""
+        if self._i < len(self.order) - 1:
+            return True
+        policy = self.backends.retry_policy(self.model)
+        tried = [*self._tried, backend]
+        return policy.count >= len(tried) and self.backends.has_other(self.model, tried)
+
+    def record(self, backend: Backend, exc: AttemptFailed) -> Literal["retry", "fallback", "last"]:
+        """A failure of ``backend`` -> what happens next: a retry on another backend of the
+        model, a fallback to the next model, or nothing (the last model's own failure)."""
+        self.last = exc
+        self._tried.append(backend)
+        policy = self.backends.retry_policy(self.model)
+        if policy.retries(exc.reason, len(self._tried) - 1) and self._time_left():
+            other = self.backends.retry_pick(self.model, self._tried)
+            if other is not None:
+                log.info("backend %s failed (%s); retrying on %s", backend.id, exc.reason, other.id)
+                backend.retried_from += 1
+                self.retried.append((backend.id, exc.reason))
+                self._next = other
+                return "retry"
+        self._i += 1
+        self._tried, self._next = [], None
+        self.fell_back_from_last = self._i < len(self.order)
+        if not self.fell_back_from_last:
+            return "last"
+        log.info(
+            "model %s failed before its first byte (%s); trying the next", self.model, exc.reason
+        )
+        self.failed.append((self.model, exc.reason))
+        return "fallback"
+
+    def headers(self) -> dict[str, str]:
+        """The answer headers that say what failed so far."""
+        out = {}
+        if self.failed:
+            out[H_BACKEND_FALLBACK] = failure_header(self.failed)
+        if self.retried:
+            out[H_BACKEND_RETRIES] = failure_header(self.retried)
+        return out
