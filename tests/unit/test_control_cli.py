@@ -348,3 +348,21 @@ def test_ctl_replay_reads_records_by_decision_and_follows(
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[2] for line in out] == ["#3"]  # only the new record, once
     assert code == 3  # the service went away
+
+
+def test_backends_table_shows_an_ejected_backend_as_ejected() -> None:
+    """A backend out after consecutive 5xx (``ejected_for_s`` > 0) is not "ready" in
+    `vllm-sr status` and vllm-sr-top, though its health check still passes."""
+    from rich.console import Console
+
+    from vllm_sr.control.render import backend_state, backends_table
+
+    assert backend_state({"state": "healthy", "ejected_for_s": 12.5}) == "ejected"
+    assert backend_state({"state": "healthy", "ejected_for_s": 0.0}) == "ready"
+    assert backend_state({"state": "unhealthy"}) == "failed"
+    console = Console(width=200, record=True)
+    router = {
+        "backends": [{"model": "m", "url": "http://a", "state": "healthy", "ejected_for_s": 3}]
+    }
+    console.print(backends_table(router))
+    assert "ejected" in console.export_text()

@@ -163,6 +163,14 @@ def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
     return Group(*parts)
 
 
+def backend_state(backend: dict[str, Any]) -> str:
+    """A backend's state as the tables show it: ejected (after consecutive 5xx, for
+    ``ejected_for_s`` more seconds) before healthy or not."""
+    if float(backend.get("ejected_for_s") or 0) > 0:
+        return "ejected"
+    return "ready" if backend.get("state") == "healthy" else "failed"
+
+
 def backends_table(router: dict[str, Any]) -> Table:
     """Router mode's LLM backends: state, requests/s, p50/p99, errors, and the model's
     fallbacks (chats that failed on it before their first byte and went to another model,
@@ -178,7 +186,7 @@ def backends_table(router: dict[str, Any]) -> Table:
         table.add_row(
             str(b.get("model")),
             str(b.get("url")),
-            styled_state("ready" if b.get("state") == "healthy" else "failed"),
+            styled_state(backend_state(b)),
             f"{float(b.get('requests_per_s') or 0):.1f}",
             _ms(b.get("latency_p50_ms")),
             _ms(b.get("latency_p99_ms")),
