@@ -127,6 +127,9 @@ def cell(handle: WorkerHandle, kind: str, concurrency: int, seconds: float) -> d
 def run_workers(args: argparse.Namespace) -> None:
     trees = [("this", str(REPO))] + [(f"tree{i}", t) for i, t in enumerate(args.tree, 1)]
     workers: dict[tuple[str, str], WorkerHandle] = {}
+    # `python -m` puts the working directory first on a worker's path: from a neutral one,
+    # PYTHONPATH alone says which tree a worker runs.
+    os.chdir(tempfile.gettempdir())
     try:
         for label, tree in trees:
             for dtype in args.dtypes:
@@ -189,7 +192,7 @@ def post_blocking(sock: socket.socket, body: bytes) -> None:
         raise RuntimeError(head.decode(errors="replace"))
 
 
-async def profile_in_process(n: int, dtype: str, top: int) -> None:
+async def profile_in_process(n: int, dtype: str, top: int, concurrency: int = 1) -> None:
     from vllm_sr.worker.api import build_server
     from vllm_sr.worker.options import WorkerOptions, build_state
     from vllm_sr.worker.startup import load_and_check
@@ -207,27 +210,39 @@ async def profile_in_process(n: int, dtype: str, top: int) -> None:
         for kind in INPUTS:
             bodies = [json.dumps({"input": t}).encode() for t in texts_for(kind, n + WARM_REQUESTS)]
             done = asyncio.Event()
-            warm = threading.Event()
+            warm = threading.Barrier(concurrency + 1)
+            left = [concurrency]
 
             def client(
-                bodies: list[bytes] = bodies,
-                done: asyncio.Event = done,
-                warm: threading.Event = warm,
+                mine: list[bytes], done: asyncio.Event = done, warm: threading.Barrier = warm
             ) -> None:
                 with socket.socket(socket.AF_UNIX) as sock:
                     sock.connect(uds)
-                    for body in bodies[:WARM_REQUESTS]:
+                    for body in mine[:WARM_REQUESTS]:
                         post_blocking(sock, body)
-                    warm.set()
-                    for body in bodies[WARM_REQUESTS:]:
+                    warm.wait()
+                    for body in mine[WARM_REQUESTS:]:
                         post_blocking(sock, body)
-                loop.call_soon_threadsafe(done.set)
+                loop.call_soon_threadsafe(finished, done)
 
+            def finished(done: asyncio.Event, left: list[int] = left) -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+
+            share = n // concurrency
+            threads = [
+                threading.Thread(
+                    target=client,
+                    args=(bodies[:WARM_REQUESTS] + bodies[WARM_REQUESTS + i * share :][:share],),
+                    daemon=True,
+                )
+                for i in range(concurrency)
+            ]
+            for thread in threads:
+                thread.start()
+            await loop.run_in_executor(None, warm.wait)
             profiler = cProfile.Profile()
-            thread = threading.Thread(target=client, daemon=True)
-            thread.start()
-            while not warm.is_set():
-                await asyncio.sleep(0.001)
             process_before = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
             loop_before = time.thread_time()
             profiler.enable()
@@ -235,11 +250,13 @@ async def profile_in_process(n: int, dtype: str, top: int) -> None:
             profiler.disable()
             loop_cpu = time.thread_time() - loop_before
             process_cpu = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID) - process_before
-            thread.join()
+            for thread in threads:
+                thread.join()
+            n = share * concurrency
             print(
-                f"\nin-process {kind}, {dtype}, {n} requests at c=1: event-loop thread "
-                f"{loop_cpu / n * 1e6:.0f} us/request under cProfile (the process: "
-                f"{process_cpu / n * 1e6:.0f} us, client thread and forward included)"
+                f"\nin-process {kind}, {dtype}, {n} requests at c={concurrency}: event-loop "
+                f"thread {loop_cpu / n * 1e6:.0f} us/request under cProfile (the process: "
+                f"{process_cpu / n * 1e6:.0f} us, client threads and forward included)"
             )
             print(per_request(pstats.Stats(profiler), n, top))
     finally:
@@ -284,6 +301,7 @@ def main() -> None:
     )
     parser.add_argument("--profile", type=int, default=300, help="requests; 0: no profile")
     parser.add_argument("--profile-dtype", default="bfloat16")
+    parser.add_argument("--profile-concurrency", type=int, default=1)
     parser.add_argument("--top", type=int, default=25, help="functions in each profile")
     args = parser.parse_args()
     for line in host_lines():
@@ -292,7 +310,9 @@ def main() -> None:
     if args.rounds > 0:
         run_workers(args)
     if args.profile > 0:
-        asyncio.run(profile_in_process(args.profile, args.profile_dtype, args.top))
+        asyncio.run(
+            profile_in_process(args.profile, args.profile_dtype, args.top, args.profile_concurrency)
+        )
 
 
 if __name__ == "__main__":
