@@ -123,7 +123,7 @@ class TorchRunner:
         return result
 
     def _precision(self, torch: Any) -> Any:
-        """Autocast at the served dtype (weights stay float32; answers come back float32)."""
+        """Autocast at the served dtype (answers come back float32)."""
         if self._autocast is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self._autocast)
