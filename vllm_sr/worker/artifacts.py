@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_sr.errors import ArtifactError
-from vllm_sr.worker import precision
+from vllm_sr.worker import chunking, precision
 from vllm_sr.worker.runner import TokenizerAdapter, TorchRunner, probe_rows, torch_device
 
 log = logging.getLogger("vllm_sr.worker.artifacts")
@@ -261,6 +261,7 @@ def load(
         raise ArtifactError(f"artifact {spec.name!r}: cannot load {spec.path}: {exc}") from None
     model.eval()
     model.to(dev)
+    chunking.install(model)  # transformers' per-layer signature check, once per function
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     content, sha = content_hashes(spec.path)
     positions = int(spec.config.get("max_position_embeddings") or 512)
