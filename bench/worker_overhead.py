@@ -16,8 +16,10 @@ on all of them alike; the figures are medians over rounds. Per request it prints
   hand-off to and from the forward thread (approximately: the parts are wall time).
 
 ``--profile N`` then runs N requests of each kind through an in-process worker (the real
-server, handler and engine, d3-edge at bfloat16, a client thread outside the profile) under
-cProfile of the event-loop thread, and prints the functions that cost most per request.
+server, handler and engine, d3-edge at bfloat16, client threads outside the profile) under
+cProfile, the event-loop thread and the forward thread apart, and prints for each the functions
+that cost most per request (own time; wall time, so a call that waits for the GIL or a cold
+cache shows it).
 """
 
 from __future__ import annotations
@@ -206,6 +208,20 @@ async def profile_in_process(n: int, dtype: str, top: int, concurrency: int = 1)
     await loop.run_in_executor(None, load_and_check, opts, state, loop)
     state.set_status("ready", None)
     assert state.engine is not None
+    engine = state.engine
+    run_batch = engine.run_batch
+    on_forward: list[cProfile.Profile] = []  # the forward thread's profiler while measuring
+
+    def profiled_batch(batch: Any) -> None:
+        if not on_forward:
+            return run_batch(batch)
+        on_forward[0].enable()  # cProfile follows the thread that enables it: the forward's
+        try:
+            return run_batch(batch)
+        finally:
+            on_forward[0].disable()
+
+    engine.run_batch = profiled_batch  # type: ignore[method-assign]
     try:
         for kind in INPUTS:
             bodies = [json.dumps({"input": t}).encode() for t in texts_for(kind, n + WARM_REQUESTS)]
@@ -243,11 +259,15 @@ async def profile_in_process(n: int, dtype: str, top: int, concurrency: int = 1)
                 thread.start()
             await loop.run_in_executor(None, warm.wait)
             profiler = cProfile.Profile()
+            on_forward[:] = [cProfile.Profile()]
             process_before = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
             loop_before = time.thread_time()
             profiler.enable()
             await done.wait()
             profiler.disable()
+            while engine.busy:  # the last forward's bookkeeping, after its answers went out
+                await asyncio.sleep(0.001)
+            forward_stats = pstats.Stats(on_forward.pop())
             loop_cpu = time.thread_time() - loop_before
             process_cpu = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID) - process_before
             for thread in threads:
@@ -259,11 +279,13 @@ async def profile_in_process(n: int, dtype: str, top: int, concurrency: int = 1)
                 f"{process_cpu / n * 1e6:.0f} us, client threads and forward included)"
             )
             print(per_request(pstats.Stats(profiler), n, top))
+            print(f"the forward thread (run_batch), {kind}:")
+            print(per_request(forward_stats, n, top))
     finally:
         server.stop_accepting()
         with contextlib.suppress(Exception):
             await server.close(1.0)
-        state.engine.stop(1.0)
+        engine.stop(1.0)
 
 
 def per_request(stats: pstats.Stats, n: int, top: int) -> str:
