@@ -11,6 +11,7 @@ from typing import Any
 import numpy
 import pytest
 
+from tests.support.models import build_tiny_bert
 from tests.support.texts import varied_texts
 from vllm_sr.worker.artifacts import D3_EDGE, load, resolve
 from vllm_sr.worker.runner import TorchRunner, probe_rows
@@ -35,13 +36,15 @@ def batches(loaded: Any, n: int, size: int) -> list[list[list[int]]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-@pytest.mark.parametrize("kind", ["encoder", "classifier"])
+@pytest.mark.parametrize("kind", ["encoder", "classifier", "token classifier"])
 def test_a_bfloat16_runner_keeps_linear_weights_cast_and_answers_the_same_bits(
-    kind: str, tiny_bert_dir: Path, tiny_classifier_dir: Path
+    kind: str, tiny_bert_dir: Path, tiny_classifier_dir: Path, tmp_path: Path
 ) -> None:
     import torch
 
-    spec = resolve(str(tiny_bert_dir if kind == "encoder" else tiny_classifier_dir))
+    dirs = {"encoder": tiny_bert_dir, "classifier": tiny_classifier_dir}
+    where = dirs.get(kind) or build_tiny_bert(tmp_path / "tok", classifier=True, token=True)
+    spec = resolve(str(where))
     cast = load(spec, "cpu", dtype="bfloat16")
     plain = autocast_only(load(spec, "cpu", dtype="float32"), "bfloat16")
     assert cast.runner.precast and not plain.precast
