@@ -8,7 +8,10 @@ tokens) and long (~100 tokens), at concurrency 1 and 8. Each cell is measured ``
 times, the workers and cells taking turns within a round so that a drift of the host's load falls
 on all of them alike; the figures are medians over rounds. Per request it prints:
 
-- the worker process's CPU (user + system, from /proc via psutil) divided by the requests;
+- the worker process's CPU divided by the requests: each thread's time on a CPU from
+  /proc/PID/task/TID/schedstat (nanoseconds; /proc's stat counts whole clock ticks, 10 ms,
+  charged to whichever thread runs at the tick, too coarse to split a ~1 ms request between
+  threads), and the same from psutil (user + system) as a check;
 - of that, the forward thread's (``vsr-forward``: the forward, pooling, handing the jobs back)
   and the other threads' (the event loop: HTTP, JSON, tokenizing, finishing);
 - the handler's Server-Timing parts (wall time, medians): parse, tokenize, post (finishing and
@@ -48,7 +51,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import psutil  # noqa: E402
 
 from bench.service import host_lines  # noqa: E402
-from bench.worker import LONG, SHORT, Conn, thread_cpu  # noqa: E402
+from bench.worker import LONG, SHORT, Conn  # noqa: E402
 from tests.support.workers import (  # noqa: E402
     WorkerHandle,
     short_socket_dir,
@@ -103,6 +106,22 @@ async def drive(uds: Path, bodies: list[bytes], concurrency: int, seconds: float
     return parts
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the worker's forward thread and of its other threads, from each
+    thread's schedstat (run time in nanoseconds)."""
+    from vllm_sr.worker.engine import FORWARD_THREAD_NAME
+
+    out = {"forward": 0.0, "rest": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            ran = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        out["forward" if name == FORWARD_THREAD_NAME else "rest"] += ran / 1e9
+    return out
+
+
 def cell(handle: WorkerHandle, kind: str, concurrency: int, seconds: float) -> dict[str, float]:
     """One measured window: per-request CPU (us) of the worker and its parts."""
     bodies = [json.dumps({"input": t}).encode() for t in texts_for(kind, 4096)]
@@ -117,7 +136,10 @@ def cell(handle: WorkerHandle, kind: str, concurrency: int, seconds: float) -> d
     result = {
         "requests": n,
         "rps": n / seconds,
-        "cpu_us": cpu / n * 1e6,
+        "cpu_us": (after_t["forward"] + after_t["rest"] - before_t["forward"] - before_t["rest"])
+        / n
+        * 1e6,
+        "psutil_us": cpu / n * 1e6,
         "forward_us": (after_t["forward"] - before_t["forward"]) / n * 1e6,
         "other_us": (after_t["rest"] - before_t["rest"]) / n * 1e6,
     }
@@ -163,7 +185,7 @@ def report(runs: dict[tuple[str, str, str, int], list[dict[str, float]]]) -> Non
     print("CPU per request, us (medians over rounds); parts: the handler's Server-Timing, wall us")
     head = (
         f"{'tree':6} {'dtype':9} {'input':6} {'c':>2} {'req/s':>7} {'cpu':>7} {'forward':>8} "
-        f"{'share':>6} {'other':>6} {'parse':>6} {'token':>6} {'post':>6} {'rest':>6}"
+        f"{'share':>6} {'other':>6} {'parse':>6} {'token':>6} {'post':>6} {'rest':>6} {'psutil':>7}"
     )
     print(head)
     for (label, dtype, kind, c), cells in runs.items():
@@ -173,7 +195,7 @@ def report(runs: dict[tuple[str, str, str, int], list[dict[str, float]]]) -> Non
             f"{label:6} {dtype:9} {kind:6} {c:>2} {m['rps']:>7.1f} {m['cpu_us']:>7.0f} "
             f"{m['forward_us']:>8.0f} {m['forward_us'] / m['cpu_us']:>6.2f} "
             f"{m['other_us']:>6.0f} {m['parse']:>6.0f} {m['tokenize']:>6.0f} "
-            f"{m['post']:>6.0f} {rest:>6.0f}"
+            f"{m['post']:>6.0f} {rest:>6.0f} {m['psutil_us']:>7.0f}"
         )
 
 
