@@ -162,6 +162,25 @@ def test_worker_bench() -> None:
         lines_like(out, rf"^\| {kind} \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|")
 
 
+@pytest.mark.slow
+def test_worker_overhead_bench() -> None:
+    # Two d3-edge workers (bfloat16, float32), one short round of every cell, and a small
+    # in-process profile.
+    out = run_bench(
+        "worker_overhead.py",
+        *("--seconds", "0.3", "--rounds", "1", "--profile", "5", "--top", "5"),
+        timeout=300,
+    )
+    lines_like(out, r"^host: .*; flags: ")
+    for dtype in ("bfloat16", "float32"):
+        for kind in ("short", "long"):
+            for c in (1, 8):
+                cell = rf"^this +{dtype} +{kind} +{c} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}"
+                lines_like(out, cell)
+    for kind in ("short", "long"):
+        lines_like(out, rf"^in-process {kind}, bfloat16, 5 requests at c=1: .* {NUMBER} us/request")
+
+
 SMALL_ROUTER_RUN = ("--rounds", "1", "--requests-c1", "5", "--requests-cn", "10")
 SMALL_ROUTER_RUN += ("--concurrency", "2", "--in-process", "20")
 

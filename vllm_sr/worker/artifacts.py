@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_sr.errors import ArtifactError
-from vllm_sr.worker import precision
-from vllm_sr.worker.runner import TokenizerAdapter, TorchRunner, torch_device
+from vllm_sr.worker import chunking, precision
+from vllm_sr.worker.runner import TokenizerAdapter, TorchRunner, probe_rows, torch_device
 
 log = logging.getLogger("vllm_sr.worker.artifacts")
 
@@ -261,20 +261,24 @@ def load(
         raise ArtifactError(f"artifact {spec.name!r}: cannot load {spec.path}: {exc}") from None
     model.eval()
     model.to(dev)
+    chunking.install(model)  # transformers' per-layer signature check, once per function
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     content, sha = content_hashes(spec.path)
     positions = int(spec.config.get("max_position_embeddings") or 512)
     tok_max = int(getattr(tokenizer, "model_max_length", positions) or positions)
+    vocab_size = int(model.get_input_embeddings().num_embeddings)
+    runner = TorchRunner(
+        model,
+        dev,
+        pad_id,
+        classifier=bool(labels),
+        dtype=dtype,
+        token=bool(labels) and spec.token_classifier,
+    )
+    runner.precast_linears(probe_rows(vocab_size))
     return LoadedArtifact(
         spec=spec,
-        runner=TorchRunner(
-            model,
-            dev,
-            pad_id,
-            classifier=bool(labels),
-            dtype=dtype,
-            token=bool(labels) and spec.token_classifier,
-        ),
+        runner=runner,
         tokenizer=TokenizerAdapter(tokenizer),
         dimensions=int(spec.config.get("hidden_size") or model.config.hidden_size),
         max_length=min(positions, tok_max),
@@ -284,5 +288,5 @@ def load(
         dtype=dtype,
         torch_device=dev,
         revision_note=revision_mismatch(spec.name, revision, content),
-        vocab_size=int(model.get_input_embeddings().num_embeddings),
+        vocab_size=vocab_size,
     )

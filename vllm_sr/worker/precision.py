@@ -12,8 +12,9 @@ The facts about a device come through ``DeviceFacts``, gathered by ``cpu_facts``
 ``gpu_facts`` from whatever object stands for ``torch`` (the real module, or a fake in the
 tests), so the resolution rules are tested on fakes without a GPU.
 
-The forward runs under ``torch.autocast`` at the resolved dtype (weights stay float32: matrix
-products run in the lower precision, normalisations and softmax in float32), so a bfloat16 worker
+The forward runs under ``torch.autocast`` at the resolved dtype (matrix products run in the lower
+precision, normalisations and softmax in float32; only the linear layers' weights are held at the
+lower precision, cast once at load: ``runner.TorchRunner.precast_linears``), so a bfloat16 worker
 stays closer to float32 answers than a model cast whole would (docs/worker.md has the margins).
 """
 
