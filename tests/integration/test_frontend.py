@@ -152,8 +152,10 @@ def test_model_of_reads_only_the_model_field() -> None:
     assert model_of(b'{"input": "x"}') is None
     with pytest.raises(InvalidRequest, match="JSON object"):
         model_of(b"[1, 2]")
-    with pytest.raises(InvalidRequest, match="not valid JSON"):
+    with pytest.raises(InvalidRequest, match="body: not UTF-8"):
         model_of(b"\xff")
+    with pytest.raises(InvalidRequest, match="body: not valid JSON"):
+        model_of(b"{nope")
 
 
 async def test_concurrent_requests_spread_over_replicas() -> None:
