@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 from typing import Any
 
+from vllm_sr import wire
+from vllm_sr.errors import Unavailable
 from vllm_sr.httpserver.connection import Connection
 from vllm_sr.httpserver.routing import Handler
 
@@ -51,15 +52,7 @@ class HttpServer:
         self.connections: set[Connection] = set()
         self.max_connections = max_connections  # None: no cap (a worker: only the frontend)
         self.turned_away = 0  # connections answered 503 at the cap
-        body = json.dumps(
-            {
-                "error": {
-                    "code": "unavailable",
-                    "message": "too many open connections; try again shortly",
-                    "retryable": True,
-                }
-            }
-        ).encode()
+        body = wire.error_body(Unavailable("too many open connections; try again shortly"))
         self.full_answer = FULL_ANSWER % (len(body), body)
         self.servers: list[asyncio.AbstractServer] = []
         self._loop: asyncio.AbstractEventLoop | None = None

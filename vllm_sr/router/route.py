@@ -20,7 +20,6 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from vllm_sr.config.routing import Providers, Routing, effective_algorithm
 from vllm_sr.config.routing_kbs import knowledge_bases
 from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
+from vllm_sr.pool.exchange import RoutingExchange
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
 from vllm_sr.router.deterministic import DeterministicSignals
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vllm_sr.router")
 
-Exchange = Callable[[str, str, bytes, float | None], Awaitable[tuple[int, bytes]]]
+Exchange = RoutingExchange  # (deployment, path, body, timeout_ms) -> (status, body)
 NO_DECISION = "(default)"  # the decision label of a request no decision matched
 
 
