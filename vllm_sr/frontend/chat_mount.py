@@ -79,6 +79,7 @@ class ChatMount:
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
                 replay=self.chat.replay if self.chat is not None else None,
+                learning_state=self.chat.learning.state if self.chat is not None else None,
                 authz=plan.authz,
                 recipes=plan.recipes,
                 entrypoints=plan.entrypoints,

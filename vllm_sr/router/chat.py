@@ -62,6 +62,8 @@ from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder
 from vllm_sr.router.chat_plugins import ChatPlugins, Replay
+from vllm_sr.router.learning.runtime import LearningState, RouterLearning
+from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
@@ -110,6 +112,7 @@ class ChatRouter(ChatPlugins):
         authz: AuthzOptions | None = None,
         replay: ReplayLog | None = None,
         tool_embeddings: ToolEmbeddings | None = None,
+        learning: RouterLearning | None = None,
     ) -> None:
         self.router = router  # the default recipe's
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
@@ -122,6 +125,7 @@ class ChatRouter(ChatPlugins):
         self.authz = authz or AuthzOptions()
         self.replay = replay if replay is not None else ReplayLog()
         self.tool_embeddings = tool_embeddings
+        self.learning = learning if learning is not None else RouterLearning(LearningSettings())
         # (recipe, decision) -> the decision and its plugins
         self.decisions = {
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
@@ -154,6 +158,12 @@ class ChatRouter(ChatPlugins):
             result = await self.resolve(body, view)
         except VllmSrError as exc:
             return error_response(exc)
+        # Router Learning may move the chat to another model (vllm_sr/router/learning)
+        turn = self.learning.apply(
+            self.recipes.get(result.recipe, self.router), result, body, request.headers
+        )
+        if turn is not None:
+            result = turn.result
         plugins = self.plugins_of(result)
         replay = Replay(self, plugins, result, body, request.body, started)
         try:
@@ -170,9 +180,20 @@ class ChatRouter(ChatPlugins):
                     return replay.done(cached, "cache", result.model)
             recorder = AnswerRecorder() if plan is not None else None
             outgoing = await self.select_tools(body, plugins, query)
+            sent = self.backends.clock.monotonic()
             answer, answered_by, failed = await self.forward(
-                outgoing, result, plugins, request, debug, deadline, recorder, replay
+                outgoing,
+                result,
+                plugins,
+                request,
+                debug,
+                deadline,
+                recorder,
+                replay,
+                learning_headers=turn.headers() if turn is not None and debug else None,
             )
+            latency = self.backends.clock.monotonic() - sent
+            self.learning.observe(turn, answered_by, answer.status, failed, latency)
             # (an answer from a fallback model is not filed under the chosen model)
             chosen_answered = answered_by == result.model
             if plan is not None and recorder is not None and self.cache and chosen_answered:
@@ -294,9 +315,11 @@ def build_chat_router(
     global_: GlobalSection | None = None,
     cache: ResponseCache | bool | None = True,
     replay: ReplayLog | None = None,
+    learning_state: LearningState | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
-    ``stats`` and ``replay`` to keep the counters and replay records across a reload;
+    ``stats``, ``replay`` and ``learning_state`` to keep the counters, replay records and
+    Router Learning's conversations and experience across a reload;
     ``backends`` is started by the caller (``await backends.start()``) and closed when the
     generation is replaced. ``cache``: a
     response cache to keep (a reload that keeps the store), True to build one from
@@ -343,6 +366,10 @@ def build_chat_router(
         authz=authz,
         replay=replay,
         tool_embeddings=ToolEmbeddings(decision_deployment, raw_exchange, signal_timeout_ms),
+        learning=RouterLearning(
+            LearningSettings.from_config(global_.router.learning if global_ else None),
+            learning_state,
+        ),
     )
 
 

@@ -84,6 +84,7 @@ class ChatPlugins:
         deadline: float | None,
         recorder: AnswerRecorder | None,
         replay: Replay,
+        learning_headers: Mapping[str, str] | None = None,
     ) -> tuple[Response | StreamResponse, str, list[tuple[str, str]]]:
         """The chat to its model's backend, retried on the model's other backends and then
         falling back to other models before the first byte (vllm_sr/router/fallback.py).
@@ -101,6 +102,7 @@ class ChatPlugins:
             outgoing = self.outgoing_body(body, attempt, backend, plugins)
             headers = answer_headers(attempt, debug=debug)
             headers.update(replay.headers)
+            headers.update(learning_headers or {})
             headers.update(attempts.headers())
             try:
                 answer = await self.backends.proxy(

@@ -1,0 +1,319 @@
+"""Router Learning around one routed chat: reads the request (identity headers, the
+messages), runs adaptation then protection (upstream's applyRouterLearning order) over the
+matched decision, records the conversation's turn, and learns from the answer. The state
+(conversations, experience, counters) is one ``LearningState`` per process that survives
+config reloads; the settings come with each generation."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.router.learning import adaptation as adapt
+from vllm_sr.router.learning import protection as protect
+from vllm_sr.router.learning.memory import ConversationMemory
+from vllm_sr.router.learning.policy import PROTECTION, Policies, Policy
+from vllm_sr.router.learning.settings import (
+    APPLY,
+    BYPASS,
+    DecisionLearning,
+    LearningSettings,
+    for_decision,
+)
+
+if TYPE_CHECKING:
+    from vllm_sr.router.route import Router, RouteResult
+
+
+def _time_seed() -> int:
+    return time.time_ns()
+
+
+@dataclass
+class LearningState:
+    """What Router Learning keeps across requests and reloads (per process)."""
+
+    clock: Clock = SYSTEM_CLOCK
+    seed_source: Callable[[], int] = _time_seed
+    memory: ConversationMemory = field(init=False)
+    experience: adapt.ExperienceStore = field(init=False)
+    # (decision, method, action) -> requests
+    actions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.memory = ConversationMemory(self.clock)
+        self.experience = adapt.ExperienceStore(self.clock)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One chat's learning: the result it routes with and what to record afterwards."""
+
+    result: RouteResult
+    policies: Policies
+    decision: str
+    tier: int
+    memory_key: str | None  # protection's conversation (None: not tracked)
+    learns: bool  # the answer feeds adaptation's experience
+
+    def headers(self) -> dict[str, str]:
+        return self.policies.headers()
+
+
+@dataclass(frozen=True)
+class _Request:
+    identity: str | None
+    conversation: protect.Conversation
+
+
+class RouterLearning:
+    def __init__(self, settings: LearningSettings, state: LearningState | None = None) -> None:
+        self.settings = settings
+        self.state = state if state is not None else LearningState()
+        self.state.memory.ttl_s = settings.state_ttl_s
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    def apply(
+        self,
+        router: Router,
+        result: RouteResult,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+    ) -> Turn | None:
+        """The routed chat's learning, None when learning does not touch it (off, a named
+        model, no decision, or routing fell back to the default model)."""
+        if not self.enabled or not result.routed or result.decision is None:
+            return None
+        if result.fallback is not None:
+            return None
+        decision = next((d for d in router.routing.decisions if d.name == result.decision), None)
+        if decision is None:
+            return None
+        cfg = for_decision(self.settings, decision.adaptations)
+        req = self._read(body, headers)
+        policies = Policies()
+        base_scores = {
+            m: 1.0 - i * 0.001 for i, m in enumerate(self._decision_models(router, result))
+        }
+        base_scores.setdefault(result.model, 1.0)
+        sampling, preflight = self._preflight(cfg, req)
+        # adaptation proposes
+        proposal, candidates, scores = result.model, list(base_scores), dict(base_scores)
+        if self.settings.adaptation:
+            found = self._adapt(router, result, decision, cfg, sampling)
+            policies.adaptation = found[0].policy
+            if found[0].model != result.model:
+                proposal, candidates = found[0].model, found[1]
+                scores = {**base_scores, **found[0].scores}
+        # protection decides
+        final = proposal
+        policies.protection = preflight
+        key = req.identity if self.settings.protection and cfg.protection_mode != BYPASS else None
+        if key is not None:
+            snapshot = self.state.memory.snapshot(key)
+            conversation = req.conversation
+            if snapshot is not None:
+                conversation = dataclasses.replace(
+                    conversation,
+                    model=snapshot.model,
+                    turns=snapshot.turns,
+                    switches=snapshot.switches,
+                    idle_s=snapshot.idle_s,
+                )
+            current = conversation.model
+            if current and current not in candidates and router.backends.healthy(current):
+                candidates = [*candidates, current]
+            outcome = protect.switch(
+                protect.SwitchInput(
+                    mode=cfg.protection_mode,
+                    scope=self.settings.scope,
+                    tuning=cfg.tuning,
+                    conversation=conversation,
+                    candidates=candidates,
+                    scores=scores,
+                    base_model=result.model,
+                    proposal=proposal,
+                    cost_pressure=_cost_pressure(router),
+                    evidence=lambda m: self.state.experience.snapshot(
+                        decision.name, decision.tier, m
+                    ),
+                )
+            )
+            final, policies.protection = outcome.model, outcome.policy
+            self.state.memory.record_decision(key, final, conversation.turn_index, decision.name)
+        for policy in policies.listed():
+            self.state.actions[(decision.name, policy.method, policy.action)] += 1
+        learns = self.settings.adaptation and cfg.adaptation_mode != BYPASS
+        routed = result if final == result.model else _moved(result, final)
+        return Turn(routed, policies, decision.name, decision.tier, key, learns)
+
+    def observe(
+        self,
+        turn: Turn | None,
+        answered_by: str | None,
+        status: int,
+        failed: Sequence[tuple[str, str]],
+        latency_s: float | None,
+    ) -> None:
+        """What the answer showed: the models that failed before their first byte, the one
+        that answered (its status and latency); the conversation is now on the model that
+        answered."""
+        if turn is None:
+            return
+        if turn.learns:
+            exp = self.state.experience
+            for model, _reason in failed:
+                exp.record_answer(turn.decision, turn.tier, model, failed=True)
+            if answered_by is not None:
+                bad = status == 429 or status >= 500
+                exp.record_answer(
+                    turn.decision,
+                    turn.tier,
+                    answered_by,
+                    latency_s=None if bad else latency_s,
+                    failed=bad,
+                )
+        if turn.memory_key is not None and answered_by is not None and status < 400:
+            self.state.memory.record_answer(turn.memory_key, answered_by)
+
+    # -- the parts ------------------------------------------------------------------------
+
+    def _read(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> _Request:
+        s = self.settings
+        session = headers.get(s.session_header.lower(), "").strip()
+        conversation = headers.get(s.conversation_header.lower(), "").strip()
+        identity: str | None = None
+        if session and s.scope == "session":
+            identity = session
+        elif session and conversation:
+            identity = f"{session}/{conversation}"
+        return _Request(identity, conversation_facts(body.get("messages")))
+
+    def _preflight(self, cfg: DecisionLearning, req: _Request) -> tuple[bool, Policy | None]:
+        """(whether adaptation may sample, protection's policy before the switch step)."""
+        if not self.settings.protection:
+            return cfg.adaptation_mode == APPLY, None
+        mode, scope = cfg.protection_mode, self.settings.scope
+        if mode == BYPASS:
+            return cfg.adaptation_mode == APPLY, Policy(
+                PROTECTION, mode, "bypass", "decision_bypass", scope
+            )
+        if req.identity is None:
+            return cfg.adaptation_mode == APPLY, Policy(
+                PROTECTION, mode, "suppress_sampling", "missing_identity", scope
+            )
+        if cfg.adaptation_mode != APPLY:
+            return False, None
+        if mode != APPLY:
+            return True, None
+        return not req.conversation.active_tool_loop, None
+
+    def _adapt(
+        self,
+        router: Router,
+        result: RouteResult,
+        decision: Any,
+        cfg: DecisionLearning,
+        sampling: bool,
+    ) -> tuple[adapt.AdaptationResult, list[str]]:
+        candidates = self._candidate_set(router, result, decision, cfg.candidate_set)
+        found = adapt.routing_sampling(
+            cfg.adaptation_mode,
+            candidates,
+            lambda m: self.state.experience.snapshot(decision.name, decision.tier, m),
+            result.model,
+            cfg.candidate_set,
+            _costs(router),
+            sampling_allowed=sampling,
+            seed=self.state.seed_source() if sampling else 0,
+        )
+        return found, candidates
+
+    def _decision_models(self, router: Router, result: RouteResult) -> list[str]:
+        models = [r.model for r in result.decision_refs] or [result.model]
+        return [m for m in dict.fromkeys(models) if router.backends.healthy(m)] or [result.model]
+
+    def _candidate_set(
+        self, router: Router, result: RouteResult, decision: Any, candidate_set: str
+    ) -> list[str]:
+        """decision: its modelRefs; tier: every decision's of the same tier (tier > 0);
+        global: the default model, every decision's, every provider model. Only models with a
+        usable backend."""
+        models = [r.model for r in result.decision_refs] or [result.model]
+        decisions = router.routing.decisions
+        if candidate_set == "tier" and decision.tier > 0:
+            models = [r.model for d in decisions if d.tier == decision.tier for r in d.model_refs]
+        elif candidate_set == "global":
+            models = [router.default_model, *(r.model for d in decisions for r in d.model_refs)]
+            models += sorted(m.name for m in router.providers.models)
+        known = router.backends.models
+        return [m for m in dict.fromkeys(models) if m in known and router.backends.healthy(m)]
+
+
+def conversation_facts(messages: Any) -> protect.Conversation:
+    """The turn number, tool-loop state and history size (characters / 4 as tokens) from the
+    chat's messages."""
+    msgs = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+    users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
+    calls = sum(len(m.get("tool_calls") or []) for m in msgs if m.get("role") == "assistant")
+    results = sum(1 for m in msgs if m.get("role") == "tool")
+    last_role = msgs[-1].get("role") if msgs else None
+    sizes = [len(_text_of(m.get("content"))) for m in msgs]
+    history = sum(sizes[: users[-1]]) if users else 0
+    return protect.Conversation(
+        turn_index=max(len(users) - 1, 0),
+        active_tool_loop=last_role == "tool" or calls > results,
+        history_tokens=history // 4,
+        context_tokens=sum(sizes) // 4,
+    )
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _moved(result: RouteResult, model: str) -> RouteResult:
+    """The result on another model: its modelRef from the decision, else a bare one (upstream
+    adds the current model as ``ModelRef{Model: current}``)."""
+    from vllm_sr.config.routing import ModelRef
+
+    ref = next((r for r in result.decision_refs if r.model == model), None)
+    return dataclasses.replace(result, model=model, model_ref=ref or ModelRef(model=model))
+
+
+def _costs(router: Router) -> dict[str, float]:
+    out = {}
+    for m in router.providers.models:
+        p = m.pricing
+        out[m.name] = 0.0 if p is None else p.prompt_per_1m + p.completion_per_1m
+    return out
+
+
+def _cost_pressure(router: Router) -> dict[str, float]:
+    """Each model's cache checkout cost against the most expensive (upstream's
+    modelCostPressure); 0.5 where pricing says nothing."""
+    costs: dict[str, float] = {}
+    for m in router.providers.models:
+        p = m.pricing
+        if p is None or p.prompt_per_1m <= 0:
+            costs[m.name] = 0.0
+            continue
+        checkout = p.prompt_per_1m if p.cache_write_per_1m is None else p.cache_write_per_1m
+        delta = checkout - p.cached_input_per_1m
+        costs[m.name] = (
+            delta if delta > 0 else (0.0 if p.cache_write_per_1m is not None else p.prompt_per_1m)
+        )
+    top = max(costs.values(), default=0.0)
+    return {m: (c / top if top > 0 and c > 0 else 0.5) for m, c in costs.items()}
