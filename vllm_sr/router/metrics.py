@@ -1,6 +1,7 @@
 """Router mode's Prometheus families, built at scrape time from the router's counters (the
 request path only increments a Counter): decisions by decision and model, matched signals,
-routing fallbacks by reason, backend fallbacks by model and reason, each backend's requests,
+routing fallbacks by reason, backend fallbacks by model and reason, Router Learning's actions
+by decision, method and action, each backend's requests,
 errors and health, and the response cache's hits, misses, writes, errors, entries and bytes."""
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ class RouterCollector(Collector):
             "Routed chats whose model failed before the first byte and went to the next model",
             ["model", "reason"],
             {(m, r): n for (m, r), n in stats.backend_fallbacks.items()},
+        )
+        yield _counter(
+            "vllm_sr_router_learning_actions",
+            "Router Learning's actions on routed chats, by decision, method (adaptation, "
+            "protection) and action (hold_current, allow_switch, propose_switch, ...)",
+            ["decision", "method", "action"],
+            dict(chat.learning.state.actions),
         )
         yield from backend_families(chat)
         yield from cache_families(chat)
