@@ -62,7 +62,7 @@ class RouterCollector(Collector):
             "Router Learning's actions on routed chats, by decision, method (adaptation, "
             "protection) and action (hold_current, allow_switch, propose_switch, ...)",
             ["decision", "method", "action"],
-            dict(chat.learning.state.actions),
+            {(d, m, a): n for (d, m, a), n in chat.learning.state.actions.items()},
         )
         yield from backend_families(chat)
         yield from cache_families(chat)
