@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -76,6 +77,7 @@ class Stack:
     clock: FakeClock
     chat: ChatRouter
     client: openai.AsyncOpenAI
+    url: str
 
 
 @pytest.fixture
@@ -126,7 +128,7 @@ async def make_stack() -> AsyncIterator[Callable[..., Any]]:
             await b.stop()
 
         cleanups.append(cleanup)
-        return Stack(a, b, clock, chat, client)
+        return Stack(a, b, clock, chat, client, f"http://127.0.0.1:{port}")
 
     yield make
     for cleanup in cleanups:
@@ -322,3 +324,25 @@ async def test_adaptation_apply_tries_each_unobserved_model(make_stack: Callable
         model=AUTO, messages=[{"role": "user", "content": "alpha"}]
     )
     assert "x-vsr-learning-methods" not in raw.headers
+
+
+async def test_eval_says_learning_decides_at_execution(make_stack: Callable[..., Any]) -> None:
+    """Upstream's /api/v1/eval: a decision whose model learning may change (apply mode) is
+    ``execution_required`` with no selected model; bypass decisions keep static's preview."""
+    routing = {
+        "signals": ROUTING["signals"],
+        "decisions": [
+            keyword_decision("learned", "alpha", ["a", "b"]),
+            keyword_decision("hard", "beta", ["b"], adaptations={"mode": "bypass"}),
+        ],
+    }
+    st = await make_stack(learning(), routing)
+    async with aiohttp.ClientSession() as s:
+        for text, status, model in (
+            ("alpha", "execution_required", None),
+            ("beta", "selected", "b"),
+        ):
+            async with s.post(st.url + "/api/v1/eval", json={"text": text}) as r:
+                doc = await r.json()
+            assert doc["selection_status"] == status, doc
+            assert doc.get("selected_model") == model

@@ -91,6 +91,18 @@ def for_decision(settings: LearningSettings, adaptations: Any) -> DecisionLearni
     )
 
 
+def changes_at_execution(settings: LearningSettings, adaptations: Any) -> bool:
+    """Whether learning may change a decision's model when a chat runs (upstream's eval then
+    answers ``execution_required``): learning on, and adaptation or protection on in apply
+    mode for the decision."""
+    if not settings.enabled:
+        return False
+    d = for_decision(settings, adaptations)
+    return (settings.adaptation and d.adaptation_mode == APPLY) or (
+        settings.protection and d.protection_mode == APPLY
+    )
+
+
 def _component_mode(decision_mode: str, component: str) -> str:
     if decision_mode == BYPASS or not component:
         return decision_mode
