@@ -19,6 +19,10 @@ through). Answer headers, as upstream names them (the plugins add ``x-vsr-cache-
 - with ``x-vsr-debug: true`` on the request: ``x-vsr-matched-<family>`` per signal family that
   matched (``x-vsr-matched-keywords``, ``-context``, ...) and ``x-vsr-selected-reasoning``;
 
+- with ``x-vsr-debug: true`` and Router Learning on (vllm_sr/router/learning, which may move a
+  routed chat to another model before the plugins run): ``x-vsr-learning-{methods,actions,
+  scopes,reasons}`` and ``x-vsr-session-phase``;
+
 and ours (upstream has nothing like them):
 
 - ``x-vsr-matched-signals``: every matched signal as ``type:name``, comma-separated;
