@@ -66,6 +66,13 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class _Proposal:
+    model: str
+    candidates: list[str]
+    scores: dict[str, float]
+
+
+@dataclass(frozen=True)
 class _Request:
     identity: str | None
     conversation: protect.Conversation
@@ -99,61 +106,84 @@ class RouterLearning:
             return None
         cfg = for_decision(self.settings, decision.adaptations)
         req = self._read(body, headers)
-        policies = Policies()
-        base_scores = {
-            m: 1.0 - i * 0.001 for i, m in enumerate(self._decision_models(router, result))
-        }
-        base_scores.setdefault(result.model, 1.0)
         sampling, preflight = self._preflight(cfg, req)
-        # adaptation proposes
-        proposal, candidates, scores = result.model, list(base_scores), dict(base_scores)
-        if self.settings.adaptation:
-            found = self._adapt(router, result, decision, cfg, sampling)
-            policies.adaptation = found[0].policy
-            if found[0].model != result.model:
-                proposal, candidates = found[0].model, found[1]
-                scores = {**base_scores, **found[0].scores}
-        # protection decides
-        final = proposal
-        policies.protection = preflight
+        policies = Policies(protection=preflight)
+        proposal = self._propose(router, result, decision, cfg, sampling, policies)
+        final = proposal.model
         key = req.identity if self.settings.protection and cfg.protection_mode != BYPASS else None
         if key is not None:
-            snapshot = self.state.memory.snapshot(key)
-            conversation = req.conversation
-            if snapshot is not None:
-                conversation = dataclasses.replace(
-                    conversation,
-                    model=snapshot.model,
-                    turns=snapshot.turns,
-                    switches=snapshot.switches,
-                    idle_s=snapshot.idle_s,
-                )
-            current = conversation.model
-            if current and current not in candidates and router.backends.healthy(current):
-                candidates = [*candidates, current]
-            outcome = protect.switch(
-                protect.SwitchInput(
-                    mode=cfg.protection_mode,
-                    scope=self.settings.scope,
-                    tuning=cfg.tuning,
-                    conversation=conversation,
-                    candidates=candidates,
-                    scores=scores,
-                    base_model=result.model,
-                    proposal=proposal,
-                    cost_pressure=_cost_pressure(router),
-                    evidence=lambda m: self.state.experience.snapshot(
-                        decision.name, decision.tier, m
-                    ),
-                )
-            )
-            final, policies.protection = outcome.model, outcome.policy
-            self.state.memory.record_decision(key, final, conversation.turn_index, decision.name)
+            found = self._protect(router, result, decision, cfg, req, key, proposal)
+            final, policies.protection = found.model, found.policy
         for policy in policies.listed():
             self.state.actions[(decision.name, policy.method, policy.action)] += 1
         learns = self.settings.adaptation and cfg.adaptation_mode != BYPASS
         routed = result if final == result.model else _moved(result, final)
         return Turn(routed, policies, decision.name, decision.tier, key, learns)
+
+    def _propose(
+        self,
+        router: Router,
+        result: RouteResult,
+        decision: Any,
+        cfg: DecisionLearning,
+        sampling: bool,
+        policies: Policies,
+    ) -> _Proposal:
+        """Adaptation's proposal (the decision's pick when adaptation is off or keeps it),
+        with the candidates and scores protection weighs it among, as upstream hands them on:
+        adaptation's only when it proposed a switch."""
+        models = self._decision_models(router, result)
+        base = {m: 1.0 - i * 0.001 for i, m in enumerate(models)}
+        base.setdefault(result.model, 1.0)
+        if not self.settings.adaptation:
+            return _Proposal(result.model, list(base), base)
+        found, candidates = self._adapt(router, result, decision, cfg, sampling)
+        policies.adaptation = found.policy
+        if found.model == result.model:
+            return _Proposal(result.model, list(base), base)
+        return _Proposal(found.model, candidates, {**base, **found.scores})
+
+    def _protect(
+        self,
+        router: Router,
+        result: RouteResult,
+        decision: Any,
+        cfg: DecisionLearning,
+        req: _Request,
+        key: str,
+        proposal: _Proposal,
+    ) -> protect.SwitchResult:
+        """Protection's switch step over the conversation's state; the turn is recorded."""
+        snapshot = self.state.memory.snapshot(key)
+        conversation = req.conversation
+        if snapshot is not None:
+            conversation = dataclasses.replace(
+                conversation,
+                model=snapshot.model,
+                turns=snapshot.turns,
+                switches=snapshot.switches,
+                idle_s=snapshot.idle_s,
+            )
+        candidates = list(proposal.candidates)
+        current = conversation.model
+        if current and current not in candidates and router.backends.healthy(current):
+            candidates.append(current)  # upstream's addCurrentLearningCandidate
+        found = protect.switch(
+            protect.SwitchInput(
+                mode=cfg.protection_mode,
+                scope=self.settings.scope,
+                tuning=cfg.tuning,
+                conversation=conversation,
+                candidates=candidates,
+                scores=proposal.scores,
+                base_model=result.model,
+                proposal=proposal.model,
+                cost_pressure=_cost_pressure(router),
+                evidence=lambda m: self.state.experience.snapshot(decision.name, decision.tier, m),
+            )
+        )
+        self.state.memory.record_decision(key, found.model, conversation.turn_index, decision.name)
+        return found
 
     def observe(
         self,
@@ -172,7 +202,7 @@ class RouterLearning:
             exp = self.state.experience
             for model, _reason in failed:
                 exp.record_answer(turn.decision, turn.tier, model, failed=True)
-            if answered_by is not None:
+            if answered_by is not None and answered_by not in dict(failed):
                 bad = status == 429 or status >= 500
                 exp.record_answer(
                     turn.decision,
