@@ -1,6 +1,6 @@
 """``global.router.learning`` and decision ``adaptations``: upstream's validator rules
 (validator_learning.go) as config problems naming the field, the value and what is accepted;
-the redis state store refused by name; upstream's recipes that enable learning load."""
+the redis state store needs its address."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from tests.unit.test_upstream_configs import PROVIDERS, ROUTING
 from vllm_sr.config.files import parse_config
-from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.errors import ConfigError
 
 
@@ -102,13 +101,16 @@ def test_bad_values_name_field_value_and_what_is_accepted(
     assert words in hits[0]
 
 
-def test_the_redis_state_store_is_refused_by_name() -> None:
-    problems = _problems(
-        _with_learning("enabled: true\nstate_store: {backend: redis, redis: {address: r:6379}}")
+def test_the_redis_state_store_needs_an_address() -> None:
+    assert (
+        _problems(
+            _with_learning("enabled: true\nstate_store: {backend: redis, redis: {address: r:6379}}")
+        )
+        == []
     )
-    (hit,) = problems
-    assert ": global.router.learning.state_store.backend: " in hit
-    assert NOT_SUPPORTED in hit and "supported: local" in hit
+    (hit,) = _problems(_with_learning("enabled: true\nstate_store: {backend: redis}"))
+    assert ": global.router.learning.state_store.redis.address: None for the redis backend; " in hit
+    assert "accepted: host:port" in hit
 
 
 DECISION = (

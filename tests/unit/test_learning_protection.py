@@ -191,3 +191,21 @@ def test_memory_is_bounded_least_recently_seen_first() -> None:
     assert len(mem) == 3
     assert mem.snapshot("b") is None
     assert all(mem.snapshot(k) is not None for k in ("a", "c", "d"))
+
+
+def test_memory_export_and_hydrate_carry_idle_time_across_clocks() -> None:
+    """Another process's clock: the same wall time, another monotonic origin."""
+    here = FakeClock(start=1000.0, wall_offset=1_700_000_000.0)
+    there = FakeClock(start=9000.0, wall_offset=1_700_000_000.0 - 8000.0)
+    mine, theirs = ConversationMemory(here), ConversationMemory(there)
+    mine.record_decision("k", "a", 2, "d")
+    here.advance(30)
+    there.advance(30)
+    doc = mine.export("k")
+    assert doc is not None
+    theirs.hydrate("k", doc)
+    snap = theirs.snapshot("k")
+    assert snap is not None
+    assert (snap.model, snap.turns, snap.switches, snap.idle_s) == ("a", 3, 0, 30.0)
+    theirs.hydrate("bad", {"model": 3, "turns": "x"})
+    assert theirs.snapshot("bad") is None

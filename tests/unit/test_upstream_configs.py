@@ -121,7 +121,6 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
         return int(hit.split(f"{path}:", 1)[1].split(":", 1)[0])
 
     expected = {
-        "global.router.learning.state_store.backend": "backend: redis",
         "global.services.response_api.enabled": "enabled: true",
         "global.services.authz.providers": "providers:",
         "global.services.ratelimit.providers": "providers:",
@@ -497,10 +496,6 @@ def test_recipe_and_entrypoint_rules_are_reported_in_one_run() -> None:
 
 REFUSED = [
     ("router:\n    skip_processing: {enabled: true}", "global.router.skip_processing.enabled"),
-    (
-        "router:\n    learning: {enabled: true, state_store: {backend: redis}}",
-        "global.router.learning.state_store.backend",
-    ),
     ("router:\n    config_source: kubernetes", "global.router.config_source"),
     ("services:\n    response_api: {enabled: true}", "global.services.response_api.enabled"),
     ("services:\n    router_replay: {enabled: true}", "global.services.router_replay.enabled"),
@@ -522,6 +517,7 @@ REFUSED = [
 
 ACCEPTED = [
     "router:\n    skip_processing: {enabled: false}\n    learning: {enabled: false}",
+    "router:\n    learning: {enabled: true, state_store: {backend: redis, redis: {address: r:1}}}",
     "router:\n    config_source: file\n    streamed_body: {enabled: true, max_bytes: 1}",
     "router:\n    model_selection: {enabled: true, method: hybrid, hybrid: {cost_weight: 0.1}}",
     "services:\n    response_api: {enabled: false, store_backend: redis}\n"

@@ -2,8 +2,7 @@
 ``global.router.learning`` and of a decision's ``adaptations``.
 
 A value upstream rejects is an error naming the field, the value and what is accepted (in
-upstream's words); a value upstream accepts that vllm-sr does not run (the redis state store) is
-a refusal by name. The effective-mode rules that read these values at request time live in
+upstream's words). The effective-mode rules that read these values at request time live in
 ``vllm_sr/router/learning/settings.py``.
 """
 
@@ -12,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_sr.config.problems import Problem
-from vllm_sr.config.routing_base import as_dict, problem, refusal
+from vllm_sr.config.routing_base import as_dict, problem
 
 Path = tuple[str | int, ...]
 
@@ -21,7 +20,6 @@ MODES = ("apply", "observe", "bypass")
 CANDIDATE_SETS = ("decision", "tier", "global")
 STRATEGIES = ("routing_sampling",)
 BACKENDS = ("local", "redis")
-RUN_BACKENDS = ("local",)
 LEARNING: Path = ("global", "router", "learning")
 
 
@@ -67,13 +65,15 @@ def _store_problems(store: dict[str, Any]) -> list[Problem]:
     path: Path = (*LEARNING, "state_store", "backend")
     backend = store.get("backend")
     problems = _one_of(path, backend, BACKENDS)
-    if problems or not isinstance(backend, str) or backend.strip() in ("", *RUN_BACKENDS):
+    if problems or not isinstance(backend, str) or backend.strip() != "redis":
         return problems
+    address = as_dict(store.get("redis")).get("address")
+    if isinstance(address, str) and address.strip():
+        return []
     return [
-        refusal(
-            path,
-            f"the learning state store {backend.strip()!r} (state shared by several routers)",
-            "local (each router process keeps its own conversations' state)",
+        problem(
+            (*LEARNING, "state_store", "redis", "address"),
+            f"{address!r} for the redis backend; accepted: host:port of the Redis server",
         )
     ]
 

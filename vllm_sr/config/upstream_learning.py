@@ -4,8 +4,7 @@ read: ``learning`` and ``model_selection`` (upstream ``learning_config.go``,
 
 Router Learning runs in Router mode (vllm_sr/router/learning): the values upstream's
 ``validator_learning.go`` accepts are checked by ``learning_rules`` (an unknown value is an
-error naming the field, the value and what is accepted; a value upstream accepts that vllm-sr
-does not run, such as the redis state store, is refused by name). The selectors' globals are
+error naming the field, the value and what is accepted). The selectors' globals are
 read only by decisions whose ``algorithm`` is a learned selector, which vllm-sr refuses; they
 are typed so a misspelled key is still an error with its path and line.
 """
@@ -75,31 +74,31 @@ class LearningProtection(Strict):
 
 
 class LearningRedis(Strict):
-    address: str | None = None
-    """Upstream: Redis address (the redis backend is refused)."""
+    address: str | None = Field(default=None, max_length=256)
+    """host:port of the Redis server (required with the redis backend)."""
 
     password: str | None = None
-    """Upstream: Redis password."""
+    """Redis password."""
 
-    database: int | None = None
-    """Upstream: Redis database."""
+    database: int | None = Field(default=None, ge=0)
+    """Redis database number (default 0)."""
 
-    key_prefix: str | None = None
-    """Upstream: key prefix."""
+    key_prefix: str | None = Field(default=None, max_length=256)
+    """Prefix of the conversation keys (default vsr:router-session:v1:)."""
 
 
 class LearningStateStore(Strict):
     backend: str | None = Field(default=None, max_length=32)
-    """local (in this process, the default) or redis (refused by vllm-sr)."""
+    """local (in this process, the default) or redis (conversations shared by routers)."""
 
     ttl_seconds: int | None = Field(default=None, ge=0)
     """How long a conversation's state lives after its last turn (omitted or 0: 24 h)."""
 
     timeout_ms: int | None = Field(default=None, ge=0)
-    """Upstream: the shared store's timeout (read by the redis backend only)."""
+    """The redis store's timeout per operation (default 50 ms; slower counts as down)."""
 
     redis: LearningRedis | None = None
-    """Upstream: Redis connection (redis backend)."""
+    """Redis connection (redis backend)."""
 
 
 class RouterLearning(Strict):

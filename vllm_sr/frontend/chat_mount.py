@@ -88,6 +88,7 @@ class ChatMount:
             )
             if old_cache is not None and old_cache is not self.chat.cache:
                 await old_cache.store.close()
+            await self.chat.learning.state.close_retired()
             self.plan, self._backends = plan, backends
             self._warm = asyncio.ensure_future(self._warm_up(self.chat))
         if old_backends is not None and old_backends is not self._backends:
@@ -105,6 +106,8 @@ class ChatMount:
     async def close(self) -> None:
         if self._warm is not None:
             self._warm.cancel()
+        if self.chat is not None:
+            await self.chat.learning.state.close()
         if self.chat is not None and self.chat.cache is not None:
             await self.chat.cache.store.close()
         if self._backends is not None:

@@ -163,7 +163,7 @@ class ChatRouter(ChatPlugins):
         except VllmSrError as exc:
             return error_response(exc)
         # Router Learning may move the chat to another model (vllm_sr/router/learning)
-        turn = self.learning.apply(
+        turn = await self.learning.apply(
             self.recipes.get(result.recipe, self.router), result, body, request.headers
         )
         if turn is not None:
@@ -197,7 +197,7 @@ class ChatRouter(ChatPlugins):
                 learning_headers=turn.headers() if turn is not None and debug else None,
             )
             latency = self.backends.clock.monotonic() - sent
-            self.learning.observe(turn, answered_by, answer.status, failed, latency)
+            await self.learning.observe(turn, answered_by, answer.status, failed, latency)
             # (an answer from a fallback model is not filed under the chosen model)
             chosen_answered = answered_by == result.model
             if plan is not None and recorder is not None and self.cache and chosen_answered:
@@ -373,6 +373,7 @@ def build_chat_router(
         learning=RouterLearning(
             LearningSettings.from_config(global_.router.learning if global_ else None),
             learning_state,
+            global_.router.learning.state_store if global_ else None,
         ),
     )
 

@@ -64,6 +64,12 @@ class RouterCollector(Collector):
             ["decision", "method", "action"],
             {(d, m, a): n for (d, m, a), n in chat.learning.state.actions.items()},
         )
+        yield _counter(
+            "vllm_sr_router_learning_store_errors",
+            "Router Learning's redis state store failures (the router's own copy was used)",
+            [],
+            {(): chat.learning.state.store_errors},
+        )
         yield from backend_families(chat)
         yield from cache_families(chat)
 

@@ -83,6 +83,38 @@ class ConversationMemory:
         st.model, st.last_seen = model, self.clock.monotonic()
         self._states.move_to_end(key)
 
+    def export(self, key: str) -> dict[str, object] | None:
+        """The conversation's state for a shared store (``last_seen`` as wall-clock seconds:
+        other processes have other monotonic clocks)."""
+        st = self._states.get(key)
+        if st is None:
+            return None
+        wall = self.clock.time() - (self.clock.monotonic() - st.last_seen)
+        return {
+            "model": st.model,
+            "turns": st.turns,
+            "switches": st.switches,
+            "last_seen": wall,
+            "decision": st.decision,
+        }
+
+    def hydrate(self, key: str, doc: dict[str, object]) -> None:
+        """Take a shared store's state of the conversation as this process's own (a document
+        of the wrong shape is ignored)."""
+        model, turns, switches = doc.get("model"), doc.get("turns"), doc.get("switches")
+        seen, decision = doc.get("last_seen"), doc.get("decision", "")
+        if not (isinstance(model, str) and model and isinstance(decision, str)):
+            return
+        if not (isinstance(turns, int) and isinstance(switches, int)):
+            return
+        if not isinstance(seen, (int, float)):
+            return
+        idle = max(0.0, self.clock.time() - float(seen))
+        if key not in self._states:
+            self._make_room()
+        self._states[key] = _State(model, turns, switches, self.clock.monotonic() - idle, decision)
+        self._states.move_to_end(key)
+
     def _make_room(self) -> None:
         while len(self._states) >= self.max_entries:
             self._states.popitem(last=False)

@@ -25,6 +25,7 @@ from vllm_sr.router.learning.settings import (
     LearningSettings,
     for_decision,
 )
+from vllm_sr.router.learning.shared_store import SharedConversations
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Router, RouteResult
@@ -44,10 +45,40 @@ class LearningState:
     experience: adapt.ExperienceStore = field(init=False)
     # (decision, method, action) -> requests
     actions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    shared: SharedConversations | None = field(init=False, default=None)
+    _shared_conf: Any = field(init=False, default=None)
+    _retired: list[SharedConversations] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.memory = ConversationMemory(self.clock)
         self.experience = adapt.ExperienceStore(self.clock)
+
+    def use_store(self, store: Any) -> None:
+        """The generation's ``state_store`` (None: local only): the redis client is kept while
+        its settings are, else replaced (the old one closed by :meth:`close_retired`)."""
+        backend = getattr(store, "backend", None)
+        conf = store if isinstance(backend, str) and backend.strip() == "redis" else None
+        if conf == self._shared_conf:
+            return
+        if self.shared is not None:
+            self._retired.append(self.shared)
+        self.shared = SharedConversations.from_config(conf) if conf is not None else None
+        self._shared_conf = conf
+
+    @property
+    def store_errors(self) -> int:
+        return self.shared.errors if self.shared is not None else 0
+
+    async def close_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for store in retired:
+            await store.close()
+
+    async def close(self) -> None:
+        await self.close_retired()
+        if self.shared is not None:
+            await self.shared.close()
+            self.shared, self._shared_conf = None, None
 
 
 @dataclass(frozen=True)
@@ -79,16 +110,23 @@ class _Request:
 
 
 class RouterLearning:
-    def __init__(self, settings: LearningSettings, state: LearningState | None = None) -> None:
+    def __init__(
+        self,
+        settings: LearningSettings,
+        state: LearningState | None = None,
+        store: Any = None,
+    ) -> None:
+        """``store``: ``global.router.learning.state_store`` (redis shares the conversations)."""
         self.settings = settings
         self.state = state if state is not None else LearningState()
         self.state.memory.ttl_s = settings.state_ttl_s
+        self.state.use_store(store if settings.enabled else None)
 
     @property
     def enabled(self) -> bool:
         return self.settings.enabled
 
-    def apply(
+    async def apply(
         self,
         router: Router,
         result: RouteResult,
@@ -112,7 +150,7 @@ class RouterLearning:
         final = proposal.model
         key = req.identity if self.settings.protection and cfg.protection_mode != BYPASS else None
         if key is not None:
-            found = self._protect(router, result, decision, cfg, req, key, proposal)
+            found = await self._protect(router, result, decision, cfg, req, key, proposal)
             final, policies.protection = found.model, found.policy
         for policy in policies.listed():
             self.state.actions[(decision.name, policy.method, policy.action)] += 1
@@ -143,7 +181,7 @@ class RouterLearning:
             return _Proposal(result.model, list(base), base)
         return _Proposal(found.model, candidates, {**base, **found.scores})
 
-    def _protect(
+    async def _protect(
         self,
         router: Router,
         result: RouteResult,
@@ -153,7 +191,13 @@ class RouterLearning:
         key: str,
         proposal: _Proposal,
     ) -> protect.SwitchResult:
-        """Protection's switch step over the conversation's state; the turn is recorded."""
+        """Protection's switch step over the conversation's state; the turn is recorded (and
+        shared, with the redis store)."""
+        shared = self.state.shared
+        if shared is not None:
+            doc = await shared.load(key)
+            if doc is not None:
+                self.state.memory.hydrate(key, doc)
         snapshot = self.state.memory.snapshot(key)
         conversation = req.conversation
         if snapshot is not None:
@@ -183,9 +227,15 @@ class RouterLearning:
             )
         )
         self.state.memory.record_decision(key, found.model, conversation.turn_index, decision.name)
+        await self._share(key)
         return found
 
-    def observe(
+    async def _share(self, key: str) -> None:
+        doc = self.state.memory.export(key)
+        if self.state.shared is not None and doc is not None:
+            await self.state.shared.save(key, doc)
+
+    async def observe(
         self,
         turn: Turn | None,
         answered_by: str | None,
@@ -211,8 +261,12 @@ class RouterLearning:
                     latency_s=None if bad else latency_s,
                     failed=bad,
                 )
-        if turn.memory_key is not None and answered_by is not None and status < 400:
-            self.state.memory.record_answer(turn.memory_key, answered_by)
+        key = turn.memory_key
+        if key is not None and answered_by is not None and status < 400:
+            moved = answered_by != turn.result.model
+            self.state.memory.record_answer(key, answered_by)
+            if moved:
+                await self._share(key)
 
     # -- the parts ------------------------------------------------------------------------
 
