@@ -55,6 +55,8 @@ class ChatMount:
         if plan is None or not plan.enabled or plan.providers is None:
             if self.chat is not None and self.chat.cache is not None:
                 await self.chat.cache.store.close()
+            if self.chat is not None:
+                await self.chat.learning.state.close()
             self.plan, self.chat, self._backends = plan, None, None
         else:
             from vllm_sr.config.routing import Routing
