@@ -346,3 +346,40 @@ async def test_eval_says_learning_decides_at_execution(make_stack: Callable[...,
                 doc = await r.json()
             assert doc["selection_status"] == status, doc
             assert doc.get("selected_model") == model
+
+
+async def test_a_reload_keeps_the_conversations(make_stack: Callable[..., Any]) -> None:
+    """The frontend's chat mount: a reload that changes routing keeps Router Learning's state
+    (the conversation stays held); turning learning off and on again keeps it too."""
+    from vllm_sr.frontend.chat_mount import ChatMount
+    from vllm_sr.plan import RouterPlan
+    from vllm_sr.pool.directory import PoolDirectory
+
+    st = await make_stack(learning())
+    providers = st.chat.router.providers
+
+    def plan(routing: dict[str, Any], block: dict[str, Any]) -> RouterPlan:
+        return RouterPlan(
+            True,
+            (AUTO,),
+            providers,
+            Routing.model_validate(routing),
+            "primary",
+            global_=GlobalSection.model_validate({"router": {"learning": block}}),
+        )
+
+    mount = ChatMount(PoolDirectory())
+    try:
+        await mount.update(plan(ROUTING, learning()))
+        assert mount.chat is not None
+        state = mount.chat.learning.state
+        state.memory.record_decision("s1/c1", "a", 0, "to_a")
+        more = {**ROUTING, "decisions": [*ROUTING["decisions"], keyword_decision("x", "beta", [])]}
+        await mount.update(plan(more, learning()))
+        await mount.update(plan(more, {"enabled": False}))
+        await mount.update(plan(ROUTING, learning()))
+        assert mount.chat.learning.state is state
+        snap = state.memory.snapshot("s1/c1")
+        assert snap is not None and snap.model == "a"
+    finally:
+        await mount.close()

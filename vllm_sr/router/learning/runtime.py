@@ -7,6 +7,7 @@ config reloads; the settings come with each generation."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,9 @@ from vllm_sr.router.learning.shared_store import SharedConversations
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Router, RouteResult
+
+
+MAX_IDENTITY = 256  # characters of session/conversation kept as written
 
 
 def _time_seed() -> int:
@@ -279,6 +283,9 @@ class RouterLearning:
             identity = session
         elif session and conversation:
             identity = f"{session}/{conversation}"
+        if identity is not None and len(identity) > MAX_IDENTITY:
+            # the memory is bounded in entries; a long id is kept as its digest
+            identity = "sha256:" + hashlib.sha256(identity.encode()).hexdigest()
         return _Request(identity, conversation_facts(body.get("messages")))
 
     def _preflight(self, cfg: DecisionLearning, req: _Request) -> tuple[bool, Policy | None]:
