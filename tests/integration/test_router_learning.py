@@ -383,3 +383,14 @@ async def test_a_reload_keeps_the_conversations(make_stack: Callable[..., Any]) 
         assert snap is not None and snap.model == "a"
     finally:
         await mount.close()
+
+
+async def test_long_ids_are_tracked_by_digest(make_stack: Callable[..., Any]) -> None:
+    st = await make_stack(learning())
+    talk = Conversation(st, "s" * 2000, "c" * 2000)
+    await talk.say("alpha")
+    assert picked(await talk.say("beta"))[:2] == ("a", "protection=hold_current")
+    state = st.chat.learning.state
+    assert len(state.memory) == 1
+    (key,) = state.memory.keys()
+    assert key.startswith("sha256:") and len(key) == 71

@@ -48,6 +48,10 @@ class ConversationMemory:
     def __len__(self) -> int:
         return len(self._states)
 
+    def keys(self) -> list[str]:
+        """The tracked conversations, least recently seen first."""
+        return list(self._states)
+
     def snapshot(self, key: str) -> Snapshot | None:
         """The conversation's state, None when unknown or older than the TTL (then dropped)."""
         st = self._states.get(key)
