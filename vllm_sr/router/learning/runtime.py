@@ -101,6 +101,14 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class _RouterFacts:
+    router: Router
+    decisions: dict[str, Any]
+    costs: dict[str, float]  # prompt + completion price per model
+    pressure: dict[str, float]  # cache checkout price share per model
+
+
+@dataclass(frozen=True)
 class _Proposal:
     model: str
     candidates: list[str]
@@ -125,10 +133,24 @@ class RouterLearning:
         self.state = state if state is not None else LearningState()
         self.state.memory.ttl_s = settings.state_ttl_s
         self.state.use_store(store if settings.enabled else None)
+        self._facts: dict[str, _RouterFacts] = {}
 
     @property
     def enabled(self) -> bool:
         return self.settings.enabled
+
+    def _of(self, router: Router) -> _RouterFacts:
+        """What learning reads of a recipe's router, once per generation."""
+        facts = self._facts.get(router.recipe)
+        if facts is None or facts.router is not router:
+            facts = _RouterFacts(
+                router,
+                {d.name: d for d in router.routing.decisions},
+                _costs(router),
+                _cost_pressure(router),
+            )
+            self._facts[router.recipe] = facts
+        return facts
 
     async def apply(
         self,
@@ -143,7 +165,7 @@ class RouterLearning:
             return None
         if result.fallback is not None:
             return None
-        decision = next((d for d in router.routing.decisions if d.name == result.decision), None)
+        decision = self._of(router).decisions.get(result.decision)
         if decision is None:
             return None
         cfg = for_decision(self.settings, decision.adaptations)
@@ -226,7 +248,7 @@ class RouterLearning:
                 scores=proposal.scores,
                 base_model=result.model,
                 proposal=proposal.model,
-                cost_pressure=_cost_pressure(router),
+                cost_pressure=self._of(router).pressure,
                 evidence=lambda m: self.state.experience.snapshot(decision.name, decision.tier, m),
             )
         )
@@ -322,7 +344,7 @@ class RouterLearning:
             lambda m: self.state.experience.snapshot(decision.name, decision.tier, m),
             result.model,
             cfg.candidate_set,
-            _costs(router),
+            self._of(router).costs,
             sampling_allowed=sampling,
             seed=self.state.seed_source() if sampling else 0,
         )
