@@ -84,7 +84,11 @@ class Stack:
 async def make_stack() -> AsyncIterator[Callable[..., Any]]:
     cleanups: list[Callable[[], Any]] = []
 
-    async def make(learning_block: dict[str, Any], routing: dict[str, Any] = ROUTING) -> Stack:
+    async def make(
+        learning_block: dict[str, Any],
+        routing: dict[str, Any] = ROUTING,
+        recipes: dict[str, Any] | None = None,
+    ) -> Stack:
         a = await StandInBackend("a").start()
         b = await StandInBackend("b").start()
         providers = Providers.model_validate(
@@ -108,6 +112,8 @@ async def make_stack() -> AsyncIterator[Callable[..., Any]]:
             backends=backends,
             global_=GlobalSection.model_validate({"router": {"learning": learning_block}}),
             learning_state=LearningState(clock=clock, seed_source=lambda: 7),
+            recipes={k: Routing.model_validate(v) for k, v in (recipes or {}).items()},
+            entrypoints={f"{k}-model": k for k in recipes or {}},
         )
         routes = chat.routes()
 
@@ -394,3 +400,20 @@ async def test_long_ids_are_tracked_by_digest(make_stack: Callable[..., Any]) ->
     assert len(state.memory) == 1
     (key,) = state.memory.keys()
     assert key.startswith("sha256:") and len(key) == 71
+
+
+async def test_recipes_keep_their_conversations_apart(make_stack: Callable[..., Any]) -> None:
+    """Upstream namespaces learning state by recipe: the same ids through an entrypoint are
+    another conversation."""
+    st = await make_stack(learning(), recipes={"side": ROUTING})
+    talk = Conversation(st, "s1", "c1")
+    await talk.say("alpha")
+    assert picked(await talk.say("beta"))[0] == "a"  # held
+    raw = await st.client.chat.completions.with_raw_response.create(
+        model="side-model",
+        messages=[{"role": "user", "content": "beta"}],
+        extra_headers=talk.headers,
+    )
+    assert raw.headers["x-vsr-selected-recipe"] == "side"
+    assert picked(raw) == ("b", "protection=establish_baseline", "protection=new_conversation")
+    assert sorted(st.chat.learning.state.memory.keys()) == ["s1/c1", "side::s1/c1"]

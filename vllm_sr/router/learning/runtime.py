@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.learning import adaptation as adapt
@@ -174,7 +175,9 @@ class RouterLearning:
         policies = Policies(protection=preflight)
         proposal = self._propose(router, result, decision, cfg, sampling, policies)
         final = proposal.model
-        key = req.identity if self.settings.protection and cfg.protection_mode != BYPASS else None
+        key = None
+        if req.identity is not None and self.settings.protection and cfg.protection_mode != BYPASS:
+            key = scoped(result.recipe, req.identity)
         if key is not None:
             found = await self._protect(router, result, decision, cfg, req, key, proposal)
             final, policies.protection = found.model, found.policy
@@ -182,7 +185,8 @@ class RouterLearning:
             self.state.actions[(decision.name, policy.method, policy.action)] += 1
         learns = self.settings.adaptation and cfg.adaptation_mode != BYPASS
         routed = result if final == result.model else _moved(result, final)
-        return Turn(routed, policies, decision.name, decision.tier, key, learns)
+        name = scoped(result.recipe, decision.name)
+        return Turn(routed, policies, name, decision.tier, key, learns)
 
     def _propose(
         self,
@@ -219,6 +223,7 @@ class RouterLearning:
     ) -> protect.SwitchResult:
         """Protection's switch step over the conversation's state; the turn is recorded (and
         shared, with the redis store)."""
+        name = scoped(result.recipe, decision.name)
         shared = self.state.shared
         if shared is not None:
             doc = await shared.load(key)
@@ -249,10 +254,10 @@ class RouterLearning:
                 base_model=result.model,
                 proposal=proposal.model,
                 cost_pressure=self._of(router).pressure,
-                evidence=lambda m: self.state.experience.snapshot(decision.name, decision.tier, m),
+                evidence=lambda m: self.state.experience.snapshot(name, decision.tier, m),
             )
         )
-        self.state.memory.record_decision(key, found.model, conversation.turn_index, decision.name)
+        self.state.memory.record_decision(key, found.model, conversation.turn_index, name)
         await self._share(key)
         return found
 
@@ -337,11 +342,12 @@ class RouterLearning:
         cfg: DecisionLearning,
         sampling: bool,
     ) -> tuple[adapt.AdaptationResult, list[str]]:
+        name = scoped(result.recipe, decision.name)
         candidates = self._candidate_set(router, result, decision, cfg.candidate_set)
         found = adapt.routing_sampling(
             cfg.adaptation_mode,
             candidates,
-            lambda m: self.state.experience.snapshot(decision.name, decision.tier, m),
+            lambda m: self.state.experience.snapshot(name, decision.tier, m),
             result.model,
             cfg.candidate_set,
             self._of(router).costs,
@@ -369,6 +375,12 @@ class RouterLearning:
             models += sorted(m.name for m in router.providers.models)
         known = router.backends.models
         return [m for m in dict.fromkeys(models) if m in known and router.backends.healthy(m)]
+
+
+def scoped(recipe: str, name: str) -> str:
+    """A conversation or decision key in its recipe's namespace (upstream's
+    RoutingNamespaceKey: the default recipe's keys stay unscoped)."""
+    return name if recipe == "default" else f"{quote(recipe, safe='')}::{name}"
 
 
 def conversation_facts(messages: Any) -> protect.Conversation:
