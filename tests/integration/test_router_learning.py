@@ -23,7 +23,7 @@ from vllm_sr.config.schema import GlobalSection
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import ChatRouter, build_chat_router
-from vllm_sr.router.learning.runtime import LearningState
+from vllm_sr.router.learning.state import LearningState
 from vllm_sr.router.metrics import RouterCollector
 
 AUTO = "vllm-sr/auto"

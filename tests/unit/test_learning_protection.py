@@ -209,3 +209,24 @@ def test_memory_export_and_hydrate_carry_idle_time_across_clocks() -> None:
     assert (snap.model, snap.turns, snap.switches, snap.idle_s) == ("a", 3, 0, 30.0)
     theirs.hydrate("bad", {"model": 3, "turns": "x"})
     assert theirs.snapshot("bad") is None
+
+
+def test_conversation_facts_from_the_messages() -> None:
+    from vllm_sr.router.learning.facts import conversation_facts
+
+    chat = [
+        {"role": "system", "content": "s" * 40},
+        {"role": "user", "content": "u" * 400},
+        {"role": "assistant", "content": "a" * 400},
+        {"role": "user", "content": [{"type": "text", "text": "q" * 80}]},
+    ]
+    facts = conversation_facts(chat)
+    assert (facts.turn_index, facts.active_tool_loop) == (1, False)
+    assert (facts.history_tokens, facts.context_tokens) == (210, 230)
+    called = [*chat, {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]
+    assert conversation_facts(called).active_tool_loop  # a call not answered yet
+    answered = [*called, {"role": "tool", "content": "42", "tool_call_id": "1"}]
+    assert conversation_facts(answered).active_tool_loop  # the last message is a tool result
+    done = [*answered, {"role": "assistant", "content": "it is 42"}]
+    assert not conversation_facts(done).active_tool_loop
+    assert conversation_facts("junk") == conversation_facts([])

@@ -66,8 +66,9 @@ from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder
 from vllm_sr.router.chat_plugins import ChatPlugins, Replay
-from vllm_sr.router.learning.runtime import LearningState, RouterLearning
+from vllm_sr.router.learning.runtime import RouterLearning
 from vllm_sr.router.learning.settings import LearningSettings
+from vllm_sr.router.learning.state import LearningState
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
-from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.learning import adaptation as adapt
 from vllm_sr.router.learning import protection as protect
-from vllm_sr.router.learning.memory import ConversationMemory
+from vllm_sr.router.learning.facts import cache_pressure, conversation_facts, prices, scoped
 from vllm_sr.router.learning.policy import PROTECTION, Policies, Policy
 from vllm_sr.router.learning.settings import (
     APPLY,
@@ -27,63 +23,13 @@ from vllm_sr.router.learning.settings import (
     LearningSettings,
     for_decision,
 )
-from vllm_sr.router.learning.shared_store import SharedConversations
+from vllm_sr.router.learning.state import LearningState
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Router, RouteResult
 
 
 MAX_IDENTITY = 256  # characters of session/conversation kept as written
-
-
-def _time_seed() -> int:
-    return time.time_ns()
-
-
-@dataclass
-class LearningState:
-    """What Router Learning keeps across requests and reloads (per process)."""
-
-    clock: Clock = SYSTEM_CLOCK
-    seed_source: Callable[[], int] = _time_seed
-    memory: ConversationMemory = field(init=False)
-    experience: adapt.ExperienceStore = field(init=False)
-    # (decision, method, action) -> requests
-    actions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    shared: SharedConversations | None = field(init=False, default=None)
-    _shared_conf: Any = field(init=False, default=None)
-    _retired: list[SharedConversations] = field(init=False, default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.memory = ConversationMemory(self.clock)
-        self.experience = adapt.ExperienceStore(self.clock)
-
-    def use_store(self, store: Any) -> None:
-        """The generation's ``state_store`` (None: local only): the redis client is kept while
-        its settings are, else replaced (the old one closed by :meth:`close_retired`)."""
-        backend = getattr(store, "backend", None)
-        conf = store if isinstance(backend, str) and backend.strip() == "redis" else None
-        if conf == self._shared_conf:
-            return
-        if self.shared is not None:
-            self._retired.append(self.shared)
-        self.shared = SharedConversations.from_config(conf) if conf is not None else None
-        self._shared_conf = conf
-
-    @property
-    def store_errors(self) -> int:
-        return self.shared.errors if self.shared is not None else 0
-
-    async def close_retired(self) -> None:
-        retired, self._retired = self._retired, []
-        for store in retired:
-            await store.close()
-
-    async def close(self) -> None:
-        await self.close_retired()
-        if self.shared is not None:
-            await self.shared.close()
-            self.shared, self._shared_conf = None, None
 
 
 @dataclass(frozen=True)
@@ -147,8 +93,8 @@ class RouterLearning:
             facts = _RouterFacts(
                 router,
                 {d.name: d for d in router.routing.decisions},
-                _costs(router),
-                _cost_pressure(router),
+                prices(router),
+                cache_pressure(router),
             )
             self._facts[router.recipe] = facts
         return facts
@@ -377,38 +323,6 @@ class RouterLearning:
         return [m for m in dict.fromkeys(models) if m in known and router.backends.healthy(m)]
 
 
-def scoped(recipe: str, name: str) -> str:
-    """A conversation or decision key in its recipe's namespace (upstream's
-    RoutingNamespaceKey: the default recipe's keys stay unscoped)."""
-    return name if recipe == "default" else f"{quote(recipe, safe='')}::{name}"
-
-
-def conversation_facts(messages: Any) -> protect.Conversation:
-    """The turn number, tool-loop state and history size (characters / 4 as tokens) from the
-    chat's messages."""
-    msgs = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
-    users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
-    calls = sum(len(m.get("tool_calls") or []) for m in msgs if m.get("role") == "assistant")
-    results = sum(1 for m in msgs if m.get("role") == "tool")
-    last_role = msgs[-1].get("role") if msgs else None
-    sizes = [len(_text_of(m.get("content"))) for m in msgs]
-    history = sum(sizes[: users[-1]]) if users else 0
-    return protect.Conversation(
-        turn_index=max(len(users) - 1, 0),
-        active_tool_loop=last_role == "tool" or calls > results,
-        history_tokens=history // 4,
-        context_tokens=sum(sizes) // 4,
-    )
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
 def _moved(result: RouteResult, model: str) -> RouteResult:
     """The result on another model: its modelRef from the decision, else a bare one (upstream
     adds the current model as ``ModelRef{Model: current}``)."""
@@ -416,29 +330,3 @@ def _moved(result: RouteResult, model: str) -> RouteResult:
 
     ref = next((r for r in result.decision_refs if r.model == model), None)
     return dataclasses.replace(result, model=model, model_ref=ref or ModelRef(model=model))
-
-
-def _costs(router: Router) -> dict[str, float]:
-    out = {}
-    for m in router.providers.models:
-        p = m.pricing
-        out[m.name] = 0.0 if p is None else p.prompt_per_1m + p.completion_per_1m
-    return out
-
-
-def _cost_pressure(router: Router) -> dict[str, float]:
-    """Each model's cache checkout cost against the most expensive (upstream's
-    modelCostPressure); 0.5 where pricing says nothing."""
-    costs: dict[str, float] = {}
-    for m in router.providers.models:
-        p = m.pricing
-        if p is None or p.prompt_per_1m <= 0:
-            costs[m.name] = 0.0
-            continue
-        checkout = p.prompt_per_1m if p.cache_write_per_1m is None else p.cache_write_per_1m
-        delta = checkout - p.cached_input_per_1m
-        costs[m.name] = (
-            delta if delta > 0 else (0.0 if p.cache_write_per_1m is not None else p.prompt_per_1m)
-        )
-    top = max(costs.values(), default=0.0)
-    return {m: (c / top if top > 0 and c > 0 else 0.5) for m, c in costs.items()}
