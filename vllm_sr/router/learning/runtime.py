@@ -148,7 +148,6 @@ class RouterLearning:
         adaptation's only when it proposed a switch."""
         models = self._decision_models(router, result)
         base = {m: 1.0 - i * 0.001 for i, m in enumerate(models)}
-        base.setdefault(result.model, 1.0)
         if not self.settings.adaptation:
             return _Proposal(result.model, list(base), base)
         found, candidates = self._adapt(router, result, decision, cfg, sampling)
@@ -303,8 +302,12 @@ class RouterLearning:
         return found, candidates
 
     def _decision_models(self, router: Router, result: RouteResult) -> list[str]:
-        models = [r.model for r in result.decision_refs] or [result.model]
-        return [m for m in dict.fromkeys(models) if router.backends.healthy(m)] or [result.model]
+        """The decision's models in static's order (its pick first, then the rest as written),
+        those with a usable backend."""
+        models = [result.model, *(r.model for r in result.decision_refs)]
+        return [result.model] + [
+            m for m in dict.fromkeys(models[1:]) if m != result.model and router.backends.healthy(m)
+        ]
 
     def _candidate_set(
         self, router: Router, result: RouteResult, decision: Any, candidate_set: str
