@@ -209,6 +209,11 @@ async def test_a_conversation_stays_on_its_model_then_switches_after_min_turns(
     }
     assert samples[("to_b", "hold_current")] == 2
     assert samples[("to_b", "allow_switch")] == 1
+    inventory = st.chat.inventory()["learning"]
+    assert inventory["conversations"] == 1 and inventory["store"] == "local"
+    assert {"decision": "to_b", "method": "protection", "action": "allow_switch", "count": 1} in (
+        inventory["actions"]
+    )
 
 
 async def test_without_the_margin_the_conversation_stays(make_stack: Callable[..., Any]) -> None:

@@ -290,8 +290,8 @@ class ChatRouter(ChatPlugins):
         return Response(json.dumps({"object": "list", "data": self.models_data()}).encode())
 
     def inventory(self) -> dict[str, Any]:
-        """For the inventory document (key "router"): backends, decision counters and the
-        response cache's."""
+        """For the inventory document (key "router"): backends, decision counters, the
+        response cache's and (when on) Router Learning's."""
         doc: dict[str, Any] = {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
         if self.cache is not None:
             usage = self.cache.store.usage()
@@ -301,6 +301,8 @@ class ChatRouter(ChatPlugins):
                 "bytes": None if usage is None else usage[1],
                 **self.cache.stats.to_json(),
             }
+        if self.learning.enabled:
+            doc["learning"] = self.learning.inventory()
         return doc
 
 

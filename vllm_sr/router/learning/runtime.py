@@ -86,6 +86,19 @@ class RouterLearning:
     def enabled(self) -> bool:
         return self.settings.enabled
 
+    def inventory(self) -> dict[str, Any]:
+        """Conversations tracked here, the store, its failures and the actions by decision."""
+        st = self.state
+        return {
+            "conversations": len(st.memory),
+            "store": "redis" if st.shared is not None else "local",
+            "store_errors": st.store_errors,
+            "actions": [
+                {"decision": d, "method": m, "action": a, "count": n}
+                for (d, m, a), n in sorted(st.actions.items())
+            ],
+        }
+
     def _of(self, router: Router) -> _RouterFacts:
         """What learning reads of a recipe's router, once per generation."""
         facts = self._facts.get(router.recipe)
