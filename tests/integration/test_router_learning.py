@@ -422,3 +422,17 @@ async def test_recipes_keep_their_conversations_apart(make_stack: Callable[..., 
     assert raw.headers["x-vsr-selected-recipe"] == "side"
     assert picked(raw) == ("b", "protection=establish_baseline", "protection=new_conversation")
     assert sorted(st.chat.learning.state.memory.keys()) == ["s1/c1", "side::s1/c1"]
+
+
+async def test_a_learning_failure_never_fails_the_chat(
+    make_stack: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    st = await make_stack(learning())
+
+    def boom(*args: Any) -> Any:
+        raise RuntimeError("a bug in learning")
+
+    st.chat.learning._propose = boom  # type: ignore[method-assign]
+    raw = await Conversation(st, "s1", "c1").say("beta")
+    assert picked(raw) == ("b", "", "")  # routed as without learning
+    assert "Router Learning failed on decision to_b" in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ from vllm_sr.router.learning.state import LearningState
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Router, RouteResult
+
+log = logging.getLogger("vllm_sr.router.learning")
 
 
 MAX_IDENTITY = 256  # characters of session/conversation kept as written
@@ -123,9 +126,22 @@ class RouterLearning:
         model, no decision, or routing fell back to the default model)."""
         if not self.enabled or not result.routed or result.decision is None:
             return None
+        try:
+            return await self._apply(router, result, body, headers)
+        except Exception:  # learning must never fail a chat: it goes as routed
+            log.exception("Router Learning failed on decision %s", result.decision)
+            return None
+
+    async def _apply(
+        self,
+        router: Router,
+        result: RouteResult,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+    ) -> Turn | None:
         if result.fallback is not None:
             return None
-        decision = self._of(router).decisions.get(result.decision)
+        decision = self._of(router).decisions.get(result.decision or "")
         if decision is None:
             return None
         cfg = for_decision(self.settings, decision.adaptations)
