@@ -51,6 +51,7 @@ class StreamTranslator:
 
     def __init__(self, turn: Turn) -> None:
         self.turn = turn
+        self.headers: dict[str, str] = {}  # set before the answer begins
         self.model = turn.request.model
         self.completed: dict[str, Any] | None = None
         self._pending = b""
