@@ -40,7 +40,7 @@ def kw(name: str) -> dict[str, Any]:
 
 
 SIGNALS = {"keywords": [{"name": n, "operator": "OR", "keywords": [n]}
-                        for n in ("code", "busy", "fallback", "shape")]}  # fmt: skip
+                        for n in ("code", "busy", "fallback", "shape", "cacheme")]}  # fmt: skip
 DECISIONS = [
     {"name": "coding", "priority": 100, "rules": kw("code"), "modelRefs": [{"model": "coder"}]},
     {"name": "fast", "priority": 90, "rules": kw("busy"),
@@ -50,6 +50,9 @@ DECISIONS = [
     {"name": "shaped", "priority": 70, "rules": kw("shape"), "modelRefs": [{"model": "coder"}],
      "plugins": [{"type": "system_prompt", "configuration": {
          "system_prompt": "Be brief.", "mode": "insert"}}]},
+    {"name": "cached", "priority": 60, "rules": kw("cacheme"), "modelRefs": [{"model": "coder"}],
+     "plugins": [{"type": "semantic-cache", "configuration": {
+         "enabled": True, "mode": "exact", "scope": "global"}}]},
 ]  # fmt: skip
 
 
@@ -142,6 +145,12 @@ async def test_a_response_is_routed_and_answered_as_a_response_object(stack: Sta
     assert coded.parse().output_text == "coder got: code it"
     assert coded.headers["x-vsr-selected-decision"] == "coding"
     assert coded.headers["x-vsr-selected-model"] == "coder"
+    assert stack.responses.inventory() == {
+        "store": "memory",
+        "entries": 2,
+        "stored": 2,
+        "store_failures": 0,
+    }
 
 
 async def test_chaining_sends_the_earlier_turns_and_inherits_instructions(stack: Stack) -> None:
@@ -296,3 +305,27 @@ async def test_fast_response_and_backend_fallback_are_the_chats(stack: Stack) ->
     await c.responses.create(model=AUTO, input="shape it", instructions="Mine.")
     assert sent(stack.coder)[0]["role"] == "system"
     assert "Be brief." in json.dumps(sent(stack.coder))
+
+
+async def test_a_cache_hit_is_translated_too(stack: Stack) -> None:
+    c = stack.client
+    first = await c.responses.create(model=AUTO, input="cacheme the answer", store=False)
+    raw = await c.responses.with_raw_response.create(model=AUTO, input="cacheme the answer")
+    assert raw.headers["x-vsr-cache-hit"] == "true" and len(stack.coder.received) == 1
+    hit = raw.parse()
+    assert hit.output_text == first.output_text == "coder got: cacheme the answer"
+    assert hit.id != first.id and (await c.responses.retrieve(hit.id)).id == hit.id
+    stream = await c.responses.create(model=AUTO, input="cacheme the answer", stream=True)
+    events = [e async for e in stream]
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == first.output_text
+    assert len(stack.coder.received) == 1
+
+
+async def test_a_stream_that_breaks_is_not_completed_nor_stored(stack: Stack) -> None:
+    stack.coder.fault = "stream_after_first"
+    stream = await stack.client.responses.create(model=AUTO, input="code and break", stream=True)
+    kinds = [e.type async for e in stream]
+    assert "response.output_text.delta" in kinds  # the first chunk went out
+    assert "response.completed" not in kinds
+    assert stack.store.usage() == 0 and stack.responses.stored == 0

@@ -2,7 +2,9 @@
 
 ``POST /v1/embeddings``, ``/v1/classify``, ``/v1/bundle`` go to the deployment ``model`` names
 (default: the decision model's deployment) as one unit each; the body's bytes go to the worker
-unchanged, and the worker's bytes come back unchanged. ``GET /v1/models``, ``/health``,
+unchanged, and the worker's bytes come back unchanged. Router mode adds
+``/v1/chat/completions``, ``/api/v1/eval`` and, configured, the Responses API
+(``/v1/responses``, ``/v1/responses/{id}``, ``.../input_items``). ``GET /v1/models``, ``/health``,
 ``/api/v1/inventory/model-runtime`` and ``/metrics`` describe the service. Errors are
 ``{"error": {"code", "message", "retryable"}}`` with the error's HTTP status (429 carries
 Retry-After); an unknown path is 404 ``not_found``, another method 405 ``method_not_allowed``.

@@ -185,7 +185,12 @@ class ChatMount:
         return self.chat.models_data() if self.chat is not None else []
 
     def inventory(self) -> JsonObject | None:
-        return self.chat.inventory() if self.chat is not None else None
+        if self.chat is None:
+            return None
+        doc = self.chat.inventory()
+        if self.responses is not None:
+            doc["responses"] = self.responses.inventory()
+        return doc
 
     def replay(self, decision: str | None = None, since: int = 0) -> JsonObject:
         """router_replay's records (the control API's ``GET /v1/replay``)."""

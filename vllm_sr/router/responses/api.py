@@ -77,6 +77,15 @@ class ResponsesAPI:
         self.stored = 0
         self.store_failures = 0
 
+    def inventory(self) -> dict[str, Any]:
+        """For the inventory's ``router.responses``: the store and its counters."""
+        return {
+            "store": self.store.kind,
+            "entries": self.store.usage(),
+            "stored": self.stored,
+            "store_failures": self.store_failures,
+        }
+
     def routes(self, chat: Callable[[], ChatRouter]) -> dict[str, dict[str, Any]]:
         """Path templates (``httpserver.PathRoutes``) for a server of its own (tests);
         ``chat`` gives the current generation's router."""
