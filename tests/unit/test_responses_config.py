@@ -82,3 +82,37 @@ async def test_the_redis_client_follows_upstreams_defaults() -> None:
     assert prefix == "sr:" and kwargs["path"] == "/run/r.sock"
     assert kwargs["socket_timeout"] is None  # -1: no limit
     await client.aclose()
+
+
+async def test_a_reload_keeps_the_store_while_its_settings_stay() -> None:
+    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.frontend.chat_mount import ChatMount
+    from vllm_sr.pool.directory import PoolDirectory
+
+    providers = Providers.model_validate(
+        {"defaults": {"default_model": "small"},
+         "models": [{"name": "small", "backend_refs": [{"endpoint": "127.0.0.1:9"}]}]}
+    )  # fmt: skip
+    memory = "response_api: {store_backend: memory, ttl_seconds: 60}\n"
+
+    def plan(snippet: str, routing: Routing) -> RouterPlan:
+        glob = parse_config(services(snippet)).global_
+        return RouterPlan(True, ("vllm-sr/auto",), providers, routing, "primary", global_=glob)
+
+    mount = ChatMount(PoolDirectory())
+    try:
+        await mount.update(plan(memory, Routing()))
+        first = mount.responses
+        assert first is not None
+        await first.store.put({"id": "resp_kept"})
+        keywords = {"keywords": [{"name": "k", "operator": "OR", "keywords": ["k"]}]}
+        await mount.update(plan(memory, Routing.model_validate({"signals": keywords})))
+        assert mount.responses is first and await first.store.get("resp_kept") is not None
+        await mount.update(plan(memory.replace("60", "61"), Routing()))
+        assert mount.responses is not first and mount.responses is not None
+        assert await mount.responses.store.get("resp_kept") is None
+        assert first.store.usage() == 0  # the old store was closed
+        await mount.update(plan("response_api: {enabled: false}\n", Routing()))
+        assert mount.responses is None
+    finally:
+        await mount.close()
