@@ -125,7 +125,9 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
 
     expected = {
         "global.router.learning.enabled": "enabled: true",
-        "global.services.response_api.enabled": "enabled: true",
+        "global.services.response_api.redis.config_path": (
+            "config_path: config/backends/response-api-redis.yaml"
+        ),
         "global.services.authz.providers": "providers:",
         "global.services.ratelimit.providers": "providers:",
         "global.services.router_replay.enabled": "enabled: true",
@@ -502,7 +504,19 @@ REFUSED = [
     ("router:\n    skip_processing: {enabled: true}", "global.router.skip_processing.enabled"),
     ("router:\n    learning: {enabled: true}", "global.router.learning.enabled"),
     ("router:\n    config_source: kubernetes", "global.router.config_source"),
-    ("services:\n    response_api: {enabled: true}", "global.services.response_api.enabled"),
+    ("services:\n    response_api: {enabled: true}", "global.services.response_api.store_backend"),
+    (
+        "services:\n    response_api: {redis: {address: 'r:1', cluster_mode: true}}",
+        "global.services.response_api.redis.cluster_mode",
+    ),
+    (
+        "services:\n    response_api: {redis: {address: 'r:1', tls_enabled: true}}",
+        "global.services.response_api.redis.tls_enabled",
+    ),
+    (
+        "services:\n    response_api: {redis: {address: 'r:1', config_path: r.yaml}}",
+        "global.services.response_api.redis.config_path",
+    ),
     ("services:\n    router_replay: {enabled: true}", "global.services.router_replay.enabled"),
     (
         "services:\n    ratelimit:\n      providers: [{type: local-limiter}]",
@@ -525,6 +539,12 @@ ACCEPTED = [
     "router:\n    config_source: file\n    streamed_body: {enabled: true, max_bytes: 1}",
     "router:\n    model_selection: {enabled: true, method: hybrid, hybrid: {cost_weight: 0.1}}",
     "services:\n    response_api: {enabled: false, store_backend: redis}\n"
+    "    observability: {tracing: {enabled: true}}\n"
+    "    management_api: {bind_address: 127.0.0.1, port: 8080}",
+    "services:\n    response_api: {store_backend: memory, ttl_seconds: 60, max_responses: 5}",
+    "services:\n    response_api:\n      redis: {address: 'redis:6379', db: 1,\n"
+    "              tls_enabled: false, cluster_addresses: ['a:1'], config_path: ''}",
+    "services:\n    response_api:\n      {enabled: false, redis: {cluster_mode: true}}\n"
     "    observability: {tracing: {enabled: true}}\n"
     "    management_api: {bind_address: 127.0.0.1, port: 8080}",
     "services:\n    ratelimit: {fail_open: true, providers: []}",

@@ -84,14 +84,7 @@ def _router_refusals(router: dict[str, Any]) -> list[Problem]:
 def _service_refusals(services: dict[str, Any]) -> list[Problem]:
     base: Path = ("global", "services")
     problems: list[Problem] = []
-    if _is_true(as_dict(services.get("response_api")).get("enabled")):
-        problems.append(
-            refusal(
-                (*base, "response_api", "enabled"),
-                "the Responses API (/v1/responses)",
-                "false (vllm-sr serves /v1/chat/completions and /v1/models)",
-            )
-        )
+    problems += _response_api_refusals(services.get("response_api"))
     if _is_true(as_dict(services.get("router_replay")).get("enabled")):
         problems.append(
             refusal(
@@ -114,6 +107,44 @@ def _service_refusals(services: dict[str, Any]) -> list[Problem]:
                     supported,
                 )
             )
+    return problems
+
+
+def _response_api_refusals(block: Any) -> list[Problem]:
+    """The Responses API is served with a memory or a standalone Redis store; a written block
+    that leaves ``enabled`` unset is on (upstream's default)."""
+    if not isinstance(block, dict) or block.get("enabled", True) is False:
+        return []
+    base: Path = ("global", "services", "response_api")
+    if block.get("store_backend", "redis") != "redis":
+        return []
+    redis = as_dict(block.get("redis"))
+    problems = []
+    for key, what, supported in (
+        ("cluster_mode", "Redis Cluster for the Responses API store", "false (one Redis)"),
+        ("tls_enabled", "TLS to the Responses API's Redis", "false"),
+    ):
+        if _is_true(redis.get(key)):
+            problems.append(refusal((*base, "redis", key), what, supported))
+    if redis.get("config_path"):
+        problems.append(
+            refusal(
+                (*base, "redis", "config_path"),
+                "an external Redis settings file for the Responses API store",
+                "the settings inline under response_api.redis",
+            )
+        )
+    if not redis.get("address") and not _is_true(redis.get("cluster_mode")):
+        # Upstream's store fails to start without one, and upstream then serves nothing.
+        problems.append(
+            refusal(
+                (*base, "store_backend"),
+                "the Responses API's redis store without redis.address (upstream's default "
+                "backend; its store then fails to start and /v1/responses is not served)",
+                "redis with redis.address (host:port or unix:///path), store_backend: "
+                "memory, or enabled: false",
+            )
+        )
     return problems
 
 

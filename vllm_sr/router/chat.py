@@ -58,6 +58,7 @@ from vllm_sr.router.answers import (
     is_debug,
     parse_chat,
 )
+from vllm_sr.router.backend_proxy import StreamRewrite
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder
@@ -139,10 +140,14 @@ class ChatRouter(ChatPlugins):
             "/api/v1/eval": {"POST": self.handle_eval},
         }
 
-    async def handle_chat(self, request: Request) -> Response | StreamResponse:
+    async def handle_chat(
+        self, request: Request, rewrite: StreamRewrite | None = None
+    ) -> Response | StreamResponse:
         """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
         ``system_prompt``, ``request_params``, ``header_mutation`` on the request to the
-        backend (with fallback before the first byte); cache write; replay record."""
+        backend (with fallback before the first byte); cache write; replay record. ``rewrite``
+        turns a streamed backend answer into another as it goes out (the Responses API,
+        vllm_sr/router/responses, which translates the other answers itself)."""
         started = self.backends.clock.monotonic()
         try:
             if request.error is not None:
@@ -171,7 +176,7 @@ class ChatRouter(ChatPlugins):
             recorder = AnswerRecorder() if plan is not None else None
             outgoing = await self.select_tools(body, plugins, query)
             answer, answered_by, failed = await self.forward(
-                outgoing, result, plugins, request, debug, deadline, recorder, replay
+                outgoing, result, plugins, request, debug, deadline, recorder, replay, rewrite
             )
             # (an answer from a fallback model is not filed under the chosen model)
             chosen_answered = answered_by == result.model

@@ -25,7 +25,7 @@ from vllm_sr.router.answers import (
     error_response,
 )
 from vllm_sr.router.backend import Backend
-from vllm_sr.router.backend_proxy import AttemptFailed
+from vllm_sr.router.backend_proxy import AttemptFailed, StreamRewrite
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
@@ -84,9 +84,11 @@ class ChatPlugins:
         deadline: float | None,
         recorder: AnswerRecorder | None,
         replay: Replay,
+        rewrite: StreamRewrite | None = None,
     ) -> tuple[Response | StreamResponse, str, list[tuple[str, str]]]:
         """The chat to its model's backend, retried on the model's other backends and then
-        falling back to other models before the first byte (vllm_sr/router/fallback.py).
+        falling back to other models before the first byte (vllm_sr/router/fallback.py);
+        ``rewrite`` turns a streamed answer into another (the Responses API's events).
         -> (the answer, the model that answered, the models that failed with their reasons)."""
         order = fallback.candidates(result, self.router.default_model, self.backends.healthy)
         attempts = fallback.Attempts(order, self.backends, deadline)
@@ -114,6 +116,7 @@ class ChatPlugins:
                     tap=TeeTap(recorder if i == 0 else None, replay.tap),
                     extra_headers=set_headers,
                     drop_headers=drop_headers,
+                    rewrite=rewrite,
                 )
                 return answer, model, attempts.failed
             except AttemptFailed as exc:
