@@ -47,7 +47,7 @@ class RouterReplayRedis(Strict):
     marks the store down and it is retried with backoff (docs/router.md)."""
 
     pool_size: int | None = Field(default=None, ge=0)
-    """Most connections (default 10)."""
+    """Most connections to Redis (default 10)."""
 
     key_prefix: str | None = None
     """Prefix of every record key (default ``router_replay:``)."""
@@ -74,14 +74,15 @@ class RouterReplayPostgres(Strict):
     """libpq's sslmode (default ``disable``)."""
 
     max_open_conns: int | None = Field(default=None, ge=0)
-    """Most connections in the pool (default 25; vllm-sr caps it at 4: one router writes
-    one record at a time)."""
+    """Upstream: most connections in the pool (default 25). vllm-sr keeps one connection,
+    used by one statement at a time (one small row per routed chat)."""
 
     max_idle_conns: int | None = Field(default=None, ge=0)
-    """Upstream: idle connections kept (default 5). vllm-sr keeps one."""
+    """Upstream: idle connections kept (default 5). vllm-sr keeps its one connection."""
 
     conn_max_lifetime: int | None = Field(default=None, ge=0)
-    """A connection is replaced after this many seconds (default 300)."""
+    """Upstream: a connection is replaced after this many seconds (default 300). vllm-sr
+    keeps its connection until it fails."""
 
     table_name: str | None = None
     """The records table (default ``router_replay_records``), created when missing."""
