@@ -70,7 +70,7 @@ async def test_postgres_store_keeps_the_contract_and_survives_a_new_store(pg: Pg
     again = pg_store(pg)  # a restarted router: the table is there, the records too
     await again.connect()
     records, last, decisions = await again.read(None, 0)
-    assert [r["id"] for r in records] == ["a1", "b1", "a2"] and last == 3
+    assert [r["id"] for r in records] == ["a1", "b1", "a2", "o1"] and last == 4
     assert decisions == ["billing", "coding"]
     await again.close()
 
@@ -160,7 +160,7 @@ async def test_redis_store_keeps_the_contract_and_survives_a_new_store(redis_soc
     await store.close()
     again = redis_store(redis_sock, ttl_s=600, prefix="t1:")
     records, last, _ = await again.read("coding", 0)
-    assert [r["id"] for r in records] == ["a1", "a2"] and last == 3
+    assert [r["id"] for r in records] == ["a1", "a2", "o1"] and last == 4
     other = redis_store(redis_sock, prefix="t2:")  # another prefix: another store
     assert (await other.read(None, 0))[:2] == ([], 0)
     await again.close()

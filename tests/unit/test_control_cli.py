@@ -323,14 +323,16 @@ def test_ctl_replay_reads_records_by_decision_and_follows(
     (rec,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (rec["decision"], rec["response_status"], rec["seq"]) == ("billing", 502, 2)
     assert rec["request_body"] == '{"model"' and rec["request_body_truncated"] is True
+    assert run("ctl", "replay", "--recipe", "other", *sock) == 0
+    assert capsys.readouterr().out == ""  # both records are the default recipe's
     assert run("ctl", "replay", *sock) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and "#1 coding -> coder 200 12 ms upstream" in lines[0]
 
     handed = threading.Event()  # the follower was given record 3
 
-    async def read(decision: str | None, since: int) -> dict[str, Any]:
-        answer = await log.read(decision, since)
+    async def read(decision: str | None, since: int, recipe: str | None) -> dict[str, Any]:
+        answer = await log.read(decision, since, recipe)
         if any(r["seq"] == 3 for r in answer["records"]):
             handed.set()
         return answer

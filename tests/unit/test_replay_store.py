@@ -60,6 +60,15 @@ async def check_contract(store: Any) -> None:
     first, _, _ = await store.read(None, 0, limit=1)
     assert [r["id"] for r in first] == ["a1"]
     assert (await store.read("nothing", 0))[0] == []
+    # another recipe with a decision of the same name: apart by recipe, together by decision
+    d = record("o1", "coding", recipe="other")
+    await store.add(d, 100)
+    mine, _, _ = await store.read("coding", 0, recipe="default")
+    assert [r["id"] for r in mine] == ["a1", "a2"]
+    theirs, _, decisions = await store.read(None, 0, recipe="other")
+    assert [r["id"] for r in theirs] == ["o1"] and decisions == ["billing", "coding"]
+    both, _, _ = await store.read("coding", 0)
+    assert [r["id"] for r in both] == ["a1", "a2", "o1"]
 
 
 async def test_memory_store_keeps_the_contract() -> None:
@@ -140,6 +149,13 @@ async def test_a_store_down_at_start_loses_records_at_once_and_is_retried_with_b
     assert writer.state == "up"
     await writer.write(record("v"), 10)
     assert [r["id"] for r in store.added] == ["v"] and writer.written == 1
+
+
+async def test_chats_arriving_during_the_first_try_do_not_each_try_again() -> None:
+    store = FakeStore(up=False)
+    writer = ReplayWriter(store, clock=FakeClock())
+    await asyncio.gather(*(writer.write(record(str(i)), 10) for i in range(5)))
+    assert store.connects == 1 and writer.lost == {"store_down": 5}
 
 
 async def test_a_failed_write_marks_the_store_down_and_a_read_says_so() -> None:

@@ -149,11 +149,13 @@ class ChatMount:
     def inventory(self) -> JsonObject | None:
         return self.chat.inventory() if self.chat is not None else None
 
-    async def replay(self, decision: str | None = None, since: int = 0) -> JsonObject:
+    async def replay(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> JsonObject:
         """router_replay's records (the control API's ``GET /v1/replay``), from its store."""
         if self.chat is None:
             return {"records": [], "last_seq": 0, "decisions": []}
-        return await self.chat.replay.read(decision, since)
+        return await self.chat.replay.read(decision, since, recipe)
 
 
 def _replay_of(plan: RouterPlan) -> object:

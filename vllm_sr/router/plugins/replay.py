@@ -154,10 +154,13 @@ class ReplayLog:
         await self.writer.write(rec, plugin.max_records)
         return rec
 
-    async def read(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
-        """Records after ``since`` (oldest first, at most MAX_LIST), of one decision or all;
-        raises StoreUnavailable while the store is down."""
-        records, last, decisions = await self.writer.read(decision, since, MAX_LIST)
+    async def read(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> dict[str, Any]:
+        """Records after ``since`` (oldest first, at most MAX_LIST), of one decision and/or
+        recipe (two recipes may each have a decision of one name), or all; raises
+        StoreUnavailable while the store is down."""
+        records, last, decisions = await self.writer.read(decision, since, MAX_LIST, recipe)
         return {"records": records, "last_seq": last, "decisions": decisions}
 
     async def close(self) -> None:

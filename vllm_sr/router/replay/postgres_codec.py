@@ -91,10 +91,17 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS route_diagnostics JSONB;
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS lifecycle_state VARCHAR(32) NOT NULL DEFAULT 'unknown';
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS ended_at TIMESTAMP;
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS duration_ms BIGINT DEFAULT 0;
-ALTER TABLE {t} ADD COLUMN IF NOT EXISTS vsr_seq BIGSERIAL;
 CREATE INDEX IF NOT EXISTS idx_{t}_timestamp ON {t} (timestamp DESC);
 CREATE INDEX IF NOT EXISTS idx_{t}_created_at ON {t} (created_at);
 CREATE INDEX IF NOT EXISTS idx_{t}_decision_timestamp ON {t} (decision, timestamp DESC);
+"""
+# vllm-sr's column, added only when missing, so that a reconnect runs no DDL that would create
+# a sequence
+HAS_SEQ = (
+    "SELECT 1 FROM information_schema.columns WHERE table_name = %s AND column_name = 'vsr_seq'"
+)
+ADD_SEQ = """
+ALTER TABLE {t} ADD COLUMN vsr_seq BIGSERIAL;
 CREATE INDEX IF NOT EXISTS idx_{t}_vsr_seq ON {t} (vsr_seq);
 """
 

@@ -73,6 +73,7 @@ class PostgresReplayStore:
             sql.SQL(", ").join(map(sql.Identifier, codec.SELECT_COLUMNS)), t
         )
         self.create = sql.SQL(codec.CREATE_TABLE.replace("{t}", self.table))
+        self.add_seq = sql.SQL(codec.ADD_SEQ.replace("{t}", self.table))
 
     async def connect(self) -> None:
         async with self.lock:
@@ -85,6 +86,9 @@ class PostgresReplayStore:
                 raise _down(exc) from None
             try:
                 await conn.execute(self.create)
+                has_seq = await (await conn.execute(codec.HAS_SEQ, (self.table,))).fetchone()
+                if has_seq is None:
+                    await conn.execute(self.add_seq)
             except psycopg.Error as exc:
                 await conn.close()
                 raise _down(exc) from None
@@ -111,12 +115,17 @@ class PostgresReplayStore:
         assert row is not None
         return int(row[0])
 
-    async def read(self, decision: str | None, since: int, limit: int = MAX_LIST) -> ReadResult:
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
         where = [sql.SQL("vsr_seq > %s")]
         args: list[Any] = [since]
         if decision:
             where.append(sql.SQL("decision = %s"))
             args.append(decision)
+        if recipe:
+            where.append(sql.SQL("recipe = %s"))
+            args.append(recipe)
         if self.ttl_s > 0:
             where.append(sql.SQL("created_at >= NOW() - make_interval(secs => %s)"))
             args.append(self.ttl_s)

@@ -4,8 +4,9 @@ As upstream keeps them: one string per record, ``<key_prefix><id>`` (default pre
 ``router_replay:``), the record's JSON, expiring ``ttl_seconds`` after it was written; so an
 upstream router reading the same Redis lists ours. vllm-sr's reads go by ``seq``, which
 upstream's records lack: a counter ``vsr-replay-seq:<prefix>`` gives each record its seq, and
-two sorted sets (seq -> id) index them, ``vsr-replay-index:<prefix>`` for all and
-``vsr-replay-index:<prefix>d:<decision>`` per decision, with the decisions in the set
+sorted sets (seq -> id) index them, ``vsr-replay-index:<prefix>`` for all,
+``vsr-replay-index:<prefix>d:<decision>`` per decision and ``...r:<recipe>`` per recipe, with
+the decisions in the set
 ``vsr-replay-decisions:<prefix>``. Those keys sit outside ``<prefix>*`` so that upstream's
 scan of the prefix meets only records. An index entry whose record has expired is removed
 when a read meets it."""
@@ -82,14 +83,24 @@ class RedisReplayStore:
                 pipe.set(self.prefix + record["id"], doc, ex=self.ttl_s or None)
                 pipe.zadd(self.index, {record["id"]: seq})
                 pipe.zadd(f"{self.index}d:{decision}", {record["id"]: seq})
+                pipe.zadd(f"{self.index}r:{record.get('recipe') or ''}", {record["id"]: seq})
                 pipe.sadd(self.decisions_key, decision)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             raise _down(exc) from None
         return seq
 
-    async def read(self, decision: str | None, since: int, limit: int = MAX_LIST) -> ReadResult:
-        index = f"{self.index}d:{decision}" if decision else self.index
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
+        """From the narrowest index (decision, else recipe, else all); a recipe filter on a
+        decision's index is applied here."""
+        if decision:
+            index = f"{self.index}d:{decision}"
+        elif recipe:
+            index = f"{self.index}r:{recipe}"
+        else:
+            index = self.index
         found: list[Record] = []
         start = since
         try:
@@ -108,12 +119,12 @@ class RedisReplayStore:
                     rec = _record(doc)
                     if rec is None:
                         gone.append(rid)
-                    else:
+                    elif not recipe or rec.get("recipe") == recipe:
                         found.append(rec)
                     start = int(score)
                 if gone:  # expired (or not ours): out of both indexes
                     await self.client.zrem(self.index, *gone)
-                    if decision:
+                    if index != self.index:
                         await self.client.zrem(index, *gone)
             last = int(await self.client.get(self.seq_key) or 0)
             decisions = sorted(_text(d) for d in await self.client.smembers(self.decisions_key))

@@ -43,9 +43,11 @@ class ReplayStore(Protocol):
 
     async def add(self, record: Record, max_records: int) -> int: ...
 
-    async def read(self, decision: str | None, since: int, limit: int = MAX_LIST) -> ReadResult:
-        """-> records after ``since`` (oldest first, at most ``limit``), the last seq given,
-        and the decisions that have records."""
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
+        """-> records after ``since`` (oldest first, at most ``limit``; of ``decision`` and
+        ``recipe`` when given), the last seq given, and the decisions that have records."""
         ...
 
     async def close(self) -> None: ...
@@ -62,7 +64,7 @@ class MemoryReplayStore:
     def __init__(self, ttl_s: float = 0, clock: Clock = SYSTEM_CLOCK) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
-        self.rings: dict[str, deque[tuple[float, Record]]] = {}
+        self.rings: dict[tuple[str, str], deque[tuple[float, Record]]] = {}  # (recipe, decision)
         self.last_seq = 0
 
     async def connect(self) -> None:
@@ -70,11 +72,11 @@ class MemoryReplayStore:
 
     async def add(self, record: Record, max_records: int) -> int:
         self.last_seq += 1
-        decision = str(record.get("decision") or "")
-        ring = self.rings.get(decision)
+        key = (str(record.get("recipe") or ""), str(record.get("decision") or ""))
+        ring = self.rings.get(key)
         if ring is None or ring.maxlen != max_records:
             ring = deque(ring or (), maxlen=max_records)
-            self.rings[decision] = ring
+            self.rings[key] = ring
         ring.append((self.clock.monotonic(), {**record, "seq": self.last_seq}))
         return self.last_seq
 
@@ -82,17 +84,23 @@ class MemoryReplayStore:
         if self.ttl_s <= 0:
             return
         oldest = self.clock.monotonic() - self.ttl_s
-        for decision, ring in list(self.rings.items()):
+        for key, ring in list(self.rings.items()):
             while ring and ring[0][0] <= oldest:
                 ring.popleft()
             if not ring:
-                del self.rings[decision]
+                del self.rings[key]
 
-    async def read(self, decision: str | None, since: int, limit: int = MAX_LIST) -> ReadResult:
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
         self._expire()
-        rings = [self.rings.get(decision, deque())] if decision else list(self.rings.values())
+        rings = [
+            ring
+            for (rec, dec), ring in self.rings.items()
+            if (not decision or dec == decision) and (not recipe or rec == recipe)
+        ]
         found = sorted((r for ring in rings for _, r in ring if r["seq"] > since), key=_seq)
-        return found[:limit], self.last_seq, sorted(self.rings)
+        return found[:limit], self.last_seq, sorted({dec for _, dec in self.rings})
 
     async def close(self) -> None:
         return None

@@ -87,9 +87,11 @@ class ReplayWriter:
         """Try the store once (bounded); never raises."""
         await self._connect()
 
-    async def _connect(self) -> None:
+    async def _connect(self, retry: bool = False) -> None:
+        """The first try (``retry`` False: only while ``new``, so chats that arrive during it
+        do not each try again) or a reconnect."""
         async with self._lock:
-            if self.state == "up":
+            if self.state == "up" or (self.state == "down" and not retry):
                 return
             try:
                 await asyncio.wait_for(self.store.connect(), CONNECT_TIMEOUT_S)
@@ -138,7 +140,7 @@ class ReplayWriter:
 
     async def _reconnect_once(self) -> None:
         try:
-            await self._connect()
+            await self._connect(retry=True)
         finally:
             self._reconnect = None
 
@@ -176,7 +178,9 @@ class ReplayWriter:
             return
         self.written += 1
 
-    async def read(self, decision: str | None, since: int, limit: int = MAX_LIST) -> ReadResult:
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
         """The store's records; raises StoreUnavailable (retryable) while it is down."""
         if self.state == "new":
             await self._connect()
@@ -187,7 +191,9 @@ class ReplayWriter:
                 "it is retried in the background, ask again"
             )
         try:
-            return await asyncio.wait_for(self.store.read(decision, since, limit), WRITE_TIMEOUT_S)
+            return await asyncio.wait_for(
+                self.store.read(decision, since, limit, recipe), WRITE_TIMEOUT_S
+            )
         except (StoreUnavailable, TimeoutError) as exc:
             self._down(exc, None)
             raise StoreUnavailable(
