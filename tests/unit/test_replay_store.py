@@ -151,6 +151,16 @@ async def test_a_store_down_at_start_loses_records_at_once_and_is_retried_with_b
     assert [r["id"] for r in store.added] == ["v"] and writer.written == 1
 
 
+async def test_a_closed_writer_loses_late_records_and_reopens_nothing() -> None:
+    store = FakeStore()
+    writer = ReplayWriter(store, clock=FakeClock())
+    await writer.start()
+    await writer.close()
+    await writer.write(record("late"), 10)
+    assert writer.lost == {"closed": 1} and store.added == [] and writer._reconnect is None
+    assert store.connects == 1
+
+
 async def test_chats_arriving_during_the_first_try_do_not_each_try_again() -> None:
     store = FakeStore(up=False)
     writer = ReplayWriter(store, clock=FakeClock())

@@ -1,12 +1,12 @@
 """Writes router_replay records to their store so that the store can never fail a chat.
 
-States: ``new`` (not tried), ``up``, ``down``. ``start`` (the router's start and each reload
-that changes the store) tries once, bounded by the store's connect timeout, and returns
-either way: a store that cannot be reached leaves the router serving with the store
-``down``. While ``down``, a record is counted lost (``lost["store_down"]``) at once, with no
-attempt on the chat's path; the first write or read at or after ``retry_at`` starts one
-reconnect in the background (the chat that triggers it does not wait for it), and each failed
-attempt doubles the wait (1 s to 60 s). A write that fails marks the store down the same way
+States: ``new`` (not tried), ``up``, ``down``, ``closed`` (its generation was replaced).
+``start`` (the router's start and each reload that changes the store) tries once, bounded by
+the store's connect timeout, and returns either way: a store that cannot be reached leaves the
+router serving with the store ``down``. While ``down``, a record is counted lost
+(``lost["store_down"]``) at once, with no attempt on the chat's path; the first write or read at
+or after ``retry_at`` starts one reconnect in the background (the chat that triggers it does
+not wait for it), and each failed attempt doubles the wait (1 s to 60 s). A write that fails marks the store down the same way
 (``lost["store_error"]``). Losses are logged at most once a minute, with their count.
 
 ``async_writes``: false (upstream's default) awaits the record's write before the chat's
@@ -169,7 +169,7 @@ class ReplayWriter:
     async def _write_now(self, record: Record, max_records: int) -> None:
         if self.state != "up":
             self._maybe_reconnect()
-            self._lose("store_down")
+            self._lose("closed" if self.state == "closed" else "store_down")
             return
         try:
             await asyncio.wait_for(self.store.add(record, max_records), WRITE_TIMEOUT_S)
@@ -206,9 +206,11 @@ class ReplayWriter:
             await self._queue.join()
 
     async def close(self) -> None:
-        """Write what is queued (bounded), then close the store."""
+        """Write what is queued (bounded), then close the store; a chat still in flight from
+        the replaced generation counts its record lost (``closed``) and reopens nothing."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), WRITE_TIMEOUT_S)
+        self.state = "closed"
         for task in (self._drain, self._reconnect):
             if task is not None:
                 task.cancel()
