@@ -4,10 +4,11 @@ States: ``new`` (not tried), ``up``, ``down``, ``closed`` (its generation was re
 ``start`` (the router's start and each reload that changes the store) tries once, bounded by
 the store's connect timeout, and returns either way: a store that cannot be reached leaves the
 router serving with the store ``down``. While ``down``, a record is counted lost
-(``lost["store_down"]``) at once, with no attempt on the chat's path; the first write or read at
-or after ``retry_at`` starts one reconnect in the background (the chat that triggers it does
-not wait for it), and each failed attempt doubles the wait (1 s to 60 s). A write that fails marks the store down the same way
-(``lost["store_error"]``). Losses are logged at most once a minute, with their count.
+(``lost["store_down"]``) at once, with no attempt on the chat's path; the first write or read
+at or after ``retry_at`` starts one reconnect in the background (the chat that triggers it does
+not wait for it), and each failed attempt doubles the wait (1 s to 60 s). A write that fails
+marks the store down the same way (``lost["store_error"]``). Losses are logged at most once a
+minute, with their count.
 
 ``async_writes``: false (upstream's default) awaits the record's write before the chat's
 answer is handed back (at most ``WRITE_TIMEOUT_S``; a stream's bytes have all gone by then);
