@@ -5,7 +5,6 @@ table and key layout, the TTL, and a server that goes away and comes back."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from tests.support.postgres import HAVE_POSTGRES, SKIP_REASON, PgServer, postgres_server
 from tests.support.postgres import start_again as start_postgres_again
+from tests.support.redis_server import HAVE_REDIS, redis_server
 from tests.unit.test_replay_store import check_contract, record
 from vllm_sr.clock import FakeClock
 from vllm_sr.config.router_replay import RouterReplayPostgres, RouterReplayRedis
@@ -22,7 +22,7 @@ from vllm_sr.router.replay.writer import ReplayWriter
 pytestmark = pytest.mark.slow
 
 needs_postgres = pytest.mark.skipif(not HAVE_POSTGRES, reason=SKIP_REASON)
-needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server")
 
 
 @pytest.fixture
@@ -34,14 +34,8 @@ def pg() -> Iterator[PgServer]:
 
 @pytest.fixture
 def redis_sock(tmp_path: Path) -> Iterator[Path]:
-    from tests.integration.test_router_cache_redis import redis_server
-
-    gen = redis_server.__wrapped__(tmp_path)  # type: ignore[attr-defined]
-    next(gen)
-    try:
-        yield tmp_path / "redis.sock"
-    finally:
-        next(gen, None)
+    with redis_server(tmp_path) as sock:
+        yield sock
 
 
 def pg_store(  # type: ignore[no-untyped-def]

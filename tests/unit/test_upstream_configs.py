@@ -664,6 +664,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
 
     from vllm_sr.config import (
         recipes,
+        router_replay,
         upstream_catalog,
         upstream_global,
         upstream_learning,
@@ -676,6 +677,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
         v
         for module in (
             recipes,
+            router_replay,
             upstream_catalog,
             upstream_global,
             upstream_learning,
