@@ -93,6 +93,7 @@ def postgres_server() -> Iterator[PgServer]:
         return [*prefix, *cmd]
 
     proc = None
+    server: PgServer | None = None
     try:
         subprocess.run(as_owner("mkdir", "-p", str(sock)), check=True)
         subprocess.run(
@@ -111,13 +112,16 @@ def postgres_server() -> Iterator[PgServer]:
             conn.execute(f"CREATE DATABASE {DATABASE} OWNER {USER}")
         yield server
     finally:
-        if proc is not None:
+        if server is not None:
+            server.stop()  # the server's current process (start_again may have replaced it)
+        elif proc is not None:
             PgServer(sock, proc).stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
 def start_again(server: PgServer) -> PgServer:
-    """The same cluster started again after ``stop`` (a restarted database server)."""
+    """The same cluster started again after ``stop`` (a restarted database server); the
+    fixture stops this process at the end."""
     prefix, _, _ = _runner()
     data = server.socket_dir.parent / "data"
     proc = subprocess.Popen(
@@ -126,10 +130,9 @@ def start_again(server: PgServer) -> PgServer:
         env={**os.environ, "LC_ALL": "C", "TZ": "UTC"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    again = PgServer(server.socket_dir, proc)
-    _wait_ready(again, DATABASE)
     server.proc = proc
-    return again
+    _wait_ready(server, DATABASE)
+    return server
 
 
 def _connect(server: PgServer, dbname: str):  # type: ignore[no-untyped-def]
