@@ -130,7 +130,6 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
         ),
         "global.services.authz.providers": "providers:",
         "global.services.ratelimit.providers": "providers:",
-        "global.services.router_replay.enabled": "enabled: true",
         "global.stores.memory.enabled": "enabled: true",
         "global.stores.vector_store.enabled": "enabled: true",
         "global.model_catalog.modules.prompt_compression.enabled": "enabled: true",
@@ -517,7 +516,14 @@ REFUSED = [
         "services:\n    response_api: {redis: {address: 'r:1', config_path: r.yaml}}",
         "global.services.response_api.redis.config_path",
     ),
-    ("services:\n    router_replay: {enabled: true}", "global.services.router_replay.enabled"),
+    (
+        "services:\n    router_replay: {enabled: true, store_backend: milvus}",
+        "global.services.router_replay.store_backend",
+    ),
+    (
+        "services:\n    router_replay:\n      qdrant: {host: q}",
+        "global.services.router_replay.qdrant",
+    ),
     (
         "services:\n    ratelimit:\n      providers: [{type: local-limiter}]",
         "global.services.ratelimit.providers",
@@ -548,6 +554,10 @@ ACCEPTED = [
     "    observability: {tracing: {enabled: true}}\n"
     "    management_api: {bind_address: 127.0.0.1, port: 8080}",
     "services:\n    ratelimit: {fail_open: true, providers: []}",
+    "services:\n    router_replay:\n      enabled: true\n      store_backend: postgres\n"
+    "      postgres: {host: postgres, database: vsr, user: router, table_name: rr}\n"
+    "      milvus: {address: 'milvus:19530'}",
+    "services:\n    router_replay: {enabled: true, redis: {address: 'redis:6379', db: 2}}",
     "stores:\n    memory: {enabled: false, backend: milvus}\n"
     "    vector_store: {enabled: false}\n    response_cache: {enabled: true}",
     "integrations:\n    tools: {enabled: true, top_k: 3}",
@@ -658,7 +668,7 @@ def test_every_problem_of_a_file_comes_in_one_run() -> None:
             skip_processing: {enabled: true}
             bogus: 1
           services:
-            router_replay: {enabled: true}
+            router_replay: {enabled: true, store_backend: qdrant}
           stores:
             memory: {enabled: true}
         """
@@ -674,6 +684,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
 
     from vllm_sr.config import (
         recipes,
+        router_replay,
         upstream_catalog,
         upstream_global,
         upstream_learning,
@@ -686,6 +697,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
         v
         for module in (
             recipes,
+            router_replay,
             upstream_catalog,
             upstream_global,
             upstream_learning,

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from vllm_sr.config.router_replay import RouterReplay
 from vllm_sr.config.routing_base import BackendSettings, Strict
 from vllm_sr.config.upstream_settings import (
     API,
@@ -193,33 +194,6 @@ class ResponseAPI(Strict):
     def backend(self) -> str:
         """The store backend in effect (``""`` is memory)."""
         return self.store_backend or "memory"
-
-
-class RouterReplay(Strict):
-    enabled: bool = False
-    """Upstream: record every routed exchange for replay. vllm-sr records none: only false is
-    supported."""
-
-    store_backend: str | None = None
-    """Upstream: replay store (memory, redis, postgres, milvus, qdrant)."""
-
-    ttl_seconds: int | None = Field(default=None, ge=0)
-    """Upstream: record lifetime."""
-
-    async_writes: bool | None = None
-    """Upstream: write records asynchronously."""
-
-    redis: BackendSettings | None = None
-    """Upstream: Redis connection."""
-
-    postgres: BackendSettings | None = None
-    """Upstream: Postgres connection."""
-
-    milvus: BackendSettings | None = None
-    """Upstream: Milvus connection."""
-
-    qdrant: BackendSettings | None = None
-    """Upstream: Qdrant connection."""
 
 
 class ManagementAPI(Strict):

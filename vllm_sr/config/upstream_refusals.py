@@ -85,14 +85,7 @@ def _service_refusals(services: dict[str, Any]) -> list[Problem]:
     base: Path = ("global", "services")
     problems: list[Problem] = []
     problems += _response_api_refusals(services.get("response_api"))
-    if _is_true(as_dict(services.get("router_replay")).get("enabled")):
-        problems.append(
-            refusal(
-                (*base, "router_replay", "enabled"),
-                "router replay (recording routed exchanges)",
-                "false (vllm-sr's metrics and logs)",
-            )
-        )
+    problems += _replay_refusals(as_dict(services.get("router_replay")), (*base, "router_replay"))
     for key, what, supported in (
         ("ratelimit", "rate limiting", "an empty providers list (no rate limit)"),
         ("authz", "authz credential providers", "an empty providers list"),
@@ -150,6 +143,27 @@ def _response_api_refusals(block: Any) -> list[Problem]:
 
 def _has_decisions(raw: dict[str, Any]) -> bool:
     return any(as_list(rt.get("decisions")) for _, rt in routings(raw))
+
+
+def _replay_refusals(replay: dict[str, Any], base: Path) -> list[Problem]:
+    """router_replay's store: memory, redis and postgres are kept; milvus and qdrant refused
+    (written, or inferred from their block alone as upstream infers the store)."""
+    backend = replay.get("store_backend")
+    where: Path = (*base, "store_backend")
+    if backend is None:
+        blocks = ("postgres", "redis", "milvus", "qdrant")
+        written = [k for k in blocks if replay.get(k) is not None]
+        backend = written[0] if written else None
+        where = (*base, backend) if backend is not None else where
+    if backend in ("milvus", "qdrant"):
+        return [
+            refusal(
+                where,
+                f"the router_replay store {backend!r}",
+                "memory (the default), redis, postgres",
+            )
+        ]
+    return []
 
 
 def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem]:

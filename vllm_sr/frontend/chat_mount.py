@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from vllm_sr.config.upstream_global import ResponseAPI
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.chat import ChatRouter
+    from vllm_sr.router.plugins.replay import ReplayLog
     from vllm_sr.router.responses.api import ResponsesAPI
 
 __all__ = ["ChatMount", "NoProviders", "RouterPlan"]
@@ -65,6 +66,8 @@ class ChatMount:
         if plan is None or not plan.enabled or plan.providers is None:
             if self.chat is not None and self.chat.cache is not None:
                 await self.chat.cache.store.close()
+            if self.chat is not None:
+                await self.chat.replay.close()
             self.plan, self.chat, self._backends = plan, None, None
         else:
             from vllm_sr.config.routing import Routing
@@ -80,6 +83,11 @@ class ChatMount:
             # only routing keeps every entry; a decision's policy is in its keys).
             same_store = self.plan is not None and _store_of(self.plan) == _store_of(plan)
             old_cache = self.chat.cache if self.chat is not None else None
+            old_replay = self.chat.replay if self.chat is not None else None
+            same_replay = self.plan is not None and _replay_of(self.plan) == _replay_of(plan)
+            replay = old_replay if same_replay and old_replay is not None else None
+            if replay is None:
+                replay = await _start_replay(plan)
             self.chat = build_chat_router(
                 plan.providers,
                 plan.routing or Routing(),
@@ -88,7 +96,7 @@ class ChatMount:
                 auto_model_names=list(plan.auto_model_names),
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
-                replay=self.chat.replay if self.chat is not None else None,
+                replay=replay,
                 authz=plan.authz,
                 recipes=plan.recipes,
                 entrypoints=plan.entrypoints,
@@ -97,6 +105,8 @@ class ChatMount:
             )
             if old_cache is not None and old_cache is not self.chat.cache:
                 await old_cache.store.close()
+            if old_replay is not None and old_replay is not replay:
+                await old_replay.close()
             self.plan, self._backends = plan, backends
             self._warm = asyncio.ensure_future(self._warm_up(self.chat))
         if old_backends is not None and old_backends is not self._backends:
@@ -129,6 +139,8 @@ class ChatMount:
         await self._update_responses(None)
         if self.chat is not None and self.chat.cache is not None:
             await self.chat.cache.store.close()
+        if self.chat is not None:
+            await self.chat.replay.close()
         if self._backends is not None:
             await self._backends.close()
 
@@ -192,11 +204,31 @@ class ChatMount:
             doc["responses"] = self.responses.inventory()
         return doc
 
-    def replay(self, decision: str | None = None, since: int = 0) -> JsonObject:
-        """router_replay's records (the control API's ``GET /v1/replay``)."""
+    async def replay(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> JsonObject:
+        """router_replay's records (the control API's ``GET /v1/replay``), from its store."""
         if self.chat is None:
             return {"records": [], "last_seq": 0, "decisions": []}
-        return self.chat.replay.read(decision, since)
+        return await self.chat.replay.read(decision, since, recipe)
+
+
+def _replay_of(plan: RouterPlan) -> object:
+    """The plan's router_replay store settings (``enabled`` aside: it is each decision's
+    default, read per generation), compared for equality."""
+    glob = plan.global_
+    return None if glob is None else glob.services.router_replay.model_dump(exclude={"enabled"})
+
+
+async def _start_replay(plan: RouterPlan) -> ReplayLog:
+    """A replay log on the plan's store, tried once (bounded): a store that cannot be reached
+    leaves the router serving and is retried later (vllm_sr/router/replay/writer.py)."""
+    from vllm_sr.router.plugins.replay import ReplayLog
+
+    glob = plan.global_
+    replay = ReplayLog.from_config(None if glob is None else glob.services.router_replay)
+    await replay.writer.start()
+    return replay
 
 
 def _responses_of(plan: RouterPlan | None) -> ResponseAPI | None:

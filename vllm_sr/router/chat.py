@@ -122,6 +122,7 @@ class ChatRouter(ChatPlugins):
         self.cache = cache
         self.authz = authz or AuthzOptions()
         self.replay = replay if replay is not None else ReplayLog()
+        self.replay_enabled = False
         self.tool_embeddings = tool_embeddings
         # (recipe, decision) -> the decision and its plugins
         self.decisions = {
@@ -166,13 +167,13 @@ class ChatRouter(ChatPlugins):
             stream = body.get("stream") is True
             if plugins.fast_response is not None:
                 fast = self.fast_answer(result, plugins.fast_response.message, stream)
-                return replay.done(fast, "fast_response", None)
+                return await replay.done(fast, "fast_response", None)
             plan = self.cache_plan(result, plugins, body, request.headers, query)
             if plan is not None and self.cache is not None:
                 hit = await self.cache.lookup(plan)
                 if hit is not None:
                     cached = self.cache_answer(result, hit, stream, debug)
-                    return replay.done(cached, "cache", result.model)
+                    return await replay.done(cached, "cache", result.model)
             recorder = AnswerRecorder() if plan is not None else None
             outgoing = await self.select_tools(body, plugins, query)
             answer, answered_by, failed = await self.forward(
@@ -182,9 +183,9 @@ class ChatRouter(ChatPlugins):
             chosen_answered = answered_by == result.model
             if plan is not None and recorder is not None and self.cache and chosen_answered:
                 await self.cache.write(plan, recorder.document())
-            return replay.done(answer, "upstream", answered_by, failed)
+            return await replay.done(answer, "upstream", answered_by, failed)
         except VllmSrError as exc:
-            return replay.done(error_response(exc), "error", None)
+            return await replay.done(error_response(exc), "error", None)
 
     def default_eval_model(self) -> str:
         """What an eval without ``model`` asks for: upstream's ``vllm-sr/auto``, or, when the
@@ -301,7 +302,8 @@ def build_chat_router(
     replay: ReplayLog | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
-    ``stats`` and ``replay`` to keep the counters and replay records across a reload;
+    ``stats`` and ``replay`` to keep the counters and replay records across a reload (no
+    ``replay``: one for ``global.services.router_replay``, started on its first use);
     ``backends`` is started by the caller (``await backends.start()``) and closed when the
     generation is replaced. ``cache``: a
     response cache to keep (a reload that keeps the store), True to build one from
@@ -339,7 +341,9 @@ def build_chat_router(
     others = {
         name: router_for(name, r) for name, r in (recipes or {}).items() if name != DEFAULT_RECIPE
     }
-    return ChatRouter(
+    if replay is None:
+        replay = ReplayLog.from_config(_replay_conf(global_))
+    chat = ChatRouter(
         router_for(DEFAULT_RECIPE, routing),
         auto_model_names,
         others,
@@ -349,6 +353,14 @@ def build_chat_router(
         replay=replay,
         tool_embeddings=ToolEmbeddings(decision_deployment, raw_exchange, signal_timeout_ms),
     )
+    conf = _replay_conf(global_)
+    chat.replay_enabled = bool(conf is not None and conf.enabled)
+    return chat
+
+
+def _replay_conf(global_: GlobalSection | None) -> Any:
+    """``global.services.router_replay`` (None without a global section)."""
+    return getattr(getattr(global_, "services", None), "router_replay", None)
 
 
 async def engine_mode_chat(request: Request) -> Response:

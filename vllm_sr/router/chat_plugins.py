@@ -31,7 +31,7 @@ from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
 from vllm_sr.router.plugins import shapers
 from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
-from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayLog, ReplayTap, TeeTap
+from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayLog, ReplayTap, TeeTap, effective
 from vllm_sr.router.plugins.response_cache import CachePlan, ResponseCache
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings, apply_tool_selection
 from vllm_sr.router.reasoning import apply_reasoning
@@ -58,6 +58,7 @@ class ChatPlugins:
     cache: ResponseCache | None
     authz: AuthzOptions
     replay: ReplayLog
+    replay_enabled: bool  # global.services.router_replay.enabled: each decision's default
     tool_embeddings: ToolEmbeddings | None
 
     @property
@@ -241,15 +242,16 @@ class Replay:
         raw: bytes,
         started: float,
     ) -> None:
-        conf = plugins.router_replay
         self.chat, self.result, self.raw, self.started = chat, result, raw, started
         self.stream = body.get("stream") is True
-        self.conf = conf if conf is not None and conf.enabled else None
+        self.original_model = body.get("model") if isinstance(body.get("model"), str) else None
+        routed = result.routed and result.decision is not None
+        self.conf = effective(plugins.router_replay, chat.replay_enabled) if routed else None
         self.id = chat.replay.new_id() if self.conf is not None else None
         self.headers = {H_REPLAY_ID: self.id} if self.id is not None else {}
         self.tap = ReplayTap(self.conf.max_body_bytes) if self.conf is not None else None
 
-    def done(
+    async def done(
         self,
         answer: Response | StreamResponse,
         path: str,
@@ -261,11 +263,12 @@ class Replay:
         answer.headers.update(self.headers)  # a streamed answer carried it already
         tap = self.tap
         tapped = tap if path == "upstream" and tap is not None and tap.status is not None else None
-        self.chat.replay.record(
+        await self.chat.replay.record(
             self.conf,
             replay_id=self.id,
             decision=self.result.decision,
             recipe=self.result.recipe,
+            original_model=self.original_model,
             selected_model=self.result.model,
             answered_by=answered_by,
             matched_signals=self.result.matched_signals,
