@@ -392,20 +392,21 @@ async def test_router_replay_records_each_chat_bounded_per_decision(stack: Stack
     _, streamed = await ask_stream(stack.client, "replayme second, streamed")
     third = await ask(stack.client, "replayme third")
     await ask(stack.client, "cacheme not recorded")  # a decision without router_replay
-    doc = stack.chat.replay.read()
+    doc = await stack.chat.replay.read()
     assert doc["decisions"] == ["replayed"]
     second, last = doc["records"]  # max_records 2: the first was dropped
     assert last["id"] == third.headers["x-vsr-replay-id"] != first.headers["x-vsr-replay-id"]
-    assert (second["stream"], last["stream"]) == (True, False)
+    assert (second["streaming"], last["streaming"]) == (True, False)
     assert last["decision"] == "replayed" and last["selected_model"] == "broken"
-    assert last["model"] == "coder" and last["status"] == 200
+    assert last["model"] == "coder" and last["response_status"] == 200
+    assert last["lifecycle_state"] == "completed" and last["original_model"] == AUTO
     assert last["backend_fallbacks"] == ["broken:http_429"]
-    assert last["matched_signals"] == ["keyword:replayme"]
-    assert last["request_truncated"] and len(last["request_body"].encode()) <= 40
-    assert last["response_body"].startswith('{"id"') and last["response_truncated"]
+    assert last["signals"] == {"keyword": ["replayme"]}
+    assert last["request_body_truncated"] and len(last["request_body"].encode()) <= 40
+    assert last["response_body"].startswith('{"id"') and last["response_body_truncated"]
     assert second["response_body"].startswith("data: ")  # a stream's first bytes
     assert streamed == "coder got: replayme second, streamed"
-    assert stack.chat.replay.read("replayed", since=last["seq"])["records"] == []
+    assert (await stack.chat.replay.read("replayed", since=last["seq"]))["records"] == []
 
 
 async def test_tools_none_strips_tools_and_their_history(stack: Stack) -> None:

@@ -2,8 +2,8 @@
 (tests/fixtures/upstream/recipes), with only its backends pointed at a local stand-in, loads,
 starts with the embedded d3-edge worker and routes a chat from its own probes through the
 official openai SDK to the decision `/api/v1/eval` names for the same text (balance ships no
-probes: any text, in a conversation Router Learning's protection tracks). (agent still refuses
-the Responses API, which vllm-sr does not run: see docs/router.md.)"""
+probes: any text, in a conversation Router Learning's protection tracks). (The agent recipe's
+Responses API block is served in test_serve_responses.py.)"""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -41,17 +41,19 @@ class StubRouter:
     def __init__(
         self,
         inventory: Callable[[], dict[str, Any] | None] = lambda: None,
-        replay: Callable[[str | None, int], dict[str, Any]] | None = None,
+        replay: Callable[[str | None, int, str | None], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self._inventory, self._replay = inventory, replay
 
     def inventory(self) -> dict[str, Any] | None:
         return self._inventory()
 
-    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
+    async def replay(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> dict[str, Any]:
         if self._replay is None:
             return {"records": [], "last_seq": 0, "decisions": []}
-        return self._replay(decision, since)
+        return await self._replay(decision, since, recipe)
 
 
 class FakeBackend:
@@ -143,8 +145,10 @@ class FakeBackend:
         health: dict[str, Any] = _SERVICE.health(self)
         return health
 
-    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
-        records: dict[str, Any] = _SERVICE.replay(self, decision, since)
+    async def replay(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> dict[str, Any]:
+        records: dict[str, Any] = await _SERVICE.replay(self, decision, since, recipe)
         return records
 
     def effective_config(self) -> dict[str, Any]:

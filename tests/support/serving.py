@@ -22,14 +22,22 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 @contextlib.asynccontextmanager
 async def served(
-    config: Path, url: str, *flags: str, log: Path, ready_s: float = 300
+    config: Path,
+    url: str,
+    *flags: str,
+    log: Path,
+    ready_s: float = 300,
+    control: Path | None = None,
 ) -> AsyncIterator[Path]:
     """Serve ``config`` (``flags`` say where it listens, when not its listener) until the
-    block ends; yields the log file."""
+    block ends; yields the log file. ``control``: where the control socket goes (default: in
+    a fresh runtime dir). The repository comes first on the served process's path, then what
+    the test's own PYTHONPATH had."""
     run = short_socket_dir(prefix="vsr-served-") / "run"
     argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "--config", str(config), *flags]
-    argv += ["--runtime-dir", str(run), "--control-socket", str(run / "c")]
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    argv += ["--runtime-dir", str(run), "--control-socket", str(control or run / "c")]
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, *inherited])}
     env.pop("VLLM_SR_WORKER_ARGV", None)
     with open(log, "wb") as out:
         proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out, env=env)

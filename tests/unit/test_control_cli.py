@@ -306,30 +306,33 @@ def test_ctl_replay_reads_records_by_decision_and_follows(
     log = ReplayLog()
     conf = RouterReplayPlugin(enabled=True, max_body_bytes=8)
 
-    def add(decision: str, status: int = 200) -> None:
-        log.record(
+    async def add(decision: str, status: int = 200) -> None:
+        await log.record(
             conf, replay_id=log.new_id(), decision=decision, recipe="default",
-            selected_model="coder", answered_by="coder", matched_signals=("keyword:code",),
-            body=b'{"model": "auto", "messages": []}', stream=False, status=status,
-            latency_ms=12.5, path="upstream", response=None, response_body=b"{}",
+            original_model="auto", selected_model="coder", answered_by="coder",
+            matched_signals=("keyword:code",), body=b'{"model": "auto", "messages": []}',
+            stream=False, status=status, latency_ms=12.5, path="upstream", response=None,
+            response_body=b"{}",
         )  # fmt: skip
 
-    add("coding")
-    add("billing", 502)
+    served.run(add("coding"))
+    served.run(add("billing", 502))
     served.backend.router = StubRouter(replay=log.read)
     sock = ("--socket", str(served.path))
     assert run("ctl", "replay", "--decision", "billing", "--json", *sock) == 0
     (rec,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert (rec["decision"], rec["status"], rec["seq"]) == ("billing", 502, 2)
-    assert rec["request_body"] == '{"model"' and rec["request_truncated"] is True
+    assert (rec["decision"], rec["response_status"], rec["seq"]) == ("billing", 502, 2)
+    assert rec["request_body"] == '{"model"' and rec["request_body_truncated"] is True
+    assert run("ctl", "replay", "--recipe", "other", *sock) == 0
+    assert capsys.readouterr().out == ""  # both records are the default recipe's
     assert run("ctl", "replay", *sock) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and "#1 coding -> coder 200 12.5 ms upstream" in lines[0]
+    assert len(lines) == 2 and "#1 coding -> coder 200 12 ms upstream" in lines[0]
 
     handed = threading.Event()  # the follower was given record 3
 
-    def read(decision: str | None, since: int) -> dict[str, Any]:
-        answer = log.read(decision, since)
+    async def read(decision: str | None, since: int, recipe: str | None) -> dict[str, Any]:
+        answer = await log.read(decision, since, recipe)
         if any(r["seq"] == 3 for r in answer["records"]):
             handed.set()
         return answer
@@ -337,7 +340,7 @@ def test_ctl_replay_reads_records_by_decision_and_follows(
     served.backend.router = StubRouter(replay=read)
 
     def add_then_stop() -> None:
-        served.call(lambda: add("coding"))
+        served.run(add("coding"))
         handed.wait(10)
         served.run(served.server.stop())
 

@@ -324,29 +324,32 @@ def test_a_hung_worker_leaves_dispatch_at_once_and_is_reported_once() -> None:
     serve([plan_of(2)], body)
 
 
-def test_router_views_come_through_the_constructor() -> None:
+async def test_router_views_come_through_the_constructor() -> None:
     """The inventory's ``router`` and the replay records are the injected views' own; with
     none (Engine mode, tests) the inventory has no ``router`` and replay is empty."""
 
     class Views:
         def __init__(self) -> None:
-            self.asked: list[tuple[str | None, int]] = []
+            self.asked: list[tuple[str | None, int, str | None]] = []
 
         def inventory(self) -> dict[str, object] | None:
             return {"backends": [], "stats": {"decisions": []}}
 
-        def replay(self, decision: str | None = None, since: int = 0) -> dict[str, object]:
-            self.asked.append((decision, since))
+        async def replay(
+            self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        ) -> dict[str, object]:
+            self.asked.append((decision, since, recipe))
             return {"records": [{"seq": 4}], "last_seq": 4, "decisions": ["coding"]}
 
     views = Views()
     runtime = str(short_socket_dir(prefix="vsr-views-"))
     sup = Supervisor(lambda: plan_of(1), runtime_dir=runtime, router=views)
     assert sup.inventory()["router"] == {"backends": [], "stats": {"decisions": []}}
-    assert sup.replay("coding", 3)["last_seq"] == 4 and views.asked == [("coding", 3)]
+    assert (await sup.replay("coding", 3))["last_seq"] == 4
+    assert views.asked == [("coding", 3, None)]
     bare = Supervisor(lambda: plan_of(1), runtime_dir=runtime)
     assert "router" not in bare.inventory()
-    assert bare.replay() == {"records": [], "last_seq": 0, "decisions": []}
+    assert await bare.replay() == {"records": [], "last_seq": 0, "decisions": []}
 
 
 def test_the_usage_sampler_reports_through_the_pool() -> None:

@@ -121,10 +121,11 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
         return int(hit.split(f"{path}:", 1)[1].split(":", 1)[0])
 
     expected = {
-        "global.services.response_api.enabled": "enabled: true",
+        "global.services.response_api.redis.config_path": (
+            "config_path: config/backends/response-api-redis.yaml"
+        ),
         "global.services.authz.providers": "providers:",
         "global.services.ratelimit.providers": "providers:",
-        "global.services.router_replay.enabled": "enabled: true",
         "global.stores.memory.enabled": "enabled: true",
         "global.stores.vector_store.enabled": "enabled: true",
         "global.model_catalog.modules.prompt_compression.enabled": "enabled: true",
@@ -497,8 +498,27 @@ def test_recipe_and_entrypoint_rules_are_reported_in_one_run() -> None:
 REFUSED = [
     ("router:\n    skip_processing: {enabled: true}", "global.router.skip_processing.enabled"),
     ("router:\n    config_source: kubernetes", "global.router.config_source"),
-    ("services:\n    response_api: {enabled: true}", "global.services.response_api.enabled"),
-    ("services:\n    router_replay: {enabled: true}", "global.services.router_replay.enabled"),
+    ("services:\n    response_api: {enabled: true}", "global.services.response_api.store_backend"),
+    (
+        "services:\n    response_api: {redis: {address: 'r:1', cluster_mode: true}}",
+        "global.services.response_api.redis.cluster_mode",
+    ),
+    (
+        "services:\n    response_api: {redis: {address: 'r:1', tls_enabled: true}}",
+        "global.services.response_api.redis.tls_enabled",
+    ),
+    (
+        "services:\n    response_api: {redis: {address: 'r:1', config_path: r.yaml}}",
+        "global.services.response_api.redis.config_path",
+    ),
+    (
+        "services:\n    router_replay: {enabled: true, store_backend: milvus}",
+        "global.services.router_replay.store_backend",
+    ),
+    (
+        "services:\n    router_replay:\n      qdrant: {host: q}",
+        "global.services.router_replay.qdrant",
+    ),
     (
         "services:\n    ratelimit:\n      providers: [{type: local-limiter}]",
         "global.services.ratelimit.providers",
@@ -523,7 +543,17 @@ ACCEPTED = [
     "services:\n    response_api: {enabled: false, store_backend: redis}\n"
     "    observability: {tracing: {enabled: true}}\n"
     "    management_api: {bind_address: 127.0.0.1, port: 8080}",
+    "services:\n    response_api: {store_backend: memory, ttl_seconds: 60, max_responses: 5}",
+    "services:\n    response_api:\n      redis: {address: 'redis:6379', db: 1,\n"
+    "              tls_enabled: false, cluster_addresses: ['a:1'], config_path: ''}",
+    "services:\n    response_api:\n      {enabled: false, redis: {cluster_mode: true}}\n"
+    "    observability: {tracing: {enabled: true}}\n"
+    "    management_api: {bind_address: 127.0.0.1, port: 8080}",
     "services:\n    ratelimit: {fail_open: true, providers: []}",
+    "services:\n    router_replay:\n      enabled: true\n      store_backend: postgres\n"
+    "      postgres: {host: postgres, database: vsr, user: router, table_name: rr}\n"
+    "      milvus: {address: 'milvus:19530'}",
+    "services:\n    router_replay: {enabled: true, redis: {address: 'redis:6379', db: 2}}",
     "stores:\n    memory: {enabled: false, backend: milvus}\n"
     "    vector_store: {enabled: false}\n    response_cache: {enabled: true}",
     "integrations:\n    tools: {enabled: true, top_k: 3}",
@@ -634,7 +664,7 @@ def test_every_problem_of_a_file_comes_in_one_run() -> None:
             skip_processing: {enabled: true}
             bogus: 1
           services:
-            router_replay: {enabled: true}
+            router_replay: {enabled: true, store_backend: qdrant}
           stores:
             memory: {enabled: true}
         """
@@ -650,6 +680,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
 
     from vllm_sr.config import (
         recipes,
+        router_replay,
         upstream_catalog,
         upstream_global,
         upstream_learning,
@@ -662,6 +693,7 @@ def test_every_new_model_field_has_a_docstring() -> None:
         v
         for module in (
             recipes,
+            router_replay,
             upstream_catalog,
             upstream_global,
             upstream_learning,

@@ -125,6 +125,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sc.add_argument("replicas", type=int, metavar="N")
     rp = action("replay", _replay, "router_replay's records of routed chats; --follow for new ones")
     rp.add_argument("--decision", default=None, metavar="D", help="only decision D's records")
+    rp.add_argument("--recipe", default=None, metavar="R", help="only recipe R's records")
     rp.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
     rp.add_argument("--since", type=int, default=None, metavar="SEQ", help="after record SEQ")
     action("reload", _reload, "re-read the config and apply it")
@@ -175,7 +176,7 @@ def _replay(args: argparse.Namespace) -> int:
     client = client_for(args)
     since = args.since or 0
     while True:
-        answer = client.replay(args.decision, since)
+        answer = client.replay(args.decision, since, recipe=args.recipe)
         for rec in answer.get("records", []):
             print(json.dumps(rec, default=str) if args.json else replay_line(rec), flush=True)
             since = max(since, int(rec.get("seq", since)))

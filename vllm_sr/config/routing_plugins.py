@@ -244,11 +244,12 @@ class ToolSelectionPlugin(Strict):
 
 class RouterReplayPlugin(Strict):
     enabled: bool | None = None
-    """Record this decision's chats; unset: ``global.services.router_replay.enabled`` (false:
-    vllm-sr refuses it true), so a decision records when this is true."""
+    """Record this decision's chats (false: never); unset: ``global.services.router_replay.
+    enabled``, as upstream layers them."""
 
     max_records: int = Field(default=10000, ge=1)
-    """Records kept for the decision, in the router's memory (oldest dropped first)."""
+    """Records kept for the decision by the memory store (oldest dropped first); the redis and
+    postgres stores are bounded by ``ttl_seconds`` alone, as upstream's are."""
 
     capture_request_body: bool = True
     """Keep the request body (its first max_body_bytes)."""

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from vllm_sr.config.router_replay import RouterReplay
 from vllm_sr.config.routing_base import BackendSettings, Strict
 from vllm_sr.config.upstream_settings import (
     API,
@@ -108,49 +109,91 @@ class RateLimit(Strict):
     """Upstream: rate limiters. vllm-sr limits nothing: only an empty list is supported."""
 
 
-class ResponseAPI(Strict):
-    enabled: bool = False
-    """Upstream: serve the OpenAI Responses API (/v1/responses). vllm-sr does not: only false
-    is supported (upstream's default is true; write false)."""
+class ResponseAPIRedis(Strict):
+    """Upstream's ``responsestore`` Redis settings (``ResponseAPIRedisConfig``). A zero where
+    upstream has a default means that default, as upstream's Go zero values do."""
 
-    store_backend: str | None = None
-    """Upstream: where responses are stored."""
+    address: str | None = Field(default=None, min_length=1)
+    """``host:port`` of a standalone Redis (upstream), or vllm-sr's ``unix:///path/redis.sock``."""
 
-    ttl_seconds: int | None = Field(default=None, ge=0)
-    """Upstream: stored response lifetime."""
+    password: str | None = None
+    """Redis AUTH password."""
 
-    max_responses: int | None = Field(default=None, ge=0)
-    """Upstream: most stored responses."""
+    db: int = Field(default=0, ge=0, le=15)
+    """Database number (0-15)."""
 
-    redis: BackendSettings | None = None
-    """Upstream: Redis connection."""
+    key_prefix: str = "sr:"
+    """Prefix of every key (``sr:response:<id>``); a ``:`` is added when missing, as upstream."""
 
-
-class RouterReplay(Strict):
-    enabled: bool = False
-    """Upstream: record every routed exchange for replay. vllm-sr records none: only false is
+    cluster_mode: bool = False
+    """Upstream: Redis Cluster. vllm-sr talks to one standalone Redis: only false is
     supported."""
 
-    store_backend: str | None = None
-    """Upstream: replay store (memory, redis, postgres, milvus, qdrant)."""
+    cluster_addresses: list[str] = Field(default_factory=list)
+    """Upstream: the cluster's nodes, read only in cluster mode."""
 
-    ttl_seconds: int | None = Field(default=None, ge=0)
-    """Upstream: record lifetime."""
+    pool_size: int = Field(default=10, ge=0)
+    """Most connections to Redis (0: 10)."""
 
-    async_writes: bool | None = None
-    """Upstream: write records asynchronously."""
+    min_idle_conns: int = Field(default=2, ge=0)
+    """Upstream: idle connections kept open. redis-py opens connections as needed (metadata)."""
 
-    redis: BackendSettings | None = None
-    """Upstream: Redis connection."""
+    max_retries: int = Field(default=3, ge=-1)
+    """Retries of a failed command (0: 3; -1: none)."""
 
-    postgres: BackendSettings | None = None
-    """Upstream: Postgres connection."""
+    dial_timeout: int = Field(default=5, ge=0)
+    """Seconds to connect (0: 5)."""
 
-    milvus: BackendSettings | None = None
-    """Upstream: Milvus connection."""
+    read_timeout: int = Field(default=3, ge=-1)
+    """Seconds to wait for a reply (0: 3; -1: no limit)."""
 
-    qdrant: BackendSettings | None = None
-    """Upstream: Qdrant connection."""
+    write_timeout: int = Field(default=3, ge=-1)
+    """Seconds to send a command (0: 3; -1: no limit). redis-py has one timeout per command:
+    the larger of read_timeout and write_timeout."""
+
+    tls_enabled: bool = False
+    """Upstream: TLS to Redis. Only false is supported."""
+
+    tls_cert_path: str | None = None
+    """Upstream: client certificate, read only with TLS."""
+
+    tls_key_path: str | None = None
+    """Upstream: client key, read only with TLS."""
+
+    tls_ca_path: str | None = None
+    """Upstream: CA bundle, read only with TLS."""
+
+    config_path: str | None = None
+    """Upstream: an external file whose Redis settings replace these. Only unset is
+    supported (write the settings here)."""
+
+
+class ResponseAPI(Strict):
+    """Upstream's Responses API (``/v1/responses``) and its store. The block omitted: not
+    served (upstream's built-in default is enabled with a Redis store that has no address, which
+    fails to start, so upstream serves nothing either)."""
+
+    enabled: bool = True
+    """Serve ``POST /v1/responses`` and ``GET``/``DELETE /v1/responses/{id}`` (and
+    ``/input_items``). Unset in a written block: true, upstream's default."""
+
+    store_backend: Literal["memory", "redis", ""] = "redis"
+    """Where stored responses live: ``memory`` (this process; lost on restart) or ``redis``
+    (upstream's default; needs ``redis.address``). ``""`` is memory, as upstream reads it."""
+
+    ttl_seconds: int = Field(default=86400, ge=0)
+    """How long a stored response lives (0: upstream's store default, 30 days)."""
+
+    max_responses: int = Field(default=1000, ge=0)
+    """The memory store's bound: the oldest response is evicted beyond it (0: 10000, upstream's
+    store default). The Redis store is bounded by the TTL only, as upstream."""
+
+    redis: ResponseAPIRedis = Field(default_factory=ResponseAPIRedis)
+    """The Redis store's connection (read with ``store_backend: redis``)."""
+
+    def backend(self) -> str:
+        """The store backend in effect (``""`` is memory)."""
+        return self.store_backend or "memory"
 
 
 class ManagementAPI(Strict):
@@ -179,8 +222,8 @@ class Services(Strict):
     api: API = Field(default_factory=API)
     """Upstream: API limits."""
 
-    response_api: ResponseAPI = Field(default_factory=ResponseAPI)
-    """Upstream: the Responses API (refused when enabled)."""
+    response_api: ResponseAPI | None = None
+    """The Responses API (/v1/responses) and its store; omitted: not served."""
 
     observability: Observability = Field(default_factory=Observability)
     """Upstream: tracing and metrics (accepted; deployment only)."""

@@ -77,22 +77,8 @@ def _router_refusals(router: dict[str, Any]) -> list[Problem]:
 def _service_refusals(services: dict[str, Any]) -> list[Problem]:
     base: Path = ("global", "services")
     problems: list[Problem] = []
-    if _is_true(as_dict(services.get("response_api")).get("enabled")):
-        problems.append(
-            refusal(
-                (*base, "response_api", "enabled"),
-                "the Responses API (/v1/responses)",
-                "false (vllm-sr serves /v1/chat/completions and /v1/models)",
-            )
-        )
-    if _is_true(as_dict(services.get("router_replay")).get("enabled")):
-        problems.append(
-            refusal(
-                (*base, "router_replay", "enabled"),
-                "router replay (recording routed exchanges)",
-                "false (vllm-sr's metrics and logs)",
-            )
-        )
+    problems += _response_api_refusals(services.get("response_api"))
+    problems += _replay_refusals(as_dict(services.get("router_replay")), (*base, "router_replay"))
     for key, what, supported in (
         ("ratelimit", "rate limiting", "an empty providers list (no rate limit)"),
         ("authz", "authz credential providers", "an empty providers list"),
@@ -110,8 +96,67 @@ def _service_refusals(services: dict[str, Any]) -> list[Problem]:
     return problems
 
 
+def _response_api_refusals(block: Any) -> list[Problem]:
+    """The Responses API is served with a memory or a standalone Redis store; a written block
+    that leaves ``enabled`` unset is on (upstream's default)."""
+    if not isinstance(block, dict) or block.get("enabled", True) is False:
+        return []
+    base: Path = ("global", "services", "response_api")
+    if block.get("store_backend", "redis") != "redis":
+        return []
+    redis = as_dict(block.get("redis"))
+    problems = []
+    for key, what, supported in (
+        ("cluster_mode", "Redis Cluster for the Responses API store", "false (one Redis)"),
+        ("tls_enabled", "TLS to the Responses API's Redis", "false"),
+    ):
+        if _is_true(redis.get(key)):
+            problems.append(refusal((*base, "redis", key), what, supported))
+    if redis.get("config_path"):
+        problems.append(
+            refusal(
+                (*base, "redis", "config_path"),
+                "an external Redis settings file for the Responses API store",
+                "the settings inline under response_api.redis",
+            )
+        )
+    if not redis.get("address") and not _is_true(redis.get("cluster_mode")):
+        # Upstream's store fails to start without one, and upstream then serves nothing.
+        problems.append(
+            refusal(
+                (*base, "store_backend"),
+                "the Responses API's redis store without redis.address (upstream's default "
+                "backend; its store then fails to start and /v1/responses is not served)",
+                "redis with redis.address (host:port or unix:///path), store_backend: "
+                "memory, or enabled: false",
+            )
+        )
+    return problems
+
+
 def _has_decisions(raw: dict[str, Any]) -> bool:
     return any(as_list(rt.get("decisions")) for _, rt in routings(raw))
+
+
+def _replay_refusals(replay: dict[str, Any], base: Path) -> list[Problem]:
+    """router_replay's store: memory, redis and postgres are kept; milvus and qdrant refused
+    (written, or inferred from their block alone as upstream infers the store)."""
+    backend = replay.get("store_backend")
+    where: Path = (*base, "store_backend")
+    if backend is None:
+        blocks = ("postgres", "redis", "milvus", "qdrant")
+        written = [k for k in blocks if replay.get(k) is not None]
+        backend = written[0] if written else None
+        where = (*base, backend) if backend is not None else where
+    if backend in ("milvus", "qdrant"):
+        return [
+            refusal(
+                where,
+                f"the router_replay store {backend!r}",
+                "memory (the default), redis, postgres",
+            )
+        ]
+    return []
 
 
 def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem]:

@@ -149,8 +149,11 @@ class _Calls(Generic[R]):
     def config(self) -> R:
         return self._send(Call("GET", "/v1/config"))
 
-    def replay(self, decision: str | None = None, since: int | None = None) -> R:
-        query = {k: str(v) for k, v in (("decision", decision), ("since", since)) if v is not None}
+    def replay(
+        self, decision: str | None = None, since: int | None = None, recipe: str | None = None
+    ) -> R:
+        pairs = (("decision", decision), ("recipe", recipe), ("since", since))
+        query = {k: str(v) for k, v in pairs if v is not None}
         return self._send(Call("GET", "/v1/replay" + (f"?{urlencode(query)}" if query else "")))
 
     def events(self, since: int | None = None) -> R:

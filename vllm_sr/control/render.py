@@ -3,6 +3,8 @@ rich renderables (no sockets here), plus the `--for` duration parser."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import re
 import time
 from typing import Any, Literal
@@ -233,11 +235,15 @@ def _ms(value: Any) -> str:
 
 
 def replay_line(rec: dict[str, Any]) -> str:
-    """``2026-12-04 15:01:02 #7 coding -> coder 200 12.3 ms upstream id=ab12...``."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(rec.get("time", 0))))
+    """``2026-12-04 15:01:02 #7 coding -> coder 200 12 ms upstream id=ab12...`` (local time)."""
+    stamp = str(rec.get("timestamp") or "")
+    with contextlib.suppress(ValueError):
+        when = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
+        utc = when.replace(tzinfo=datetime.UTC)
+        stamp = utc.astimezone().strftime("%Y-%m-%d %H:%M:%S")
     line = (
         f"{stamp} #{rec.get('seq')} {rec.get('decision')} -> {rec.get('model') or '-'} "
-        f"{rec.get('status')} {float(rec.get('latency_ms') or 0):.1f} ms "
+        f"{rec.get('response_status')} {rec.get('duration_ms')} ms "
         f"{rec.get('response_path')} id={rec.get('id')}"
     )
     if rec.get("backend_fallbacks"):

@@ -36,7 +36,9 @@ class ControlBackend(Protocol):
 
     def effective_config(self) -> dict[str, Any]: ...
 
-    def replay(self, decision: str | None = None, since: int = 0) -> dict[str, Any]: ...
+    async def replay(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> dict[str, Any]: ...
 
     async def submit(self, command: Command) -> dict[str, Any]: ...
 
@@ -125,9 +127,11 @@ def _since(request: Request) -> int | None:
 
 
 async def _replay(server: ServerView, request: Request, _: dict[str, str]) -> Answer:
-    """router_replay's records: ``?decision=D`` (one decision), ``?since=SEQ`` (after it)."""
+    """router_replay's records: ``?decision=D`` (one decision), ``?recipe=R`` (one recipe),
+    ``?since=SEQ`` (after it)."""
     decision = _query(request, "decision") or None
-    return _json(server.backend.replay(decision, _since(request) or 0))
+    recipe = _query(request, "recipe") or None
+    return _json(await server.backend.replay(decision, _since(request) or 0, recipe))
 
 
 async def _events(server: ServerView, request: Request, _: dict[str, str]) -> Answer:

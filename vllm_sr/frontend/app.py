@@ -2,7 +2,9 @@
 
 ``POST /v1/embeddings``, ``/v1/classify``, ``/v1/bundle`` go to the deployment ``model`` names
 (default: the decision model's deployment) as one unit each; the body's bytes go to the worker
-unchanged, and the worker's bytes come back unchanged. ``GET /v1/models``, ``/health``,
+unchanged, and the worker's bytes come back unchanged. Router mode adds
+``/v1/chat/completions``, ``/api/v1/eval`` and, configured, the Responses API
+(``/v1/responses``, ``/v1/responses/{id}``, ``.../input_items``). ``GET /v1/models``, ``/health``,
 ``/api/v1/inventory/model-runtime`` and ``/metrics`` describe the service. Errors are
 ``{"error": {"code", "message", "retryable"}}`` with the error's HTTP status (429 carries
 Retry-After); an unknown path is 404 ``not_found``, another method 405 ``method_not_allowed``.
@@ -27,11 +29,11 @@ from vllm_sr.frontend.scrape import ScrapedCollector, merge, scrape
 from vllm_sr.httpserver import (
     Handler,
     HttpServer,
+    PathRoutes,
     Request,
     Response,
     StreamResponse,
     error_response,
-    resolve,
 )
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import RouterPlan
@@ -103,11 +105,18 @@ class Frontend:
             **{f"/v1/{s}": {"POST": self._surface(s)} for s in SURFACES},
             "/v1/models": {"GET": self.models},
             "/v1/chat/completions": {"POST": self.chat_completions},
+            "/v1/responses": {"POST": self._responses("create")},
+            "/v1/responses/{id}": {
+                "GET": self._responses("retrieve"),
+                "DELETE": self._responses("delete"),
+            },
+            "/v1/responses/{id}/input_items": {"GET": self._responses("input_items")},
             "/api/v1/eval": {"POST": self.route_eval},
             "/health": {"GET": self.health},
             "/api/v1/inventory/model-runtime": {"GET": self.inventory},
             "/metrics": {"GET": self.metrics},
         }
+        self.paths = PathRoutes(self.routes)  # fixed paths: one dict lookup, as before
         # cancel_on_disconnect: a caller that hangs up frees its admission slot at once (the
         # pool records "cancelled"); the worker's forward may still finish on its own.
         self.server = HttpServer(
@@ -135,7 +144,7 @@ class Frontend:
                 self.collector.count(surface, request.error.http_status)
             return error_response(request.error)
         try:
-            route = resolve(self.routes, request)
+            route, _ = self.paths.resolve(request)
         except VllmSrError as exc:
             return error_response(exc)
         return await route(request)
@@ -157,6 +166,15 @@ class Frontend:
     async def chat_completions(self, request: Request) -> Response | StreamResponse:
         await self.sync_router()
         return await self.chat.handle_chat(request, self.service.admitting)
+
+    def _responses(self, op: str) -> Handler:
+        """The Responses API's handlers (Router mode, with global.services.response_api)."""
+
+        async def handler(request: Request) -> Response | StreamResponse:
+            await self.sync_router()
+            return await self.chat.handle_responses(request, self.service.admitting, op)
+
+        return handler
 
     async def stop(self) -> None:
         await self.chat.close()

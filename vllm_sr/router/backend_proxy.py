@@ -59,6 +59,19 @@ class AnswerTap(Protocol):
         """The backend's stream ended normally (a stream that broke never calls this)."""
 
 
+class StreamRewrite(Protocol):
+    """What turns a streamed answer into another on its way out (the Responses API's event
+    stream): ``chunk`` maps what the backend sent to what the caller gets, ``finish`` adds the
+    end of a stream that ended normally; ``headers`` go on the answer."""
+
+    content_type: str
+    headers: dict[str, str]
+
+    def chunk(self, data: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
 class AttemptFailed(Exception):
     """A backend failed before the first byte reached the caller (``proxy(early_failure=
     True)``): ``reason`` (``connect``, ``reset``, ``http_503``, ``stream_first_chunk``,
@@ -97,6 +110,7 @@ class BackendProxy:
         tap: AnswerTap | None = None,
         extra_headers: Mapping[str, str] | None = None,
         drop_headers: Sequence[str] = (),
+        rewrite: StreamRewrite | None = None,
     ) -> tuple[Response | StreamResponse, bool]:
         """``BackendSet.proxy``'s work (see there) -> (the answer, whether the backend answered
         well: below 400 and, for a stream, to its end). Raises :class:`AttemptFailed` (with
@@ -124,7 +138,7 @@ class BackendProxy:
                     raise AttemptFailed(f"http_{status}", answer)
                 if status < 400 and upstream.media_type == "text/event-stream":
                     return await self._stream(
-                        backend, upstream, request, headers, early_failure, left(), tap
+                        backend, upstream, request, headers, early_failure, left(), tap, rewrite
                     )
                 answer = await _whole(backend, upstream, headers)
                 if tap is not None:
@@ -154,6 +168,7 @@ class BackendProxy:
         early_failure: bool,
         first_chunk_s: float | None,
         tap: AnswerTap | None,
+        rewrite: StreamRewrite | None = None,
     ) -> tuple[StreamResponse, bool]:
         """Chunks go out as they arrive; the caller's answer begins only once the backend's
         first chunk is in hand (so a stream that fails before it can go elsewhere).
@@ -179,15 +194,18 @@ class BackendProxy:
             if early_failure:
                 raise AttemptFailed("stream_first_chunk", error=error)
             raise error
-        out = StreamResponse(upstream.status, "text/event-stream", {"Cache-Control": "no-cache"})
+        content_type = rewrite.content_type if rewrite is not None else "text/event-stream"
+        out = StreamResponse(upstream.status, content_type, {"Cache-Control": "no-cache"})
         out.headers.update(headers)
+        if rewrite is not None:
+            out.headers.update(rewrite.headers)
         await out.prepare(request)
         chunk = first
         while True:
             if tap is not None:
                 tap.chunk(chunk)
             try:
-                await out.write(chunk)
+                await out.write(chunk if rewrite is None else rewrite.chunk(chunk))
             except (ConnectionError, OSError):
                 return out, True  # the caller hung up; not the backend's fault
             try:
@@ -201,6 +219,8 @@ class BackendProxy:
         if tap is not None:
             tap.finish()
         with contextlib.suppress(ConnectionError, OSError):
+            if rewrite is not None:
+                await out.write(rewrite.finish())
             await out.write_eof()  # the caller may have hung up: not the backend's fault
         return out, True
 

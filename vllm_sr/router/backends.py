@@ -40,6 +40,7 @@ from vllm_sr.router.backend_proxy import (
     AttemptFailed,
     BackendProxy,
     BackendUnavailable,
+    StreamRewrite,
 )
 from vllm_sr.router.backend_retry import RetryPolicy
 
@@ -221,6 +222,7 @@ class BackendSet:
         tap: AnswerTap | None = None,
         extra_headers: Mapping[str, str] | None = None,
         drop_headers: Sequence[str] = (),
+        rewrite: StreamRewrite | None = None,
     ) -> Response | StreamResponse:
         """Send the chat to ``backend`` and answer ``request`` with what comes back, streamed
         through when it is SSE; ``headers`` are added to the answer. ``model`` is rewritten to
@@ -233,7 +235,8 @@ class BackendSet:
         :class:`AttemptFailed` instead of answering, so the caller can try another model.
         ``tap`` sees the answer as it goes out (the response cache's writer);
         ``extra_headers`` / ``drop_headers`` shape the request to the backend
-        (header_mutation). Counted in the backend's requests, errors and latency."""
+        (header_mutation); ``rewrite`` turns a streamed answer into another as it goes out (the
+        Responses API). Counted in the backend's requests, errors and latency."""
         proxy = self._started()
         started = self.clock.monotonic()
         backend.inflight += 1
@@ -251,6 +254,7 @@ class BackendSet:
                 tap=tap,
                 extra_headers=extra_headers,
                 drop_headers=drop_headers,
+                rewrite=rewrite,
             )
             failed_5xx = answer.status >= 500
             return answer

@@ -62,6 +62,7 @@ from vllm_sr.router.answers import (
     is_debug,
     parse_chat,
 )
+from vllm_sr.router.backend_proxy import StreamRewrite
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder
@@ -129,6 +130,7 @@ class ChatRouter(ChatPlugins):
         self.cache = cache
         self.authz = authz or AuthzOptions()
         self.replay = replay if replay is not None else ReplayLog()
+        self.replay_enabled = False
         self.tool_embeddings = tool_embeddings
         self.learning = learning if learning is not None else RouterLearning(LearningSettings())
         # (recipe, decision) -> the decision and its plugins
@@ -148,10 +150,14 @@ class ChatRouter(ChatPlugins):
             "/api/v1/eval": {"POST": self.handle_eval},
         }
 
-    async def handle_chat(self, request: Request) -> Response | StreamResponse:
+    async def handle_chat(
+        self, request: Request, rewrite: StreamRewrite | None = None
+    ) -> Response | StreamResponse:
         """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
         ``system_prompt``, ``request_params``, ``header_mutation`` on the request to the
-        backend (with fallback before the first byte); cache write; replay record."""
+        backend (with fallback before the first byte); cache write; replay record. ``rewrite``
+        turns a streamed backend answer into another as it goes out (the Responses API,
+        vllm_sr/router/responses, which translates the other answers itself)."""
         started = self.backends.clock.monotonic()
         try:
             if request.error is not None:
@@ -176,13 +182,13 @@ class ChatRouter(ChatPlugins):
             stream = body.get("stream") is True
             if plugins.fast_response is not None:
                 fast = self.fast_answer(result, plugins.fast_response.message, stream)
-                return replay.done(fast, "fast_response", None)
+                return await replay.done(fast, "fast_response", None)
             plan = self.cache_plan(result, plugins, body, request.headers, query)
             if plan is not None and self.cache is not None:
                 hit = await self.cache.lookup(plan)
                 if hit is not None:
                     cached = self.cache_answer(result, hit, stream, debug)
-                    return replay.done(cached, "cache", result.model)
+                    return await replay.done(cached, "cache", result.model)
             recorder = AnswerRecorder() if plan is not None else None
             outgoing = await self.select_tools(body, plugins, query)
             sent = self.backends.clock.monotonic()
@@ -195,6 +201,7 @@ class ChatRouter(ChatPlugins):
                 deadline,
                 recorder,
                 replay,
+                rewrite,
                 learning_headers=turn.headers() if turn is not None and debug else None,
             )
             latency = self.backends.clock.monotonic() - sent
@@ -203,9 +210,9 @@ class ChatRouter(ChatPlugins):
             chosen_answered = answered_by == result.model
             if plan is not None and recorder is not None and self.cache and chosen_answered:
                 await self.cache.write(plan, recorder.document())
-            return replay.done(answer, "upstream", answered_by, failed)
+            return await replay.done(answer, "upstream", answered_by, failed)
         except VllmSrError as exc:
-            return replay.done(error_response(exc), "error", None)
+            return await replay.done(error_response(exc), "error", None)
 
     def default_eval_model(self) -> str:
         """What an eval without ``model`` asks for: upstream's ``vllm-sr/auto``, or, when the
@@ -326,7 +333,8 @@ def build_chat_router(
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
     ``stats``, ``replay`` and ``learning_state`` to keep the counters, replay records and
-    Router Learning's conversations and experience across a reload;
+    Router Learning's conversations and experience across a reload (no ``replay``: one for
+    ``global.services.router_replay``, started on its first use);
     ``backends`` is started by the caller (``await backends.start()``) and closed when the
     generation is replaced. ``cache``: a
     response cache to keep (a reload that keeps the store), True to build one from
@@ -364,7 +372,9 @@ def build_chat_router(
     others = {
         name: router_for(name, r) for name, r in (recipes or {}).items() if name != DEFAULT_RECIPE
     }
-    return ChatRouter(
+    if replay is None:
+        replay = ReplayLog.from_config(_replay_conf(global_))
+    chat = ChatRouter(
         router_for(DEFAULT_RECIPE, routing),
         auto_model_names,
         others,
@@ -379,6 +389,14 @@ def build_chat_router(
             global_.router.learning.state_store if global_ else None,
         ),
     )
+    conf = _replay_conf(global_)
+    chat.replay_enabled = bool(conf is not None and conf.enabled)
+    return chat
+
+
+def _replay_conf(global_: GlobalSection | None) -> Any:
+    """``global.services.router_replay`` (None without a global section)."""
+    return getattr(getattr(global_, "services", None), "router_replay", None)
 
 
 async def engine_mode_chat(request: Request) -> Response:

@@ -25,13 +25,13 @@ from vllm_sr.router.answers import (
     error_response,
 )
 from vllm_sr.router.backend import Backend
-from vllm_sr.router.backend_proxy import AttemptFailed
+from vllm_sr.router.backend_proxy import AttemptFailed, StreamRewrite
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
 from vllm_sr.router.plugins import shapers
 from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
-from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayLog, ReplayTap, TeeTap
+from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayLog, ReplayTap, TeeTap, effective
 from vllm_sr.router.plugins.response_cache import CachePlan, ResponseCache
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings, apply_tool_selection
 from vllm_sr.router.reasoning import apply_reasoning
@@ -58,6 +58,7 @@ class ChatPlugins:
     cache: ResponseCache | None
     authz: AuthzOptions
     replay: ReplayLog
+    replay_enabled: bool  # global.services.router_replay.enabled: each decision's default
     tool_embeddings: ToolEmbeddings | None
 
     @property
@@ -84,10 +85,12 @@ class ChatPlugins:
         deadline: float | None,
         recorder: AnswerRecorder | None,
         replay: Replay,
+        rewrite: StreamRewrite | None = None,
         learning_headers: Mapping[str, str] | None = None,
     ) -> tuple[Response | StreamResponse, str, list[tuple[str, str]]]:
         """The chat to its model's backend, retried on the model's other backends and then
-        falling back to other models before the first byte (vllm_sr/router/fallback.py).
+        falling back to other models before the first byte (vllm_sr/router/fallback.py);
+        ``rewrite`` turns a streamed answer into another (the Responses API's events).
         -> (the answer, the model that answered, the models that failed with their reasons)."""
         order = fallback.candidates(result, self.router.default_model, self.backends.healthy)
         attempts = fallback.Attempts(order, self.backends, deadline)
@@ -116,6 +119,7 @@ class ChatPlugins:
                     tap=TeeTap(recorder if i == 0 else None, replay.tap),
                     extra_headers=set_headers,
                     drop_headers=drop_headers,
+                    rewrite=rewrite,
                 )
                 return answer, model, attempts.failed
             except AttemptFailed as exc:
@@ -240,15 +244,16 @@ class Replay:
         raw: bytes,
         started: float,
     ) -> None:
-        conf = plugins.router_replay
         self.chat, self.result, self.raw, self.started = chat, result, raw, started
         self.stream = body.get("stream") is True
-        self.conf = conf if conf is not None and conf.enabled else None
+        self.original_model = body.get("model") if isinstance(body.get("model"), str) else None
+        routed = result.routed and result.decision is not None
+        self.conf = effective(plugins.router_replay, chat.replay_enabled) if routed else None
         self.id = chat.replay.new_id() if self.conf is not None else None
         self.headers = {H_REPLAY_ID: self.id} if self.id is not None else {}
         self.tap = ReplayTap(self.conf.max_body_bytes) if self.conf is not None else None
 
-    def done(
+    async def done(
         self,
         answer: Response | StreamResponse,
         path: str,
@@ -260,11 +265,12 @@ class Replay:
         answer.headers.update(self.headers)  # a streamed answer carried it already
         tap = self.tap
         tapped = tap if path == "upstream" and tap is not None and tap.status is not None else None
-        self.chat.replay.record(
+        await self.chat.replay.record(
             self.conf,
             replay_id=self.id,
             decision=self.result.decision,
             recipe=self.result.recipe,
+            original_model=self.original_model,
             selected_model=self.result.model,
             answered_by=answered_by,
             matched_signals=self.result.matched_signals,

@@ -1,8 +1,9 @@
 """Router mode's Prometheus families, built at scrape time from the router's counters (the
 request path only increments a Counter): decisions by decision and model, matched signals,
 routing fallbacks by reason, backend fallbacks by model and reason, Router Learning's actions
-by decision, method and action, each backend's requests,
-errors and health, and the response cache's hits, misses, writes, errors, entries and bytes."""
+by decision, method and action, each backend's requests, errors and health, the response
+cache's hits, misses, writes, errors, entries and bytes, and router_replay's records written and
+lost by store."""
 
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ class RouterCollector(Collector):
         )
         yield from backend_families(chat)
         yield from cache_families(chat)
+        yield from replay_families(chat)
 
 
 def _counter(
@@ -144,3 +146,29 @@ def cache_families(chat: ChatRouter) -> Iterator[Metric]:
         )
         size.add_metric([], usage[1])
         yield from (entries, size)
+
+
+def replay_families(chat: ChatRouter) -> Iterator[Metric]:
+    """router_replay: records written and lost (by reason: store_down, store_error,
+    queue_full), and whether the store is up."""
+    writer = chat.replay.writer
+    kind = writer.store.kind
+    yield _counter(
+        "vllm_sr_router_replay_records",
+        "router_replay records written to their store",
+        ["store"],
+        {(kind,): writer.written},
+    )
+    yield _counter(
+        "vllm_sr_router_replay_lost",
+        "router_replay records lost (the chat was served), by store and reason",
+        ["store", "reason"],
+        {(kind, r): n for r, n in writer.lost.items()},
+    )
+    up = GaugeMetricFamily(
+        "vllm_sr_router_replay_store_up",
+        "1 while the router_replay store is usable",
+        labels=["store"],
+    )
+    up.add_metric([kind], 1.0 if writer.state == "up" else 0.0)
+    yield up

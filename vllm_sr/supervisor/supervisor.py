@@ -62,7 +62,9 @@ class RouterViews(Protocol):
 
     def inventory(self) -> JsonObject | None: ...
 
-    def replay(self, decision: str | None = None, since: int = 0) -> JsonObject: ...
+    async def replay(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> JsonObject: ...
 
 
 class Supervisor(LifecycleHooks, CommandHandlers):
@@ -177,11 +179,14 @@ class Supervisor(LifecycleHooks, CommandHandlers):
             doc["router"] = router  # backends and decision counters (Router mode)
         return doc
 
-    def replay(self, decision: str | None = None, since: int = 0) -> JsonObject:
-        """Router mode's router_replay records after ``since`` (of one decision, or all)."""
+    async def replay(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> JsonObject:
+        """Router mode's router_replay records after ``since`` (of one decision and/or recipe,
+        or all)."""
         if self.router is None:
             return dict(NO_REPLAY)
-        return self.router.replay(decision, since)
+        return await self.router.replay(decision, since, recipe)
 
     def router_plan(self) -> RouterPlan | None:
         """Router mode's settings of the published generation (None: Engine mode)."""

@@ -1,26 +1,36 @@
-"""The ``router_replay`` plugin: a bounded record, per decision, of the chats it routed (what
-upstream's router replay keeps: a request summary, the signals, the decision, the model, the
-status and latency, and the bodies cut to ``max_body_bytes``), in the router's memory, read
-through the control API (``GET /v1/replay``, ``vllm-sr ctl replay [--decision D]
-[--follow]``). Each recorded answer carries ``x-vsr-replay-id``.
+"""The ``router_replay`` plugin: a record of each chat a decision routed (upstream's record
+fields: a request summary, the signals, the decision, the model, the status and latency, and
+the bodies cut to ``max_body_bytes``), kept by ``global.services.router_replay``'s store
+(memory, redis or postgres: vllm_sr/router/replay/) and read through the control API
+(``GET /v1/replay``, ``vllm-sr ctl replay [--decision D] [--follow]``). Each recorded answer
+carries ``x-vsr-replay-id``.
 
-Records live per decision in a ring of ``max_records``; every record has a service-wide
-``seq`` so a reader can ask for what came after the last one it saw (``--follow`` polls)."""
+A decision records when its plugin says ``enabled: true``, or says nothing and
+``global.services.router_replay.enabled`` is true (upstream's layering, :func:`effective`).
+Every record has a store-wide ``seq`` so a reader can ask for what came after the last one it
+saw (``--follow`` polls)."""
 
 from __future__ import annotations
 
-import itertools
-import time
 import uuid
-from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.routing_plugins import RouterReplayPlugin
+from vllm_sr.router.replay import build_writer
+from vllm_sr.router.replay.store import MAX_LIST, MemoryReplayStore, Record, iso
+from vllm_sr.router.replay.writer import ReplayWriter
 
 H_REPLAY_ID = "x-vsr-replay-id"
-MAX_LIST = 1000  # records one read returns at most
+GLOBAL_DEFAULT = RouterReplayPlugin(enabled=True)  # upstream's plugin defaults
+
+
+def effective(plugin: RouterReplayPlugin | None, global_enabled: bool) -> RouterReplayPlugin | None:
+    """The replay settings a decision runs with (None: it records nothing)."""
+    if plugin is None:
+        return GLOBAL_DEFAULT if global_enabled else None
+    enabled = plugin.enabled if plugin.enabled is not None else global_enabled
+    return plugin if enabled else None
 
 
 def cut(raw: bytes, limit: int) -> tuple[str, bool]:
@@ -72,24 +82,30 @@ class TeeTap:
             t.finish()
 
 
-@dataclass
 class ReplayLog:
-    """Every decision's ring of records (kept across config reloads, like the counters)."""
+    """Builds each record and hands it to the writer (kept across config reloads while the
+    store settings stay the same, like the counters)."""
 
-    rings: dict[str, deque[dict[str, Any]]] = field(default_factory=dict)
-    seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    last_seq: int = 0
+    def __init__(self, writer: ReplayWriter | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.writer = writer if writer is not None else ReplayWriter(MemoryReplayStore(0, clock))
+        self.clock = clock
+
+    @classmethod
+    def from_config(cls, conf: Any, clock: Clock = SYSTEM_CLOCK) -> ReplayLog:
+        """For ``global.services.router_replay`` (None: the memory store, no TTL)."""
+        return cls(build_writer(conf, clock), clock)
 
     def new_id(self) -> str:
         return uuid.uuid4().hex
 
-    def record(
+    def build(
         self,
         plugin: RouterReplayPlugin,
         *,
         replay_id: str,
         decision: str,
         recipe: str,
+        original_model: str | None,
         selected_model: str,
         answered_by: str | None,
         matched_signals: tuple[str, ...],
@@ -101,50 +117,60 @@ class ReplayLog:
         response: ReplayTap | None,
         fallbacks: list[tuple[str, str]] | None = None,
         response_body: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        self.last_seq = next(self.seq)
-        rec: dict[str, Any] = {
-            "seq": self.last_seq,
+    ) -> Record:
+        """One record, upstream's field names where upstream has the field (``timestamp`` is
+        when the chat arrived; ``duration_ms`` until its answer was complete)."""
+        rec: Record = {
             "id": replay_id,
-            "time": time.time(),
+            "timestamp": iso(self.clock.time() - latency_ms / 1000.0),
             "recipe": recipe,
             "decision": decision,
+            "original_model": original_model,
             "selected_model": selected_model,
             "model": answered_by,
-            "matched_signals": list(matched_signals),
-            "stream": stream,
-            "status": status,
-            "latency_ms": round(latency_ms, 3),
+            "signals": signals_by_family(matched_signals),
+            "streaming": stream,
+            "response_status": status,
+            "duration_ms": round(latency_ms),
+            "lifecycle_state": "completed" if status < 400 else "failed",
+            "from_cache": path == "cache",
             "response_path": path,
             "backend_fallbacks": [f"{m}:{r}" for m, r in fallbacks or []],
             "request_bytes": len(body),
         }
         if plugin.capture_request_body:
-            rec["request_body"], rec["request_truncated"] = cut(body, plugin.max_body_bytes)
+            rec["request_body"], rec["request_body_truncated"] = cut(body, plugin.max_body_bytes)
         if plugin.capture_response_body:
             raw = bytes(response.body) if response is not None else (response_body or b"")
             size = response.size if response is not None else len(raw)
             rec["response_body"] = raw[: plugin.max_body_bytes].decode("utf-8", "replace")
-            rec["response_truncated"] = size > plugin.max_body_bytes
+            rec["response_body_truncated"] = size > plugin.max_body_bytes
             rec["response_bytes"] = size
-        ring = self.rings.get(decision)
-        if ring is None or ring.maxlen != plugin.max_records:
-            ring = deque(ring or (), maxlen=plugin.max_records)
-            self.rings[decision] = ring
-        ring.append(rec)
         return rec
 
-    def read(self, decision: str | None = None, since: int = 0) -> dict[str, Any]:
-        """Records after ``since`` (oldest first, at most MAX_LIST), of one decision or all."""
-        rings = [self.rings.get(decision, deque())] if decision else list(self.rings.values())
-        found = sorted((r for ring in rings for r in ring if r["seq"] > since), key=_seq)
-        return {
-            "records": found[:MAX_LIST],
-            "last_seq": self.last_seq,
-            "decisions": sorted(self.rings),
-        }
+    async def record(self, plugin: RouterReplayPlugin, **fields: Any) -> Record:
+        """Build the record and keep it (a store that cannot keep it counts it lost)."""
+        rec = self.build(plugin, **fields)
+        await self.writer.write(rec, plugin.max_records)
+        return rec
+
+    async def read(
+        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+    ) -> dict[str, Any]:
+        """Records after ``since`` (oldest first, at most MAX_LIST), of one decision and/or
+        recipe (two recipes may each have a decision of one name), or all; raises
+        StoreUnavailable while the store is down."""
+        records, last, decisions = await self.writer.read(decision, since, MAX_LIST, recipe)
+        return {"records": records, "last_seq": last, "decisions": decisions}
+
+    async def close(self) -> None:
+        await self.writer.close()
 
 
-def _seq(rec: dict[str, Any]) -> int:
-    return int(rec["seq"])
+def signals_by_family(matched: tuple[str, ...]) -> dict[str, list[str]]:
+    """``("keyword:code", "domain:math")`` -> upstream's ``{"keyword": ["code"], ...}``."""
+    out: dict[str, list[str]] = {}
+    for sig in matched:
+        family, _, name = sig.partition(":")
+        out.setdefault(family, []).append(name)
+    return out

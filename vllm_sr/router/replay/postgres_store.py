@@ -1,0 +1,172 @@
+"""The postgres router_replay store (``store_backend: postgres``), on psycopg 3.
+
+``connect`` opens one connection (autocommit) and creates upstream's table when it is missing
+(postgres_codec.CREATE_TABLE). One connection, used by one statement at a time: a router
+writes one small row per routed chat, far below what one connection carries, and a single
+connection keeps a dead server's cost to one failed attempt. Records older than
+``ttl_seconds`` (by ``created_at``, as upstream deletes them) are left out of reads and
+deleted at most once a minute after a write. Any failure closes the connection and raises
+:class:`StoreUnavailable`; the writer reconnects later (writer.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.config.router_replay import DEFAULT_TABLE, RouterReplayPostgres
+from vllm_sr.router.replay import postgres_codec as codec
+from vllm_sr.router.replay.envexpand import expand_env
+from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, StoreUnavailable
+
+CONNECT_TIMEOUT_S = 2  # libpq's connect_timeout (whole seconds)
+CLEANUP_EVERY_S = 60.0
+
+
+def connection_params(conf: RouterReplayPostgres) -> dict[str, Any]:
+    """libpq parameters of ``conf`` (upstream's defaults; ``${VAR}`` expanded)."""
+    if not conf.database or not conf.user:
+        raise StoreUnavailable(
+            "the postgres router_replay store needs global.services.router_replay.postgres "
+            "database and user; accepted: both set"
+        )
+    params: dict[str, Any] = {
+        "host": expand_env(conf.host or "localhost"),
+        "port": conf.port or 5432,
+        "dbname": expand_env(conf.database),
+        "user": expand_env(conf.user),
+        "sslmode": conf.ssl_mode or "disable",
+        "connect_timeout": CONNECT_TIMEOUT_S,
+    }
+    if conf.password:
+        params["password"] = expand_env(conf.password)
+    return params
+
+
+class PostgresReplayStore:
+    kind = "postgres"
+
+    def __init__(
+        self,
+        conf: RouterReplayPostgres | None,
+        ttl_s: int,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.conf = conf or RouterReplayPostgres()
+        self.table = self.conf.table_name or DEFAULT_TABLE
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.lock = asyncio.Lock()
+        self.next_cleanup = 0.0
+        t = sql.Identifier(self.table)
+        cols = sql.SQL(", ").join(map(sql.Identifier, codec.INSERT_COLUMNS))
+        marks = sql.SQL(", ").join(sql.Placeholder() * len(codec.INSERT_COLUMNS))
+        self.insert = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING vsr_seq").format(
+            t, cols, marks
+        )
+        self.select = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(map(sql.Identifier, codec.SELECT_COLUMNS)), t
+        )
+        self.create = sql.SQL(codec.CREATE_TABLE.replace("{t}", self.table))
+        self.add_seq = sql.SQL(codec.ADD_SEQ.replace("{t}", self.table))
+
+    async def connect(self) -> None:
+        async with self.lock:
+            await self._drop()
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    **connection_params(self.conf), autocommit=True
+                )
+            except psycopg.Error as exc:
+                raise _down(exc) from None
+            try:
+                await conn.execute(self.create)
+                has_seq = await (await conn.execute(codec.HAS_SEQ, (self.table,))).fetchone()
+                if has_seq is None:
+                    await conn.execute(self.add_seq)
+            except psycopg.Error as exc:
+                await conn.close()
+                raise _down(exc) from None
+            self.conn = conn
+
+    async def add(self, record: Record, max_records: int) -> int:
+        """``max_records`` is not applied: a shared store is bounded by its TTL (upstream)."""
+        async with self.lock:
+            conn = self._conn()
+            try:
+                cur = await conn.execute(self.insert, codec.encode(record))
+                row = await cur.fetchone()
+                if self.ttl_s > 0 and self.clock.monotonic() >= self.next_cleanup:
+                    self.next_cleanup = self.clock.monotonic() + CLEANUP_EVERY_S
+                    await conn.execute(
+                        sql.SQL(
+                            "DELETE FROM {} WHERE created_at < NOW() - make_interval(secs => %s)"
+                        ).format(sql.Identifier(self.table)),
+                        (self.ttl_s,),
+                    )
+            except psycopg.Error as exc:
+                await self._drop()
+                raise _down(exc) from None
+        assert row is not None
+        return int(row[0])
+
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
+        where = [sql.SQL("vsr_seq > %s")]
+        args: list[Any] = [since]
+        if decision:
+            where.append(sql.SQL("decision = %s"))
+            args.append(decision)
+        if recipe:
+            where.append(sql.SQL("recipe = %s"))
+            args.append(recipe)
+        if self.ttl_s > 0:
+            where.append(sql.SQL("created_at >= NOW() - make_interval(secs => %s)"))
+            args.append(self.ttl_s)
+        query = sql.SQL("{} WHERE {} ORDER BY vsr_seq LIMIT %s").format(
+            self.select, sql.SQL(" AND ").join(where)
+        )
+        t = sql.Identifier(self.table)
+        async with self.lock:
+            conn = self._conn()
+            try:
+                rows = await (await conn.execute(query, (*args, limit))).fetchall()
+                cur = await conn.execute(sql.SQL("SELECT max(vsr_seq) FROM {}").format(t))
+                top = await cur.fetchone()
+                cur = await conn.execute(
+                    sql.SQL("SELECT DISTINCT decision FROM {} WHERE decision IS NOT NULL").format(t)
+                )
+                names = [r[0] for r in await cur.fetchall()]
+            except psycopg.Error as exc:
+                await self._drop()
+                raise _down(exc) from None
+        last = int(top[0]) if top is not None and top[0] is not None else 0
+        return [codec.decode(r) for r in rows], last, sorted(names)
+
+    def _conn(self) -> psycopg.AsyncConnection[Any]:
+        if self.conn is None or self.conn.closed:
+            raise StoreUnavailable("the postgres router_replay store is not connected")
+        return self.conn
+
+    async def _drop(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+
+    async def close(self) -> None:
+        async with self.lock:
+            await self._drop()
+
+
+def _down(exc: BaseException) -> StoreUnavailable:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return StoreUnavailable(
+        f"the postgres router_replay store cannot be used: {type(exc).__name__}: {text}"
+    )

@@ -1,0 +1,156 @@
+"""The redis router_replay store (``store_backend: redis``).
+
+As upstream keeps them: one string per record, ``<key_prefix><id>`` (default prefix
+``router_replay:``), the record's JSON, expiring ``ttl_seconds`` after it was written; so an
+upstream router reading the same Redis lists ours. vllm-sr's reads go by ``seq``, which
+upstream's records lack: a counter ``vsr-replay-seq:<prefix>`` gives each record its seq, and
+sorted sets (seq -> id) index them, ``vsr-replay-index:<prefix>`` for all,
+``vsr-replay-index:<prefix>d:<decision>`` per decision and ``...r:<recipe>`` per recipe, with
+the decisions in the set
+``vsr-replay-decisions:<prefix>``. Those keys sit outside ``<prefix>*`` so that upstream's
+scan of the prefix meets only records. An index entry whose record has expired is removed
+when a read meets it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from vllm_sr.config.router_replay import DEFAULT_KEY_PREFIX, RouterReplayRedis
+from vllm_sr.router.replay.envexpand import expand_env
+from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, StoreUnavailable
+
+TIMEOUT_S = 2.0  # a store slower than this is treated as down
+DEFAULT_POOL = 10
+
+
+def redis_client(conf: RouterReplayRedis) -> aioredis.Redis:
+    """The client for ``conf``: ``address`` ``host:port`` or a Unix socket path."""
+    address = expand_env(conf.address or "localhost:6379")
+    common: dict[str, Any] = {
+        "db": conf.db,
+        "password": expand_env(conf.password) if conf.password else None,
+        "socket_timeout": TIMEOUT_S,
+        "socket_connect_timeout": TIMEOUT_S,
+        "retry": Retry(NoBackoff(), 0),  # a failed write marks the store down (writer.py)
+        "max_connections": conf.pool_size or DEFAULT_POOL,
+    }
+    if address.startswith("unix://") or address.startswith("/"):
+        return aioredis.Redis(unix_socket_path=address.removeprefix("unix://"), **common)
+    host, _, port = address.rpartition(":")
+    if not host:
+        host, port = address, "6379"
+    if conf.use_tls:
+        common["ssl"] = True
+        common["ssl_cert_reqs"] = "none" if conf.tls_skip_verify else "required"
+    return aioredis.Redis(host=host, port=int(port), **common)
+
+
+class RedisReplayStore:
+    kind = "redis"
+
+    def __init__(self, client: aioredis.Redis, prefix: str | None, ttl_s: int) -> None:
+        self.client = client
+        self.prefix = prefix or DEFAULT_KEY_PREFIX
+        self.ttl_s = ttl_s
+        self.seq_key = "vsr-replay-seq:" + self.prefix
+        self.index = "vsr-replay-index:" + self.prefix
+        self.decisions_key = "vsr-replay-decisions:" + self.prefix
+
+    @classmethod
+    def from_config(cls, conf: RouterReplayRedis | None, ttl_s: int) -> RedisReplayStore:
+        conf = conf or RouterReplayRedis()
+        return cls(redis_client(conf), conf.key_prefix, ttl_s)
+
+    async def connect(self) -> None:
+        try:
+            await self.client.ping()
+        except (RedisError, OSError) as exc:
+            raise _down(exc) from None
+
+    async def add(self, record: Record, max_records: int) -> int:
+        """``max_records`` is not applied: a shared store is bounded by its TTL (upstream)."""
+        decision = str(record.get("decision") or "")
+        try:
+            seq = int(await self.client.incr(self.seq_key))
+            doc = json.dumps({**record, "seq": seq}, ensure_ascii=False)
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.set(self.prefix + record["id"], doc, ex=self.ttl_s or None)
+                pipe.zadd(self.index, {record["id"]: seq})
+                pipe.zadd(f"{self.index}d:{decision}", {record["id"]: seq})
+                pipe.zadd(f"{self.index}r:{record.get('recipe') or ''}", {record["id"]: seq})
+                pipe.sadd(self.decisions_key, decision)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise _down(exc) from None
+        return seq
+
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
+        """From the narrowest index (decision, else recipe, else all); a recipe filter on a
+        decision's index is applied here."""
+        if decision:
+            index = f"{self.index}d:{decision}"
+        elif recipe:
+            index = f"{self.index}r:{recipe}"
+        else:
+            index = self.index
+        found: list[Record] = []
+        start = since
+        try:
+            while len(found) < limit:
+                ids = cast(
+                    list[tuple[bytes, float]],
+                    await self.client.zrangebyscore(
+                        index, f"({start}", "+inf", start=0, num=limit, withscores=True
+                    ),
+                )
+                if not ids:
+                    break
+                docs = await self.client.mget([self.prefix + _text(i) for i, _ in ids])
+                gone = []
+                for (rid, score), doc in zip(ids, docs, strict=True):
+                    rec = _record(doc)
+                    if rec is None:
+                        gone.append(rid)
+                    elif not recipe or rec.get("recipe") == recipe:
+                        found.append(rec)
+                    start = int(score)
+                if gone:  # expired (or not ours): out of both indexes
+                    await self.client.zrem(self.index, *gone)
+                    if index != self.index:
+                        await self.client.zrem(index, *gone)
+            last = int(await self.client.get(self.seq_key) or 0)
+            decisions = sorted(_text(d) for d in await self.client.smembers(self.decisions_key))
+        except (RedisError, OSError) as exc:
+            raise _down(exc) from None
+        return found[:limit], last, decisions
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _record(doc: bytes | str | None) -> Record | None:
+    if doc is None:
+        return None
+    try:
+        rec = json.loads(doc)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and "seq" in rec else None
+
+
+def _down(exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the redis router_replay store cannot be used: {type(exc).__name__}: {exc}"
+    )

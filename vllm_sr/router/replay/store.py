@@ -1,0 +1,110 @@
+"""The router_replay store seam and the memory store.
+
+A store answers three things: ``connect`` (make the store usable: open, create what is
+missing; raises :class:`StoreUnavailable`), ``add`` (keep one record, give it the next
+``seq``) and ``read`` (the records after a ``seq``, oldest first, of one decision or all).
+Records are plain JSON-able dicts with upstream's field names (vllm_sr/router/plugins/replay.py
+builds them); a store keeps them as they are, so a record read back equals the one written
+plus its ``seq``. The memory store keeps each decision's ring of ``max_records`` and drops a
+record ``ttl_s`` after it was written (on the given clock). The redis and postgres stores
+(``redis_store``, ``postgres_store``) are shared by every router that points at them and
+survive a restart; they are bounded by the TTL alone, as upstream's are."""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.errors import Unavailable
+
+Record = dict[str, Any]
+MAX_LIST = 1000  # records one read returns at most
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # upstream's record timestamp (UTC)
+
+
+def iso(wall_s: float) -> str:
+    """Wall seconds as a record's ``timestamp``."""
+    return datetime.fromtimestamp(wall_s, UTC).strftime(TIME_FORMAT)
+
+
+class StoreUnavailable(Unavailable):
+    """The store cannot be used now (unreachable, refused, timed out); retrying later can
+    help."""
+
+    code = "replay_store_unavailable"
+
+
+class ReplayStore(Protocol):
+    kind: str
+
+    async def connect(self) -> None: ...
+
+    async def add(self, record: Record, max_records: int) -> int: ...
+
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
+        """-> records after ``since`` (oldest first, at most ``limit``; of ``decision`` and
+        ``recipe`` when given), the last seq given, and the decisions that have records."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+ReadResult = tuple[list[Record], int, list[str]]
+
+
+class MemoryReplayStore:
+    """Each decision's ring in this process (lost when the router stops)."""
+
+    kind = "memory"
+
+    def __init__(self, ttl_s: float = 0, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.rings: dict[tuple[str, str], deque[tuple[float, Record]]] = {}  # (recipe, decision)
+        self.last_seq = 0
+
+    async def connect(self) -> None:
+        return None
+
+    async def add(self, record: Record, max_records: int) -> int:
+        self.last_seq += 1
+        key = (str(record.get("recipe") or ""), str(record.get("decision") or ""))
+        ring = self.rings.get(key)
+        if ring is None or ring.maxlen != max_records:
+            ring = deque(ring or (), maxlen=max_records)
+            self.rings[key] = ring
+        ring.append((self.clock.monotonic(), {**record, "seq": self.last_seq}))
+        return self.last_seq
+
+    def _expire(self) -> None:
+        if self.ttl_s <= 0:
+            return
+        oldest = self.clock.monotonic() - self.ttl_s
+        for key, ring in list(self.rings.items()):
+            while ring and ring[0][0] <= oldest:
+                ring.popleft()
+            if not ring:
+                del self.rings[key]
+
+    async def read(
+        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+    ) -> ReadResult:
+        self._expire()
+        rings = [
+            ring
+            for (rec, dec), ring in self.rings.items()
+            if (not decision or dec == decision) and (not recipe or rec == recipe)
+        ]
+        found = sorted((r for ring in rings for _, r in ring if r["seq"] > since), key=_seq)
+        return found[:limit], self.last_seq, sorted({dec for _, dec in self.rings})
+
+    async def close(self) -> None:
+        return None
+
+
+def _seq(rec: Record) -> int:
+    return int(rec["seq"])

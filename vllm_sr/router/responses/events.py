@@ -1,0 +1,249 @@
+"""A backend's chat SSE stream as the Responses API's event stream (upstream's
+``processor_res_body_streaming_response_api.go``), translated chunk by chunk as it passes.
+
+Each event is ``event: <type>`` and ``data: <json>`` (with ``type`` inside, no
+``sequence_number``, as upstream). With the first output: ``response.created`` and
+``response.in_progress`` (the Response, ``in_progress``, no output). Text: the message item's
+``response.output_item.added``, ``response.content_part.added``, then one
+``response.output_text.delta`` per chunk's ``delta.content``. ``delta.reasoning_content``: a
+``reasoning`` item and ``response.reasoning_text.delta``; ``delta.tool_calls``: a
+``function_call`` item each and ``response.function_call_arguments.delta``. At the chat's
+``data: [DONE]`` (or the stream's normal end): the ``.done`` events of every item
+(``response.output_text.done``, ``response.content_part.done``,
+``response.function_call_arguments.done``, ``response.output_item.done``) and
+``response.completed`` with the whole Response and its usage. No chat chunk and no
+``[DONE]`` reaches the caller. A stream that breaks gets no ``response.completed`` (and is not
+stored).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_sr.router.responses.translate import (
+    Turn,
+    call_item,
+    message_item,
+    new_id,
+    reasoning_item,
+    usage_of,
+)
+
+CONTENT_TYPE = "text/event-stream"
+
+
+@dataclass
+class _Item:
+    id: str
+    index: int
+    text: str = ""
+    refusal: str = ""
+
+
+class StreamTranslator:
+    """The backends' stream rewrite for one Responses request: ``chunk`` takes what the
+    backend sent (any cut of its SSE bytes) and returns the events to send; ``finish`` the
+    rest. ``completed`` is the final Response once ``response.completed`` went out."""
+
+    content_type = CONTENT_TYPE
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.headers: dict[str, str] = {}  # set before the answer begins
+        self.model = turn.request.model
+        self.completed: dict[str, Any] | None = None
+        self._pending = b""
+        self._started = False
+        self._next = 0
+        self._message: _Item | None = None
+        self._reasoning: _Item | None = None
+        self._calls: dict[int, _Item] = {}
+        self._call_meta: dict[int, dict[str, Any]] = {}
+        self._usage: dict[str, Any] | None = None
+
+    # -- the rewrite ----------------------------------------------------------------------------
+    def chunk(self, data: bytes) -> bytes:
+        self._pending += data.replace(b"\r\n", b"\n")
+        blocks = self._pending.split(b"\n\n")
+        self._pending = blocks.pop()  # an event not whole yet
+        out: list[bytes] = []
+        for block in blocks:
+            self._block(block, out)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        out: list[bytes] = []
+        if self._pending.strip():
+            self._block(self._pending, out)
+        self._pending = b""
+        if self.completed is None:
+            self._complete(out)
+        return b"".join(out)
+
+    # -- one SSE event of the chat ------------------------------------------------------------
+    def _block(self, block: bytes, out: list[bytes]) -> None:
+        for line in block.decode("utf-8", "replace").split("\n"):
+            if not line.startswith("data:") or self.completed is not None:
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                self._complete(out)
+                continue
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                self._chat_chunk(doc, out)
+
+    def _chat_chunk(self, doc: dict[str, Any], out: list[bytes]) -> None:
+        if isinstance(doc.get("model"), str) and doc["model"]:
+            self.model = doc["model"]
+        if doc.get("usage"):
+            self._usage = usage_of(doc["usage"])
+        for choice in doc.get("choices") or []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            reasoning = delta.get("reasoning_content")
+            if isinstance(reasoning, str) and reasoning:
+                item = self._reasoning_item(out)
+                item.text += reasoning
+                self._emit(out, "response.reasoning_text.delta", **_at(item), delta=reasoning)
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                item = self._message_item(out)
+                item.text += text
+                self._emit(out, "response.output_text.delta", **_at(item), delta=text)
+            refusal = delta.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                item = self._message_item(out)
+                item.refusal += refusal
+                self._emit(out, "response.refusal.delta", **_at(item), delta=refusal)
+            for call in delta.get("tool_calls") or []:
+                if isinstance(call, dict):
+                    self._tool_call(call, out)
+
+    def _tool_call(self, call: dict[str, Any], out: list[bytes]) -> None:
+        index = int(call.get("index", 0))
+        meta = self._call_meta.setdefault(
+            index, {"id": "", "function": {"name": "", "arguments": ""}}
+        )
+        fn = call.get("function") or {}
+        if call.get("id"):
+            meta["id"] = call["id"]
+        meta["function"]["name"] += fn.get("name") or ""
+        if index not in self._calls:
+            self._start(out)
+            item = self._calls[index] = _Item(new_id("item_"), self._take_index())
+            self._emit(
+                out,
+                "response.output_item.added",
+                output_index=item.index,
+                item=call_item(item.id, "in_progress", meta),
+            )
+        item = self._calls[index]
+        arguments = fn.get("arguments") or ""
+        if arguments:
+            meta["function"]["arguments"] += arguments
+            self._emit(
+                out,
+                "response.function_call_arguments.delta",
+                item_id=item.id,
+                output_index=item.index,
+                delta=arguments,
+            )
+
+    # -- items opening ----------------------------------------------------------------------------
+    def _start(self, out: list[bytes]) -> None:
+        if self._started:
+            return
+        self._started = True
+        begun = self.turn.response("in_progress", self.model, [])
+        self._emit(out, "response.created", response=begun)
+        self._emit(out, "response.in_progress", response=begun)
+
+    def _take_index(self) -> int:
+        self._next += 1
+        return self._next - 1
+
+    def _message_item(self, out: list[bytes]) -> _Item:
+        if self._message is None:
+            self._start(out)
+            item = self._message = _Item(new_id("item_"), self._take_index())
+            self._emit(
+                out,
+                "response.output_item.added",
+                output_index=item.index,
+                item=message_item(item.id, "in_progress", ""),
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            self._emit(out, "response.content_part.added", **_at(item), part=part)
+        return self._message
+
+    def _reasoning_item(self, out: list[bytes]) -> _Item:
+        if self._reasoning is None:
+            self._start(out)
+            item = self._reasoning = _Item(new_id("item_"), self._take_index())
+            self._emit(
+                out,
+                "response.output_item.added",
+                output_index=item.index,
+                item=reasoning_item(item.id, "in_progress", ""),
+            )
+        return self._reasoning
+
+    # -- the end ---------------------------------------------------------------------------------
+    def _complete(self, out: list[bytes]) -> None:
+        if self._message is None and not self._calls:
+            self._message_item(out)  # an answer with nothing in it still has its message
+        self._start(out)
+        done: list[tuple[int, dict[str, Any]]] = []
+        if (item := self._reasoning) is not None:
+            self._emit(out, "response.reasoning_text.done", **_at(item), text=item.text)
+            final = reasoning_item(item.id, "completed", item.text)
+            self._emit(out, "response.output_item.done", output_index=item.index, item=final)
+            done.append((item.index, final))
+        if (item := self._message) is not None:
+            final = message_item(item.id, "completed", item.text, item.refusal)
+            if item.text:
+                self._emit(out, "response.output_text.done", **_at(item), text=item.text)
+            if item.refusal:
+                self._emit(out, "response.refusal.done", **_at(item), refusal=item.refusal)
+            self._emit(out, "response.content_part.done", **_at(item), part=final["content"][0])
+            self._emit(out, "response.output_item.done", output_index=item.index, item=final)
+            done.append((item.index, final))
+        for index in sorted(self._calls):
+            item, meta = self._calls[index], self._call_meta[index]
+            final = call_item(item.id, "completed", meta)
+            self._emit(
+                out,
+                "response.function_call_arguments.done",
+                item_id=item.id,
+                output_index=item.index,
+                arguments=final["arguments"],
+            )
+            self._emit(out, "response.output_item.done", output_index=item.index, item=final)
+            done.append((item.index, final))
+        output = [entry for _, entry in sorted(done, key=lambda pair: pair[0])]
+        self.completed = self.turn.response("completed", self.model, output, self._usage)
+        self._emit(out, "response.completed", response=self.completed)
+
+    @staticmethod
+    def _emit(out: list[bytes], event: str, **payload: Any) -> None:
+        data = json.dumps({"type": event, **payload}, ensure_ascii=False)
+        out.append(f"event: {event}\ndata: {data}\n\n".encode())
+
+
+def _at(item: _Item) -> dict[str, Any]:
+    return {"item_id": item.id, "output_index": item.index, "content_index": 0}
+
+
+def translate_whole(turn: Turn, sse: bytes) -> tuple[bytes, dict[str, Any] | None]:
+    """A whole chat SSE body (a cached answer replayed, a fast_response) as the event stream
+    -> (the events, the completed Response)."""
+    translator = StreamTranslator(turn)
+    events = translator.chunk(sse) + translator.finish()
+    return events, translator.completed
