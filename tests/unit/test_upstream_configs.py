@@ -156,7 +156,7 @@ def test_upstream_reference_config_as_json(capsys: pytest.CaptureFixture[str]) -
     answer = json.loads(out)
     assert code != 0 and answer["valid"] is False
     problems = answer["problems"]
-    assert len(problems) > 50
+    assert len(problems) > 40  # every refusal in one run (fewer as more is acted on)
     assert [p for p in problems if NOT_SUPPORTED not in p and UPSTREAM_INVALID not in p] == []
 
 
