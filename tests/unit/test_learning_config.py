@@ -166,3 +166,16 @@ def test_decision_adaptations_upstream_accepts_load() -> None:
         "protection: {stability_weight: 1.2, switch_margin: 0.04}",
     ):
         assert _problems(DECISION + textwrap.indent(block, "        ") + "\n") == [], block
+
+
+@pytest.mark.parametrize("recipe", ["agent", "balance"])
+def test_upstreams_recipes_with_learning_load_whole(recipe: str) -> None:
+    from pathlib import Path
+
+    path = (
+        Path(__file__).resolve().parents[1] / "fixtures/upstream/recipes" / recipe / "config.yaml"
+    )
+    cfg = parse_config(path.read_text(encoding="utf-8"), str(path))
+    learning = cfg.global_.router.learning
+    assert learning.enabled and learning.protection is not None
+    assert learning.protection.scope == "conversation"
