@@ -436,3 +436,42 @@ async def test_a_learning_failure_never_fails_the_chat(
     raw = await Conversation(st, "s1", "c1").say("beta")
     assert picked(raw) == ("b", "", "")  # routed as without learning
     assert "Router Learning failed on decision to_b" in caplog.text
+
+
+async def test_a_responses_chain_is_one_protected_conversation(
+    make_stack: Callable[..., Any],
+) -> None:
+    """/v1/responses goes through the chat's path: its chain, with the identity headers, stays
+    on its model like a chat conversation."""
+    from vllm_sr.httpserver import PathRoutes
+    from vllm_sr.router.responses.api import ResponsesAPI
+    from vllm_sr.router.responses.store import MemoryStore
+
+    st = await make_stack(learning())
+    clock = FakeClock()
+    responses = ResponsesAPI(MemoryStore(ttl_s=600, max_responses=10, clock=clock), clock)
+    paths = PathRoutes({**st.chat.routes(), **responses.routes(lambda: st.chat)})
+
+    async def handle(request: Request) -> Response | StreamResponse:
+        route, _ = paths.resolve(request)
+        return await route(request)
+
+    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    client = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key="k",
+        max_retries=0,
+        default_headers={"x-session-id": "s1", "x-conversation-id": "r1", "x-vsr-debug": "true"},
+    )
+    try:
+        first = await client.responses.with_raw_response.create(model=AUTO, input="alpha")
+        assert first.headers["x-vsr-selected-model"] == "a"
+        second = await client.responses.with_raw_response.create(
+            model=AUTO, input="beta", previous_response_id=first.parse().id
+        )
+        assert picked(second) == ("a", "protection=hold_current", "protection=hard_lock=min_turns")
+        assert second.parse().output_text.startswith("a got:")
+    finally:
+        await client.close()
+        await server.close(5.0)
