@@ -1,8 +1,8 @@
 """Upstream's maintained recipes on a real `vllm-sr serve`: each config file as upstream ships it
 (tests/fixtures/upstream/recipes), with only its backends pointed at a local stand-in, loads,
 starts with the embedded d3-edge worker and routes a chat from its own probes through the
-official openai SDK to the decision `/api/v1/eval` names for the same text. (agent and balance
-still refuse Router Learning, which vllm-sr does not run: see docs/router.md; the agent recipe's
+official openai SDK to the decision `/api/v1/eval` names for the same text (balance ships no
+probes: any text, in a conversation Router Learning's protection tracks). (The agent recipe's
 Responses API block is served in test_serve_responses.py.)"""
 
 from __future__ import annotations
@@ -31,13 +31,19 @@ def pointed_at(recipe: str, endpoint: str) -> dict[str, Any]:
     return doc
 
 
+ANY_TEXT = "Summarize the trade-offs of caching in a web service."
+
+
 def first_probe(recipe: str) -> str:
-    probes = yaml.safe_load((RECIPES / recipe / "probes.yaml").read_text())
+    path = RECIPES / recipe / "probes.yaml"
+    if not path.exists():
+        return ANY_TEXT
+    probes = yaml.safe_load(path.read_text())
     query: str = probes["decisions"][0]["variants"][0]["query"]
     return query
 
 
-@pytest.mark.parametrize("recipe", ["feedback", "knowledge", "privacy"])
+@pytest.mark.parametrize("recipe", ["balance", "feedback", "knowledge", "privacy"])
 async def test_a_maintained_recipe_loads_unchanged_and_serves(tmp_path: Path, recipe: str) -> None:
     backend = await StandInBackend("llm").start()
     config = tmp_path / "config.yaml"
@@ -66,7 +72,12 @@ async def routes_a_probe(url: str, recipe: str, config: Path) -> None:
     raw = await client.chat.completions.with_raw_response.create(
         model="vllm-sr/auto",
         messages=[{"role": "user", "content": text}],
-        extra_headers={"x-authz-user-id": "alice"},
+        extra_headers={
+            "x-authz-user-id": "alice",
+            "x-session-id": "s1",
+            "x-conversation-id": "c1",
+            "x-vsr-debug": "true",
+        },
     )
     assert raw.parse().choices[0].message.content == f"llm got: {text}"
     assert raw.headers.get("x-vsr-selected-decision", "") == decision
@@ -74,3 +85,5 @@ async def routes_a_probe(url: str, recipe: str, config: Path) -> None:
         m["name"] for m in yaml.safe_load(config.read_text())["providers"]["models"]
     }
     assert "x-vsr-routing-fallback" not in raw.headers
+    if recipe == "balance":  # learning on: protection starts the conversation on this model
+        assert raw.headers["x-vsr-learning-actions"] == "protection=establish_baseline"

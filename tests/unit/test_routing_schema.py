@@ -489,7 +489,7 @@ def test_decision_refusals_and_leaf_rules() -> None:
                         {"type": "event", "name": "p", "on_error": "match"},
                     ],
                 },
-                "adaptations": {"mode": "apply"},
+                "adaptations": {"mode": "observe", "adaptation": {"mode": "apply"}},
                 "emits": [
                     {"kind": "retention", "retention": {"drop": True}},
                     {"kind": "retention", "retention": {"ttl_turns": 3}},
@@ -504,7 +504,8 @@ def test_decision_refusals_and_leaf_rules() -> None:
     assert "label only on classifier leaves" in found[f"{d0}.rules.conditions[0].label"]
     assert "on_error only on classifier leaves" in found[f"{d0}.rules.conditions[1].on_error"]
     assert "the rule leaf type 'event' is not supported" in found[f"{d0}.rules.conditions[1].type"]
-    assert "Router Learning" in found[f"{d0}.adaptations"]
+    assert "'apply' under adaptations.mode 'observe'" in found[f"{d0}.adaptations.adaptation.mode"]
+    assert f"{d0}.adaptations" not in found  # Router Learning's controls are acted on
     assert NOT_SUPPORTED in found[f"{d0}.emits[0].retention.drop"]
     assert NOT_SUPPORTED in found[f"{d0}.emits[1].retention.ttl_turns"]
     assert not any(p.startswith(f"{d0}.emits[2]") for p in found)

@@ -216,28 +216,28 @@ class Emit(Strict):
 
 class LearningAdaptation(Strict):
     mode: str | None = Field(default=None, max_length=32)
-    """apply / observe / bypass."""
+    """apply / observe / bypass (omitted: the decision's mode)."""
 
     candidate_set: str | None = Field(default=None, max_length=64)
-    """Which models learning may choose from."""
+    """Which models adaptation may choose from (omitted: the global candidate_set)."""
 
 
 class LearningProtection(Strict):
     mode: str | None = Field(default=None, max_length=32)
-    """apply / observe / bypass."""
+    """apply / observe / bypass (omitted: the decision's mode)."""
 
-    stability_weight: float | None = None
-    """Stability weight."""
+    stability_weight: float | None = Field(default=None, ge=0)
+    """Replaces the global tuning's stability_weight for this decision."""
 
-    switch_margin: float | None = None
-    """Switch margin."""
+    switch_margin: float | None = Field(default=None, ge=0)
+    """Replaces the global tuning's switch_margin for this decision."""
 
 
 class Adaptations(Strict):
-    """Upstream's Router Learning controls per decision (refused by vllm-sr)."""
+    """Upstream's per-decision Router Learning controls (vllm_sr/router/learning)."""
 
     mode: str | None = Field(default=None, max_length=32)
-    """apply / observe / bypass."""
+    """apply / observe (computed, not acted on) / bypass (learning off here); omitted: apply."""
 
     adaptation: LearningAdaptation | None = None
     """Model-choice learning."""
@@ -272,7 +272,7 @@ class Decision(Strict):
     """Request/response plugins (refused by vllm-sr for now)."""
 
     adaptations: Adaptations | None = None
-    """Upstream's Router Learning controls (refused)."""
+    """Upstream's Router Learning controls for this decision."""
 
     emits: list[Emit] = Field(default_factory=list, max_length=16)
     """Declarative directives (retention)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
 
@@ -267,14 +268,7 @@ def _decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
         problems += plugin_problems(
             (*path, "plugins", j), kind, as_dict(plugin).get("configuration")
         )
-    if dec.get("adaptations") not in (None, {}):
-        problems.append(
-            refusal(
-                (*path, "adaptations"),
-                "adaptations (Router Learning)",
-                "no adaptations: the decision's algorithm picks the model",
-            )
-        )
+    problems += adaptations_problems((*path, "adaptations"), dec.get("adaptations"))
     for k, emit in enumerate(as_list(dec.get("emits"))):
         ret = as_dict(as_dict(emit).get("retention"))
         ttl = ret.get("ttl_turns")

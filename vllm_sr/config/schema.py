@@ -132,7 +132,7 @@ class Router(_Strict):
     """Upstream: learned selectors' global settings (read only by refused algorithms)."""
 
     learning: RouterLearning = Field(default_factory=RouterLearning)
-    """Upstream: Router Learning (refused when enabled)."""
+    """Upstream: Router Learning (adaptation and protection; vllm_sr/router/learning)."""
 
     @model_validator(mode="after")
     def _default_aliases(self) -> Router:

@@ -1,13 +1,17 @@
-"""Typed sub-blocks of upstream ``global.router`` that only Router Learning and the learned
-selectors read: ``learning`` and ``model_selection`` (upstream ``learning_config.go``,
+"""Typed sub-blocks of upstream ``global.router`` that Router Learning and the learned selectors
+read: ``learning`` and ``model_selection`` (upstream ``learning_config.go``,
 ``selection_config.go``).
 
-Neither changes what vllm-sr does: Router Learning is refused when enabled, and the selectors'
-globals are read only by decisions whose ``algorithm`` is a learned selector, which vllm-sr
-refuses; they are typed so a misspelled key is still an error with its path and line.
+Router Learning runs in Router mode (vllm_sr/router/learning): the values upstream's
+``validator_learning.go`` accepts are checked by ``learning_rules`` (an unknown value is an
+error naming the field, the value and what is accepted). The selectors' globals are
+read only by decisions whose ``algorithm`` is a learned selector, which vllm-sr refuses; they
+are typed so a misspelled key is still an error with its path and line.
 """
 
 from __future__ import annotations
+
+from pydantic import Field
 
 from vllm_sr.config.routing_base import Strict
 
@@ -16,97 +20,100 @@ from vllm_sr.config.routing_base import Strict
 
 class LearningAdaptation(Strict):
     enabled: bool | None = None
-    """Upstream: adaptation on."""
+    """Online model-choice learning (omitted: on when learning is on)."""
 
-    candidate_set: str | None = None
-    """Upstream: which models adaptation may pick."""
+    candidate_set: str | None = Field(default=None, max_length=32)
+    """Which models adaptation may pick: decision (the matched decision's modelRefs, the
+    default), tier (every decision of the same tier), global (every deployed model)."""
 
-    strategy: str | None = None
-    """Upstream: adaptation strategy."""
+    strategy: str | None = Field(default=None, max_length=64)
+    """The adaptation strategy: routing_sampling (the default and only one)."""
 
 
 class LearningIdentityHeaders(Strict):
-    session: str | None = None
-    """Upstream: session id header."""
+    session: str | None = Field(default=None, max_length=128)
+    """The request header naming the session (default x-session-id)."""
 
-    conversation: str | None = None
-    """Upstream: conversation id header."""
+    conversation: str | None = Field(default=None, max_length=128)
+    """The request header naming the conversation (default x-conversation-id)."""
 
 
 class LearningIdentity(Strict):
     headers: LearningIdentityHeaders | None = None
-    """Upstream: where the session is read."""
+    """Where protection reads the client's identity."""
 
 
 class LearningTuning(Strict):
-    idle_timeout_seconds: int | None = None
-    """Upstream: session idle timeout."""
+    idle_timeout_seconds: int | None = Field(default=None, ge=0)
+    """Seconds without a turn after which a conversation starts over (default 300; 0: never)."""
 
-    min_turns_before_switch: int | None = None
-    """Upstream: turns before a model switch."""
+    min_turns_before_switch: int | None = Field(default=None, ge=0)
+    """Turns a conversation stays on its model before a switch may be considered (default 1)."""
 
-    switch_margin: float | None = None
-    """Upstream: score margin for a switch."""
+    switch_margin: float | None = Field(default=None, ge=0)
+    """How much a new model's score must beat the current one's by (default 0.05)."""
 
-    stability_weight: float | None = None
-    """Upstream: weight of staying."""
+    stability_weight: float | None = Field(default=None, ge=0)
+    """Scales the costs of switching (handoff, prefix cache, switch history; default 1)."""
 
 
 class LearningProtection(Strict):
     enabled: bool | None = None
-    """Upstream: session protection on (keeps a conversation on its model)."""
+    """Stability protection: keeps a conversation on its model (omitted: on when learning is
+    on)."""
 
-    scope: str | None = None
-    """Upstream: conversation or session."""
+    scope: str | None = Field(default=None, max_length=32)
+    """conversation (session and conversation headers, the default) or session (the session
+    header alone: the whole session stays on its model)."""
 
     identity: LearningIdentity | None = None
-    """Upstream: session identity."""
+    """Where the identity is read."""
 
     tuning: LearningTuning | None = None
-    """Upstream: protection knobs."""
+    """Protection knobs."""
 
 
 class LearningRedis(Strict):
-    address: str | None = None
-    """Upstream: Redis address."""
+    address: str | None = Field(default=None, max_length=256)
+    """host:port of the Redis server (required with the redis backend)."""
 
     password: str | None = None
-    """Upstream: Redis password."""
+    """Redis password."""
 
-    database: int | None = None
-    """Upstream: Redis database."""
+    database: int | None = Field(default=None, ge=0)
+    """Redis database number (default 0)."""
 
-    key_prefix: str | None = None
-    """Upstream: key prefix."""
+    key_prefix: str | None = Field(default=None, max_length=256)
+    """Prefix of the conversation keys (default vsr:router-session:v1:)."""
 
 
 class LearningStateStore(Strict):
-    backend: str | None = None
-    """Upstream: memory or redis."""
+    backend: str | None = Field(default=None, max_length=32)
+    """local (in this process, the default) or redis (conversations shared by routers)."""
 
-    ttl_seconds: int | None = None
-    """Upstream: state lifetime."""
+    ttl_seconds: int | None = Field(default=None, ge=0)
+    """How long a conversation's state lives after its last turn (omitted or 0: 24 h)."""
 
-    timeout_ms: int | None = None
-    """Upstream: store timeout."""
+    timeout_ms: int | None = Field(default=None, ge=0)
+    """The redis store's timeout per operation (default 50 ms; slower counts as down)."""
 
     redis: LearningRedis | None = None
-    """Upstream: Redis connection."""
+    """Redis connection (redis backend)."""
 
 
 class RouterLearning(Strict):
     enabled: bool = False
-    """Upstream: Router Learning may override the base selector per session. Only false is
-    supported."""
+    """Router Learning: adaptation and protection may change the decision's model per
+    conversation (docs/router.md, "Router Learning")."""
 
     adaptation: LearningAdaptation | None = None
-    """Upstream: adaptation settings."""
+    """Adaptation settings."""
 
     protection: LearningProtection | None = None
-    """Upstream: session protection settings."""
+    """Protection settings."""
 
     state_store: LearningStateStore | None = None
-    """Upstream: where learning state lives."""
+    """Where learning state lives."""
 
 
 # -- router.model_selection --------------------------------------------------------------------

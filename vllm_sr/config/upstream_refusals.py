@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from vllm_sr.config.learning_rules import learning_problems
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, as_list, refusal
 
@@ -70,15 +71,7 @@ def _router_refusals(router: dict[str, Any]) -> list[Problem]:
                 "false (every auto request is routed)",
             )
         )
-    if _is_true(as_dict(router.get("learning")).get("enabled")):
-        problems.append(
-            refusal(
-                (*base, "learning", "enabled"),
-                "Router Learning (a learned override of the decision's selector)",
-                "false (each decision's algorithm selects the model)",
-            )
-        )
-    return problems
+    return problems + learning_problems(router.get("learning"))
 
 
 def _service_refusals(services: dict[str, Any]) -> list[Problem]:

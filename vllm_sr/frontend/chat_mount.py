@@ -67,6 +67,7 @@ class ChatMount:
             if self.chat is not None and self.chat.cache is not None:
                 await self.chat.cache.store.close()
             if self.chat is not None:
+                await self.chat.learning.state.close()
                 await self.chat.replay.close()
             self.plan, self.chat, self._backends = plan, None, None
         else:
@@ -97,6 +98,7 @@ class ChatMount:
                 backends=backends,
                 stats=self.chat.stats if self.chat is not None else None,
                 replay=replay,
+                learning_state=self.chat.learning.state if self.chat is not None else None,
                 authz=plan.authz,
                 recipes=plan.recipes,
                 entrypoints=plan.entrypoints,
@@ -105,6 +107,7 @@ class ChatMount:
             )
             if old_cache is not None and old_cache is not self.chat.cache:
                 await old_cache.store.close()
+            await self.chat.learning.state.close_retired()
             if old_replay is not None and old_replay is not replay:
                 await old_replay.close()
             self.plan, self._backends = plan, backends
@@ -137,6 +140,8 @@ class ChatMount:
         if self._warm is not None:
             self._warm.cancel()
         await self._update_responses(None)
+        if self.chat is not None:
+            await self.chat.learning.state.close()
         if self.chat is not None and self.chat.cache is not None:
             await self.chat.cache.store.close()
         if self.chat is not None:

@@ -19,6 +19,10 @@ through). Answer headers, as upstream names them (the plugins add ``x-vsr-cache-
 - with ``x-vsr-debug: true`` on the request: ``x-vsr-matched-<family>`` per signal family that
   matched (``x-vsr-matched-keywords``, ``-context``, ...) and ``x-vsr-selected-reasoning``;
 
+- with ``x-vsr-debug: true`` and Router Learning on (vllm_sr/router/learning, which may move a
+  routed chat to another model before the plugins run): ``x-vsr-learning-{methods,actions,
+  scopes,reasons}`` and ``x-vsr-session-phase``;
+
 and ours (upstream has nothing like them):
 
 - ``x-vsr-matched-signals``: every matched signal as ``type:name``, comma-separated;
@@ -63,6 +67,9 @@ from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cache import embedding as cache_embedding
 from vllm_sr.router.cache.answer import AnswerRecorder
 from vllm_sr.router.chat_plugins import ChatPlugins, Replay
+from vllm_sr.router.learning.runtime import RouterLearning
+from vllm_sr.router.learning.settings import LearningSettings
+from vllm_sr.router.learning.state import LearningState
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
@@ -111,6 +118,7 @@ class ChatRouter(ChatPlugins):
         authz: AuthzOptions | None = None,
         replay: ReplayLog | None = None,
         tool_embeddings: ToolEmbeddings | None = None,
+        learning: RouterLearning | None = None,
     ) -> None:
         self.router = router  # the default recipe's
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
@@ -124,6 +132,7 @@ class ChatRouter(ChatPlugins):
         self.replay = replay if replay is not None else ReplayLog()
         self.replay_enabled = False
         self.tool_embeddings = tool_embeddings
+        self.learning = learning if learning is not None else RouterLearning(LearningSettings())
         # (recipe, decision) -> the decision and its plugins
         self.decisions = {
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
@@ -160,6 +169,12 @@ class ChatRouter(ChatPlugins):
             result = await self.resolve(body, view)
         except VllmSrError as exc:
             return error_response(exc)
+        # Router Learning may move the chat to another model (vllm_sr/router/learning)
+        turn = await self.learning.apply(
+            self.recipes.get(result.recipe, self.router), result, body, request.headers
+        )
+        if turn is not None:
+            result = turn.result
         plugins = self.plugins_of(result)
         replay = Replay(self, plugins, result, body, request.body, started)
         try:
@@ -176,9 +191,21 @@ class ChatRouter(ChatPlugins):
                     return await replay.done(cached, "cache", result.model)
             recorder = AnswerRecorder() if plan is not None else None
             outgoing = await self.select_tools(body, plugins, query)
+            sent = self.backends.clock.monotonic()
             answer, answered_by, failed = await self.forward(
-                outgoing, result, plugins, request, debug, deadline, recorder, replay, rewrite
+                outgoing,
+                result,
+                plugins,
+                request,
+                debug,
+                deadline,
+                recorder,
+                replay,
+                rewrite,
+                learning_headers=turn.headers() if turn is not None and debug else None,
             )
+            latency = self.backends.clock.monotonic() - sent
+            await self.learning.observe(turn, answered_by, answer.status, failed, latency)
             # (an answer from a fallback model is not filed under the chosen model)
             chosen_answered = answered_by == result.model
             if plan is not None and recorder is not None and self.cache and chosen_answered:
@@ -270,8 +297,8 @@ class ChatRouter(ChatPlugins):
         return Response(json.dumps({"object": "list", "data": self.models_data()}).encode())
 
     def inventory(self) -> dict[str, Any]:
-        """For the inventory document (key "router"): backends, decision counters and the
-        response cache's."""
+        """For the inventory document (key "router"): backends, decision counters, the
+        response cache's and (when on) Router Learning's."""
         doc: dict[str, Any] = {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
         if self.cache is not None:
             usage = self.cache.store.usage()
@@ -281,6 +308,8 @@ class ChatRouter(ChatPlugins):
                 "bytes": None if usage is None else usage[1],
                 **self.cache.stats.to_json(),
             }
+        if self.learning.enabled:
+            doc["learning"] = self.learning.inventory()
         return doc
 
 
@@ -300,10 +329,12 @@ def build_chat_router(
     global_: GlobalSection | None = None,
     cache: ResponseCache | bool | None = True,
     replay: ReplayLog | None = None,
+    learning_state: LearningState | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
-    ``stats`` and ``replay`` to keep the counters and replay records across a reload (no
-    ``replay``: one for ``global.services.router_replay``, started on its first use);
+    ``stats``, ``replay`` and ``learning_state`` to keep the counters, replay records and
+    Router Learning's conversations and experience across a reload (no ``replay``: one for
+    ``global.services.router_replay``, started on its first use);
     ``backends`` is started by the caller (``await backends.start()``) and closed when the
     generation is replaced. ``cache``: a
     response cache to keep (a reload that keeps the store), True to build one from
@@ -352,6 +383,11 @@ def build_chat_router(
         authz=authz,
         replay=replay,
         tool_embeddings=ToolEmbeddings(decision_deployment, raw_exchange, signal_timeout_ms),
+        learning=RouterLearning(
+            LearningSettings.from_config(global_.router.learning if global_ else None),
+            learning_state,
+            global_.router.learning.state_store if global_ else None,
+        ),
     )
     conf = _replay_conf(global_)
     chat.replay_enabled = bool(conf is not None and conf.enabled)

@@ -86,6 +86,7 @@ class ChatPlugins:
         recorder: AnswerRecorder | None,
         replay: Replay,
         rewrite: StreamRewrite | None = None,
+        learning_headers: Mapping[str, str] | None = None,
     ) -> tuple[Response | StreamResponse, str, list[tuple[str, str]]]:
         """The chat to its model's backend, retried on the model's other backends and then
         falling back to other models before the first byte (vllm_sr/router/fallback.py);
@@ -104,6 +105,7 @@ class ChatPlugins:
             outgoing = self.outgoing_body(body, attempt, backend, plugins)
             headers = answer_headers(attempt, debug=debug)
             headers.update(replay.headers)
+            headers.update(learning_headers or {})
             headers.update(attempts.headers())
             try:
                 answer = await self.backends.proxy(

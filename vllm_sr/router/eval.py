@@ -15,6 +15,7 @@ from typing import Any
 from vllm_sr.config.routing_plugins import canonical_type
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.families import EVAL_KEY
+from vllm_sr.router.learning.settings import changes_at_execution
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, SignalRun
 from vllm_sr.router.rules import SignalKey, leaves, trace
@@ -169,6 +170,15 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "selection_method": kind,
             "selection_reason": f"{kind} is a multi-call algorithm; with no looper endpoint "
             "vllm-sr (as upstream) sends the chat to static's choice",
+        }
+    if changes_at_execution(router.learning, getattr(decision, "adaptations", None)):
+        return {
+            "recommended_models": [r.model for r in refs],
+            "routing_decision": decision.name,
+            "selection_status": "execution_required",
+            "selection_method": kind,
+            "selection_reason": "Router Learning can adapt or protect the base selector only "
+            "during request execution",
         }
     return {
         "recommended_models": [r.model for r in refs],

@@ -1,8 +1,9 @@
 """Router mode's Prometheus families, built at scrape time from the router's counters (the
 request path only increments a Counter): decisions by decision and model, matched signals,
-routing fallbacks by reason, backend fallbacks by model and reason, each backend's requests,
-errors and health, the response cache's hits, misses, writes, errors, entries and bytes, and
-router_replay's records written and lost by store."""
+routing fallbacks by reason, backend fallbacks by model and reason, Router Learning's actions
+by decision, method and action, each backend's requests, errors and health, the response
+cache's hits, misses, writes, errors, entries and bytes, and router_replay's records written and
+lost by store."""
 
 from __future__ import annotations
 
@@ -56,6 +57,19 @@ class RouterCollector(Collector):
             "Routed chats whose model failed before the first byte and went to the next model",
             ["model", "reason"],
             {(m, r): n for (m, r), n in stats.backend_fallbacks.items()},
+        )
+        yield _counter(
+            "vllm_sr_router_learning_actions",
+            "Router Learning's actions on routed chats, by decision, method (adaptation, "
+            "protection) and action (hold_current, allow_switch, propose_switch, ...)",
+            ["decision", "method", "action"],
+            {(d, m, a): n for (d, m, a), n in chat.learning.state.actions.items()},
+        )
+        yield _counter(
+            "vllm_sr_router_learning_store_errors",
+            "Router Learning's redis state store failures (the router's own copy was used)",
+            [],
+            {(): chat.learning.state.store_errors},
         )
         yield from backend_families(chat)
         yield from cache_families(chat)

@@ -31,6 +31,7 @@ from vllm_sr.pool.exchange import RoutingExchange
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
 from vllm_sr.router.deterministic import DeterministicSignals
+from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, SignalKey, choose_model, rank, static_order
@@ -159,6 +160,9 @@ class Router:
         # (algorithm, eval selection status) per decision: static, or a looper run as static.
         self.algorithms = {d.name: effective_algorithm(d, global_) for d in routing.decisions}
         self.stats = stats if stats is not None else RouterStats()
+        # Router Learning's settings (eval's preview says when learning may change the model)
+        router_cfg = getattr(global_, "router", None)
+        self.learning = LearningSettings.from_config(getattr(router_cfg, "learning", None))
         self._eval_plan: QuestionPlan | None = None
 
     @property
