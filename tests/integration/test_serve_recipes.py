@@ -2,8 +2,9 @@
 (tests/fixtures/upstream/recipes), with only its backends pointed at a local stand-in, loads,
 starts with the embedded d3-edge worker and routes a chat from its own probes through the
 official openai SDK to the decision `/api/v1/eval` names for the same text (balance ships no
-probes: any text, in a conversation Router Learning's protection tracks). (The agent recipe's
-Responses API block is served in test_serve_responses.py.)"""
+probes: any text, in a conversation Router Learning's protection tracks). The agent recipe also
+answers through its Responses API (memory store), with its replay store (host `postgres`, not
+reachable here) down: chats are served and the records counted lost (test_serve_replay.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def first_probe(recipe: str) -> str:
     return query
 
 
-@pytest.mark.parametrize("recipe", ["balance", "feedback", "knowledge", "privacy"])
+@pytest.mark.parametrize("recipe", ["agent", "balance", "feedback", "knowledge", "privacy"])
 async def test_a_maintained_recipe_loads_unchanged_and_serves(tmp_path: Path, recipe: str) -> None:
     backend = await StandInBackend("llm").start()
     config = tmp_path / "config.yaml"
@@ -87,3 +88,17 @@ async def routes_a_probe(url: str, recipe: str, config: Path) -> None:
     assert "x-vsr-routing-fallback" not in raw.headers
     if recipe == "balance":  # learning on: protection starts the conversation on this model
         assert raw.headers["x-vsr-learning-actions"] == "protection=establish_baseline"
+    if recipe == "agent":  # learning on; this probe's decision bypasses it (its adaptations)
+        assert raw.headers["x-vsr-learning-actions"] == "adaptation=bypass,protection=bypass"
+        await answers_through_responses(client, text)
+
+
+async def answers_through_responses(client: openai.AsyncOpenAI, text: str) -> None:
+    """The agent recipe's response_api block: a response, then one chained on it."""
+    first = await client.responses.create(model="vllm-sr/auto", input=text)
+    assert first.output_text == f"llm got: {text}"
+    second = await client.responses.create(
+        model="vllm-sr/auto", input="and then?", previous_response_id=first.id
+    )
+    assert second.output_text == "llm got: and then?"
+    assert second.previous_response_id == first.id
