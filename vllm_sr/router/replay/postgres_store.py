@@ -116,9 +116,14 @@ class PostgresReplayStore:
         return int(row[0])
 
     async def read(
-        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+        self,
+        decision: str | None,
+        since: int,
+        limit: int = MAX_LIST,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> ReadResult:
-        where = [sql.SQL("vsr_seq > %s")]
+        where: list[sql.Composable] = [sql.SQL("vsr_seq > %s")]
         args: list[Any] = [since]
         if decision:
             where.append(sql.SQL("decision = %s"))
@@ -126,9 +131,10 @@ class PostgresReplayStore:
         if recipe:
             where.append(sql.SQL("recipe = %s"))
             args.append(recipe)
-        if self.ttl_s > 0:
-            where.append(sql.SQL("created_at >= NOW() - make_interval(secs => %s)"))
-            args.append(self.ttl_s)
+        if session:
+            where.append(sql.SQL("session_id = %s"))
+            args.append(session)
+        where += self._fresh(args)
         query = sql.SQL("{} WHERE {} ORDER BY vsr_seq LIMIT %s").format(
             self.select, sql.SQL(" AND ").join(where)
         )
@@ -148,6 +154,26 @@ class PostgresReplayStore:
                 raise _down(exc) from None
         last = int(top[0]) if top is not None and top[0] is not None else 0
         return [codec.decode(r) for r in rows], last, sorted(names)
+
+    async def get(self, record_id: str) -> Record | None:
+        args: list[Any] = [record_id]
+        where: list[sql.Composable] = [sql.SQL("id = %s"), *self._fresh(args)]
+        query = sql.SQL("{} WHERE {}").format(self.select, sql.SQL(" AND ").join(where))
+        async with self.lock:
+            conn = self._conn()
+            try:
+                row = await (await conn.execute(query, args)).fetchone()
+            except psycopg.Error as exc:
+                await self._drop()
+                raise _down(exc) from None
+        return codec.decode(row) if row is not None else None
+
+    def _fresh(self, args: list[Any]) -> list[sql.Composable]:
+        """The TTL's condition (none without a TTL); its argument goes on ``args``."""
+        if self.ttl_s <= 0:
+            return []
+        args.append(self.ttl_s)
+        return [sql.SQL("created_at >= NOW() - make_interval(secs => %s)")]
 
     def _conn(self) -> psycopg.AsyncConnection[Any]:
         if self.conn is None or self.conn.closed:
