@@ -69,12 +69,12 @@ async def check_contract(store: Any) -> None:
     assert [r["id"] for r in theirs] == ["o1"] and decisions == ["billing", "coding"]
     both, _, _ = await store.read("coding", 0)
     assert [r["id"] for r in both] == ["a1", "a2", "o1"]
-    await check_sessions(store)
 
 
 async def check_sessions(store: Any) -> None:
     """Records of two sessions (and one without) are read apart by ``session``, with the
-    other filters; ``get`` finds a record by id (after the contract's records)."""
+    other filters; ``get`` finds a record by id (on a store of its own)."""
+    await store.add(record("n1", "coding"), 100)  # no session
     s1 = record("s1a", "coding", session_id="sess-1", turn_index=0)
     s2 = record("s2a", "billing", session_id="sess-2", turn_index=0)
     s3 = record("s1b", "billing", session_id="sess-1", turn_index=1)
@@ -91,12 +91,13 @@ async def check_sessions(store: Any) -> None:
     assert [r["id"] for r in after] == ["s1b"]
     got = await store.get("s2a")
     assert got == {**s2, "seq": two[0]["seq"]}
-    assert (await store.get("a1"))["decision"] == "coding"  # a record without a session
+    assert (await store.get("n1"))["decision"] == "coding"  # a record without a session
     assert await store.get("never-written") is None
 
 
 async def test_memory_store_keeps_the_contract() -> None:
     await check_contract(MemoryReplayStore())
+    await check_sessions(MemoryReplayStore())
 
 
 async def test_memory_store_bounds_each_decision_and_expires_at_its_ttl() -> None:
