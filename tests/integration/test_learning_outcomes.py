@@ -142,6 +142,9 @@ async def test_verdicts_move_what_routing_sampling_prefers(stack: Stack) -> None
     await post(st, first["b"], "good_fit", 20)
     picks = [(await chat_once(st))[0] for _ in range(5)]
     assert picks == ["b"] * 5
+    outcomes = (await st.chat.replay.get(first["a"]))["outcomes"]  # on the record, in order
+    assert [o["verdict"] for o in outcomes] == ["good_fit"] * 8 + ["underpowered"] * 20
+    assert {(o["target_ref"], o["source"]) for o in outcomes} == {("a", "operator")}
     # a verdict on a replay id no chat had changes nothing
     with pytest.raises(NotFound, match="replay_id 'nope'"):
         await st.control.outcome("nope", "good_fit", next(KEYS))

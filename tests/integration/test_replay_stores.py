@@ -14,7 +14,7 @@ import pytest
 from tests.support.postgres import HAVE_POSTGRES, SKIP_REASON, PgServer, postgres_server
 from tests.support.postgres import start_again as start_postgres_again
 from tests.support.redis_server import HAVE_REDIS, redis_server
-from tests.unit.test_replay_store import check_contract, check_sessions, record
+from tests.unit.test_replay_store import check_contract, check_outcomes, check_sessions, record
 from vllm_sr.clock import FakeClock
 from vllm_sr.config.router_replay import RouterReplayPostgres, RouterReplayRedis
 from vllm_sr.router.replay.writer import ReplayWriter
@@ -77,6 +77,10 @@ async def test_postgres_reads_by_session_from_upstreams_columns(pg: PgServer) ->
     await store.connect()
     await check_sessions(store)
     await store.close()
+    verdicts = pg_store(pg, table="replay_outcomes", ttl_s=600)  # in upstream's column
+    await verdicts.connect()
+    await check_outcomes(verdicts)
+    await verdicts.close()
     with psycopg.connect(pg.conninfo()) as conn:
         rows = conn.execute(
             "SELECT id, session_id, turn_index FROM replay_sessions ORDER BY vsr_seq"
@@ -186,6 +190,10 @@ async def test_redis_reads_by_session_through_its_index(redis_sock: Path) -> Non
     assert await store.client.zcard(index) == 2
     assert 0 < await store.client.ttl(index) <= 600  # goes when its records would
     await store.close()
+    verdicts = redis_store(redis_sock, ttl_s=600, prefix="t4:")
+    await check_outcomes(verdicts)
+    assert 0 < await verdicts.client.ttl("t4:v1") <= 600  # the record keeps its TTL
+    await verdicts.close()
 
 
 @needs_redis

@@ -170,11 +170,30 @@ async def test_a_verdict_about_another_model_is_refused() -> None:
     assert (await ingest(chat, verdict("k2", rid, target_ref="coder")))["updated"] == 1
 
 
-async def test_other_targets_are_accepted_and_change_nothing() -> None:
+async def test_other_targets_go_on_the_record_only() -> None:
     chat, rid = await chat_with_record()
-    got = await ingest(chat, verdict("k1", rid, target="route"))
-    assert got == {"updated": 0, "recorded": False, "duplicate": False}
+    got = await ingest(chat, verdict("k1", rid, target="route", reason="wrong decision"))
+    assert got == {"updated": 0, "recorded": True, "duplicate": False}
     assert chat.learning.state.experience._exp == {}
+    (entry,) = (await chat.replay.get(rid))["outcomes"]
+    assert entry == {
+        "timestamp": entry["timestamp"],
+        "source": "operator",
+        "target": "route",
+        "verdict": "good_fit",
+        "reason": "wrong decision",
+    }
+
+
+async def test_a_model_verdict_goes_on_the_record_naming_the_model() -> None:
+    chat, rid = await chat_with_record()
+    await ingest(chat, verdict("k1", rid, score=0.5, metadata={"ticket": "T-1"}))
+    (entry,) = (await chat.replay.get(rid))["outcomes"]
+    assert (entry["target_ref"], entry["score"], entry["metadata"]) == (
+        "coder",
+        0.5,
+        {"ticket": "T-1"},
+    )
 
 
 async def test_verdicts_need_router_learning_on() -> None:

@@ -95,9 +95,25 @@ async def check_sessions(store: Any) -> None:
     assert await store.get("never-written") is None
 
 
+async def check_outcomes(store: Any) -> None:
+    """Verdicts are appended to a record's ``outcomes`` in order, and read back with it."""
+    await store.add(record("v1"), 100)
+    await store.add(record("v2"), 100)
+    first = {"source": "operator", "target": "model", "verdict": "good_fit"}
+    second = {**first, "verdict": "underpowered", "score": 0.5}
+    assert await store.append_outcome("v1", first) is True
+    assert await store.append_outcome("v1", second) is True
+    assert await store.append_outcome("nope", first) is False
+    assert (await store.get("v1"))["outcomes"] == [first, second]
+    assert "outcomes" not in await store.get("v2")
+    records, _, _ = await store.read(None, 0)
+    assert [r.get("outcomes") for r in records] == [[first, second], None]
+
+
 async def test_memory_store_keeps_the_contract() -> None:
     await check_contract(MemoryReplayStore())
     await check_sessions(MemoryReplayStore())
+    await check_outcomes(MemoryReplayStore())
 
 
 async def test_memory_store_bounds_each_decision_and_expires_at_its_ttl() -> None:
@@ -325,6 +341,7 @@ def test_postgres_codec_round_trips_a_record() -> None:
         "response_bytes": 900,
     }
     assert values["session_id"] is None and values["turn_index"] is None
+    values["outcomes"] = None  # not inserted: verdicts are appended later
     row = [values[c] for c in codec.SELECT_COLUMNS if c != "vsr_seq"]
     row = [v.obj if hasattr(v, "obj") else v for v in row]
     assert codec.decode((*row, 7)) == {**rec, "seq": 7}  # no session: no session fields
@@ -339,6 +356,7 @@ def test_postgres_codec_puts_the_session_in_upstreams_columns() -> None:
     assert (values["session_id"], values["turn_index"]) == ("sess-1", 3)
     ours = values["route_diagnostics"].obj["annotations"]["vllm_sr"]
     assert "session_id" not in ours and "turn_index" not in ours
+    values["outcomes"] = None  # not inserted: verdicts are appended later
     row = [values[c] for c in codec.SELECT_COLUMNS if c != "vsr_seq"]
     row = [v.obj if hasattr(v, "obj") else v for v in row]
     assert codec.decode((*row, 8)) == {**rec, "seq": 8}

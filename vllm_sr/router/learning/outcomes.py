@@ -5,9 +5,9 @@ An operator (or an evaluator acting for one) says how a routed chat went, naming
 router_replay id: ``good_fit``, ``underpowered``, ``overprovisioned`` or ``failed``. A verdict
 on the ``model`` target is filed, as upstream files it, in adaptation's experience of the
 model the record says the decision chose, under the record's decision (in its recipe) and the
-decision's tier, and so moves what ``routing_sampling`` prefers. Other targets (``route``,
-``policy``, ``stability``, ``provider``, ``router``) are accepted and change nothing here
-(upstream only appends them to the replay record, which vllm-sr does not do yet).
+decision's tier, and so moves what ``routing_sampling`` prefers. Every verdict is also
+appended to the record's ``outcomes`` (upstream's field and postgres column); other targets
+(``route``, ``policy``, ``stability``, ``provider``, ``router``) go only there, as upstream's.
 
 Each verdict carries an ``Idempotency-Key``: a key already applied is answered as upstream
 does (200, ``duplicate: true``, nothing applied again) for 10 minutes after it was applied; a
@@ -27,6 +27,7 @@ from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import Conflict, InvalidRequest, NotFound
 from vllm_sr.router.learning.adaptation import VERDICTS
 from vllm_sr.router.learning.facts import scoped
+from vllm_sr.router.replay.store import iso
 
 if TYPE_CHECKING:
     from vllm_sr.router.chat import ChatRouter
@@ -189,17 +190,39 @@ async def ingest(chat: ChatRouter, outcome: Outcome) -> dict[str, Any]:
                 "(never recorded, or dropped by the store's ttl_seconds or max_records)",
                 replay_id=outcome.replay_id,
             )
-        if outcome.target != "model":
-            return {"updated": 0, "recorded": False, "duplicate": False}
-        model = _owned_model(outcome, record)
+        model = _owned_model(outcome, record) if outcome.target == "model" else None
+        target_ref = model or outcome.target_ref
+        if not await chat.replay.append_outcome(
+            outcome.replay_id, _entry(chat, outcome, target_ref)
+        ):
+            raise ReplayNotFound(f"replay_id {outcome.replay_id!r}: the record went meanwhile")
+        applied = True
+        if model is None:
+            return {"updated": 0, "recorded": True, "duplicate": False}
         decision, tier = _decision_of(chat, outcome, record)
         learning.state.experience.record_verdict(
             decision, tier, model, outcome.verdict, outcome.score
         )
-        applied = True
         return {"updated": 1, "recorded": True, "duplicate": False, "model": model}
     finally:
         keys.finish(outcome.key, applied)
+
+
+def _entry(chat: ChatRouter, outcome: Outcome, target_ref: str) -> dict[str, Any]:
+    """The verdict as the record's ``outcomes`` keep it (upstream's Outcome fields; empty
+    ones left out as upstream's JSON omits them)."""
+    entry: dict[str, Any] = {
+        "timestamp": iso(chat.replay.clock.time()),
+        "source": outcome.source,
+        "target": outcome.target,
+        "target_ref": target_ref,
+        "verdict": outcome.verdict,
+        "reason": outcome.reason,
+        "score": outcome.score,
+        "metadata": outcome.metadata,
+    }
+    keep = {"source", "target", "verdict"}
+    return {k: v for k, v in entry.items() if v or k in keep}
 
 
 def _owned_model(outcome: Outcome, record: dict[str, Any]) -> str:

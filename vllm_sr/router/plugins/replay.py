@@ -177,6 +177,10 @@ class ReplayLog:
         store is down."""
         return await self.writer.get(record_id)
 
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Add an outcome verdict to the record's ``outcomes`` (False: no such record)."""
+        return await self.writer.append_outcome(record_id, outcome)
+
     async def close(self) -> None:
         await self.writer.close()
 

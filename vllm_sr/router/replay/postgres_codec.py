@@ -152,9 +152,11 @@ SELECT_COLUMNS = (
     "response_body",
     "response_body_truncated",
     "route_diagnostics",
+    "outcomes",
     "vsr_seq",
 )
 COLUMN_FIELDS = {
+    "outcomes",
     *PLAIN,
     *OPTIONAL,
     "timestamp",
@@ -197,6 +199,8 @@ def decode(row: tuple[Any, ...]) -> Record:
     for body, flag in BODIES:
         if cols[body] is not None:  # a body not captured has no fields at all
             rec[body], rec[flag] = cols[body], bool(cols[flag])
+    if cols["outcomes"]:  # upstream's column: the verdicts posted on this chat
+        rec["outcomes"] = cols["outcomes"]
     diagnostics = cols["route_diagnostics"] or {}
     rec.update(((diagnostics.get("annotations") or {}).get("vllm_sr")) or {})
     rec["seq"] = int(cols["vsr_seq"])

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.router_replay import DEFAULT_TABLE, RouterReplayPostgres
@@ -167,6 +168,22 @@ class PostgresReplayStore:
                 await self._drop()
                 raise _down(exc) from None
         return codec.decode(row) if row is not None else None
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """One UPDATE appending to upstream's ``outcomes`` JSONB array (atomic in postgres)."""
+        args: list[Any] = [Jsonb([outcome]), record_id]
+        where: list[sql.Composable] = [sql.SQL("id = %s"), *self._fresh(args)]
+        query = sql.SQL(
+            "UPDATE {} SET outcomes = COALESCE(outcomes, '[]'::jsonb) || %s WHERE {}"
+        ).format(sql.Identifier(self.table), sql.SQL(" AND ").join(where))
+        async with self.lock:
+            conn = self._conn()
+            try:
+                cur = await conn.execute(query, args)
+            except psycopg.Error as exc:
+                await self._drop()
+                raise _down(exc) from None
+        return cur.rowcount > 0
 
     def _fresh(self, args: list[Any]) -> list[sql.Composable]:
         """The TTL's condition (none without a TTL); its argument goes on ``args``."""

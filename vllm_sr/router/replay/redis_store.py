@@ -20,7 +20,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from vllm_sr.config.router_replay import DEFAULT_KEY_PREFIX, RouterReplayRedis
 from vllm_sr.router.replay.envexpand import expand_env
@@ -28,6 +28,7 @@ from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, StoreUnava
 
 TIMEOUT_S = 2.0  # a store slower than this is treated as down
 DEFAULT_POOL = 10
+APPEND_TRIES = 5
 
 
 def redis_client(conf: RouterReplayRedis) -> aioredis.Redis:
@@ -149,6 +150,29 @@ class RedisReplayStore:
             return _record(await self.client.get(self.prefix + record_id))
         except (RedisError, OSError) as exc:
             raise _down(exc) from None
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Read, add, write back with the key's TTL kept; another writer in between (a verdict
+        posted to another router) makes it start over (WATCH), at most a few times."""
+        key = self.prefix + record_id
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                for _ in range(APPEND_TRIES):
+                    try:
+                        await pipe.watch(key)
+                        rec = _record(await pipe.get(key))
+                        if rec is None:
+                            return False
+                        rec["outcomes"] = [*rec.get("outcomes", []), outcome]
+                        pipe.multi()
+                        pipe.set(key, json.dumps(rec, ensure_ascii=False), keepttl=True)
+                        await pipe.execute()
+                        return True
+                    except WatchError:
+                        continue
+        except (RedisError, OSError) as exc:
+            raise _down(exc) from None
+        raise StoreUnavailable(f"the redis router_replay record {record_id!r} kept changing")
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -3,8 +3,8 @@
 A store answers four things: ``connect`` (make the store usable: open, create what is
 missing; raises :class:`StoreUnavailable`), ``add`` (keep one record, give it the next
 ``seq``), ``read`` (the records after a ``seq``, oldest first, of one decision, recipe and/or
-session, or all) and ``get`` (one record by its id: Router Learning's outcome verdicts name
-it).
+session, or all), ``get`` (one record by its id: Router Learning's outcome verdicts name it)
+and ``append_outcome`` (add a verdict to the record's ``outcomes``, upstream's field).
 Records are plain JSON-able dicts with upstream's field names (vllm_sr/router/plugins/replay.py
 builds them); a store keeps them as they are, so a record read back equals the one written
 plus its ``seq``. The memory store keeps each decision's ring of ``max_records`` and drops a
@@ -60,6 +60,10 @@ class ReplayStore(Protocol):
 
     async def get(self, record_id: str) -> Record | None:
         """The record with this id (None: never written, or expired)."""
+        ...
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Add ``outcome`` to the record's ``outcomes`` list; False: no such record."""
         ...
 
     async def close(self) -> None: ...
@@ -135,6 +139,13 @@ class MemoryReplayStore:
                 if rec.get("id") == record_id:
                     return rec
         return None
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        rec = await self.get(record_id)
+        if rec is None:
+            return False
+        rec["outcomes"] = [*rec.get("outcomes", []), outcome]
+        return True
 
     async def close(self) -> None:
         return None

@@ -197,6 +197,11 @@ class ReplayWriter:
         """One record by id; raises StoreUnavailable (retryable) while the store is down."""
         return await self._ask(self.store.get(record_id))
 
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Add a verdict to the record (False: no such record); raises StoreUnavailable while
+        the store is down."""
+        return await self._ask(self.store.append_outcome(record_id, outcome))
+
     async def _ask(self, query: Coroutine[Any, Any, _T]) -> _T:
         if self.state == "new":
             await self._connect()
