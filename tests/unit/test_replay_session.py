@@ -28,6 +28,14 @@ def test_the_session_header_wins_then_claude_codes() -> None:
     assert session_id(CHAT, {"x-session-id": "  ", "x-claude-code-session-id": "cc-9"}) == "cc-9"
 
 
+def test_a_session_id_too_long_for_upstreams_column_is_kept_as_its_digest() -> None:
+    assert session_id(CHAT, {"x-session-id": "s" * 255}) == "s" * 255
+    long = "s" * 256
+    assert session_id(CHAT, {"x-session-id": long}) == (
+        "sha256:" + hashlib.sha256(long.encode()).hexdigest()
+    )
+
+
 def test_a_caller_and_first_user_message_digest_cut_at_100_bytes() -> None:
     sid = session_id(CHAT, {"x-authz-user-id": "alice"})
     assert sid == "cc-" + _h("alice:" + "x" * 100)

@@ -9,7 +9,9 @@ production build reads) and its first user message
 (``cc-full-<16 hex>``); else a digest of ``x-request-id`` (``rid-<16 hex>``); else none.
 ``turn_index``: the assistant messages before this turn (upstream's ChatTurnNumber - 1), so
 a conversation's records count 0, 1, 2... The digests are upstream's byte for byte, so an
-upstream router and vllm-sr sharing a store file one conversation under one id."""
+upstream router and vllm-sr sharing a store file one conversation under one id. A header id
+longer than 255 characters (upstream's ``session_id VARCHAR(255)``, which would refuse the
+row) is kept as ``sha256:<64 hex>`` of it."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ CLAUDE_CODE_HEADER = "x-claude-code-session-id"
 REQUEST_ID_HEADER = "x-request-id"
 USER_HEADER = "x-authz-user-id"
 FINGERPRINT_BYTES = 100  # upstream cuts each message's content to this many bytes
+MAX_SESSION_ID = 255  # upstream's column width
 
 
 def _digest(text: str) -> str:
@@ -46,6 +49,8 @@ def session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | Non
     """The chat's session id (see the module's docstring); ``headers`` keyed lower-case."""
     for name in (SESSION_HEADER, CLAUDE_CODE_HEADER):
         value = headers.get(name, "").strip()
+        if len(value) > MAX_SESSION_ID:
+            return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
         if value:
             return value
     messages = _messages(body)
