@@ -156,5 +156,7 @@ def test_ctl_outcome(served: ThreadedControlServer, capsys: pytest.CaptureFixtur
     assert (exp.underpowered, exp.good_fit) == (1, 0)
 
 
-def test_ctl_knows_upstreams_verdicts() -> None:
-    assert ctl.VERDICTS == adaptation.VERDICTS
+def test_ctl_knows_upstreams_verdicts_and_targets() -> None:
+    from vllm_sr.router.learning import outcomes
+
+    assert ctl.VERDICTS == adaptation.VERDICTS and ctl.TARGETS == outcomes.TARGETS

@@ -14,7 +14,9 @@ from typing import Any
 
 from vllm_sr.errors import EXIT_FAILURE, EXIT_OK
 
-VERDICTS = ("good_fit", "underpowered", "overprovisioned", "failed")  # upstream's
+# upstream's outcome verdicts and targets, spelled here so that the CLI imports no router code
+# (tests/unit/test_control_outcomes.py checks they agree with vllm_sr/router/learning)
+VERDICTS = ("good_fit", "underpowered", "overprovisioned", "failed")
 TARGETS = ("model", "route", "policy", "stability", "provider", "router")
 
 SOCKET_ENV = "VLLM_SR_CONTROL_SOCKET"
