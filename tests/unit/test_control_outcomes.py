@@ -93,6 +93,11 @@ def test_replay_reads_one_session(
     assert run("ctl", "replay", "--session", "sess-b", "--json", *sock) == 0
     (rec,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (rec["id"], rec["session_id"]) == ("b1", "sess-b")
+    served.run(served.backend.router.chat.replay.append_outcome("a2", {"verdict": "good_fit"}))
+    assert run("ctl", "replay", "--session", "sess-a", *sock) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("id=a1 session=sess-a turn=0")
+    assert lines[1].endswith("id=a2 session=sess-a turn=1 outcomes=good_fit")
 
 
 def test_a_verdict_through_the_socket(served: ThreadedControlServer) -> None:
