@@ -20,6 +20,7 @@ from tests.support.router_app import AUTO, providers_on, serve_routes, start_rou
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.upstream_global import ResponseAPI
 from vllm_sr.router.chat import ChatRouter
+from vllm_sr.router.metrics import RouterCollector
 from vllm_sr.router.responses.api import ResponsesAPI, build_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server")]
@@ -114,3 +115,9 @@ async def test_redis_down_is_a_503_never_a_404(
     answered = await pods.clients[1].responses.create(model=AUTO, input="during the outage")
     assert answered.output_text == "llm got: during the outage" and answered.store is False
     assert pods.apis[1].store_failures == 1
+    collector = RouterCollector(lambda: pods.chat, lambda: pods.apis[1])
+    families = {f.name: f for f in collector.collect()}
+    (failed,) = families["vllm_sr_router_responses_store_failures"].samples
+    assert failed.labels == {"store": "redis"} and failed.value == 1
+    (stored,) = families["vllm_sr_router_responses_stored"].samples
+    assert stored.value == 0  # this router stored nothing: its one write failed

@@ -157,7 +157,7 @@ class Frontend:
                 from vllm_sr.router.metrics import RouterCollector
 
                 chat = self.chat
-                self.registry.register(RouterCollector(lambda: chat.chat))
+                self.registry.register(RouterCollector(lambda: chat.chat, lambda: chat.responses))
                 self._router_metrics = True
 
     async def chat_completions(self, request: Request) -> Response | StreamResponse:
