@@ -122,29 +122,10 @@ BODIES = (
     ("request_body", "request_body_truncated"),
     ("response_body", "response_body_truncated"),
 )
-INSERT_COLUMNS = (
-    *PLAIN,
-    "timestamp",
-    "ended_at",
-    "signals",
-    "request_body",
-    "request_body_truncated",
-    "response_body",
-    "response_body_truncated",
-    "route_diagnostics",
-)
-SELECT_COLUMNS = (
-    *PLAIN,
-    "timestamp",
-    "signals",
-    "request_body",
-    "request_body_truncated",
-    "response_body",
-    "response_body_truncated",
-    "route_diagnostics",
-    "vsr_seq",
-)
-COLUMN_FIELDS = {*PLAIN, "timestamp", "signals", *(k for pair in BODIES for k in pair), "seq"}
+BODY_COLUMNS = tuple(k for pair in BODIES for k in pair)
+INSERT_COLUMNS = (*PLAIN, "timestamp", "ended_at", "signals", *BODY_COLUMNS, "route_diagnostics")
+SELECT_COLUMNS = (*PLAIN, "timestamp", "signals", *BODY_COLUMNS, "route_diagnostics", "vsr_seq")
+COLUMN_FIELDS = {*PLAIN, "timestamp", "signals", *BODY_COLUMNS, "seq"}
 
 
 def _naive(stamp: str) -> datetime:
