@@ -82,11 +82,8 @@ def router_process(port: int, backend_port: int) -> None:
     """Serve the router (in this process) until killed."""
     import uvloop
 
-    from tests.support.backends import FakeWorkerExchange
+    from tests.support.router_app import serve_routes, start_router
     from vllm_sr.config.routing import Providers, Routing
-    from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
-    from vllm_sr.router.backends import BackendSet
-    from vllm_sr.router.chat import build_chat_router
 
     async def serve() -> None:
         providers = Providers.model_validate(
@@ -100,23 +97,8 @@ def router_process(port: int, backend_port: int) -> None:
                 ],
             }
         )
-        backends = BackendSet(providers)
-        await backends.start(health_checks=False)
-        chat = build_chat_router(
-            providers,
-            Routing.model_validate(ROUTING),
-            exchange=FakeWorkerExchange({"primary"}),
-            decision_deployment="primary",
-            auto_model_names=[AUTO],
-            backends=backends,
-        )
-        routes = chat.routes()
-
-        async def handle(request: Request) -> Response | StreamResponse:
-            return await resolve(routes, request)(request)
-
-        server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
-        await server.listen_tcp("127.0.0.1", port)
+        chat = await start_router(providers, Routing.model_validate(ROUTING))
+        await serve_routes(chat.routes(), port=port, cancel_on_disconnect=False)
         print("ready", flush=True)
         await asyncio.Event().wait()
 

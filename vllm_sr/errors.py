@@ -57,16 +57,20 @@ class NotFound(VllmSrError):
 
 
 class EngineMode(NotFound):
-    """A Router-mode surface (chat completions, the routing eval) asked of a service in Engine
-    mode (``serve -e``). Here, not in the router, so that Engine mode answers it without
-    importing the router."""
+    """A Router-mode surface (chat completions, the Responses API, the routing eval) asked of a
+    service in Engine mode (``serve -e``). Here, not in the router, so that Engine mode answers
+    it without importing the router."""
 
     code = "engine_mode"
-    MESSAGE = (
-        "chat completions are not served: the service runs in Engine mode (serve -e); "
-        "accepted: the native surfaces /v1/embeddings, /v1/classify, /v1/bundle, or "
-        "restart without -e for Router mode"
-    )
+
+    @classmethod
+    def at(cls, path: str) -> EngineMode:
+        """The error for a request to ``path``: the message names the path asked for."""
+        return cls(
+            f"{path} is not served: it is a Router-mode surface and the service runs in Engine "
+            "mode (serve -e); accepted: the native surfaces /v1/embeddings, /v1/classify, "
+            "/v1/bundle, or restart without -e for Router mode"
+        )
 
 
 class MethodNotAllowed(VllmSrError):

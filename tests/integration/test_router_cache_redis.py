@@ -4,8 +4,6 @@ semantic; with Redis down a chat is served uncached and the failure counted."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,64 +13,26 @@ import pytest
 import redis
 
 from tests.integration.test_router_plugins import AUTO, DECISIONS, SIGNALS
-from tests.support.backends import FakeWorkerExchange, StandInBackend
+from tests.support.backends import StandInBackend
+from tests.support.redis_server import HAVE_REDIS, RedisServer, redis_process
+from tests.support.router_app import serve_routes, start_router
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.config.schema import GlobalSection
-from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import ChatRouter, build_chat_router
+from vllm_sr.router.chat import ChatRouter
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server")]
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    sock = tmp_path / "redis.sock"
-    proc = subprocess.Popen(
-        ["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if redis.Redis(unix_socket_path=str(sock)).ping():
-                    break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-            time.sleep(0.02)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    with redis_process(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture
-def redis_socket(redis_server: subprocess.Popen[bytes], tmp_path: Path) -> Path:
-    return tmp_path / "redis.sock"
-
-
-async def serve(chat: ChatRouter) -> tuple[HttpServer, openai.AsyncOpenAI]:
-    routes = chat.routes()
-
-    async def handle(request: Request) -> Response | StreamResponse:
-        return await resolve(routes, request)(request)
-
-    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30, cancel_on_disconnect=True)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    client = openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1",
-        api_key="k",
-        max_retries=0,
-        default_headers={"x-authz-user-id": "alice"},
-    )
-    return server, client
+def redis_socket(redis_server: RedisServer) -> Path:
+    assert redis_server.sock is not None
+    return redis_server.sock
 
 
 @pytest.fixture
@@ -103,34 +63,20 @@ async def pods(
             }
         }
     )
-    chats, clients, servers, sets = [], [], [], []
+    chats, clients, served = [], [], []
     for _ in range(2):  # two router pods, each with its own backends and exchange
-        backends = BackendSet(providers)
-        await backends.start(health_checks=False)
-        chat = build_chat_router(
-            providers,
-            routing,
-            exchange=FakeWorkerExchange({"primary"}),
-            decision_deployment="primary",
-            auto_model_names=[AUTO],
-            backends=backends,
-            global_=global_,
-        )
-        server, client = await serve(chat)
+        chat = await start_router(providers, routing, global_=global_)
+        one = await serve_routes(chat.routes())
         chats.append(chat)
-        clients.append(client)
-        servers.append(server)
-        sets.append(backends)
+        clients.append(one.client(headers={"x-authz-user-id": "alice"}))
+        served.append(one)
     try:
         yield chats, clients, general, redis_socket
     finally:
-        for client in clients:
-            await client.close()
-        for server in servers:
-            await server.close(5.0)
-        for backends in sets:
-            await backends.close()
+        for one in served:
+            await one.close()
         for chat in chats:
+            await chat.backends.close()
             if chat.cache is not None:
                 await chat.cache.store.close()
         await general.stop()
@@ -164,8 +110,7 @@ async def test_two_routers_share_exact_and_semantic_entries(pods) -> None:  # ty
 
 async def test_redis_down_serves_uncached_and_counts(pods, redis_server) -> None:  # type: ignore[no-untyped-def]
     (a, _), (ca, _), general, _ = pods
-    redis_server.kill()  # Redis goes away at once, as a crashed pod's would
-    redis_server.wait(10)
+    redis_server.kill()
     for _ in range(2):
         answer = await ca.chat.completions.create(
             model=AUTO, messages=[{"role": "user", "content": "cacheme while redis is down"}]

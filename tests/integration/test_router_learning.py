@@ -16,17 +16,14 @@ import aiohttp
 import openai
 import pytest
 
-from tests.support.backends import FakeWorkerExchange, StandInBackend
+from tests.support.backends import StandInBackend
+from tests.support.router_app import AUTO, providers_on, serve_routes, start_router
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
 from vllm_sr.config.schema import GlobalSection
-from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import ChatRouter, build_chat_router
+from vllm_sr.router.chat import ChatRouter
 from vllm_sr.router.learning.state import LearningState
 from vllm_sr.router.metrics import RouterCollector
-
-AUTO = "vllm-sr/auto"
 
 
 def keyword_decision(name: str, word: str, refs: list[str], **extra: Any) -> dict[str, Any]:
@@ -91,50 +88,26 @@ async def make_stack() -> AsyncIterator[Callable[..., Any]]:
     ) -> Stack:
         a = await StandInBackend("a").start()
         b = await StandInBackend("b").start()
-        providers = Providers.model_validate(
-            {
-                "defaults": {"default_model": "a"},
-                "models": [
-                    {"name": "a", "backend_refs": [{"endpoint": a.endpoint}]},
-                    {"name": "b", "backend_refs": [{"endpoint": b.endpoint}]},
-                ],
-            }
-        )
-        backends = BackendSet(providers)
-        await backends.start(health_checks=False)
+        providers = providers_on(a, b)
         clock = FakeClock()
-        chat = build_chat_router(
+        chat = await start_router(
             providers,
             Routing.model_validate(routing),
-            exchange=FakeWorkerExchange({"primary"}),
-            decision_deployment="primary",
-            auto_model_names=[AUTO],
-            backends=backends,
             global_=GlobalSection.model_validate({"router": {"learning": learning_block}}),
             learning_state=LearningState(clock=clock, seed_source=lambda: 7),
             recipes={k: Routing.model_validate(v) for k, v in (recipes or {}).items()},
             entrypoints={f"{k}-model": k for k in recipes or {}},
         )
-        routes = chat.routes()
-
-        async def handle(request: Request) -> Response | StreamResponse:
-            return await resolve(routes, request)(request)
-
-        server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
-        _, port = await server.listen_tcp("127.0.0.1", 0)
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0
-        )
+        served = await serve_routes(chat.routes(), cancel_on_disconnect=False)
 
         async def cleanup() -> None:
-            await client.close()
-            await server.close(5.0)
-            await backends.close()
+            await served.close()
+            await chat.backends.close()
             await a.stop()
             await b.stop()
 
         cleanups.append(cleanup)
-        return Stack(a, b, clock, chat, client, f"http://127.0.0.1:{port}")
+        return Stack(a, b, clock, chat, served.client(), served.url)
 
     yield make
     for cleanup in cleanups:
@@ -443,26 +416,17 @@ async def test_a_responses_chain_is_one_protected_conversation(
 ) -> None:
     """/v1/responses goes through the chat's path: its chain, with the identity headers, stays
     on its model like a chat conversation."""
-    from vllm_sr.httpserver import PathRoutes
     from vllm_sr.router.responses.api import ResponsesAPI
     from vllm_sr.router.responses.store import MemoryStore
 
     st = await make_stack(learning())
     clock = FakeClock()
     responses = ResponsesAPI(MemoryStore(ttl_s=600, max_responses=10, clock=clock), clock)
-    paths = PathRoutes({**st.chat.routes(), **responses.routes(lambda: st.chat)})
-
-    async def handle(request: Request) -> Response | StreamResponse:
-        route, _ = paths.resolve(request)
-        return await route(request)
-
-    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    client = openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1",
-        api_key="k",
-        max_retries=0,
-        default_headers={"x-session-id": "s1", "x-conversation-id": "r1", "x-vsr-debug": "true"},
+    served = await serve_routes(
+        {**st.chat.routes(), **responses.routes(lambda: st.chat)}, cancel_on_disconnect=False
+    )
+    client = served.client(
+        headers={"x-session-id": "s1", "x-conversation-id": "r1", "x-vsr-debug": "true"}
     )
     try:
         first = await client.responses.with_raw_response.create(model=AUTO, input="alpha")
@@ -473,5 +437,4 @@ async def test_a_responses_chain_is_one_protected_conversation(
         assert picked(second) == ("a", "protection=hold_current", "protection=hard_lock=min_turns")
         assert second.parse().output_text.startswith("a got:")
     finally:
-        await client.close()
-        await server.close(5.0)
+        await served.close()

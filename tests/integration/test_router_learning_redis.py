@@ -6,64 +6,38 @@ router's own copy and the failure counted."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import redis
 
 from tests.integration.test_router_learning import (
-    AUTO,
     ROUTING,
     Conversation,
     learning,
     picked,
 )
 from tests.integration.test_serve import free_port
-from tests.support.backends import FakeWorkerExchange, StandInBackend
+from tests.support.backends import StandInBackend
+from tests.support.redis_server import HAVE_REDIS, redis_process
+from tests.support.router_app import providers_on, serve_routes, start_router
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
 from vllm_sr.config.schema import GlobalSection
-from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import ChatRouter, build_chat_router
+from vllm_sr.router.chat import ChatRouter
 from vllm_sr.router.learning.state import LearningState
 from vllm_sr.router.metrics import RouterCollector
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server")]
 
 
 @pytest.fixture
 def redis_port(tmp_path: Path) -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if redis.Redis(port=port).ping():
-                    break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-            time.sleep(0.02)
-        yield port
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+    with redis_process(tmp_path, port=free_port()) as server:
+        assert server.port is not None
+        yield server.port
 
 
 class Pod:
@@ -77,15 +51,7 @@ class Pod:
 async def pods(redis_port: int) -> AsyncIterator[tuple[Any, Any, Callable[[float], None]]]:
     a = await StandInBackend("a").start()
     b = await StandInBackend("b").start()
-    providers = Providers.model_validate(
-        {
-            "defaults": {"default_model": "a"},
-            "models": [
-                {"name": "a", "backend_refs": [{"endpoint": a.endpoint}]},
-                {"name": "b", "backend_refs": [{"endpoint": b.endpoint}]},
-            ],
-        }
-    )
+    providers = providers_on(a, b)
     block = learning()
     block["state_store"] = {
         "backend": "redis",
@@ -96,29 +62,14 @@ async def pods(redis_port: int) -> AsyncIterator[tuple[Any, Any, Callable[[float
     clocks = [FakeClock(1000.0, wall), FakeClock(50_000.0, wall - 49_000.0)]
     made: list[tuple[Any, ...]] = []
     for clock in clocks:
-        backends = BackendSet(providers)
-        await backends.start(health_checks=False)
-        chat = build_chat_router(
+        chat = await start_router(
             providers,
             Routing.model_validate(ROUTING),
-            exchange=FakeWorkerExchange({"primary"}),
-            decision_deployment="primary",
-            auto_model_names=[AUTO],
-            backends=backends,
             global_=GlobalSection.model_validate({"router": {"learning": block}}),
             learning_state=LearningState(clock=clock),
         )
-        routes = chat.routes()
-
-        async def handle(request: Request, routes: Any = routes) -> Response | StreamResponse:
-            return await resolve(routes, request)(request)
-
-        server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
-        _, port = await server.listen_tcp("127.0.0.1", 0)
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0
-        )
-        made.append((chat, clock, client, server, backends))
+        served = await serve_routes(chat.routes(), cancel_on_disconnect=False)
+        made.append((chat, clock, served.client(), served))
 
     class St:  # what Conversation needs: a client
         def __init__(self, client: Any) -> None:
@@ -135,11 +86,10 @@ async def pods(redis_port: int) -> AsyncIterator[tuple[Any, Any, Callable[[float
             advance,
         )
     finally:
-        for chat, _clock, client, server, backends in made:
-            await client.close()
-            await server.close(5.0)
+        for chat, _clock, _client, served in made:
+            await served.close()
             await chat.learning.state.close()
-            await backends.close()
+            await chat.backends.close()
         await a.stop()
         await b.stop()
 

@@ -20,10 +20,8 @@ import pytest
 import yaml
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend
-from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import build_chat_router
+from tests.support.router_app import providers_on, serve_routes, start_router
+from vllm_sr.config.routing import Routing
 
 FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
 FAMILIES = ["complexity/escalation", "reask/dissatisfaction", "preference/power-user",
@@ -78,42 +76,17 @@ class Stack:
 async def stack() -> AsyncIterator[Stack]:
     general = await StandInBackend("general").start()
     coder = await StandInBackend("coder").start()
-    providers = Providers.model_validate(
-        {
-            "defaults": {"default_model": "general"},
-            "models": [
-                {"name": "general", "backend_refs": [{"endpoint": general.endpoint}]},
-                {"name": "coder", "backend_refs": [{"endpoint": coder.endpoint}]},
-            ],
-        }
-    )
     routing = Routing.model_validate({"signals": signals(), "decisions": DECISIONS})
-    backends = BackendSet(providers)
-    await backends.start(health_checks=False)
     exchange = FakeWorkerExchange({"primary", "side"})
-    chat = build_chat_router(
-        providers,
-        routing,
-        exchange=exchange,
-        decision_deployment="primary",
-        auto_model_names=["auto"],
-        backends=backends,
+    chat = await start_router(
+        providers_on(general, coder), routing, exchange=exchange, auto_model_names=("auto",)
     )
-    routes = chat.routes()
-
-    async def handle(request: Request) -> Response | StreamResponse:
-        return await resolve(routes, request)(request)
-
-    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30, cancel_on_disconnect=True)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{port}"
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
+    served = await serve_routes(chat.routes())
     try:
-        yield Stack(url, exchange, coder, client)
+        yield Stack(served.url, exchange, coder, served.client())
     finally:
-        await client.close()
-        await server.close(5.0)
-        await backends.close()
+        await served.close()
+        await chat.backends.close()
         await general.stop()
         await coder.stop()
 

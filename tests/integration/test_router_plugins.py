@@ -15,12 +15,9 @@ import openai
 import pytest
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend
+from tests.support.router_app import AUTO, Served, serve_routes, start_router
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import ChatRouter, build_chat_router
-
-AUTO = "vllm-sr/auto"
+from vllm_sr.router.chat import ChatRouter
 
 
 def kw(name: str) -> dict[str, Any]:
@@ -84,7 +81,7 @@ DECISIONS = [
 
 @dataclass
 class Stack:
-    url: str
+    served: Served
     general: StandInBackend
     coder: StandInBackend
     broken: StandInBackend
@@ -92,11 +89,12 @@ class Stack:
     exchange: FakeWorkerExchange
     client: openai.AsyncOpenAI
 
+    @property
+    def url(self) -> str:
+        return self.served.url
+
     def user(self, name: str | None) -> openai.AsyncOpenAI:
-        headers = {} if name is None else {"x-authz-user-id": name}
-        return openai.AsyncOpenAI(
-            base_url=f"{self.url}/v1", api_key="caller-key", max_retries=0, default_headers=headers
-        )
+        return self.served.client("caller-key", {} if name is None else {"x-authz-user-id": name})
 
 
 @pytest.fixture
@@ -116,33 +114,16 @@ async def stack() -> AsyncIterator[Stack]:
         }
     )
     routing = Routing.model_validate({"signals": SIGNALS, "decisions": DECISIONS})
-    backends = BackendSet(providers)
-    await backends.start(health_checks=False)
     exchange = FakeWorkerExchange({"primary"})
-    chat = build_chat_router(
-        providers,
-        routing,
-        exchange=exchange,
-        decision_deployment="primary",
-        auto_model_names=[AUTO],
-        backends=backends,
-    )
-    routes = chat.routes()
-
-    async def handle(request: Request) -> Response | StreamResponse:
-        return await resolve(routes, request)(request)
-
-    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30, cancel_on_disconnect=True)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{port}"
-    st = Stack(url, general, coder, broken, chat, exchange, None)  # type: ignore[arg-type]
+    chat = await start_router(providers, routing, exchange=exchange)
+    served = await serve_routes(chat.routes())
+    st = Stack(served, general, coder, broken, chat, exchange, None)  # type: ignore[arg-type]
     st.client = st.user("alice")
     try:
         yield st
     finally:
-        await st.client.close()
-        await server.close(5.0)
-        await backends.close()
+        await served.close()
+        await chat.backends.close()
         for b in (general, coder, broken):
             await b.stop()
 

@@ -14,14 +14,12 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.backends import FakeWorkerExchange, StandInBackend
+from tests.support.backends import StandInBackend
+from tests.support.router_app import AUTO, serve_routes, start_router
 from vllm_sr.clock import SYSTEM_CLOCK, Clock, FakeClock
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
 from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import build_chat_router
 
-AUTO = "vllm-sr/auto"
 # "fallback" in a chat: the decision tries m, then other
 ROUTING = {
     "signals": {"keywords": [{"name": "fb", "operator": "OR", "keywords": ["fallback"]}]},
@@ -73,36 +71,19 @@ async def make_stack() -> AsyncIterator[Callable[..., Any]]:
                 ],
             }
         )
-        backends = BackendSet(providers, clock)
-        await backends.start(health_checks=health_checks)
-        chat = build_chat_router(
-            providers,
-            Routing.model_validate(ROUTING),
-            exchange=FakeWorkerExchange({"primary"}),
-            decision_deployment="primary",
-            auto_model_names=[AUTO],
-            backends=backends,
+        chat = await start_router(
+            providers, Routing.model_validate(ROUTING), clock=clock, health_checks=health_checks
         )
-        routes = chat.routes()
-
-        async def handle(request: Request) -> Response | StreamResponse:
-            return await resolve(routes, request)(request)
-
-        server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
-        _, port = await server.listen_tcp("127.0.0.1", 0)
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0
-        )
+        served = await serve_routes(chat.routes(), cancel_on_disconnect=False)
 
         async def cleanup() -> None:
-            await client.close()
-            await server.close(5.0)
-            await backends.close()
+            await served.close()
+            await chat.backends.close()
             for b in (first, second, other):
                 await b.stop()
 
         cleanups.append(cleanup)
-        return Stack(first, second, other, backends, client)
+        return Stack(first, second, other, chat.backends, served.client())
 
     yield make
     for cleanup in cleanups:

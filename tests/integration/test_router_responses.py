@@ -15,24 +15,12 @@ import aiohttp
 import openai
 import pytest
 
-from tests.support.backends import FakeWorkerExchange, StandInBackend
+from tests.support.backends import StandInBackend
+from tests.support.router_app import AUTO, providers_on, serve_routes, start_router
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.errors import VllmSrError
-from vllm_sr.httpserver import (
-    HttpServer,
-    PathRoutes,
-    Request,
-    Response,
-    StreamResponse,
-    error_response,
-)
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import build_chat_router
+from vllm_sr.config.routing import Routing
 from vllm_sr.router.responses.api import H_CHAIN_MISSING, ResponsesAPI
 from vllm_sr.router.responses.store import MemoryStore
-
-AUTO = "vllm-sr/auto"
 
 
 def kw(name: str) -> dict[str, Any]:
@@ -73,48 +61,18 @@ async def stack() -> AsyncIterator[Stack]:
     general = await StandInBackend("general").start()
     coder = await StandInBackend("coder").start()
     broken = await StandInBackend("broken").start()
-    providers = Providers.model_validate(
-        {
-            "defaults": {"default_model": "general"},
-            "models": [
-                {"name": name, "backend_refs": [{"endpoint": b.endpoint}]}
-                for name, b in (("general", general), ("coder", coder), ("broken", broken))
-            ],
-        }
-    )
     routing = Routing.model_validate({"signals": SIGNALS, "decisions": DECISIONS})
-    backends = BackendSet(providers)
-    await backends.start(health_checks=False)
-    chat = build_chat_router(
-        providers,
-        routing,
-        exchange=FakeWorkerExchange({"primary"}),
-        decision_deployment="primary",
-        auto_model_names=[AUTO],
-        backends=backends,
-    )
+    chat = await start_router(providers_on(general, coder, broken), routing)
     clock = FakeClock()
     store = MemoryStore(ttl_s=600, max_responses=3, clock=clock)
     responses = ResponsesAPI(store, clock)
-    paths = PathRoutes({**chat.routes(), **responses.routes(lambda: chat)})
-
-    async def handle(request: Request) -> Response | StreamResponse:
-        try:
-            route, _ = paths.resolve(request)
-        except VllmSrError as exc:  # 404 / 405, as the frontend answers them
-            return error_response(exc)
-        return await route(request)
-
-    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30, cancel_on_disconnect=True)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{port}"
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="caller-key", max_retries=0)
+    served = await serve_routes({**chat.routes(), **responses.routes(lambda: chat)})
+    client = served.client("caller-key")
     try:
-        yield Stack(url, general, coder, broken, responses, store, clock, client)
+        yield Stack(served.url, general, coder, broken, responses, store, clock, client)
     finally:
-        await client.close()
-        await server.close(5.0)
-        await backends.close()
+        await served.close()
+        await chat.backends.close()
         for b in (general, coder, broken):
             await b.stop()
 

@@ -5,8 +5,6 @@ responses; a response outlives its router (a new store reads it); keys are upstr
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,27 +14,16 @@ import pytest
 import redis
 
 from tests.integration.test_router_cache_redis import redis_server, redis_socket  # noqa: F401
-from tests.support.backends import FakeWorkerExchange, StandInBackend
-from vllm_sr.config.routing import Providers, Routing
+from tests.support.backends import StandInBackend
+from tests.support.redis_server import HAVE_REDIS, RedisServer
+from tests.support.router_app import AUTO, providers_on, serve_routes, start_router
+from vllm_sr.config.routing import Routing
 from vllm_sr.config.upstream_global import ResponseAPI
-from vllm_sr.errors import VllmSrError
-from vllm_sr.httpserver import (
-    HttpServer,
-    PathRoutes,
-    Request,
-    Response,
-    StreamResponse,
-    error_response,
-)
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import ChatRouter, build_chat_router
+from vllm_sr.router.chat import ChatRouter
+from vllm_sr.router.metrics import RouterCollector
 from vllm_sr.router.responses.api import ResponsesAPI, build_store
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
-]
-AUTO = "vllm-sr/auto"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_REDIS, reason="needs redis-server")]
 TTL_S = 120
 
 
@@ -50,22 +37,6 @@ def settings(sock: Path) -> ResponseAPI:
     )
 
 
-async def serve(chat: ChatRouter, api: ResponsesAPI) -> tuple[HttpServer, openai.AsyncOpenAI]:
-    paths = PathRoutes({**chat.routes(), **api.routes(lambda: chat)})
-
-    async def handle(request: Request) -> Response | StreamResponse:
-        try:
-            route, _ = paths.resolve(request)
-        except VllmSrError as exc:
-            return error_response(exc)
-        return await route(request)
-
-    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
-    return server, client
-
-
 @dataclass
 class Pods:
     backend: StandInBackend
@@ -77,33 +48,22 @@ class Pods:
 @pytest.fixture
 async def pods(redis_socket: Path) -> AsyncIterator[Pods]:  # noqa: F811
     backend = await StandInBackend("llm").start()
-    providers = Providers.model_validate(
-        {
-            "defaults": {"default_model": "llm"},
-            "models": [{"name": "llm", "backend_refs": [{"endpoint": backend.endpoint}]}],
-        }
-    )
-    backends = BackendSet(providers)
-    await backends.start(health_checks=False)
-    chat = build_chat_router(
-        providers,
-        Routing(),
-        exchange=FakeWorkerExchange({"primary"}),
-        decision_deployment="primary",
-        auto_model_names=[AUTO],
-        backends=backends,
-    )
+    chat = await start_router(providers_on(backend), Routing())
     apis = [ResponsesAPI(build_store(settings(redis_socket))) for _ in range(2)]
-    served = [await serve(chat, api) for api in apis]
+    served = [
+        await serve_routes(
+            {**chat.routes(), **api.routes(lambda: chat)}, cancel_on_disconnect=False
+        )
+        for api in apis
+    ]
     try:
-        yield Pods(backend, chat, apis, [client for _, client in served])
+        yield Pods(backend, chat, apis, [one.client() for one in served])
     finally:
-        for server, client in served:
-            await client.close()
-            await server.close(5.0)
+        for one in served:
+            await one.close()
         for api in apis:
             await api.store.close()
-        await backends.close()
+        await chat.backends.close()
         await backend.stop()
 
 
@@ -139,11 +99,10 @@ async def test_a_response_outlives_its_router(pods: Pods, redis_socket: Path) ->
 
 async def test_redis_down_is_a_503_never_a_404(
     pods: Pods,
-    redis_server: subprocess.Popen[bytes],  # noqa: F811
+    redis_server: RedisServer,  # noqa: F811
 ) -> None:
     made = await pods.clients[0].responses.create(model=AUTO, input="before the outage")
     redis_server.kill()
-    redis_server.wait(10)
     with pytest.raises(openai.InternalServerError) as err:
         await pods.clients[1].responses.retrieve(made.id)
     assert err.value.status_code == 503
@@ -156,3 +115,9 @@ async def test_redis_down_is_a_503_never_a_404(
     answered = await pods.clients[1].responses.create(model=AUTO, input="during the outage")
     assert answered.output_text == "llm got: during the outage" and answered.store is False
     assert pods.apis[1].store_failures == 1
+    collector = RouterCollector(lambda: pods.chat, lambda: pods.apis[1])
+    families = {f.name: f for f in collector.collect()}
+    (failed,) = families["vllm_sr_router_responses_store_failures"].samples
+    assert failed.labels == {"store": "redis"} and failed.value == 1
+    (stored,) = families["vllm_sr_router_responses_stored"].samples
+    assert stored.value == 0  # this router stored nothing: its one write failed

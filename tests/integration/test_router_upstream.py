@@ -17,11 +17,10 @@ import openai
 import pytest
 import yaml
 
-from tests.support.backends import FakeWorkerExchange, StandInBackend
+from tests.support.backends import StandInBackend
+from tests.support.router_app import serve_routes, start_router
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
-from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.chat import ChatRouter, build_chat_router
+from vllm_sr.router.chat import ChatRouter
 from vllm_sr.router.route import AuthzOptions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
@@ -98,37 +97,21 @@ async def start_stack(fail_open: bool = False) -> AsyncIterator[Stack]:
         }
     )
     routing = Routing.model_validate({"signals": upstream_signals(), "decisions": DECISIONS})
-    backends = BackendSet(providers)
-    await backends.start(health_checks=False)
-    chat = build_chat_router(
+    chat = await start_router(
         providers,
         routing,
-        exchange=FakeWorkerExchange({"primary"}),
-        decision_deployment="primary",
-        auto_model_names=["vllm-sr/auto", "auto", "MoM"],
-        backends=backends,
+        auto_model_names=("vllm-sr/auto", "auto", "MoM"),
         authz=AuthzOptions(fail_open=fail_open),
     )
-    routes = chat.routes()
-
-    async def handle(request: Request) -> Response | StreamResponse:
-        return await resolve(routes, request)(request)
-
-    server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30, cancel_on_disconnect=True)
-    _, port = await server.listen_tcp("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{port}"
-    client = openai.AsyncOpenAI(
-        base_url=f"{url}/v1",
-        api_key="caller-key",
-        max_retries=0,
-        default_headers={"x-authz-user-id": "alice", "x-authz-user-groups": "staff"},
+    served = await serve_routes(chat.routes())
+    client = served.client(
+        "caller-key", {"x-authz-user-id": "alice", "x-authz-user-groups": "staff"}
     )
     try:
-        yield Stack(url, general, coder, chat, client)
+        yield Stack(served.url, general, coder, chat, client)
     finally:
-        await client.close()
-        await server.close(5.0)
-        await backends.close()
+        await served.close()
+        await chat.backends.close()
         await general.stop()
         await coder.stop()
 

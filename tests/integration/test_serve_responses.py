@@ -69,6 +69,10 @@ async def test_the_agent_recipes_response_api_block_is_served(tmp_path: Path) ->
             with pytest.raises(openai.NotFoundError):
                 await client.responses.retrieve(second.id)
             await client.close()
+            async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+                metrics = await r.text()
+            assert 'vllm_sr_router_responses_stored_total{store="memory"} 3.0' in metrics
+            assert 'vllm_sr_router_responses_store_failures_total{store="memory"} 0.0' in metrics
     finally:
         await backend.stop()
 

@@ -193,6 +193,10 @@ async def test_engine_mode_answers_chat_with_a_typed_404(
         async with s.post(svc.url + "/v1/chat/completions", json=body) as r:
             assert r.status == 404
             assert (await r.json())["error"]["code"] == "engine_mode"
+        async with s.post(svc.url + "/v1/responses", json={"model": "auto", "input": "hi"}) as r:
+            error = (await r.json())["error"]
+            assert r.status == 404 and error["code"] == "engine_mode"
+            assert error["message"].startswith("/v1/responses is not served")
         async with s.post(svc.url + "/v1/embeddings", json={"input": "still"}) as r:
             assert r.status == 200
     assert "enabled: false" in config.read_text()

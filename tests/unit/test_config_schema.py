@@ -238,6 +238,39 @@ def test_refusals_name_path_line_value_and_accepted(
         assert fragment in hit[0], hit[0]
 
 
+@pytest.mark.parametrize(
+    ("text", "wanted"),
+    [
+        (  # a float field whose bound is written ge=0: a number, the bound as validated
+            "global:\n  router:\n    learning:\n      protection: {tuning: {switch_margin: -1}}\n",
+            "config.yaml:4: global.router.learning.protection.tuning.switch_margin: -1 is not "
+            "accepted; accepted: a number >= 0.0",
+        ),
+        (
+            "global:\n  router:\n    learning:\n"
+            "      protection: {tuning: {min_turns_before_switch: -1}}\n",
+            "config.yaml:4: global.router.learning.protection.tuning.min_turns_before_switch: -1 "
+            "is not accepted; accepted: an integer >= 0",
+        ),
+        (
+            "routing:\n  signals:\n    embeddings: [{name: e, threshold: 2, candidates: [a]}]\n",
+            "config.yaml:3: routing.signals.embeddings[0].threshold: 2 is not accepted; "
+            "accepted: a number <= 1.0",
+        ),
+        (
+            _dep("        outlier_detection:\n          max_ejection_percent: 101\n"),
+            "config.yaml:7: global.model_catalog.deployments.primary.outlier_detection."
+            "max_ejection_percent: 101 is not accepted; accepted: an integer <= 100",
+        ),
+    ],
+)
+def test_a_bound_says_integer_for_int_fields_and_number_for_float_ones(
+    text: str, wanted: str
+) -> None:
+    path = wanted.split(": ")[1]
+    assert [p for p in _problems(text) if f": {path}: " in p] == [wanted]
+
+
 def test_decision_model_must_name_a_deployment() -> None:
     text = _dep("") + "    system:\n      decision_model:\n        deployment: other\n"
     (problem,) = _problems(text)

@@ -1,5 +1,6 @@
 """Frontend helpers without sockets: the caller's deadline header, error bodies and
-Retry-After, reading only ``model`` from a body, and the outcome of a worker's status."""
+Retry-After, reading only ``model`` from a body, the outcome of a worker's status, and Engine
+mode's answer to the Router-mode paths."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import pytest
 
 from vllm_sr.errors import InvalidRequest, Overloaded, Unavailable, WorkerFailed
-from vllm_sr.frontend.app import caller_timeout_ms, error_response, model_of
+from vllm_sr.frontend.app import Frontend, caller_timeout_ms, error_response, model_of
 from vllm_sr.httpserver import Request
+from vllm_sr.plan import RouterPlan
+from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.exchange import outcome_of, with_model
 
 
@@ -73,3 +76,40 @@ def test_worker_status_to_pool_outcome() -> None:
 def test_attached_model_rewrite_keeps_the_rest() -> None:
     out = json.loads(with_model(b'{"model": "primary", "input": ["a", "b"], "x": 1}', "remote"))
     assert out == {"model": "remote", "input": ["a", "b"], "x": 1}
+
+
+class EngineService:
+    """What the frontend reads of a service in Engine mode (``serve -e``): no router plan."""
+
+    directory = PoolDirectory()
+    admitting = True
+
+    def router_plan(self) -> RouterPlan | None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/resp_1"),
+        ("DELETE", "/v1/responses/resp_1"),
+        ("GET", "/v1/responses/resp_1/input_items"),
+        ("POST", "/api/v1/eval"),
+    ],
+)
+async def test_engine_mode_answers_a_router_path_naming_that_path(method: str, path: str) -> None:
+    frontend = Frontend(EngineService())  # type: ignore[arg-type]
+    try:
+        body = b'{"model": "auto", "input": "hi"}' if method == "POST" else b""
+        answer = await frontend.handle(Request(method, path, "", {}, body))
+        assert answer.status == 404
+        error = body_of(answer)["error"]
+        assert error["code"] == "engine_mode"
+        assert error["message"].startswith(f"{path} is not served: it is a Router-mode surface")
+        assert "Engine mode (serve -e)" in error["message"]
+        if path != "/v1/chat/completions":
+            assert "chat completions" not in error["message"]
+    finally:
+        await frontend.stop()

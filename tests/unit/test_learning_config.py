@@ -83,7 +83,7 @@ def test_the_full_block_loads_and_is_typed() -> None:
         (
             "protection: {tuning: {switch_margin: -0.1}}",
             "global.router.learning.protection.tuning.switch_margin",
-            "is not accepted; accepted: an integer >= 0",
+            "is not accepted; accepted: a number >= 0.0",
         ),
         (
             "protection: {tuning: {min_turns_before_switch: -1}}",
@@ -147,7 +147,7 @@ routing:
         (
             "protection: {stability_weight: -2}",
             "adaptations.protection.stability_weight",
-            "is not accepted; accepted: an integer >= 0",
+            "is not accepted; accepted: a number >= 0.0",
         ),
     ],
 )

@@ -102,13 +102,14 @@ def line_of(doc: Any, path: tuple[str | int, ...]) -> int | None:
     return line
 
 
-def _accepted(err: ErrorDetails) -> str:
+def _accepted(err: ErrorDetails, loc: tuple[str | int, ...]) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
+    number = _number_word(loc)
     bounds = {
-        "greater_than_equal": "an integer >= {ge}",
-        "greater_than": "a number > {gt}",
-        "less_than_equal": "a value <= {le}",
-        "less_than": "a value < {lt}",
+        "greater_than_equal": number + " >= {ge}",
+        "greater_than": number + " > {gt}",
+        "less_than_equal": number + " <= {le}",
+        "less_than": number + " < {lt}",
         "too_short": "at least {min_length} item(s)",
         "too_long": "at most {max_length} item(s)",
         "string_too_short": "a non-empty string",
@@ -135,23 +136,43 @@ def _accepted(err: ErrorDetails) -> str:
     return simple.get(kind, err["msg"])
 
 
-def _allowed_keys(loc: tuple[str | int, ...]) -> str:
-    """For an unknown key: the keys the schema accepts at that place."""
-    from vllm_sr.config import schema
-
-    model: Any = schema.RootConfig
+def _model_at(loc: tuple[str | int, ...]) -> Any:
+    """The schema model whose key ``loc`` ends in (None: a place the schema holds no model)."""
+    model: Any = RootConfig
     for part in loc[:-1]:
         if isinstance(part, int) or model is None:
             continue
-        fields = getattr(model, "model_fields", {})
-        field = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+        field = _field_of(model, part)
         if field is None:  # a dict key (a deployment name): keep the value model
             continue
         model = _model_of(field.annotation)
+    return model
+
+
+def _field_of(model: Any, key: str | int) -> Any:
+    fields = getattr(model, "model_fields", {})
+    return next((f for n, f in fields.items() if key in (n, f.alias)), None)
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> str:
+    """For an unknown key: the keys the schema accepts at that place."""
+    model = _model_at(loc)
     if model is None:
         return "no keys here"
     names = [f.alias or n for n, f in model.model_fields.items()]
     return ", ".join(names)
+
+
+def _number_word(loc: tuple[str | int, ...]) -> str:
+    """How a bound names what it bounds: "an integer" for an int field, "a number" for a float
+    one (whatever the bound's own type: ``Field(ge=0)`` on a float) or a field not found."""
+    from typing import get_args
+
+    field = _field_of(_model_at(loc), loc[-1]) if loc else None
+    if field is None:
+        return "a number"
+    kinds = [a for a in get_args(field.annotation) if a is not type(None)] or [field.annotation]
+    return "an integer" if all(k is int for k in kinds) else "a number"
 
 
 def _model_of(annotation: Any) -> Any:
@@ -179,7 +200,7 @@ def _problem_from_error(err: ErrorDetails) -> Problem:
     if kind in ("device_grammar", "endpoint_grammar"):
         return Problem(loc, err["msg"])
     shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
-    return Problem(loc, f"{shown} is not accepted; accepted: {_accepted(err)}")
+    return Problem(loc, f"{shown} is not accepted; accepted: {_accepted(err, loc)}")
 
 
 def collect_problems(data: Any) -> tuple[RootConfig | None, list[Problem]]:

@@ -33,6 +33,7 @@ from vllm_sr.httpserver import (
     Request,
     Response,
     StreamResponse,
+    answer,
     error_response,
 )
 from vllm_sr.jsontypes import JsonObject
@@ -143,11 +144,7 @@ class Frontend:
             if surface in SURFACES:
                 self.collector.count(surface, request.error.http_status)
             return error_response(request.error)
-        try:
-            route, _ = self.paths.resolve(request)
-        except VllmSrError as exc:
-            return error_response(exc)
-        return await route(request)
+        return await answer(self.paths, request)
 
     async def sync_router(self) -> None:
         """Follow the published generation's router settings (cheap when unchanged)."""
@@ -160,7 +157,7 @@ class Frontend:
                 from vllm_sr.router.metrics import RouterCollector
 
                 chat = self.chat
-                self.registry.register(RouterCollector(lambda: chat.chat))
+                self.registry.register(RouterCollector(lambda: chat.chat, lambda: chat.responses))
                 self._router_metrics = True
 
     async def chat_completions(self, request: Request) -> Response | StreamResponse:

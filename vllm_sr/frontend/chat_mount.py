@@ -153,7 +153,7 @@ class ChatMount:
         if not admitting:
             return error_response(Unavailable("the service is stopping", retry_after_s=1.0))
         if self.plan is None or not self.plan.enabled:
-            return error_response(EngineMode(EngineMode.MESSAGE))
+            return error_response(EngineMode.at(request.path))
         if self.chat is None:
             return error_response(
                 NoProviders(
@@ -171,7 +171,7 @@ class ChatMount:
         if op == "create" and not admitting:
             return error_response(Unavailable("the service is stopping", retry_after_s=1.0))
         if self.plan is None or not self.plan.enabled:
-            return error_response(EngineMode(EngineMode.MESSAGE))
+            return error_response(EngineMode.at(request.path))
         if self.chat is None or self.responses is None:
             return error_response(
                 ResponsesOff(
@@ -193,7 +193,7 @@ class ChatMount:
     async def handle_eval(self, request: Request) -> Response:
         """``/api/v1/eval``: Router mode's routing preview (no backend is called)."""
         if self.plan is None or not self.plan.enabled:
-            return error_response(EngineMode(EngineMode.MESSAGE))
+            return error_response(EngineMode.at(request.path))
         if self.chat is None:
             return error_response(NoProviders("routing needs providers: (docs/router.md)"))
         return await self.chat.handle_eval(request)

@@ -13,8 +13,9 @@ hangs up (the frontend, the control socket).
 The package, one thing a module:
 - ``types``: ``Request`` and ``Response``, and the bytes of an answer's head;
 - ``streaming``: ``StreamResponse`` (chunked to HTTP/1.1, close-delimited to HTTP/1.0);
-- ``routing``: ``Handler``, ``resolve`` and ``PathRoutes`` (path -> method -> route; 404, 405)
-  and ``error_response``, the one error answer (``vllm_sr.wire``);
+- ``routing``: ``Handler``, ``resolve`` and ``PathRoutes`` (path -> method -> route; 404, 405),
+  ``answer`` (a ``PathRoutes`` request's route run, or its 404 / 405) and ``error_response``,
+  the one error answer (``vllm_sr.wire``);
 - ``peer``: the kernel's account of a Unix socket's peer (``SO_PEERCRED``), ``Request.peer``;
 - ``connection``: the asyncio protocol that reads, queues and answers one connection;
 - ``server``: ``HttpServer``: listening, the connection cap, ``close(grace_s)``.
@@ -61,7 +62,7 @@ from vllm_sr.httpserver.connection import (
     Connection,
 )
 from vllm_sr.httpserver.peer import PeerCredentials, peer_credentials
-from vllm_sr.httpserver.routing import Handler, PathRoutes, error_response, resolve
+from vllm_sr.httpserver.routing import Handler, PathRoutes, answer, error_response, resolve
 from vllm_sr.httpserver.server import FULL_ANSWER, IDLE_TIMEOUT_S, HttpServer
 from vllm_sr.httpserver.streaming import StreamResponse
 from vllm_sr.httpserver.types import Request, Response, header_lines, render
@@ -80,6 +81,7 @@ __all__ = [
     "Request",
     "Response",
     "StreamResponse",
+    "answer",
     "error_response",
     "header_lines",
     "peer_credentials",

@@ -4,7 +4,9 @@ Routes are plain dicts of path -> method -> route. ``resolve`` looks a path up a
 frontend's and the workers' few fixed paths, one dict lookup per request); ``PathRoutes`` also
 takes paths with ``{name}`` segments (the control socket's ``/v1/replicas/{id}/drain``) and
 hands the segments over decoded. Both answer an unknown path ``NotFound`` and another method
-``MethodNotAllowed`` naming the allowed ones (``Allow`` on the 405)."""
+``MethodNotAllowed`` naming the allowed ones (``Allow`` on the 405); ``answer`` runs the route
+of a ``PathRoutes`` or answers that error (the frontend's dispatch, which tests serving Router
+mode's routes use too)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,16 @@ def _by_method(by_method: Mapping[str, R], request: Request) -> R:
             allowed=allowed,
         )
     return route
+
+
+async def answer(paths: PathRoutes[Handler], request: Request) -> Response | StreamResponse:
+    """The answer of the request's route; an unknown path or another method is answered as the
+    one JSON error (404, 405 with ``Allow``) rather than raised to the server (a 500)."""
+    try:
+        route, _ = paths.resolve(request)
+    except VllmSrError as exc:
+        return error_response(exc)
+    return await route(request)
 
 
 class PathRoutes(Generic[R]):

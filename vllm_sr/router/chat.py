@@ -401,4 +401,4 @@ def _replay_conf(global_: GlobalSection | None) -> Any:
 
 async def engine_mode_chat(request: Request) -> Response:
     """``/v1/chat/completions`` in Engine mode (-e): a typed 404 that says so."""
-    return error_response(EngineMode(EngineMode.MESSAGE))
+    return error_response(EngineMode.at(request.path))

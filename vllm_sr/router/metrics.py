@@ -2,26 +2,36 @@
 request path only increments a Counter): decisions by decision and model, matched signals,
 routing fallbacks by reason, backend fallbacks by model and reason, Router Learning's actions
 by decision, method and action, each backend's requests, errors and health, the response
-cache's hits, misses, writes, errors, entries and bytes, and router_replay's records written and
-lost by store."""
+cache's hits, misses, writes, errors, entries and bytes, router_replay's records written and
+lost by store, and the Responses API's responses stored and not stored (its store failed)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from vllm_sr.router.chat import ChatRouter
 
+if TYPE_CHECKING:
+    from vllm_sr.router.responses.api import ResponsesAPI
+
 BACKEND_STATES = ("unknown", "healthy", "unhealthy")
 
 
 class RouterCollector(Collector):
-    """``current`` returns the live generation's ChatRouter (None in Engine mode)."""
+    """``current`` returns the live generation's ChatRouter (None in Engine mode);
+    ``responses`` the Responses API (None while ``global.services.response_api`` is off)."""
 
-    def __init__(self, current: Callable[[], ChatRouter | None]) -> None:
+    def __init__(
+        self,
+        current: Callable[[], ChatRouter | None],
+        responses: Callable[[], ResponsesAPI | None] = lambda: None,
+    ) -> None:
         self.current = current
+        self.responses = responses
 
     def collect(self) -> Iterator[Metric]:
         chat = self.current()
@@ -74,6 +84,7 @@ class RouterCollector(Collector):
         yield from backend_families(chat)
         yield from cache_families(chat)
         yield from replay_families(chat)
+        yield from responses_families(self.responses())
 
 
 def _counter(
@@ -172,3 +183,23 @@ def replay_families(chat: ChatRouter) -> Iterator[Metric]:
     )
     up.add_metric([kind], 1.0 if writer.state == "up" else 0.0)
     yield up
+
+
+def responses_families(api: ResponsesAPI | None) -> Iterator[Metric]:
+    """The Responses API: responses stored, and those its store failed to keep (answered all
+    the same, ``store: false``), by store."""
+    if api is None:
+        return
+    kind = api.store.kind
+    yield _counter(
+        "vllm_sr_router_responses_stored",
+        "Responses API responses written to their store",
+        ["store"],
+        {(kind,): api.stored},
+    )
+    yield _counter(
+        "vllm_sr_router_responses_store_failures",
+        "Responses API responses answered but not stored: the store failed, by store",
+        ["store"],
+        {(kind,): api.store_failures},
+    )

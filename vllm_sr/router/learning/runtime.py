@@ -127,25 +127,18 @@ class RouterLearning:
         if not self.enabled or not result.routed or result.decision is None:
             return None
         try:
-            return await self._apply(router, result, body, headers)
+            return await self._apply(router, result, self._read(body, headers))
         except Exception:  # learning must never fail a chat: it goes as routed
             log.exception("Router Learning failed on decision %s", result.decision)
             return None
 
-    async def _apply(
-        self,
-        router: Router,
-        result: RouteResult,
-        body: Mapping[str, Any],
-        headers: Mapping[str, str],
-    ) -> Turn | None:
+    async def _apply(self, router: Router, result: RouteResult, req: _Request) -> Turn | None:
         if result.fallback is not None:
             return None
         decision = self._of(router).decisions.get(result.decision or "")
         if decision is None:
             return None
         cfg = for_decision(self.settings, decision.adaptations)
-        req = self._read(body, headers)
         sampling, preflight = self._preflight(cfg, req)
         policies = Policies(protection=preflight)
         proposal = self._propose(router, result, decision, cfg, sampling, policies)

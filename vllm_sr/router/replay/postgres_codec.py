@@ -3,10 +3,10 @@
 The table is upstream's (``pkg/routerreplay/store/postgres.go``): every column it creates, so
 an upstream router can share it; vllm-sr adds one, ``vsr_seq BIGSERIAL``, the order its reads
 go by (upstream's own inserts get one from the default). A record's fields that have a column
-go there (``timestamp``, ``decision``, ``signals``, ``session_id``, ``turn_index``, the bodies
-and flags...); vllm-sr's own
-fields (``model``, ``response_path``, ``backend_fallbacks``, the byte counts) go in
-``route_diagnostics.annotations.vllm_sr``, upstream's free-form map. A row decodes back to the
+go there (``timestamp``, ``decision``, ``signals``, ``session_id``, ``turn_index``,
+``outcomes``, the bodies and flags...); vllm-sr's own fields (``model``, ``response_path``,
+``backend_fallbacks``, the byte counts) go in ``route_diagnostics.annotations.vllm_sr``,
+upstream's free-form map. A row decodes back to the
 record that was written, plus its ``seq``."""
 
 from __future__ import annotations
@@ -130,16 +130,14 @@ BODIES = (
     ("request_body", "request_body_truncated"),
     ("response_body", "response_body_truncated"),
 )
+BODY_COLUMNS = tuple(k for pair in BODIES for k in pair)
 INSERT_COLUMNS = (
     *PLAIN,
     *OPTIONAL,
     "timestamp",
     "ended_at",
     "signals",
-    "request_body",
-    "request_body_truncated",
-    "response_body",
-    "response_body_truncated",
+    *BODY_COLUMNS,
     "route_diagnostics",
 )
 SELECT_COLUMNS = (
@@ -147,23 +145,12 @@ SELECT_COLUMNS = (
     *OPTIONAL,
     "timestamp",
     "signals",
-    "request_body",
-    "request_body_truncated",
-    "response_body",
-    "response_body_truncated",
+    *BODY_COLUMNS,
     "route_diagnostics",
     "outcomes",
     "vsr_seq",
 )
-COLUMN_FIELDS = {
-    "outcomes",
-    *PLAIN,
-    *OPTIONAL,
-    "timestamp",
-    "signals",
-    *(k for pair in BODIES for k in pair),
-    "seq",
-}
+COLUMN_FIELDS = {*PLAIN, *OPTIONAL, "timestamp", "signals", *BODY_COLUMNS, "outcomes", "seq"}
 
 
 def _naive(stamp: str) -> datetime:

@@ -19,6 +19,7 @@ stored).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,14 +137,7 @@ class StreamTranslator:
             meta["id"] = call["id"]
         meta["function"]["name"] += fn.get("name") or ""
         if index not in self._calls:
-            self._start(out)
-            item = self._calls[index] = _Item(new_id("item_"), self._take_index())
-            self._emit(
-                out,
-                "response.output_item.added",
-                output_index=item.index,
-                item=call_item(item.id, "in_progress", meta),
-            )
+            self._calls[index] = self._open(out, lambda i: call_item(i, "in_progress", meta))
         item = self._calls[index]
         arguments = fn.get("arguments") or ""
         if arguments:
@@ -169,30 +163,24 @@ class StreamTranslator:
         self._next += 1
         return self._next - 1
 
+    def _open(self, out: list[bytes], shown: Callable[[str], dict[str, Any]]) -> _Item:
+        """A new output item at the next index, announced as ``shown(its id)`` (the response's
+        own start first, once)."""
+        self._start(out)
+        item = _Item(new_id("item_"), self._take_index())
+        self._emit(out, "response.output_item.added", output_index=item.index, item=shown(item.id))
+        return item
+
     def _message_item(self, out: list[bytes]) -> _Item:
         if self._message is None:
-            self._start(out)
-            item = self._message = _Item(new_id("item_"), self._take_index())
-            self._emit(
-                out,
-                "response.output_item.added",
-                output_index=item.index,
-                item=message_item(item.id, "in_progress", ""),
-            )
+            item = self._message = self._open(out, lambda i: message_item(i, "in_progress", ""))
             part = {"type": "output_text", "text": "", "annotations": []}
             self._emit(out, "response.content_part.added", **_at(item), part=part)
         return self._message
 
     def _reasoning_item(self, out: list[bytes]) -> _Item:
         if self._reasoning is None:
-            self._start(out)
-            item = self._reasoning = _Item(new_id("item_"), self._take_index())
-            self._emit(
-                out,
-                "response.output_item.added",
-                output_index=item.index,
-                item=reasoning_item(item.id, "in_progress", ""),
-            )
+            self._reasoning = self._open(out, lambda i: reasoning_item(i, "in_progress", ""))
         return self._reasoning
 
     # -- the end ---------------------------------------------------------------------------------
