@@ -14,7 +14,7 @@ import pytest
 from tests.support.postgres import HAVE_POSTGRES, SKIP_REASON, PgServer, postgres_server
 from tests.support.postgres import start_again as start_postgres_again
 from tests.support.redis_server import HAVE_REDIS, redis_server
-from tests.unit.test_replay_store import check_contract, record
+from tests.unit.test_replay_store import check_contract, check_outcomes, check_sessions, record
 from vllm_sr.clock import FakeClock
 from vllm_sr.config.router_replay import RouterReplayPostgres, RouterReplayRedis
 from vllm_sr.router.replay.writer import ReplayWriter
@@ -67,6 +67,26 @@ async def test_postgres_store_keeps_the_contract_and_survives_a_new_store(pg: Pg
     assert [r["id"] for r in records] == ["a1", "b1", "a2", "o1"] and last == 4
     assert decisions == ["billing", "coding"]
     await again.close()
+
+
+@needs_postgres
+async def test_postgres_reads_by_session_from_upstreams_columns(pg: PgServer) -> None:
+    import psycopg
+
+    store = pg_store(pg, table="replay_sessions")
+    await store.connect()
+    await check_sessions(store)
+    await store.close()
+    verdicts = pg_store(pg, table="replay_outcomes", ttl_s=600)  # in upstream's column
+    await verdicts.connect()
+    await check_outcomes(verdicts)
+    await verdicts.close()
+    with psycopg.connect(pg.conninfo()) as conn:
+        rows = conn.execute(
+            "SELECT id, session_id, turn_index FROM replay_sessions ORDER BY vsr_seq"
+        ).fetchall()
+    # upstream's columns hold them (an upstream router filtering by session_id sees them)
+    assert rows[:3] == [("n1", None, None), ("s1a", "sess-1", 0), ("s2a", "sess-2", 0)]
 
 
 @needs_postgres
@@ -159,6 +179,21 @@ async def test_redis_store_keeps_the_contract_and_survives_a_new_store(redis_soc
     assert (await other.read(None, 0))[:2] == ([], 0)
     await again.close()
     await other.close()
+
+
+@needs_redis
+async def test_redis_reads_by_session_through_its_index(redis_sock: Path) -> None:
+    store = redis_store(redis_sock, ttl_s=600, prefix="t3:")
+    await store.connect()
+    await check_sessions(store)
+    index = f"{store.index}s:sess-1"
+    assert await store.client.zcard(index) == 2
+    assert 0 < await store.client.ttl(index) <= 600  # goes when its records would
+    await store.close()
+    verdicts = redis_store(redis_sock, ttl_s=600, prefix="t4:")
+    await check_outcomes(verdicts)
+    assert 0 < await verdicts.client.ttl("t4:v1") <= 600  # the record keeps its TTL
+    await verdicts.close()
 
 
 @needs_redis

@@ -5,6 +5,7 @@ Redis store has its own test, test_router_cache_redis.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -388,6 +389,37 @@ async def test_router_replay_records_each_chat_bounded_per_decision(stack: Stack
     assert second["response_body"].startswith("data: ")  # a stream's first bytes
     assert streamed == "coder got: replayme second, streamed"
     assert (await stack.chat.replay.read("replayed", since=last["seq"]))["records"] == []
+
+
+async def test_router_replay_records_are_read_by_session(stack: Stack) -> None:
+    """Two conversations (``x-session-id``) through the SDK: each session's records are read
+    apart, with upstream's turn index; a chat without the header gets upstream's derived id."""
+
+    async def turn(session: str, *history: str) -> Any:
+        messages = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": text}
+            for i, text in enumerate(history)
+        ]
+        return await stack.client.chat.completions.with_raw_response.create(
+            model=AUTO, messages=messages, extra_headers={"x-session-id": session}
+        )
+
+    a0 = await turn("sess-a", "replayme, a")
+    b0 = await turn("sess-b", "replayme, b")
+    for session, answer in (("sess-a", a0), ("sess-b", b0)):
+        (rec,) = (await stack.chat.replay.read(session=session))["records"]
+        assert rec["id"] == answer.headers["x-vsr-replay-id"]
+        assert (rec["session_id"], rec["turn_index"]) == (session, 0)
+    a1 = await turn("sess-a", "replayme, a", "done a", "replayme, a again")
+    (rec,) = (await stack.chat.replay.read(session="sess-a"))["records"]  # max_records 2
+    assert rec["id"] == a1.headers["x-vsr-replay-id"] and rec["turn_index"] == 1
+    assert [r["id"] for r in (await stack.chat.replay.read(session="sess-b"))["records"]] == [
+        b0.headers["x-vsr-replay-id"]
+    ]
+    await ask(stack.client, "replayme, no header")  # the client's x-authz-user-id is alice
+    last = (await stack.chat.replay.read())["records"][-1]
+    digest = hashlib.sha256(b"alice:replayme, no header").hexdigest()[:16]
+    assert (last["session_id"], last["turn_index"]) == (f"cc-{digest}", 0)
 
 
 async def test_tools_none_strips_tools_and_their_history(stack: Stack) -> None:

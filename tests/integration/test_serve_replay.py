@@ -62,24 +62,31 @@ def config(port: int, endpoint: str, replay: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def ask(url: str, text: str) -> Any:
+async def ask(url: str, text: str, session: str | None = None) -> Any:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     raw = await client.chat.completions.with_raw_response.create(
-        model="vllm-sr/auto", messages=[{"role": "user", "content": text}]
+        model="vllm-sr/auto",
+        messages=[{"role": "user", "content": text}],
+        extra_headers={"x-session-id": session} if session else None,
     )
     assert raw.parse().choices[0].message.content == f"llm got: {text}"
     return raw
 
 
-async def ctl_replay(control: Path) -> tuple[int, list[dict[str, Any]], str]:
+async def ctl_replay(control: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
     """`vllm-sr ctl replay --json` -> (exit code, records, stderr)."""
+    return await ctl(control, "replay", *args)
+
+
+async def ctl(control: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    """`vllm-sr ctl ... --json` -> (exit code, JSON lines, stderr)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
     }
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "vllm_sr.cli", "ctl", "replay", "--json", "--socket", str(control)],
+        [sys.executable, "-m", "vllm_sr.cli", "ctl", *args, "--json", "--socket", str(control)],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
@@ -115,11 +122,16 @@ async def test_records_go_to_postgres_and_survive_a_router_restart(
     control = short_socket_dir(prefix="vsr-rp-") / "c"
     try:
         async with served(path, url, log=tmp_path / "serve1.log", control=control):
-            first = await ask(url, "replayme please")
-            plain = await ask(url, "plain question")
+            first = await ask(url, "replayme please", session="s-1")
+            plain = await ask(url, "plain question", session="s-2")
             quiet = await ask(url, "quiet question")
             code, records, err = await ctl_replay(control)
+            _, one, _ = await ctl_replay(control, "--session", "s-1")  # postgres's session_id
+            rid = first.headers["x-vsr-replay-id"]
+            refused, _, why = await ctl(control, "outcome", rid, "good_fit")
         assert code == 0, err
+        assert [(r["id"], r["session_id"], r["turn_index"]) for r in one] == [(rid, "s-1", 0)]
+        assert refused == 1 and "Router Learning, which is off" in why  # this config has none
         assert "x-vsr-replay-id" not in quiet.headers  # its plugin says enabled: false
         by_id = {r["id"]: r for r in records}
         rec = by_id[first.headers["x-vsr-replay-id"]]

@@ -42,8 +42,10 @@ class StubRouter:
         self,
         inventory: Callable[[], dict[str, Any] | None] = lambda: None,
         replay: Callable[[str | None, int, str | None], Awaitable[dict[str, Any]]] | None = None,
+        chat: Any = None,
     ) -> None:
         self._inventory, self._replay = inventory, replay
+        self.chat = chat  # the chat router (its replay log and learning), as the chat mount's
 
     def inventory(self) -> dict[str, Any] | None:
         return self._inventory()
@@ -146,10 +148,21 @@ class FakeBackend:
         return health
 
     async def replay(
-        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int = 0,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> dict[str, Any]:
-        records: dict[str, Any] = await _SERVICE.replay(self, decision, since, recipe)
+        records: dict[str, Any] = await _SERVICE.replay(self, decision, since, recipe, session)
         return records
+
+    async def outcome(self, outcome: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await _SERVICE.outcome(self, outcome)
+        return result
+
+    def _router_chat(self) -> Any:
+        return _SERVICE._router_chat(self)
 
     def effective_config(self) -> dict[str, Any]:
         if self._config is not None:

@@ -71,8 +71,49 @@ async def check_contract(store: Any) -> None:
     assert [r["id"] for r in both] == ["a1", "a2", "o1"]
 
 
+async def check_sessions(store: Any) -> None:
+    """Records of two sessions (and one without) are read apart by ``session``, with the
+    other filters; ``get`` finds a record by id (on a store of its own)."""
+    await store.add(record("n1", "coding"), 100)  # no session
+    s1 = record("s1a", "coding", session_id="sess-1", turn_index=0)
+    s2 = record("s2a", "billing", session_id="sess-2", turn_index=0)
+    s3 = record("s1b", "billing", session_id="sess-1", turn_index=1)
+    for r in (s1, s2, s3):
+        await store.add(r, 100)
+    one, _, _ = await store.read(None, 0, session="sess-1")
+    assert [(r["id"], r["turn_index"]) for r in one] == [("s1a", 0), ("s1b", 1)]
+    two, _, _ = await store.read(None, 0, session="sess-2")
+    assert [r["id"] for r in two] == ["s2a"]
+    narrowed, _, _ = await store.read("billing", 0, session="sess-1")
+    assert [r["id"] for r in narrowed] == ["s1b"]
+    assert (await store.read(None, 0, session="sess-9"))[0] == []
+    after, _, _ = await store.read(None, one[0]["seq"], session="sess-1")
+    assert [r["id"] for r in after] == ["s1b"]
+    got = await store.get("s2a")
+    assert got == {**s2, "seq": two[0]["seq"]}
+    assert (await store.get("n1"))["decision"] == "coding"  # a record without a session
+    assert await store.get("never-written") is None
+
+
+async def check_outcomes(store: Any) -> None:
+    """Verdicts are appended to a record's ``outcomes`` in order, and read back with it."""
+    await store.add(record("v1"), 100)
+    await store.add(record("v2"), 100)
+    first = {"source": "operator", "target": "model", "verdict": "good_fit"}
+    second = {**first, "verdict": "underpowered", "score": 0.5}
+    assert await store.append_outcome("v1", first) is True
+    assert await store.append_outcome("v1", second) is True
+    assert await store.append_outcome("nope", first) is False
+    assert (await store.get("v1"))["outcomes"] == [first, second]
+    assert "outcomes" not in await store.get("v2")
+    records, _, _ = await store.read(None, 0)
+    assert [r.get("outcomes") for r in records] == [[first, second], None]
+
+
 async def test_memory_store_keeps_the_contract() -> None:
     await check_contract(MemoryReplayStore())
+    await check_sessions(MemoryReplayStore())
+    await check_outcomes(MemoryReplayStore())
 
 
 async def test_memory_store_bounds_each_decision_and_expires_at_its_ttl() -> None:
@@ -112,10 +153,15 @@ class FakeStore:
         self.added.append(rec)
         return len(self.added)
 
-    async def read(self, decision: str | None, since: int, limit: int = 1000) -> Any:
+    async def read(self, decision: str | None, since: int, *args: Any) -> Any:
         if not self.up:
             raise StoreUnavailable("fake store went away")
         return [dict(r, seq=i + 1) for i, r in enumerate(self.added)][since:], len(self.added), []
+
+    async def get(self, record_id: str) -> Record | None:
+        if not self.up:
+            raise StoreUnavailable("fake store went away")
+        return next((r for r in self.added if r["id"] == record_id), None)
 
     async def close(self) -> None:
         return None
@@ -294,6 +340,26 @@ def test_postgres_codec_round_trips_a_record() -> None:
         "request_bytes": 10,
         "response_bytes": 900,
     }
+    assert values["session_id"] is None and values["turn_index"] is None
+    values["outcomes"] = None  # not inserted: verdicts are appended later
     row = [values[c] for c in codec.SELECT_COLUMNS if c != "vsr_seq"]
     row = [v.obj if hasattr(v, "obj") else v for v in row]
-    assert codec.decode((*row, 7)) == {**rec, "seq": 7}
+    assert codec.decode((*row, 7)) == {**rec, "seq": 7}  # no session: no session fields
+
+
+def test_postgres_codec_puts_the_session_in_upstreams_columns() -> None:
+    pytest.importorskip("psycopg")
+    from vllm_sr.router.replay import postgres_codec as codec
+
+    rec = record("p2", session_id="sess-1", turn_index=3)
+    values = dict(zip(codec.INSERT_COLUMNS, codec.encode(rec), strict=True))
+    assert (values["session_id"], values["turn_index"]) == ("sess-1", 3)
+    ours = values["route_diagnostics"].obj["annotations"]["vllm_sr"]
+    assert "session_id" not in ours and "turn_index" not in ours
+    values["outcomes"] = None  # not inserted: verdicts are appended later
+    row = [values[c] for c in codec.SELECT_COLUMNS if c != "vsr_seq"]
+    row = [v.obj if hasattr(v, "obj") else v for v in row]
+    assert codec.decode((*row, 8)) == {**rec, "seq": 8}
+    # an upstream router's table gets the columns (and the index reads by session use)
+    assert "ADD COLUMN IF NOT EXISTS session_id" in codec.CREATE_TABLE
+    assert "ADD COLUMN IF NOT EXISTS turn_index" in codec.CREATE_TABLE

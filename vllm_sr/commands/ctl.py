@@ -14,6 +14,11 @@ from typing import Any
 
 from vllm_sr.errors import EXIT_FAILURE, EXIT_OK
 
+# upstream's outcome verdicts and targets, spelled here so that the CLI imports no router code
+# (tests/unit/test_control_outcomes.py checks they agree with vllm_sr/router/learning)
+VERDICTS = ("good_fit", "underpowered", "overprovisioned", "failed")
+TARGETS = ("model", "route", "policy", "stability", "provider", "router")
+
 SOCKET_ENV = "VLLM_SR_CONTROL_SOCKET"
 DEFAULT_SOCKET = "/run/vllm-sr/control.sock"
 
@@ -127,7 +132,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp.add_argument("--decision", default=None, metavar="D", help="only decision D's records")
     rp.add_argument("--recipe", default=None, metavar="R", help="only recipe R's records")
     rp.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
+    rp.add_argument("--session", default=None, metavar="S", help="only session S's records")
     rp.add_argument("--since", type=int, default=None, metavar="SEQ", help="after record SEQ")
+    oc = action("outcome", _outcome, "Router Learning: a verdict on a routed chat (its replay id)")
+    oc.add_argument("replay_id", metavar="REPLAY_ID", help="the answer's x-vsr-replay-id")
+    oc.add_argument("verdict", choices=VERDICTS, metavar="VERDICT", help=", ".join(VERDICTS))
+    oc.add_argument("--target", default="model", choices=TARGETS, help="default: model")
+    oc.add_argument("--model", default=None, metavar="M", help="refuse unless M was chosen")
+    oc.add_argument("--reason", default=None, metavar="TEXT")
+    oc.add_argument("--score", type=float, default=None, metavar="X", help="0.0 to 1.0")
+    oc.add_argument(
+        "--key",
+        default=None,
+        metavar="K",
+        help="Idempotency-Key (default: a new one; give one to make a retry safe)",
+    )
     action("reload", _reload, "re-read the config and apply it")
     action("threads", _threads, "each CPU worker's learned thread counts (adaptive threads)")
 
@@ -176,7 +195,7 @@ def _replay(args: argparse.Namespace) -> int:
     client = client_for(args)
     since = args.since or 0
     while True:
-        answer = client.replay(args.decision, since, recipe=args.recipe)
+        answer = client.replay(args.decision, since, recipe=args.recipe, session=args.session)
         for rec in answer.get("records", []):
             print(json.dumps(rec, default=str) if args.json else replay_line(rec), flush=True)
             since = max(since, int(rec.get("seq", since)))
@@ -186,6 +205,30 @@ def _replay(args: argparse.Namespace) -> int:
             time.sleep(REPLAY_POLL_S)
         except KeyboardInterrupt:
             return EXIT_OK
+
+
+def _outcome(args: argparse.Namespace) -> int:
+    import uuid
+
+    key = args.key or uuid.uuid4().hex
+    result = client_for(args).outcome(
+        args.replay_id,
+        args.verdict,
+        key,
+        target=args.target,
+        target_ref=args.model,
+        reason=args.reason,
+        score=args.score,
+    )
+    if args.json:
+        print_json(result)
+    elif result.get("duplicate"):
+        print(f"outcome {args.verdict} on {args.replay_id}: already applied (key {key})")
+    elif result.get("updated"):
+        print(f"outcome {args.verdict} on {args.replay_id}: filed for {result.get('model')}")
+    else:
+        print(f"outcome {args.verdict} on {args.replay_id}: accepted ({args.target}: no change)")
+    return EXIT_OK
 
 
 def _done(args: argparse.Namespace, what: str, result: dict[str, Any]) -> int:

@@ -111,11 +111,13 @@ def connect_error(path: Path, exc: OSError) -> VllmSrError:
 
 @dataclass(frozen=True)
 class Call:
-    """One request of the control API: method, path (with its query) and JSON body."""
+    """One request of the control API: method, path (with its query), JSON body and any
+    headers."""
 
     method: str
     target: str
     body: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
 
 def _replica_call(replica: str, action: str, body: dict[str, Any] | None = None) -> Call:
@@ -150,9 +152,18 @@ class _Calls(Generic[R]):
         return self._send(Call("GET", "/v1/config"))
 
     def replay(
-        self, decision: str | None = None, since: int | None = None, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int | None = None,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> R:
-        pairs = (("decision", decision), ("recipe", recipe), ("since", since))
+        pairs = (
+            ("decision", decision),
+            ("recipe", recipe),
+            ("session_id", session),
+            ("since", since),
+        )
         query = {k: str(v) for k, v in pairs if v is not None}
         return self._send(Call("GET", "/v1/replay" + (f"?{urlencode(query)}" if query else "")))
 
@@ -179,6 +190,27 @@ class _Calls(Generic[R]):
     def reload(self) -> R:
         return self._send(Call("POST", "/v1/reload", {}))
 
+    def outcome(
+        self,
+        replay_id: str,
+        verdict: str,
+        idempotency_key: str,
+        *,
+        target: str = "model",
+        target_ref: str | None = None,
+        reason: str | None = None,
+        score: float | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> R:
+        """Router Learning's outcome verdict on the chat recorded as ``replay_id``."""
+        body: dict[str, Any] = {"replay_id": replay_id, "target": target, "verdict": verdict}
+        extra = (("target_ref", target_ref), ("reason", reason), ("score", score))
+        body.update((k, v) for k, v in extra if v is not None)
+        if metadata:
+            body["metadata"] = dict(metadata)
+        headers = {"Idempotency-Key": idempotency_key}
+        return self._send(Call("POST", "/v1/router/outcomes", body, headers))
+
 
 class _Side:
     """What both sides share: the socket, the timeouts, and turning answers and transport
@@ -197,7 +229,10 @@ class _Side:
 
     @staticmethod
     def _kwargs(call: Call) -> dict[str, Any]:
-        return {"json": call.body} if call.body is not None else {}
+        kwargs: dict[str, Any] = {"json": call.body} if call.body is not None else {}
+        if call.headers:
+            kwargs["headers"] = call.headers
+        return kwargs
 
     @staticmethod
     def _retryable(call: Call, exc: httpx.HTTPError, attempt: int) -> bool:

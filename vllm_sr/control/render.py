@@ -235,7 +235,8 @@ def _ms(value: Any) -> str:
 
 
 def replay_line(rec: dict[str, Any]) -> str:
-    """``2026-12-04 15:01:02 #7 coding -> coder 200 12 ms upstream id=ab12...`` (local time)."""
+    """``2026-12-04 15:01:02 #7 coding -> coder 200 12 ms upstream id=ab12... session=s turn=1
+    outcomes=good_fit`` (local time; the session and verdicts when the record has them)."""
     stamp = str(rec.get("timestamp") or "")
     with contextlib.suppress(ValueError):
         when = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
@@ -246,8 +247,13 @@ def replay_line(rec: dict[str, Any]) -> str:
         f"{rec.get('response_status')} {rec.get('duration_ms')} ms "
         f"{rec.get('response_path')} id={rec.get('id')}"
     )
+    if rec.get("session_id"):
+        line += f" session={rec['session_id']} turn={rec.get('turn_index', 0)}"
     if rec.get("backend_fallbacks"):
         line += " fell back from " + ",".join(rec["backend_fallbacks"])
+    verdicts = [str(o.get("verdict")) for o in rec.get("outcomes") or [] if isinstance(o, dict)]
+    if verdicts:
+        line += " outcomes=" + ",".join(verdicts)
     return line
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs
 
@@ -17,10 +18,12 @@ from vllm_sr import jsonbody
 from vllm_sr.clock import Clock
 from vllm_sr.control.auth import AccessPolicy, Peer, peer_of
 from vllm_sr.control.commands import Command, CommandKind
+from vllm_sr.control.outcome_policy import IDEMPOTENCY_HEADER, OutcomePolicy, principal_of
 from vllm_sr.control.stream import EventStream, dumps
 from vllm_sr.errors import Forbidden, InvalidRequest, VllmSrError
 from vllm_sr.events import EventBus
 from vllm_sr.httpserver import PathRoutes, Request, Response, StreamResponse, error_response
+from vllm_sr.router.learning.outcomes import Outcome, OutcomeBody, normalize
 
 log = logging.getLogger("vllm_sr.control")
 
@@ -37,8 +40,14 @@ class ControlBackend(Protocol):
     def effective_config(self) -> dict[str, Any]: ...
 
     async def replay(
-        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int = 0,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> dict[str, Any]: ...
+
+    async def outcome(self, outcome: Outcome) -> dict[str, Any]: ...
 
     async def submit(self, command: Command) -> dict[str, Any]: ...
 
@@ -48,6 +57,7 @@ class ServerView(Protocol):
 
     backend: ControlBackend
     policy: AccessPolicy
+    outcomes: OutcomePolicy
     clock: Clock
     closing: bool
     streams: set[EventStream]
@@ -128,10 +138,11 @@ def _since(request: Request) -> int | None:
 
 async def _replay(server: ServerView, request: Request, _: dict[str, str]) -> Answer:
     """router_replay's records: ``?decision=D`` (one decision), ``?recipe=R`` (one recipe),
-    ``?since=SEQ`` (after it)."""
+    ``?session_id=S`` (one session), ``?since=SEQ`` (after it)."""
     decision = _query(request, "decision") or None
     recipe = _query(request, "recipe") or None
-    return _json(await server.backend.replay(decision, _since(request) or 0, recipe))
+    session = (_query(request, "session_id") or "").strip() or None
+    return _json(await server.backend.replay(decision, _since(request) or 0, recipe, session))
 
 
 async def _events(server: ServerView, request: Request, _: dict[str, str]) -> Answer:
@@ -243,6 +254,20 @@ async def _reload(server: ServerView, request: Request, _: dict[str, str]) -> An
     return await _submit(server, Command(kind="reload"))
 
 
+async def _outcome(server: ServerView, request: Request, _: dict[str, str]) -> Answer:
+    """Router Learning's outcome verdict on a routed chat (upstream's route and body;
+    vllm_sr/router/learning/outcomes.py): the peer must be allowed to change the service,
+    then the policy's key and rate checks (control/outcome_policy.py), then the verdict."""
+    peer = _authorize(server, request, "outcome verdict")
+    body = jsonbody.parse_json(request.body, OutcomeBody)
+    key, source = server.outcomes.enforce(
+        request.headers.get(IDEMPOTENCY_HEADER), principal_of(peer)
+    )
+    result = await server.backend.outcome(normalize(body, key, source))
+    stamp = datetime.fromtimestamp(server.clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _json({"success": True, **result, "timestamp": stamp})
+
+
 _REPLICA_ACTIONS: tuple[CommandKind, ...] = ("drain", "eject", "readmit", "restart")
 
 ROUTES: PathRoutes[Route] = PathRoutes(
@@ -253,6 +278,7 @@ ROUTES: PathRoutes[Route] = PathRoutes(
         "/v1/events": {"GET": _events},
         "/v1/events/stream": {"GET": _stream},
         "/v1/replay": {"GET": _replay},
+        "/v1/router/outcomes": {"POST": _outcome},
         **{f"/v1/replicas/{{id}}/{a}": {"POST": _replica_route(a)} for a in _REPLICA_ACTIONS},
         "/v1/deployments/{name}/scale": {"POST": _scale},
         "/v1/reload": {"POST": _reload},

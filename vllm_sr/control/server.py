@@ -13,6 +13,7 @@ from vllm_sr import wire
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.control import routes
 from vllm_sr.control.auth import AccessPolicy
+from vllm_sr.control.outcome_policy import OutcomePolicy
 from vllm_sr.control.routes import ControlBackend
 from vllm_sr.control.socketfile import bind_socket, remove_if_ours
 from vllm_sr.control.stream import EventStream
@@ -70,6 +71,7 @@ class ControlServer:
         self.subscriber_queue = subscriber_queue
         self.backlog = backlog
         self.clock = clock
+        self.outcomes = OutcomePolicy(clock)  # POST /v1/router/outcomes: keys, rate limit
         self.closing = False
         self.streams: set[EventStream] = set()
         self._http: HttpServer | None = None

@@ -176,7 +176,7 @@ class ChatRouter(ChatPlugins):
         if turn is not None:
             result = turn.result
         plugins = self.plugins_of(result)
-        replay = Replay(self, plugins, result, body, request.body, started)
+        replay = Replay(self, plugins, result, body, request.body, started, request.headers)
         try:
             debug = is_debug(request.headers)
             stream = body.get("stream") is True

@@ -35,6 +35,7 @@ from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayLog, ReplayTap, Tee
 from vllm_sr.router.plugins.response_cache import CachePlan, ResponseCache
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings, apply_tool_selection
 from vllm_sr.router.reasoning import apply_reasoning
+from vllm_sr.router.replay.session import session_fields
 from vllm_sr.router.route import AuthzOptions, Router, RouteResult, RouterStats
 
 if TYPE_CHECKING:
@@ -243,6 +244,7 @@ class Replay:
         body: Mapping[str, Any],
         raw: bytes,
         started: float,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.chat, self.result, self.raw, self.started = chat, result, raw, started
         self.stream = body.get("stream") is True
@@ -252,6 +254,7 @@ class Replay:
         self.id = chat.replay.new_id() if self.conf is not None else None
         self.headers = {H_REPLAY_ID: self.id} if self.id is not None else {}
         self.tap = ReplayTap(self.conf.max_body_bytes) if self.conf is not None else None
+        self.session = session_fields(body, headers or {}) if self.conf is not None else {}
 
     async def done(
         self,
@@ -282,5 +285,6 @@ class Replay:
             response=tapped,
             fallbacks=failed,
             response_body=answer.body if isinstance(answer, Response) else None,
+            session=self.session,
         )
         return answer

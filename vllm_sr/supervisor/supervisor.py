@@ -24,7 +24,7 @@ import signal
 import socket
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vllm_sr import __version__
 from vllm_sr import events as ev
@@ -46,6 +46,10 @@ from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
 from vllm_sr.supervisor.usage import GpuProbe, UsageSampler
+
+if TYPE_CHECKING:
+    from vllm_sr.router.chat import ChatRouter
+    from vllm_sr.router.learning.outcomes import Outcome
 
 log = logging.getLogger("vllm_sr.supervisor")
 
@@ -180,13 +184,42 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         return doc
 
     async def replay(
-        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int = 0,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> JsonObject:
-        """Router mode's router_replay records after ``since`` (of one decision and/or recipe,
-        or all)."""
+        """Router mode's router_replay records after ``since`` (of one decision, recipe and/or
+        session, or all)."""
         if self.router is None:
             return dict(NO_REPLAY)
-        return await self.router.replay(decision, since, recipe)
+        if session is None:
+            return await self.router.replay(decision, since, recipe)
+        chat = self._router_chat()
+        if chat is None:
+            return dict(NO_REPLAY)
+        doc: JsonObject = await chat.replay.read(decision, since, recipe, session)
+        return doc
+
+    async def outcome(self, outcome: Outcome) -> JsonObject:
+        """Router Learning's outcome verdict, applied to the running generation's learning
+        (vllm_sr/router/learning/outcomes.py)."""
+        from vllm_sr.router.learning.outcomes import LearningOff, ingest
+
+        chat = self._router_chat()
+        if chat is None:
+            raise LearningOff(
+                "outcome verdicts feed Router Learning: the service is not routing (Engine "
+                "mode, or no providers); accepted: Router mode with global.router.learning"
+            )
+        return await ingest(chat, outcome)
+
+    def _router_chat(self) -> ChatRouter | None:
+        """The published generation's chat router (the chat mount's ``chat``: its replay log
+        and Router Learning), None in Engine mode."""
+        chat: ChatRouter | None = getattr(self.router, "chat", None)
+        return chat
 
     def router_plan(self) -> RouterPlan | None:
         """Router mode's settings of the published generation (None: Engine mode)."""

@@ -1,6 +1,6 @@
 """Router Learning's state in one process, kept across config reloads: the conversations
-(``memory``, shared through Redis with the redis state store), adaptation's experience, and
-the counters of learning's actions."""
+(``memory``, shared through Redis with the redis state store), adaptation's experience, the
+outcome verdicts' idempotency keys, and the counters of learning's actions."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.learning.adaptation import ExperienceStore
 from vllm_sr.router.learning.memory import ConversationMemory
+from vllm_sr.router.learning.outcomes import IdempotencyKeys
 from vllm_sr.router.learning.shared_store import SharedConversations
 
 
@@ -28,6 +29,7 @@ class LearningState:
     seed_source: Callable[[], int] = _time_seed
     memory: ConversationMemory = field(init=False)
     experience: ExperienceStore = field(init=False)
+    outcome_keys: IdempotencyKeys = field(init=False)  # outcome verdicts' Idempotency-Keys
     # (decision, method, action) -> requests
     actions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     shared: SharedConversations | None = field(init=False, default=None)
@@ -37,6 +39,7 @@ class LearningState:
     def __post_init__(self) -> None:
         self.memory = ConversationMemory(self.clock)
         self.experience = ExperienceStore(self.clock)
+        self.outcome_keys = IdempotencyKeys(self.clock)
 
     def use_store(self, store: Any) -> None:
         """The generation's ``state_store`` (None: local only): the redis client is kept while

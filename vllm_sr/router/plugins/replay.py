@@ -13,6 +13,7 @@ saw (``--follow`` polls)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
@@ -117,6 +118,7 @@ class ReplayLog:
         response: ReplayTap | None,
         fallbacks: list[tuple[str, str]] | None = None,
         response_body: bytes | None = None,
+        session: Mapping[str, Any] | None = None,
     ) -> Record:
         """One record, upstream's field names where upstream has the field (``timestamp`` is
         when the chat arrived; ``duration_ms`` until its answer was complete)."""
@@ -137,6 +139,7 @@ class ReplayLog:
             "response_path": path,
             "backend_fallbacks": [f"{m}:{r}" for m, r in fallbacks or []],
             "request_bytes": len(body),
+            **(session or {}),  # session_id, turn_index (vllm_sr/router/replay/session.py)
         }
         if plugin.capture_request_body:
             rec["request_body"], rec["request_body_truncated"] = cut(body, plugin.max_body_bytes)
@@ -155,13 +158,28 @@ class ReplayLog:
         return rec
 
     async def read(
-        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int = 0,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> dict[str, Any]:
-        """Records after ``since`` (oldest first, at most MAX_LIST), of one decision and/or
-        recipe (two recipes may each have a decision of one name), or all; raises
+        """Records after ``since`` (oldest first, at most MAX_LIST), of one decision, recipe
+        (two recipes may each have a decision of one name) and/or session, or all; raises
         StoreUnavailable while the store is down."""
-        records, last, decisions = await self.writer.read(decision, since, MAX_LIST, recipe)
+        records, last, decisions = await self.writer.read(
+            decision, since, MAX_LIST, recipe, session
+        )
         return {"records": records, "last_seq": last, "decisions": decisions}
+
+    async def get(self, record_id: str) -> Record | None:
+        """One record by its id (None: unknown or expired); raises StoreUnavailable while the
+        store is down."""
+        return await self.writer.get(record_id)
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Add an outcome verdict to the record's ``outcomes`` (False: no such record)."""
+        return await self.writer.append_outcome(record_id, outcome)
 
     async def close(self) -> None:
         await self.writer.close()

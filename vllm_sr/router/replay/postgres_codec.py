@@ -3,9 +3,10 @@
 The table is upstream's (``pkg/routerreplay/store/postgres.go``): every column it creates, so
 an upstream router can share it; vllm-sr adds one, ``vsr_seq BIGSERIAL``, the order its reads
 go by (upstream's own inserts get one from the default). A record's fields that have a column
-go there (``timestamp``, ``decision``, ``signals``, the bodies and flags...); vllm-sr's own
-fields (``model``, ``response_path``, ``backend_fallbacks``, the byte counts) go in
-``route_diagnostics.annotations.vllm_sr``, upstream's free-form map. A row decodes back to the
+go there (``timestamp``, ``decision``, ``signals``, ``session_id``, ``turn_index``,
+``outcomes``, the bodies and flags...); vllm-sr's own fields (``model``, ``response_path``,
+``backend_fallbacks``, the byte counts) go in ``route_diagnostics.annotations.vllm_sr``,
+upstream's free-form map. A row decodes back to the
 record that was written, plus its ``seq``."""
 
 from __future__ import annotations
@@ -91,9 +92,14 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS route_diagnostics JSONB;
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS lifecycle_state VARCHAR(32) NOT NULL DEFAULT 'unknown';
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS ended_at TIMESTAMP;
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS duration_ms BIGINT DEFAULT 0;
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS session_id VARCHAR(255);
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS turn_index INTEGER;
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS previous_response_id VARCHAR(255);
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS conversation_id VARCHAR(255);
 CREATE INDEX IF NOT EXISTS idx_{t}_timestamp ON {t} (timestamp DESC);
 CREATE INDEX IF NOT EXISTS idx_{t}_created_at ON {t} (created_at);
 CREATE INDEX IF NOT EXISTS idx_{t}_decision_timestamp ON {t} (decision, timestamp DESC);
+CREATE INDEX IF NOT EXISTS idx_{t}_session_timestamp ON {t} (session_id, timestamp DESC);
 """
 # vllm-sr's column, added only when missing, so that a reconnect runs no DDL that would create
 # a sequence
@@ -118,14 +124,33 @@ PLAIN = (
     "from_cache",
     "streaming",
 )
+# record fields with a column that a record may lack (NULL: the field is left out)
+OPTIONAL = ("session_id", "turn_index")
 BODIES = (
     ("request_body", "request_body_truncated"),
     ("response_body", "response_body_truncated"),
 )
 BODY_COLUMNS = tuple(k for pair in BODIES for k in pair)
-INSERT_COLUMNS = (*PLAIN, "timestamp", "ended_at", "signals", *BODY_COLUMNS, "route_diagnostics")
-SELECT_COLUMNS = (*PLAIN, "timestamp", "signals", *BODY_COLUMNS, "route_diagnostics", "vsr_seq")
-COLUMN_FIELDS = {*PLAIN, "timestamp", "signals", *BODY_COLUMNS, "seq"}
+INSERT_COLUMNS = (
+    *PLAIN,
+    *OPTIONAL,
+    "timestamp",
+    "ended_at",
+    "signals",
+    *BODY_COLUMNS,
+    "route_diagnostics",
+)
+SELECT_COLUMNS = (
+    *PLAIN,
+    *OPTIONAL,
+    "timestamp",
+    "signals",
+    *BODY_COLUMNS,
+    "route_diagnostics",
+    "outcomes",
+    "vsr_seq",
+)
+COLUMN_FIELDS = {*PLAIN, *OPTIONAL, "timestamp", "signals", *BODY_COLUMNS, "outcomes", "seq"}
 
 
 def _naive(stamp: str) -> datetime:
@@ -141,7 +166,7 @@ def encode(record: Record) -> tuple[Any, ...]:
         "selected_model": record.get("selected_model"),
         "annotations": {"vllm_sr": ours},
     }
-    values: list[Any] = [record.get(k) for k in PLAIN]
+    values: list[Any] = [record.get(k) for k in (*PLAIN, *OPTIONAL)]
     values += [started, started + timedelta(milliseconds=int(record.get("duration_ms") or 0))]
     values.append(Jsonb(record.get("signals") or {}))
     for body, flag in BODIES:
@@ -154,12 +179,15 @@ def decode(row: tuple[Any, ...]) -> Record:
     """A SELECT_COLUMNS row -> the record as written, with its ``seq``."""
     cols = dict(zip(SELECT_COLUMNS, row, strict=True))
     rec: Record = {k: cols[k] for k in PLAIN}
+    rec.update((k, cols[k]) for k in OPTIONAL if cols[k] is not None)
     stamp = cols["timestamp"]
     rec["timestamp"] = stamp.strftime(TIME_FORMAT) if isinstance(stamp, datetime) else stamp
     rec["signals"] = cols["signals"] or {}
     for body, flag in BODIES:
         if cols[body] is not None:  # a body not captured has no fields at all
             rec[body], rec[flag] = cols[body], bool(cols[flag])
+    if cols["outcomes"]:  # upstream's column: the verdicts posted on this chat
+        rec["outcomes"] = cols["outcomes"]
     diagnostics = cols["route_diagnostics"] or {}
     rec.update(((diagnostics.get("annotations") or {}).get("vllm_sr")) or {})
     rec["seq"] = int(cols["vsr_seq"])

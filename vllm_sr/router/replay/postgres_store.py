@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.router_replay import DEFAULT_TABLE, RouterReplayPostgres
@@ -116,9 +117,14 @@ class PostgresReplayStore:
         return int(row[0])
 
     async def read(
-        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+        self,
+        decision: str | None,
+        since: int,
+        limit: int = MAX_LIST,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> ReadResult:
-        where = [sql.SQL("vsr_seq > %s")]
+        where: list[sql.Composable] = [sql.SQL("vsr_seq > %s")]
         args: list[Any] = [since]
         if decision:
             where.append(sql.SQL("decision = %s"))
@@ -126,9 +132,10 @@ class PostgresReplayStore:
         if recipe:
             where.append(sql.SQL("recipe = %s"))
             args.append(recipe)
-        if self.ttl_s > 0:
-            where.append(sql.SQL("created_at >= NOW() - make_interval(secs => %s)"))
-            args.append(self.ttl_s)
+        if session:
+            where.append(sql.SQL("session_id = %s"))
+            args.append(session)
+        where += self._fresh(args)
         query = sql.SQL("{} WHERE {} ORDER BY vsr_seq LIMIT %s").format(
             self.select, sql.SQL(" AND ").join(where)
         )
@@ -148,6 +155,42 @@ class PostgresReplayStore:
                 raise _down(exc) from None
         last = int(top[0]) if top is not None and top[0] is not None else 0
         return [codec.decode(r) for r in rows], last, sorted(names)
+
+    async def get(self, record_id: str) -> Record | None:
+        args: list[Any] = [record_id]
+        where: list[sql.Composable] = [sql.SQL("id = %s"), *self._fresh(args)]
+        query = sql.SQL("{} WHERE {}").format(self.select, sql.SQL(" AND ").join(where))
+        async with self.lock:
+            conn = self._conn()
+            try:
+                row = await (await conn.execute(query, args)).fetchone()
+            except psycopg.Error as exc:
+                await self._drop()
+                raise _down(exc) from None
+        return codec.decode(row) if row is not None else None
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """One UPDATE appending to upstream's ``outcomes`` JSONB array (atomic in postgres)."""
+        args: list[Any] = [Jsonb([outcome]), record_id]
+        where: list[sql.Composable] = [sql.SQL("id = %s"), *self._fresh(args)]
+        query = sql.SQL(
+            "UPDATE {} SET outcomes = COALESCE(outcomes, '[]'::jsonb) || %s WHERE {}"
+        ).format(sql.Identifier(self.table), sql.SQL(" AND ").join(where))
+        async with self.lock:
+            conn = self._conn()
+            try:
+                cur = await conn.execute(query, args)
+            except psycopg.Error as exc:
+                await self._drop()
+                raise _down(exc) from None
+        return cur.rowcount > 0
+
+    def _fresh(self, args: list[Any]) -> list[sql.Composable]:
+        """The TTL's condition (none without a TTL); its argument goes on ``args``."""
+        if self.ttl_s <= 0:
+            return []
+        args.append(self.ttl_s)
+        return [sql.SQL("created_at >= NOW() - make_interval(secs => %s)")]
 
     def _conn(self) -> psycopg.AsyncConnection[Any]:
         if self.conn is None or self.conn.closed:

@@ -5,8 +5,9 @@ As upstream keeps them: one string per record, ``<key_prefix><id>`` (default pre
 upstream router reading the same Redis lists ours. vllm-sr's reads go by ``seq``, which
 upstream's records lack: a counter ``vsr-replay-seq:<prefix>`` gives each record its seq, and
 sorted sets (seq -> id) index them, ``vsr-replay-index:<prefix>`` for all,
-``vsr-replay-index:<prefix>d:<decision>`` per decision and ``...r:<recipe>`` per recipe, with
-the decisions in the set
+``vsr-replay-index:<prefix>d:<decision>`` per decision, ``...r:<recipe>`` per recipe and
+``...s:<session_id>`` per session (records with a ``session_id``), with the decisions in the
+set
 ``vsr-replay-decisions:<prefix>``. Those keys sit outside ``<prefix>*`` so that upstream's
 scan of the prefix meets only records. An index entry whose record has expired is removed
 when a read meets it."""
@@ -19,7 +20,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from vllm_sr.config.router_replay import DEFAULT_KEY_PREFIX, RouterReplayRedis
 from vllm_sr.router.replay.envexpand import expand_env
@@ -27,6 +28,7 @@ from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, StoreUnava
 
 TIMEOUT_S = 2.0  # a store slower than this is treated as down
 DEFAULT_POOL = 10
+APPEND_TRIES = 5
 
 
 def redis_client(conf: RouterReplayRedis) -> aioredis.Redis:
@@ -84,6 +86,10 @@ class RedisReplayStore:
                 pipe.zadd(self.index, {record["id"]: seq})
                 pipe.zadd(f"{self.index}d:{decision}", {record["id"]: seq})
                 pipe.zadd(f"{self.index}r:{record.get('recipe') or ''}", {record["id"]: seq})
+                if record.get("session_id"):
+                    pipe.zadd(f"{self.index}s:{record['session_id']}", {record["id"]: seq})
+                    if self.ttl_s:  # a session's index goes when its records would have
+                        pipe.expire(f"{self.index}s:{record['session_id']}", self.ttl_s)
                 pipe.sadd(self.decisions_key, decision)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -91,11 +97,18 @@ class RedisReplayStore:
         return seq
 
     async def read(
-        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+        self,
+        decision: str | None,
+        since: int,
+        limit: int = MAX_LIST,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> ReadResult:
-        """From the narrowest index (decision, else recipe, else all); a recipe filter on a
-        decision's index is applied here."""
-        if decision:
+        """From the narrowest index (session, else decision, else recipe, else all); the
+        other filters are applied here."""
+        if session:
+            index = f"{self.index}s:{session}"
+        elif decision:
             index = f"{self.index}d:{decision}"
         elif recipe:
             index = f"{self.index}r:{recipe}"
@@ -119,7 +132,7 @@ class RedisReplayStore:
                     rec = _record(doc)
                     if rec is None:
                         gone.append(rid)
-                    elif not recipe or rec.get("recipe") == recipe:
+                    elif _matches(rec, decision, recipe, session):
                         found.append(rec)
                     start = int(score)
                 if gone:  # expired (or not ours): out of both indexes
@@ -132,8 +145,45 @@ class RedisReplayStore:
             raise _down(exc) from None
         return found[:limit], last, decisions
 
+    async def get(self, record_id: str) -> Record | None:
+        try:
+            return _record(await self.client.get(self.prefix + record_id))
+        except (RedisError, OSError) as exc:
+            raise _down(exc) from None
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Read, add, write back with the key's TTL kept; another writer in between (a verdict
+        posted to another router) makes it start over (WATCH), at most a few times."""
+        key = self.prefix + record_id
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                for _ in range(APPEND_TRIES):
+                    try:
+                        await pipe.watch(key)
+                        rec = _record(await pipe.get(key))
+                        if rec is None:
+                            return False
+                        rec["outcomes"] = [*rec.get("outcomes", []), outcome]
+                        pipe.multi()
+                        pipe.set(key, json.dumps(rec, ensure_ascii=False), keepttl=True)
+                        await pipe.execute()
+                        return True
+                    except WatchError:
+                        continue
+        except (RedisError, OSError) as exc:
+            raise _down(exc) from None
+        raise StoreUnavailable(f"the redis router_replay record {record_id!r} kept changing")
+
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _matches(rec: Record, decision: str | None, recipe: str | None, session: str | None) -> bool:
+    return (
+        (not decision or rec.get("decision") == decision)
+        and (not recipe or rec.get("recipe") == recipe)
+        and (not session or rec.get("session_id") == session)
+    )
 
 
 def _text(value: bytes | str) -> str:

@@ -1,8 +1,10 @@
 """The router_replay store seam and the memory store.
 
-A store answers three things: ``connect`` (make the store usable: open, create what is
+A store answers four things: ``connect`` (make the store usable: open, create what is
 missing; raises :class:`StoreUnavailable`), ``add`` (keep one record, give it the next
-``seq``) and ``read`` (the records after a ``seq``, oldest first, of one decision or all).
+``seq``), ``read`` (the records after a ``seq``, oldest first, of one decision, recipe and/or
+session, or all), ``get`` (one record by its id: Router Learning's outcome verdicts name it)
+and ``append_outcome`` (add a verdict to the record's ``outcomes``, upstream's field).
 Records are plain JSON-able dicts with upstream's field names (vllm_sr/router/plugins/replay.py
 builds them); a store keeps them as they are, so a record read back equals the one written
 plus its ``seq``. The memory store keeps each decision's ring of ``max_records`` and drops a
@@ -44,10 +46,24 @@ class ReplayStore(Protocol):
     async def add(self, record: Record, max_records: int) -> int: ...
 
     async def read(
-        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+        self,
+        decision: str | None,
+        since: int,
+        limit: int = MAX_LIST,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> ReadResult:
-        """-> records after ``since`` (oldest first, at most ``limit``; of ``decision`` and
-        ``recipe`` when given), the last seq given, and the decisions that have records."""
+        """-> records after ``since`` (oldest first, at most ``limit``; of ``decision``,
+        ``recipe`` and ``session`` (the record's ``session_id``) when given), the last seq
+        given, and the decisions that have records."""
+        ...
+
+    async def get(self, record_id: str) -> Record | None:
+        """The record with this id (None: never written, or expired)."""
+        ...
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Add ``outcome`` to the record's ``outcomes`` list; False: no such record."""
         ...
 
     async def close(self) -> None: ...
@@ -91,7 +107,12 @@ class MemoryReplayStore:
                 del self.rings[key]
 
     async def read(
-        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+        self,
+        decision: str | None,
+        since: int,
+        limit: int = MAX_LIST,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> ReadResult:
         self._expire()
         rings = [
@@ -99,8 +120,32 @@ class MemoryReplayStore:
             for (rec, dec), ring in self.rings.items()
             if (not decision or dec == decision) and (not recipe or rec == recipe)
         ]
-        found = sorted((r for ring in rings for _, r in ring if r["seq"] > since), key=_seq)
+        found = sorted(
+            (
+                r
+                for ring in rings
+                for _, r in ring
+                if r["seq"] > since and (not session or r.get("session_id") == session)
+            ),
+            key=_seq,
+        )
         return found[:limit], self.last_seq, sorted({dec for _, dec in self.rings})
+
+    async def get(self, record_id: str) -> Record | None:
+        """A scan of the rings: the control API asks rarely, the chats never."""
+        self._expire()
+        for ring in self.rings.values():
+            for _, rec in ring:
+                if rec.get("id") == record_id:
+                    return rec
+        return None
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        rec = await self.get(record_id)
+        if rec is None:
+            return False
+        rec["outcomes"] = [*rec.get("outcomes", []), outcome]
+        return True
 
     async def close(self) -> None:
         return None

@@ -24,6 +24,8 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, ReplayStore, StoreUnavailable
@@ -36,6 +38,7 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 LOG_EVERY_S = 60.0
 QUEUE_SIZE = 1000
+_T = TypeVar("_T")
 
 
 class Backoff:
@@ -180,21 +183,37 @@ class ReplayWriter:
         self.written += 1
 
     async def read(
-        self, decision: str | None, since: int, limit: int = MAX_LIST, recipe: str | None = None
+        self,
+        decision: str | None,
+        since: int,
+        limit: int = MAX_LIST,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> ReadResult:
         """The store's records; raises StoreUnavailable (retryable) while it is down."""
+        return await self._ask(self.store.read(decision, since, limit, recipe, session))
+
+    async def get(self, record_id: str) -> Record | None:
+        """One record by id; raises StoreUnavailable (retryable) while the store is down."""
+        return await self._ask(self.store.get(record_id))
+
+    async def append_outcome(self, record_id: str, outcome: Record) -> bool:
+        """Add a verdict to the record (False: no such record); raises StoreUnavailable while
+        the store is down."""
+        return await self._ask(self.store.append_outcome(record_id, outcome))
+
+    async def _ask(self, query: Coroutine[Any, Any, _T]) -> _T:
         if self.state == "new":
             await self._connect()
         if self.state != "up":
+            query.close()
             self._maybe_reconnect()
             raise StoreUnavailable(
                 f"the router_replay store {self.store.kind} is down ({self.last_error}); "
                 "it is retried in the background, ask again"
             )
         try:
-            return await asyncio.wait_for(
-                self.store.read(decision, since, limit, recipe), WRITE_TIMEOUT_S
-            )
+            return await asyncio.wait_for(query, WRITE_TIMEOUT_S)
         except (StoreUnavailable, TimeoutError) as exc:
             self._down(exc, None)
             raise StoreUnavailable(
