@@ -64,6 +64,8 @@ NO_REPLAY: JsonObject = {"records": [], "last_seq": 0, "decisions": []}
 class RouterViews(Protocol):
     """Router mode's views the supervisor serves (the frontend's ``ChatMount``)."""
 
+    chat: ChatRouter | None  # the published generation's chat router (replay log, learning)
+
     def inventory(self) -> JsonObject | None: ...
 
     async def replay(
@@ -218,8 +220,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
     def _router_chat(self) -> ChatRouter | None:
         """The published generation's chat router (the chat mount's ``chat``: its replay log
         and Router Learning), None in Engine mode."""
-        chat: ChatRouter | None = getattr(self.router, "chat", None)
-        return chat
+        return self.router.chat if self.router is not None else None
 
     def router_plan(self) -> RouterPlan | None:
         """Router mode's settings of the published generation (None: Engine mode)."""
