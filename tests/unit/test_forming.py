@@ -300,10 +300,18 @@ def test_a_forward_target_below_one_is_refused(target: int) -> None:
 
 
 def test_cpu_workers_form_to_the_cpu_target_per_thread_and_gpus_to_their_limits() -> None:
-    from vllm_sr.worker.forming import CPU_FORWARD_TOKENS_PER_THREAD
+    from vllm_sr.worker.forming import (
+        CPU_FORWARD_TOKENS_PER_THREAD,
+        CPU_FORWARD_TOKENS_PER_THREAD_HALF,
+    )
     from vllm_sr.worker.startup import forward_tokens
 
     assert forward_tokens("cpu", 1) == CPU_FORWARD_TOKENS_PER_THREAD
     assert forward_tokens("cpu", 3) == 3 * CPU_FORWARD_TOKENS_PER_THREAD
-    assert forward_tokens("cuda", 1) is None
+    assert forward_tokens("cpu", 1, "float32") == CPU_FORWARD_TOKENS_PER_THREAD
+    # below float32 a CPU token keeps getting cheaper past the float32 target
+    assert CPU_FORWARD_TOKENS_PER_THREAD_HALF > CPU_FORWARD_TOKENS_PER_THREAD
+    assert forward_tokens("cpu", 1, "bfloat16") == CPU_FORWARD_TOKENS_PER_THREAD_HALF
+    assert forward_tokens("cpu", 2, "float16") == 2 * CPU_FORWARD_TOKENS_PER_THREAD_HALF
+    assert forward_tokens("cuda", 1, "bfloat16") is None
     assert forward_tokens("rocm", 4) is None

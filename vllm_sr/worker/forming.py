@@ -129,10 +129,16 @@ class ForwardCosts:
 
 PROBE_WIDTH = 64  # tokens per probe row (rows of real requests are mostly shorter)
 # A CPU forward is formed to at most this many padded tokens per thread (the limits still
-# apply). Measured on d3-edge with one thread: a token costs least in forwards of about 250 to
-# 550 padded tokens (243-247 us), 6-13 % more from 650 to 7000 (262-281 us), as activations
-# outgrow the core's caches; bench/forward_sizes.py prints the curve of any machine.
+# apply). Measured on d3-edge with one thread at float32: a token costs least in forwards of
+# about 250 to 550 padded tokens (243-247 us), 6-13 % more from 650 to 7000 (262-281 us), as
+# activations outgrow the core's caches; bench/forward_sizes.py prints the curve of any machine.
 CPU_FORWARD_TOKENS_PER_THREAD = 512
+# Below float32 (bfloat16 / float16 weights and activations, half the bytes) the curve has no
+# such rise before about 3500 tokens: on the AVX512-BF16 EPYC a 108-token row cost 154-173 us
+# a token in forwards of 432 tokens and 150-160 us in forwards of 864-1728 (one thread, two
+# runs), and `make bench-service` served 7 % more long rows at c=64 formed to 1024 (8.5 rows a
+# forward instead of 4; docs/worker.md).
+CPU_FORWARD_TOKENS_PER_THREAD_HALF = 1024
 
 
 def probe_shapes(max_tokens: int, smallest: int = 8) -> list[tuple[int, int]]:

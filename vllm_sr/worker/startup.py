@@ -18,6 +18,7 @@ from vllm_sr.worker.api import deliver_to_loop
 from vllm_sr.worker.engine import Engine
 from vllm_sr.worker.forming import (
     CPU_FORWARD_TOKENS_PER_THREAD,
+    CPU_FORWARD_TOKENS_PER_THREAD_HALF,
     PROBE_WIDTH,
     ForwardCosts,
     probe_shapes,
@@ -90,7 +91,7 @@ def load_and_check(
         metrics=state.metrics,
         faults=state.faults,
         deliver=deliver_to_loop(loop),
-        forward_tokens=forward_tokens(kind, state.threads),
+        forward_tokens=forward_tokens(kind, state.threads, served.dtype),
     )
     state.engine = engine  # from here SIGTERM stops the engine, and the probes with it
     max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
@@ -182,11 +183,17 @@ CPU_PROBE_TOKENS = 512  # probe forwards up to this size on CPU (about half a se
 GPU_PROBE_TOKENS = 16384
 
 
-def forward_tokens(kind: str, threads: int) -> int | None:
+def forward_tokens(kind: str, threads: int, dtype: str = "float32") -> int | None:
     """The padded tokens forwards are formed to on a device of ``kind`` (cpu, cuda, rocm): on
-    CPU ``CPU_FORWARD_TOKENS_PER_THREAD`` per thread (past it a token costs more, see
-    forming.py); on a GPU only the limits."""
-    return CPU_FORWARD_TOKENS_PER_THREAD * threads if kind == "cpu" else None
+    CPU ``CPU_FORWARD_TOKENS_PER_THREAD`` per thread at float32 (past it a token costs more,
+    see forming.py) and ``CPU_FORWARD_TOKENS_PER_THREAD_HALF`` at a served dtype below it; on
+    a GPU only the limits."""
+    if kind != "cpu":
+        return None
+    per_thread = (
+        CPU_FORWARD_TOKENS_PER_THREAD if dtype == "float32" else CPU_FORWARD_TOKENS_PER_THREAD_HALF
+    )
+    return per_thread * threads
 
 
 def measure_forward_costs(
