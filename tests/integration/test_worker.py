@@ -31,7 +31,11 @@ from tests.support.workers import (
     worker_argv,
     worker_env,
 )
-from vllm_sr.worker.forming import CPU_FORWARD_TOKENS_PER_THREAD
+from vllm_sr.worker.forming import (
+    CPU_FORWARD_TOKENS_PER_THREAD,
+    CPU_FORWARD_TOKENS_PER_THREAD_HALF,
+)
+from vllm_sr.worker.startup import forward_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -110,11 +114,16 @@ def test_d3_edge_model_card_and_health(d3: WorkerHandle) -> None:
     assert body["status"] == "ready"
     assert body["limits"]["max_num_seqs"] >= 1
     assert body["threads"] >= 1
-    # CPU forwards are formed to the CPU target per thread, within the limits.
-    assert body["forward_tokens"] == min(
-        CPU_FORWARD_TOKENS_PER_THREAD * body["threads"], body["limits"]["max_num_batched_tokens"]
-    )
     card = d3.get("/v1/models").json()["data"][0]
+    # CPU forwards are formed to the CPU target per thread at the served dtype (512 at
+    # float32, 1024 below it), within the limits.
+    target = forward_tokens("cpu", body["threads"], card["dtype"])
+    assert target == body["threads"] * (
+        CPU_FORWARD_TOKENS_PER_THREAD
+        if card["dtype"] == "float32"
+        else CPU_FORWARD_TOKENS_PER_THREAD_HALF
+    )
+    assert body["forward_tokens"] == min(target, body["limits"]["max_num_batched_tokens"])
     assert card["artifact"] == "vllm-sr/d3-edge"
     assert card["dimensions"] == 384
     assert len(card["sha256"]) == 64
