@@ -17,6 +17,7 @@ from tests.support.redis_server import HAVE_REDIS, redis_server
 from tests.unit.test_replay_store import check_contract, check_outcomes, check_sessions, record
 from vllm_sr.clock import FakeClock
 from vllm_sr.config.router_replay import RouterReplayPostgres, RouterReplayRedis
+from vllm_sr.router.replay.store import ReplayQuery
 from vllm_sr.router.replay.writer import ReplayWriter
 
 pytestmark = pytest.mark.slow
@@ -63,7 +64,7 @@ async def test_postgres_store_keeps_the_contract_and_survives_a_new_store(pg: Pg
     await store.close()
     again = pg_store(pg)  # a restarted router: the table is there, the records too
     await again.connect()
-    records, last, decisions = await again.read(None, 0)
+    records, last, decisions = await again.read(ReplayQuery())
     assert [r["id"] for r in records] == ["a1", "b1", "a2", "o1"] and last == 4
     assert decisions == ["billing", "coding"]
     await again.close()
@@ -126,7 +127,7 @@ async def test_postgres_ttl_hides_and_deletes_old_records(pg: PgServer) -> None:
     with psycopg.connect(pg.conninfo(), autocommit=True) as conn:
         conn.execute("UPDATE router_replay_records SET created_at = NOW() - interval '2 hours'")
     await store.add(record("new"), 10)  # within the minute: no delete yet, but not read
-    assert [r["id"] for r in (await store.read(None, 0))[0]] == ["new"]
+    assert [r["id"] for r in (await store.read(ReplayQuery()))[0]] == ["new"]
 
     def ids() -> list[str]:
         with psycopg.connect(pg.conninfo()) as conn:
@@ -159,7 +160,7 @@ async def test_a_postgres_that_goes_away_is_written_again_once_back(pg: PgServer
         await writer._reconnect
     assert writer.state == "up"
     await writer.write(record("after"), 10)
-    ids = [r["id"] for r in (await writer.read(None, 0))[0]]
+    ids = [r["id"] for r in (await writer.read(ReplayQuery()))[0]]
     assert ids == ["before", "after"]
     await writer.close()
 
@@ -173,10 +174,10 @@ async def test_redis_store_keeps_the_contract_and_survives_a_new_store(redis_soc
     assert 0 < ttl <= 600  # upstream's layout: <prefix><id>, expiring at the TTL
     await store.close()
     again = redis_store(redis_sock, ttl_s=600, prefix="t1:")
-    records, last, _ = await again.read("coding", 0)
+    records, last, _ = await again.read(ReplayQuery(decision="coding"))
     assert [r["id"] for r in records] == ["a1", "a2", "o1"] and last == 4
     other = redis_store(redis_sock, prefix="t2:")  # another prefix: another store
-    assert (await other.read(None, 0))[:2] == ([], 0)
+    assert (await other.read(ReplayQuery()))[:2] == ([], 0)
     await again.close()
     await other.close()
 
@@ -203,7 +204,7 @@ async def test_redis_expired_records_leave_the_index(redis_sock: Path) -> None:
     await store.add(record("gone"), 10)
     await store.add(record("kept"), 10)
     await store.client.delete("router_replay:gone")  # as its TTL would
-    assert [r["id"] for r in (await store.read(None, 0))[0]] == ["kept"]
+    assert [r["id"] for r in (await store.read(ReplayQuery()))[0]] == ["kept"]
     assert await store.client.zcard(store.index) == 1
     await store.close()
 

@@ -41,7 +41,8 @@ class StubRouter:
     def __init__(
         self,
         inventory: Callable[[], dict[str, Any] | None] = lambda: None,
-        replay: Callable[[str | None, int, str | None], Awaitable[dict[str, Any]]] | None = None,
+        replay: Callable[[str | None, int, str | None, str | None], Awaitable[dict[str, Any]]]
+        | None = None,
         chat: Any = None,
     ) -> None:
         self._inventory, self._replay = inventory, replay
@@ -51,11 +52,15 @@ class StubRouter:
         return self._inventory()
 
     async def replay(
-        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int = 0,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> dict[str, Any]:
         if self._replay is None:
             return {"records": [], "last_seq": 0, "decisions": []}
-        return await self._replay(decision, since, recipe)
+        return await self._replay(decision, since, recipe, session)
 
 
 class FakeBackend:

@@ -331,8 +331,10 @@ def test_ctl_replay_reads_records_by_decision_and_follows(
 
     handed = threading.Event()  # the follower was given record 3
 
-    async def read(decision: str | None, since: int, recipe: str | None) -> dict[str, Any]:
-        answer = await log.read(decision, since, recipe)
+    async def read(
+        decision: str | None, since: int, recipe: str | None, session: str | None
+    ) -> dict[str, Any]:
+        answer = await log.read(decision, since, recipe, session)
         if any(r["seq"] == 3 for r in answer["records"]):
             handed.set()
         return answer

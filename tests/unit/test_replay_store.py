@@ -17,7 +17,13 @@ from vllm_sr.config.routing_plugins import RouterReplayPlugin
 from vllm_sr.router.plugins.replay import GLOBAL_DEFAULT, ReplayLog, effective, signals_by_family
 from vllm_sr.router.replay import build_store
 from vllm_sr.router.replay.envexpand import expand_env
-from vllm_sr.router.replay.store import MemoryReplayStore, Record, StoreUnavailable, iso
+from vllm_sr.router.replay.store import (
+    MemoryReplayStore,
+    Record,
+    ReplayQuery,
+    StoreUnavailable,
+    iso,
+)
 from vllm_sr.router.replay.writer import ReplayWriter
 
 
@@ -50,24 +56,24 @@ async def check_contract(store: Any) -> None:
     c = record("a2", "coding", backend_fallbacks=["broken:http_429"])
     seqs = [await store.add(r, 100) for r in (a, b, c)]
     assert seqs == sorted(seqs) and len(set(seqs)) == 3
-    records, last, decisions = await store.read(None, 0)
+    records, last, decisions = await store.read(ReplayQuery())
     assert records == [{**r, "seq": s} for r, s in zip((a, b, c), seqs, strict=True)]
     assert last == seqs[-1] and decisions == ["billing", "coding"]
-    only, _, _ = await store.read("coding", 0)
+    only, _, _ = await store.read(ReplayQuery(decision="coding"))
     assert [r["id"] for r in only] == ["a1", "a2"]
-    after, _, _ = await store.read(None, seqs[0])
+    after, _, _ = await store.read(ReplayQuery(since=seqs[0]))
     assert [r["id"] for r in after] == ["b1", "a2"]
-    first, _, _ = await store.read(None, 0, limit=1)
+    first, _, _ = await store.read(ReplayQuery(limit=1))
     assert [r["id"] for r in first] == ["a1"]
-    assert (await store.read("nothing", 0))[0] == []
+    assert (await store.read(ReplayQuery(decision="nothing")))[0] == []
     # another recipe with a decision of the same name: apart by recipe, together by decision
     d = record("o1", "coding", recipe="other")
     await store.add(d, 100)
-    mine, _, _ = await store.read("coding", 0, recipe="default")
+    mine, _, _ = await store.read(ReplayQuery(decision="coding", recipe="default"))
     assert [r["id"] for r in mine] == ["a1", "a2"]
-    theirs, _, decisions = await store.read(None, 0, recipe="other")
+    theirs, _, decisions = await store.read(ReplayQuery(recipe="other"))
     assert [r["id"] for r in theirs] == ["o1"] and decisions == ["billing", "coding"]
-    both, _, _ = await store.read("coding", 0)
+    both, _, _ = await store.read(ReplayQuery(decision="coding"))
     assert [r["id"] for r in both] == ["a1", "a2", "o1"]
 
 
@@ -80,14 +86,14 @@ async def check_sessions(store: Any) -> None:
     s3 = record("s1b", "billing", session_id="sess-1", turn_index=1)
     for r in (s1, s2, s3):
         await store.add(r, 100)
-    one, _, _ = await store.read(None, 0, session="sess-1")
+    one, _, _ = await store.read(ReplayQuery(session="sess-1"))
     assert [(r["id"], r["turn_index"]) for r in one] == [("s1a", 0), ("s1b", 1)]
-    two, _, _ = await store.read(None, 0, session="sess-2")
+    two, _, _ = await store.read(ReplayQuery(session="sess-2"))
     assert [r["id"] for r in two] == ["s2a"]
-    narrowed, _, _ = await store.read("billing", 0, session="sess-1")
+    narrowed, _, _ = await store.read(ReplayQuery(decision="billing", session="sess-1"))
     assert [r["id"] for r in narrowed] == ["s1b"]
-    assert (await store.read(None, 0, session="sess-9"))[0] == []
-    after, _, _ = await store.read(None, one[0]["seq"], session="sess-1")
+    assert (await store.read(ReplayQuery(session="sess-9")))[0] == []
+    after, _, _ = await store.read(ReplayQuery(since=one[0]["seq"], session="sess-1"))
     assert [r["id"] for r in after] == ["s1b"]
     got = await store.get("s2a")
     assert got == {**s2, "seq": two[0]["seq"]}
@@ -106,7 +112,7 @@ async def check_outcomes(store: Any) -> None:
     assert await store.append_outcome("nope", first) is False
     assert (await store.get("v1"))["outcomes"] == [first, second]
     assert "outcomes" not in await store.get("v2")
-    records, _, _ = await store.read(None, 0)
+    records, _, _ = await store.read(ReplayQuery())
     assert [r.get("outcomes") for r in records] == [[first, second], None]
 
 
@@ -122,12 +128,12 @@ async def test_memory_store_bounds_each_decision_and_expires_at_its_ttl() -> Non
     for i in range(3):
         await store.add(record(f"c{i}"), max_records=2)
     await store.add(record("b0", "billing"), max_records=2)
-    records, _, _ = await store.read(None, 0)
+    records, _, _ = await store.read(ReplayQuery())
     assert [r["id"] for r in records] == ["c1", "c2", "b0"]  # c0 out of coding's ring of 2
     clock.advance(30)
     await store.add(record("b1", "billing"), max_records=2)
     clock.advance(30)  # the first four are 60 s old now: gone
-    records, last, decisions = await store.read(None, 0)
+    records, last, decisions = await store.read(ReplayQuery())
     assert [r["id"] for r in records] == ["b1"] and last == 5 and decisions == ["billing"]
 
 
@@ -153,10 +159,11 @@ class FakeStore:
         self.added.append(rec)
         return len(self.added)
 
-    async def read(self, decision: str | None, since: int, *args: Any) -> Any:
+    async def read(self, query: ReplayQuery) -> Any:
         if not self.up:
             raise StoreUnavailable("fake store went away")
-        return [dict(r, seq=i + 1) for i, r in enumerate(self.added)][since:], len(self.added), []
+        added = [dict(r, seq=i + 1) for i, r in enumerate(self.added)]
+        return added[query.since :], len(self.added), []
 
     async def get(self, record_id: str) -> Record | None:
         if not self.up:
@@ -222,7 +229,7 @@ async def test_a_failed_write_marks_the_store_down_and_a_read_says_so() -> None:
     await writer.write(record("b"), 10)
     assert writer.lost == {"store_error": 1} and writer.state == "down"
     with pytest.raises(StoreUnavailable, match="down"):
-        await writer.read(None, 0)
+        await writer.read(ReplayQuery())
 
 
 async def test_losses_are_logged_at_most_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:

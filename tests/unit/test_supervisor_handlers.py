@@ -336,7 +336,11 @@ async def test_router_views_come_through_the_constructor() -> None:
             return {"backends": [], "stats": {"decisions": []}}
 
         async def replay(
-            self, decision: str | None = None, since: int = 0, recipe: str | None = None
+            self,
+            decision: str | None = None,
+            since: int = 0,
+            recipe: str | None = None,
+            session: str | None = None,
         ) -> dict[str, object]:
             self.asked.append((decision, since, recipe))
             return {"records": [{"seq": 4}], "last_seq": 4, "decisions": ["coding"]}

@@ -210,12 +210,16 @@ class ChatMount:
         return doc
 
     async def replay(
-        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int = 0,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> JsonObject:
         """router_replay's records (the control API's ``GET /v1/replay``), from its store."""
         if self.chat is None:
             return {"records": [], "last_seq": 0, "decisions": []}
-        return await self.chat.replay.read(decision, since, recipe)
+        return await self.chat.replay.read(decision, since, recipe, session)
 
 
 def _replay_of(plan: RouterPlan) -> object:

@@ -69,7 +69,11 @@ class RouterViews(Protocol):
     def inventory(self) -> JsonObject | None: ...
 
     async def replay(
-        self, decision: str | None = None, since: int = 0, recipe: str | None = None
+        self,
+        decision: str | None = None,
+        since: int = 0,
+        recipe: str | None = None,
+        session: str | None = None,
     ) -> JsonObject: ...
 
 
@@ -196,13 +200,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         session, or all)."""
         if self.router is None:
             return dict(NO_REPLAY)
-        if session is None:
-            return await self.router.replay(decision, since, recipe)
-        chat = self._router_chat()
-        if chat is None:
-            return dict(NO_REPLAY)
-        doc: JsonObject = await chat.replay.read(decision, since, recipe, session)
-        return doc
+        return await self.router.replay(decision, since, recipe, session)
 
     async def outcome(self, outcome: Outcome) -> JsonObject:
         """Router Learning's outcome verdict, applied to the running generation's learning

@@ -19,7 +19,7 @@ from typing import Any
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.routing_plugins import RouterReplayPlugin
 from vllm_sr.router.replay import build_writer
-from vllm_sr.router.replay.store import MAX_LIST, MemoryReplayStore, Record, iso
+from vllm_sr.router.replay.store import MemoryReplayStore, Record, ReplayQuery, iso
 from vllm_sr.router.replay.writer import ReplayWriter
 
 H_REPLAY_ID = "x-vsr-replay-id"
@@ -164,12 +164,11 @@ class ReplayLog:
         recipe: str | None = None,
         session: str | None = None,
     ) -> dict[str, Any]:
-        """Records after ``since`` (oldest first, at most MAX_LIST), of one decision, recipe
-        (two recipes may each have a decision of one name) and/or session, or all; raises
+        """Records after ``since`` (oldest first, at most ``store.MAX_LIST``), of one decision,
+        recipe (two recipes may each have a decision of one name) and/or session, or all; raises
         StoreUnavailable while the store is down."""
-        records, last, decisions = await self.writer.read(
-            decision, since, MAX_LIST, recipe, session
-        )
+        query = ReplayQuery(decision=decision, since=since, recipe=recipe, session=session)
+        records, last, decisions = await self.writer.read(query)
         return {"records": records, "last_seq": last, "decisions": decisions}
 
     async def get(self, record_id: str) -> Record | None:

@@ -22,7 +22,7 @@ from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.router_replay import DEFAULT_TABLE, RouterReplayPostgres
 from vllm_sr.router.replay import postgres_codec as codec
 from vllm_sr.router.replay.envexpand import expand_env
-from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, StoreUnavailable
+from vllm_sr.router.replay.store import ReadResult, Record, ReplayQuery, StoreUnavailable
 
 CONNECT_TIMEOUT_S = 2  # libpq's connect_timeout (whole seconds)
 CLEANUP_EVERY_S = 60.0
@@ -116,34 +116,26 @@ class PostgresReplayStore:
         assert row is not None
         return int(row[0])
 
-    async def read(
-        self,
-        decision: str | None,
-        since: int,
-        limit: int = MAX_LIST,
-        recipe: str | None = None,
-        session: str | None = None,
-    ) -> ReadResult:
+    async def read(self, query: ReplayQuery) -> ReadResult:
         where: list[sql.Composable] = [sql.SQL("vsr_seq > %s")]
-        args: list[Any] = [since]
-        if decision:
-            where.append(sql.SQL("decision = %s"))
-            args.append(decision)
-        if recipe:
-            where.append(sql.SQL("recipe = %s"))
-            args.append(recipe)
-        if session:
-            where.append(sql.SQL("session_id = %s"))
-            args.append(session)
+        args: list[Any] = [query.since]
+        for column, value in (
+            ("decision", query.decision),
+            ("recipe", query.recipe),
+            ("session_id", query.session),
+        ):
+            if value:
+                where.append(sql.SQL("{} = %s").format(sql.Identifier(column)))
+                args.append(value)
         where += self._fresh(args)
-        query = sql.SQL("{} WHERE {} ORDER BY vsr_seq LIMIT %s").format(
+        statement = sql.SQL("{} WHERE {} ORDER BY vsr_seq LIMIT %s").format(
             self.select, sql.SQL(" AND ").join(where)
         )
         t = sql.Identifier(self.table)
         async with self.lock:
             conn = self._conn()
             try:
-                rows = await (await conn.execute(query, (*args, limit))).fetchall()
+                rows = await (await conn.execute(statement, (*args, query.limit))).fetchall()
                 cur = await conn.execute(sql.SQL("SELECT max(vsr_seq) FROM {}").format(t))
                 top = await cur.fetchone()
                 cur = await conn.execute(

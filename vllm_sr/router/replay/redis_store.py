@@ -24,7 +24,7 @@ from redis.exceptions import RedisError, WatchError
 
 from vllm_sr.config.router_replay import DEFAULT_KEY_PREFIX, RouterReplayRedis
 from vllm_sr.router.replay.envexpand import expand_env
-from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, StoreUnavailable
+from vllm_sr.router.replay.store import ReadResult, Record, ReplayQuery, StoreUnavailable
 
 TIMEOUT_S = 2.0  # a store slower than this is treated as down
 DEFAULT_POOL = 10
@@ -96,32 +96,25 @@ class RedisReplayStore:
             raise _down(exc) from None
         return seq
 
-    async def read(
-        self,
-        decision: str | None,
-        since: int,
-        limit: int = MAX_LIST,
-        recipe: str | None = None,
-        session: str | None = None,
-    ) -> ReadResult:
+    async def read(self, query: ReplayQuery) -> ReadResult:
         """From the narrowest index (session, else decision, else recipe, else all); the
         other filters are applied here."""
-        if session:
-            index = f"{self.index}s:{session}"
-        elif decision:
-            index = f"{self.index}d:{decision}"
-        elif recipe:
-            index = f"{self.index}r:{recipe}"
+        if query.session:
+            index = f"{self.index}s:{query.session}"
+        elif query.decision:
+            index = f"{self.index}d:{query.decision}"
+        elif query.recipe:
+            index = f"{self.index}r:{query.recipe}"
         else:
             index = self.index
         found: list[Record] = []
-        start = since
+        start = query.since
         try:
-            while len(found) < limit:
+            while len(found) < query.limit:
                 ids = cast(
                     list[tuple[bytes, float]],
                     await self.client.zrangebyscore(
-                        index, f"({start}", "+inf", start=0, num=limit, withscores=True
+                        index, f"({start}", "+inf", start=0, num=query.limit, withscores=True
                     ),
                 )
                 if not ids:
@@ -132,7 +125,7 @@ class RedisReplayStore:
                     rec = _record(doc)
                     if rec is None:
                         gone.append(rid)
-                    elif _matches(rec, decision, recipe, session):
+                    elif query.matches(rec):
                         found.append(rec)
                     start = int(score)
                 if gone:  # expired (or not ours): out of both indexes
@@ -143,7 +136,7 @@ class RedisReplayStore:
             decisions = sorted(_text(d) for d in await self.client.smembers(self.decisions_key))
         except (RedisError, OSError) as exc:
             raise _down(exc) from None
-        return found[:limit], last, decisions
+        return found[: query.limit], last, decisions
 
     async def get(self, record_id: str) -> Record | None:
         try:
@@ -176,14 +169,6 @@ class RedisReplayStore:
 
     async def close(self) -> None:
         await self.client.aclose()
-
-
-def _matches(rec: Record, decision: str | None, recipe: str | None, session: str | None) -> bool:
-    return (
-        (not decision or rec.get("decision") == decision)
-        and (not recipe or rec.get("recipe") == recipe)
-        and (not session or rec.get("session_id") == session)
-    )
 
 
 def _text(value: bytes | str) -> str:

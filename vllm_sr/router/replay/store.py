@@ -15,6 +15,7 @@ survive a restart; they are bounded by the TTL alone, as upstream's are."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -38,6 +39,26 @@ class StoreUnavailable(Unavailable):
     code = "replay_store_unavailable"
 
 
+@dataclass(frozen=True)
+class ReplayQuery:
+    """What a read asks for: the records after ``since`` (oldest first, at most ``limit``), of
+    ``decision``, ``recipe`` and ``session`` (the record's ``session_id``) when given."""
+
+    decision: str | None = None
+    since: int = 0
+    limit: int = MAX_LIST
+    recipe: str | None = None
+    session: str | None = None
+
+    def matches(self, rec: Record) -> bool:
+        """Whether ``rec`` is of the asked decision, recipe and session (``since`` aside)."""
+        return (
+            (not self.decision or rec.get("decision") == self.decision)
+            and (not self.recipe or rec.get("recipe") == self.recipe)
+            and (not self.session or rec.get("session_id") == self.session)
+        )
+
+
 class ReplayStore(Protocol):
     kind: str
 
@@ -45,17 +66,9 @@ class ReplayStore(Protocol):
 
     async def add(self, record: Record, max_records: int) -> int: ...
 
-    async def read(
-        self,
-        decision: str | None,
-        since: int,
-        limit: int = MAX_LIST,
-        recipe: str | None = None,
-        session: str | None = None,
-    ) -> ReadResult:
-        """-> records after ``since`` (oldest first, at most ``limit``; of ``decision``,
-        ``recipe`` and ``session`` (the record's ``session_id``) when given), the last seq
-        given, and the decisions that have records."""
+    async def read(self, query: ReplayQuery) -> ReadResult:
+        """-> the records ``query`` asks for, the last seq given, and the decisions that have
+        records."""
         ...
 
     async def get(self, record_id: str) -> Record | None:
@@ -106,30 +119,18 @@ class MemoryReplayStore:
             if not ring:
                 del self.rings[key]
 
-    async def read(
-        self,
-        decision: str | None,
-        since: int,
-        limit: int = MAX_LIST,
-        recipe: str | None = None,
-        session: str | None = None,
-    ) -> ReadResult:
+    async def read(self, query: ReplayQuery) -> ReadResult:
         self._expire()
-        rings = [
-            ring
-            for (rec, dec), ring in self.rings.items()
-            if (not decision or dec == decision) and (not recipe or rec == recipe)
-        ]
         found = sorted(
             (
                 r
-                for ring in rings
+                for ring in self.rings.values()
                 for _, r in ring
-                if r["seq"] > since and (not session or r.get("session_id") == session)
+                if r["seq"] > query.since and query.matches(r)
             ),
             key=_seq,
         )
-        return found[:limit], self.last_seq, sorted({dec for _, dec in self.rings})
+        return found[: query.limit], self.last_seq, sorted({dec for _, dec in self.rings})
 
     async def get(self, record_id: str) -> Record | None:
         """A scan of the rings: the control API asks rarely, the chats never."""

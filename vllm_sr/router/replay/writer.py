@@ -28,7 +28,13 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.router.replay.store import MAX_LIST, ReadResult, Record, ReplayStore, StoreUnavailable
+from vllm_sr.router.replay.store import (
+    ReadResult,
+    Record,
+    ReplayQuery,
+    ReplayStore,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("vllm_sr.router.replay")
 
@@ -182,16 +188,9 @@ class ReplayWriter:
             return
         self.written += 1
 
-    async def read(
-        self,
-        decision: str | None,
-        since: int,
-        limit: int = MAX_LIST,
-        recipe: str | None = None,
-        session: str | None = None,
-    ) -> ReadResult:
+    async def read(self, query: ReplayQuery) -> ReadResult:
         """The store's records; raises StoreUnavailable (retryable) while it is down."""
-        return await self._ask(self.store.read(decision, since, limit, recipe, session))
+        return await self._ask(self.store.read(query))
 
     async def get(self, record_id: str) -> Record | None:
         """One record by id; raises StoreUnavailable (retryable) while the store is down."""
