@@ -9,60 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from tests.support.scripted_http import OK, sends
+from tests.support.scripted_http import ScriptedServer as Server
 from tests.support.workers import free_tcp_port
 from vllm_sr.clock import FakeClock
 from vllm_sr.pool.client import Broken, WorkerClient
 from vllm_sr.pool.stream import HIGH_WATER_BYTES
-
-Reply = Callable[[asyncio.StreamWriter], Awaitable[bool]]  # -> keep the connection open
-
-OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-
-
-@dataclass
-class Server:
-    """A TCP server answering each request target with a scripted reply; it records every
-    request's head and counts connections."""
-
-    replies: dict[str, Reply]
-    port: int = 0
-    connections: int = 0
-    heads: list[bytes] = field(default_factory=list)
-    writers: list[asyncio.StreamWriter] = field(default_factory=list)
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self.writers.append(writer)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
-                self.heads.append(head)
-                target = head.split(b" ", 2)[1].decode()
-                if not await self.replies[target](writer):
-                    break
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
-def sends(data: bytes, *, keep: bool = True) -> Reply:
-    async def reply(writer: asyncio.StreamWriter) -> bool:
-        writer.write(data)
-        return keep
-
-    return reply
 
 
 @pytest.fixture

@@ -10,58 +10,16 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.support.scripted_http import OK, Reply, sends
+from tests.support.scripted_http import ScriptedServer as Scripted
 from tests.support.workers import short_socket_dir
 from vllm_sr.errors import DeadlineExceeded, WorkerFailed
 from vllm_sr.pool import connection as connection_module
 from vllm_sr.pool.client import MAX_HEADER_BYTES, WorkerClient
-
-Reply = Callable[[asyncio.StreamWriter], Awaitable[bool]]  # -> keep the connection open
-
-OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-
-
-@dataclass
-class Scripted:
-    """A Unix-socket server answering each request path with a scripted reply."""
-
-    replies: dict[str, Reply]
-    path: str = ""
-    connections: int = 0
-    requests: list[str] = field(default_factory=list)
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                target = head.split(b" ", 2)[1].decode()
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
-                self.requests.append(target)
-                if not await self.replies[target](writer):
-                    break
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
-def sends(data: bytes, *, keep: bool = True) -> Reply:
-    async def reply(writer: asyncio.StreamWriter) -> bool:
-        writer.write(data)
-        await writer.drain()
-        return keep
-
-    return reply
 
 
 async def reset(writer: asyncio.StreamWriter) -> bool:
