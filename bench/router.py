@@ -16,6 +16,10 @@ decision per family, identity headers on every chat); ``embedding+domain`` (one 
 to a d3-edge worker; with ``embedding+domain`` the c=1 line also has one bare d3-edge embeddings
 request straight to the worker, interleaved, to read the second aim against).
 
+``--target cache`` reports the response cache's effect instead: bench/router_cache.py's p50 and
+p99 of an exact hit and a semantic hit against misses, at c=1 and c=64 (its options after
+``--``, e.g. ``--target cache -- --backend-delay-ms 50``).
+
 Aims: keyword-only and deterministic add under 1 ms p50 (issues 15 and 24); embedding + domain
 add no more than one d3-edge forward + 3 ms at c=1 (issue 15).
 
@@ -37,6 +41,7 @@ import argparse
 import asyncio
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -107,7 +112,9 @@ def machine(args: argparse.Namespace) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", choices=("local", "standalone", "service"), default="local")
+    parser.add_argument(
+        "--target", choices=("local", "standalone", "service", "cache"), default="local"
+    )
     parser.add_argument(
         "--profiles", default=None, help="comma-separated (default: all the target runs)"
     )
@@ -119,7 +126,14 @@ def main() -> None:
     parser.add_argument("--router-process", metavar="SPEC", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--uds", help=argparse.SUPPRESS)
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.target == "cache":  # the response cache's own bench, its options passed on
+        rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+        cache = [sys.executable, str(REPO / "bench" / "router_cache.py"), *rest]
+        raise SystemExit(subprocess.run(cache, check=False).returncode)
+    if args.rest:
+        parser.error(f"unrecognized arguments: {' '.join(args.rest)}")
     if args.router_process:
         router_process(args.router_process, args.port, args.uds)
         return

@@ -114,6 +114,12 @@ def test_router_cache_bench() -> None:
     lines_like(out, rf"^semantic miss +64 +10 +{NUMBER}")
 
 
+def test_router_bench_reports_the_cache_through_its_cache_target() -> None:
+    out = run_bench("router.py", "--target", "cache", "--", "--n1", "5", "--n64", "10")
+    hits = lines_like(out, rf"^semantic hit +(1|64) +(\d+) +{NUMBER} +{NUMBER} +(\d+)$")
+    assert [(m[1], m[2], m[3]) for m in hits] == [("1", "5", "5"), ("64", "10", "10")]
+
+
 def test_router_signals_bench_without_the_slow_loading_families() -> None:
     # The language detector and presidio (pii) take 15-30 s to load in each process.
     out = run_bench(
