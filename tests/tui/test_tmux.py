@@ -245,7 +245,12 @@ def serve(tiny_bert_dir: Path, sock_dir: Path) -> Iterator[Path]:
 def test_top_against_a_real_vllm_sr_serve(serve: Path) -> None:
     term = Tmux(_top(serve))
     try:
-        screen = term.wait(lambda s: rows(s, "primary-0", "primary-1"), "the replicas")
+        # The events pane fills on its own poll, after the replicas' rows: wait for both.
+        screen = term.wait(
+            lambda s: rows(s, "primary-0", "primary-1")
+            and all(f"replica_ready primary-{i}" in s for i in (0, 1)),
+            "the replicas and their ready events",
+        )
         assert "primary 2/2 ready" in screen
         assert "replica_ready primary-0" in screen and "replica_ready primary-1" in screen
         term.keys("j", "e")
