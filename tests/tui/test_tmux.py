@@ -247,8 +247,10 @@ def test_top_against_a_real_vllm_sr_serve(serve: Path) -> None:
     try:
         # The events pane fills on its own poll, after the replicas' rows: wait for both.
         screen = term.wait(
-            lambda s: rows(s, "primary-0", "primary-1")
-            and all(f"replica_ready primary-{i}" in s for i in (0, 1)),
+            lambda s: (
+                rows(s, "primary-0", "primary-1")
+                and all(f"replica_ready primary-{i}" in s for i in (0, 1))
+            ),
             "the replicas and their ready events",
         )
         assert "primary 2/2 ready" in screen
