@@ -225,6 +225,8 @@ async def test_reload_2_3_1_under_load_keeps_ids_and_fails_nothing() -> None:
         )
         statuses = await load.finish()
         assert statuses and set(statuses) == {200}
+        # A retry would hide a retired worker killed mid-request (its 200 came from another).
+        assert svc.sup.pools["primary"].retries == 0
         assert svc.sup.generation == 2
     finally:
         await svc.stop()
