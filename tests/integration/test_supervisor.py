@@ -272,6 +272,43 @@ async def test_caches_follow_the_replica_count_on_every_reload() -> None:
         await svc.stop()
 
 
+async def test_a_kept_worker_starting_during_a_scale_takes_its_new_cache_when_ready() -> None:
+    """primary-0's process was spawned (restarting, with no cache) before a scale to 2 was
+    published: as it gets ready it is told its worker cache, and the inventory says so."""
+    wanted = {"n": 1}
+    worker_bytes = 1 << 20
+
+    def planner() -> ServicePlan:
+        plan = fake_plan(wanted["n"])
+        plan.deployments["primary"].replicas[0].env["FAKE_READY_DELAY_S"] = "3"
+        return plan
+
+    svc = await start_service(planner, worker_cache_bytes=worker_bytes, backoff_initial_s=0.05)
+    try:
+        rep = svc.sup.replicas["primary-0"]
+        old_pid = rep.pid
+        assert old_pid is not None
+        os.kill(old_pid, signal.SIGKILL)
+        await wait_for(
+            lambda: rep.pid not in (None, old_pid) and rep.state.value == "starting",
+            10,
+            "primary-0 starting again",
+        )
+        new_pid = rep.pid
+        wanted["n"] = 2
+        result = await svc.sup.submit(Command("reload"))
+        assert result["kept"] == ["primary-0"]
+        assert rep.state.value == "starting"  # still starting: the path under test
+        await wait_for(
+            lambda: replica_doc(svc.sup, "primary-0")["ready"], 20, "primary-0 ready again"
+        )
+        doc = replica_doc(svc.sup, "primary-0")
+        assert (doc["pid"], doc["result_cache_bytes"]) == (new_pid, worker_bytes)
+        assert replica_doc(svc.sup, "primary-1")["result_cache_bytes"] == worker_bytes
+    finally:
+        await svc.stop()
+
+
 async def test_bad_reload_keeps_serving_and_says_why() -> None:
     state = {"bad": False}
 
