@@ -108,7 +108,7 @@ class Reconfiguration:
         self.task: asyncio.Task[None] | None = None
         self.retiring_tasks: set[asyncio.Task[None]] = set()
         self.starts: list[asyncio.Future[None]] = []
-        self.cache_bytes = 0  # each new worker's result cache when its deployment has several
+        self.cache_bytes = 0  # each worker's result cache (new and kept) with several replicas
 
     @property
     def running(self) -> bool:
