@@ -225,7 +225,86 @@ async def test_reload_2_3_1_under_load_keeps_ids_and_fails_nothing() -> None:
         )
         statuses = await load.finish()
         assert statuses and set(statuses) == {200}
+        # A retry would hide a retired worker killed mid-request (its 200 came from another).
+        assert svc.sup.pools["primary"].retries == 0
         assert svc.sup.generation == 2
+    finally:
+        await svc.stop()
+
+
+async def test_caches_follow_the_replica_count_on_every_reload() -> None:
+    """Issue 39 item 2: 1 -> 2 gives each replica (the kept one too, same process) its worker
+    cache and turns the frontend's off; 2 -> 1 drops the kept worker's and the frontend's is
+    back. The inventory says both."""
+    wanted = {"n": 1}
+    worker_bytes = 1 << 20
+    svc = await start_service(lambda: fake_plan(wanted["n"]), worker_cache_bytes=worker_bytes)
+
+    def caches() -> tuple[int | None, dict[str, int | None]]:
+        (dep,) = svc.sup.inventory()["deployments"]
+        return dep["frontend_cache_bytes"], {
+            r["id"]: r["result_cache_bytes"] for r in dep["replicas"]
+        }
+
+    async def second_is_a_hit(text: str) -> bool:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(2):
+                status, _, headers = await post(s, f"{svc.url}/v1/embeddings", {"input": text})
+                assert status == 200
+        return headers.get("X-Cache") == "hit"
+
+    try:
+        pid = svc.sup.replicas["primary-0"].pid
+        assert caches() == (64 * 1024 * 1024, {"primary-0": 0})
+        assert await second_is_a_hit("one")
+        wanted["n"] = 2
+        result = await svc.sup.submit(Command("reload"))
+        assert result["kept"] == ["primary-0"] and svc.sup.replicas["primary-0"].pid == pid
+        assert caches() == (0, {"primary-0": worker_bytes, "primary-1": worker_bytes})
+        assert not await second_is_a_hit("two")
+        wanted["n"] = 1
+        await svc.sup.submit(Command("reload"))
+        await wait_for(lambda: len(caches()[1]) == 1, 20, "primary-1 retired")
+        assert svc.sup.replicas["primary-0"].pid == pid
+        assert caches() == (64 * 1024 * 1024, {"primary-0": 0})
+        assert await second_is_a_hit("three")
+    finally:
+        await svc.stop()
+
+
+async def test_a_kept_worker_starting_during_a_scale_takes_its_new_cache_when_ready() -> None:
+    """primary-0's process was spawned (restarting, with no cache) before a scale to 2 was
+    published: as it gets ready it is told its worker cache, and the inventory says so."""
+    wanted = {"n": 1}
+    worker_bytes = 1 << 20
+
+    def planner() -> ServicePlan:
+        plan = fake_plan(wanted["n"])
+        plan.deployments["primary"].replicas[0].env["FAKE_READY_DELAY_S"] = "3"
+        return plan
+
+    svc = await start_service(planner, worker_cache_bytes=worker_bytes, backoff_initial_s=0.05)
+    try:
+        rep = svc.sup.replicas["primary-0"]
+        old_pid = rep.pid
+        assert old_pid is not None
+        os.kill(old_pid, signal.SIGKILL)
+        await wait_for(
+            lambda: rep.pid not in (None, old_pid) and rep.state.value == "starting",
+            10,
+            "primary-0 starting again",
+        )
+        new_pid = rep.pid
+        wanted["n"] = 2
+        result = await svc.sup.submit(Command("reload"))
+        assert result["kept"] == ["primary-0"]
+        assert rep.state.value == "starting"  # still starting: the path under test
+        await wait_for(
+            lambda: replica_doc(svc.sup, "primary-0")["ready"], 20, "primary-0 ready again"
+        )
+        doc = replica_doc(svc.sup, "primary-0")
+        assert (doc["pid"], doc["result_cache_bytes"]) == (new_pid, worker_bytes)
+        assert replica_doc(svc.sup, "primary-1")["result_cache_bytes"] == worker_bytes
     finally:
         await svc.stop()
 

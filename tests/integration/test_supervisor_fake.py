@@ -101,6 +101,7 @@ async def _serve(args: argparse.Namespace) -> None:
     faults = {"forward_delay_ms": float(os.environ.get("VLLM_SR_FAULT_FORWARD_DELAY_MS", "0"))}
     enable_faults = os.environ.get("VLLM_SR_ENABLE_FAULTS") == "1"
     running: dict[int, float] = {}  # in-flight "forwards": id -> when it began
+    cache = {"max_bytes": args.result_cache_bytes}  # its bound only: nothing is cached
 
     async def health(request: web.Request) -> web.Response:
         ready = time.monotonic() - started >= ready_delay
@@ -116,6 +117,7 @@ async def _serve(args: argparse.Namespace) -> None:
             "forward_running": bool(running),
             "forward_running_s": time.monotonic() - min(running.values()) if running else 0.0,
             "queue_rows": max(0, len(running) - 1),
+            "result_cache_bytes": cache["max_bytes"],
         }
         return web.json_response(body, status=200 if ready else 503)
 
@@ -153,7 +155,13 @@ async def _serve(args: argparse.Namespace) -> None:
     app.router.add_post("/v1/embeddings", surface)
     app.router.add_post("/v1/classify", surface)
     app.router.add_post("/v1/bundle", surface)
+
+    async def set_result_cache(request: web.Request) -> web.Response:
+        cache["max_bytes"] = int((await request.json())["max_bytes"])
+        return web.json_response({"ok": True, "result_cache_bytes": cache["max_bytes"]})
+
     app.router.add_post("/debug/faults", set_faults)
+    app.router.add_post("/admin/result-cache", set_result_cache)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
     await runner.setup()
     if args.port:

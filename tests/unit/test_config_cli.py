@@ -163,6 +163,71 @@ def test_apply_rocm_with_fake_rocm_smi(
     assert "needs 3 more available rocm GPU(s) but found 2 (4 GPU(s)" in err
 
 
+OTHER_ON_ROCM0 = """\
+global:
+  model_catalog:
+    deployments:
+      other:
+        artifact: vllm-sr/d3-edge
+        replicas:
+          - device: rocm:0
+      primary:
+        artifact: vllm-sr/d3-edge
+        replicas:
+          - device: cpu
+    system:
+      decision_model:
+        deployment: primary
+"""
+
+
+def _devices(path: Path, name: str) -> list[str | None]:
+    from vllm_sr.config.files import load_config
+
+    return [r.device for r in load_config(path).deployments[name].effective_replicas()]
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"GPU fixtures not found at {FIXTURES}")
+def test_new_gpu_placement_prefers_gpus_no_other_deployment_uses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39 item 1, on the real 4-GPU MI100 rocm-smi output: `other` on rocm:0, a new
+    `primary` with -dp 2 goes to the idle rocm:1 and rocm:2; sharing happens only when -dp
+    needs it, and the plan's notes (config apply, serve --dry-run) say so."""
+    fixture = FIXTURES / "rocm-smi_telegraf-flags_mi100-4gpu_rocm6.0.2.json"
+    tool = tmp_path / "bin" / "rocm-smi"
+    tool.parent.mkdir()
+    tool.write_text(f'#!/bin/sh\ncat "{fixture}"\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    for name in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    p = tmp_path / "config.yaml"
+    p.write_text(OTHER_ON_ROCM0)
+    apply = ["config", "apply", "--platform", "rocm", "-dp", "2", "--config", str(p)]
+    code, out, _ = run(apply, capsys)
+    assert code == 0 and _devices(p, "primary") == ["rocm:1", "rocm:2"]
+    assert "shared" not in out
+    # -dp 4 needs a GPU `other` uses: placed after the unused ones, and said so.
+    code, out, _ = run(["serve", "-dp", "4", "--dry-run", "--config", str(p)], capsys)
+    assert code == 0
+    assert (
+        "note: rocm:0 is shared with deployment(s) other: -dp 4 needs 2 more GPU(s) and only "
+        "1 available GPU(s) are unused by other deployments" in out
+    )
+    code, out, _ = run([*apply[:4], "-dp", "4", "--config", str(p)], capsys)
+    assert code == 0 and _devices(p, "primary") == ["rocm:1", "rocm:2", "rocm:3", "rocm:0"]
+    assert "note: rocm:0 is shared with deployment(s) other" in out
+    # An authored placement grows by the same rule: rocm:3 (unused) before rocm:0 (other's).
+    p.write_text(
+        OTHER_ON_ROCM0.replace("- device: cpu", "- device: rocm:1\n          - device: rocm:2")
+    )
+    code, out, _ = run(["config", "apply", "-dp", "3", "--config", str(p), "--json"], capsys)
+    body = json.loads(out)
+    assert code == 0 and _devices(p, "primary") == ["rocm:1", "rocm:2", "rocm:3"]
+    assert not [n for n in body["notes"] if "shared" in n]
+
+
 def test_cpu_ranges_notation() -> None:
     from vllm_sr.placement.render import cpu_ranges
 

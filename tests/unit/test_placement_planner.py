@@ -516,3 +516,37 @@ def test_resize_keeps_declared_order_and_never_stacks_new_workers(
     assert devs[:kept] == [f"rocm:{i}" for i in authored[:kept]]
     added = devs[kept:]
     assert len(set(added)) == len(added) and not set(added) & set(devs[:kept])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    authored=st.lists(st.integers(0, 7), min_size=1, max_size=4),
+    elsewhere=st.sets(st.integers(0, 7)),
+    count=st.integers(1, 8),
+)
+def test_growth_takes_gpus_no_other_deployment_uses_first(
+    authored: list[int], elsewhere: set[int], count: int
+) -> None:
+    """A GPU another deployment is placed on is taken only once the unused ones are gone, and
+    each one taken is named in a note."""
+    current = [Replica(device=f"rocm:{i}") for i in authored]
+    others = {f"rocm:{i}": ["other"] for i in elsewhere}
+    try:
+        new, notes = resize_placement(
+            current,
+            PlacementRequest(count=count),
+            inventory=Inventory(rocm(8)),
+            need=None,
+            env={},
+            others=others,
+        )
+    except PlacementError:
+        assert count - min(count, len(authored)) > 8 - len(set(authored[:count]))
+        return
+    kept = min(count, len(authored))
+    added = [r.device for r in new][kept:]
+    shared = [d for d in added if d in others]
+    assert added == [d for d in added if d not in others] + shared  # unused ones first
+    free = {f"rocm:{i}" for i in range(8)} - set(others) - {r.device for r in current[:kept]}
+    assert not shared or free <= set(added)  # shared only when the unused ones ran out
+    assert [n.split(" ")[0] for n in notes if "shared with" in n] == shared

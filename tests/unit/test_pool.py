@@ -376,9 +376,14 @@ def test_inventory_shape_and_deployment_state() -> None:
         "desired_replicas",
         "ready_replicas",
         "ejected_replicas",
+        "frontend_cache_bytes",
         "replicas",
     }
     assert (inv["name"], inv["artifact"], inv["state"]) == ("primary", "vllm-sr/d3-edge", "ready")
+    assert inv["frontend_cache_bytes"] == 0  # several replicas: each worker keeps its own
+    pool.desired_replicas = 1
+    assert pool.inventory()["frontend_cache_bytes"] == 64 * 1024 * 1024
+    pool.desired_replicas = 2
     rep = inv["replicas"][0]
     assert set(rep) == {
         "id", "deployment", "device", "pid", "state", "ready", "inflight", "max_inflight",
@@ -386,6 +391,7 @@ def test_inventory_shape_and_deployment_state() -> None:
         "consecutive_timeouts", "threads", "requests", "requests_per_s", "latency_p50_ms",
         "latency_p99_ms", "adaptive_threads", "requests_by_kind", "retried_away",
         "restart_reason", "usage", "revision", "supervision_failures", "dtype",
+        "result_cache_bytes",
     }  # fmt: skip
     assert rep["latency_p50_ms"] == pytest.approx(20.0)
     assert (rep["requests"], rep["pid"], rep["device"], rep["max_inflight"]) == (

@@ -60,6 +60,7 @@ class MemoryReplica:
         self.ready, self.settled = asyncio.Event(), asyncio.Event()
         self.stopped = False
         self.hung_reasons: list[str] = []
+        self.result_cache_bytes = 0
 
     def start(self) -> None:
         if self.spec.env.get("hold"):
@@ -116,6 +117,11 @@ class MemoryReplica:
 
     def retire(self) -> None:
         pass
+
+    async def resize_result_cache(self, max_bytes: int) -> bool:
+        self.result_cache_bytes = max_bytes
+        self.health = {**self.health, "result_cache_bytes": max_bytes}
+        return True
 
     lapse = False  # a test sets it: the life loop has ended while the replica is planned
 

@@ -137,3 +137,41 @@ def test_worker_options_set_the_cache_bound() -> None:
     assert not build_state(WorkerOptions("vllm-sr/d3-edge"), {}).result_cache.enabled
     with pytest.raises(ConfigError, match="--result-cache-bytes: -1"):
         build_state(WorkerOptions("vllm-sr/d3-edge", result_cache_bytes=-1), {})
+
+
+def test_resize_evicts_least_recent_until_the_rest_fit_and_zero_turns_it_off() -> None:
+    entry = 100 + ENTRY_OVERHEAD
+    cache = ResultCache(3 * entry)
+    for name in (b"a", b"b", b"c"):
+        cache.put(name, b"x" * 100)
+    cache.get(b"a")  # b is now the least recent
+    assert cache.resize(2 * entry) == 1 and cache.get(b"b") is None
+    assert cache.bytes == 2 * entry and cache.evictions == 1
+    assert cache.resize(0) == 2 and len(cache) == 0 and cache.bytes == 0 and not cache.enabled
+    assert cache.resize(entry) == 0 and cache.enabled
+    with pytest.raises(ValueError, match="negative"):
+        cache.resize(-1)
+
+
+async def test_api_resizes_a_running_workers_cache_and_health_reports_it() -> None:
+    """Issue 39 item 2: the supervisor turns a kept worker's cache on and off without a
+    restart (POST /admin/result-cache); /health says the bound."""
+    s = await serve(revision="sha256:aaaa")
+    try:
+        body = {"input": ["one"]}
+        assert (await (await s.client.get("/health")).json())["result_cache_bytes"] == 0
+        on = await s.client.post("/admin/result-cache", json={"max_bytes": 1 << 20})
+        assert on.status == 200 and (await on.json())["result_cache_bytes"] == 1 << 20
+        assert (await (await s.client.get("/health")).json())["result_cache_bytes"] == 1 << 20
+        await s.client.post("/v1/embeddings", json=body)
+        forwards = len(s.runner.forwards)
+        await s.client.post("/v1/embeddings", json=body)
+        assert len(s.runner.forwards) == forwards  # now answered from the cache
+        off = await s.client.post("/admin/result-cache", json={"max_bytes": 0})
+        assert (await off.json())["evicted"] == 1
+        await s.client.post("/v1/embeddings", json=body)
+        assert len(s.runner.forwards) == forwards + 1
+        bad = await s.client.post("/admin/result-cache", json={"max_bytes": -1})
+        assert bad.status == 400 and "max_bytes" in (await bad.json())["error"]["message"]
+    finally:
+        await stop(s)

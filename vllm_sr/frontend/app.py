@@ -177,16 +177,17 @@ class Frontend:
         await self.chat.close()
         await self.server.close(SHUTDOWN_GRACE_S)
 
-    def _cache_for(self, name: str, replicas: int) -> ResultCache | None:
-        """Single-worker deployments keep a result cache; multi-replica ones bypass it."""
-        if replicas != 1 or self._cache_entries <= 0:
-            return None
+    def _cache_for(self, name: str, max_bytes: int) -> ResultCache | None:
+        """The deployment's cache when its pool keeps one (``frontend_cache_bytes`` > 0: one
+        replica, vllm_sr.pool.result_caches); multi-replica deployments bypass it."""
         if self._cache_generation != self.directory.generation:
-            self.caches.clear()  # a new generation may answer differently
+            self.caches.clear()  # a new generation may answer differently (or scale)
             self._cache_generation = self.directory.generation
+        if max_bytes <= 0 or self._cache_entries <= 0:
+            return None
         cache = self.caches.get(name)
         if cache is None:
-            cache = self.caches[name] = ResultCache(self._cache_entries)
+            cache = self.caches[name] = ResultCache(self._cache_entries, max_bytes)
         return cache
 
     def _surface(self, surface: str) -> Handler:
@@ -207,7 +208,7 @@ class Frontend:
         body = request.body
         timeout_ms = caller_timeout_ms(request)
         pool = self.directory.resolve(model_of(body))
-        cache = self._cache_for(pool.deployment, pool.desired_replicas or len(pool))
+        cache = self._cache_for(pool.deployment, pool.frontend_cache_bytes)
         key = b""
         if cache is not None:
             key = cache_key(surface, pool.deployment, body, served_dtype(pool))

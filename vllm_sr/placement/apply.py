@@ -35,6 +35,7 @@ from vllm_sr.placement.planner import (
     InventoryProvider,
     PlacementRequest,
     Plan,
+    devices_of_others,
     estimated_need_bytes,
     plan,
     real_inventory,
@@ -108,7 +109,10 @@ def _edit_document(
         return []
     need = estimated_need_bytes(edit.artifact or dep.artifact)
     current_replicas = dep.effective_replicas()
-    new, notes = resize_placement(current_replicas, req, inventory=provider, need=need, env=env)
+    others = devices_of_others(current, name)
+    new, notes = resize_placement(
+        current_replicas, req, inventory=provider, need=need, env=env, others=others
+    )
     if [r.model_dump() for r in new] != [r.model_dump() for r in current_replicas]:
         write_replicas(dep_doc, new)
     return notes

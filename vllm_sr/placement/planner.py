@@ -222,6 +222,20 @@ def available_gpus(
     return ok, skipped
 
 
+def devices_of_others(config: RootConfig, name: str) -> dict[str, list[str]]:
+    """Each GPU device the deployments other than ``name`` are placed on -> those deployments
+    (config order). Their workers need not be running: a placement shares a GPU with them as
+    soon as both run."""
+    out: dict[str, list[str]] = {}
+    for other, dep in config.deployments.items():
+        if other == name:
+            continue
+        for r in dep.effective_replicas():
+            if _gpu(r) and r.device is not None and other not in out.get(r.device, []):
+                out.setdefault(r.device, []).append(other)
+    return out
+
+
 @dataclass(frozen=True)
 class PlacementRequest:
     """What the flags ask of one deployment's placement (None = keep)."""
@@ -263,7 +277,11 @@ def _pick_gpus(
     need: int | None,
     env: Mapping[str, str],
     notes: list[str],
+    others: Mapping[str, Sequence[str]],
 ) -> list[str]:
+    """``keep`` plus the next available GPUs up to ``count``: GPUs no other deployment uses
+    first, in order; a GPU another deployment uses only when the unused ones run out, with a
+    note naming who shares it (``others``: device -> the deployments on it)."""
     ok, skipped = available_gpus(gpus, need, env, platform)
     notes.extend(skipped)
     used = set(keep)
@@ -279,7 +297,17 @@ def _pick_gpus(
             f"{len(fresh)}{within} ({len(gpus)} GPU(s): {found}{why}); lower -dp, free a GPU, or "
             "name GPUs with --device-ids (repeat an ID to stack workers on one GPU)"
         )
-    return keep + fresh[:missing]
+    unused = [d for d in fresh if not others.get(d)]
+    picked = (unused + [d for d in fresh if others.get(d)])[:missing]
+    for device in picked:
+        if others.get(device):
+            notes.append(
+                f"{device} is shared with deployment(s) {', '.join(others[device])}: -dp "
+                f"{count} needs {missing} more GPU(s) and only {len(unused)} available GPU(s) "
+                "are unused by other deployments; each worker holds its own copy of its weights "
+                "(name GPUs with --device-ids to choose)"
+            )
+    return keep + picked
 
 
 def resize_placement(
@@ -289,9 +317,12 @@ def resize_placement(
     inventory: InventoryProvider | None,
     need: int | None,
     env: Mapping[str, str],
+    others: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[Replica], list[str]]:
     """The new canonical replica list for one deployment. Authored placements resize in
-    their declared order; a new GPU placement takes the first N available GPUs."""
+    their declared order; a new GPU placement takes the first N available GPUs, preferring
+    those no other deployment uses (``others``: device -> the other deployments on it, see
+    :func:`devices_of_others`)."""
     notes: list[str] = []
     managed = [r for r in current if r.device is not None]
     if any(r.endpoint is not None for r in current) and (
@@ -315,7 +346,7 @@ def resize_placement(
             keep = [d for d in keep_all[:count] if d]
             if len(keep) < count:
                 gpus = inventory(platform) if inventory else []
-                keep = _pick_gpus(count, keep, platform, gpus, need, env, notes)
+                keep = _pick_gpus(count, keep, platform, gpus, need, env, notes, others or {})
             devices = keep
     new = [Replica(device=d) for d in devices]
     return new, notes

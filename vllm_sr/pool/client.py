@@ -384,6 +384,11 @@ class WorkerClient:
             doc = {}
         return resp.status, json_object(doc) or {}
 
+    async def set_result_cache(self, max_bytes: int, timeout_s: float = 5.0) -> WorkerResponse:
+        """``POST /admin/result-cache``: the running worker's result cache bound (0: off)."""
+        body = json.dumps({"max_bytes": max_bytes}).encode()
+        return await self.post("/admin/result-cache", body, timeout_s=timeout_s)
+
     async def set_faults(self, forward_delay_ms: int, timeout_s: float = 5.0) -> WorkerResponse:
         """``POST /debug/faults`` (answered only under VLLM_SR_ENABLE_FAULTS=1)."""
         body = json.dumps({"forward_delay_ms": forward_delay_ms}).encode()

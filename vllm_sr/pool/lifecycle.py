@@ -117,6 +117,12 @@ class Lifecycle:
     def set_adaptive_threads(self, replica_id: str, value: object) -> None:
         self._get(replica_id).adaptive_threads = value
 
+    def set_result_cache_bytes(self, replica_id: str, value: object) -> None:
+        """The worker's result cache bound, as its /health or a resize answered (None: it
+        did not say: an attached runtime)."""
+        bound = value if isinstance(value, int) and not isinstance(value, bool) else None
+        self._get(replica_id).result_cache_bytes = bound
+
     def set_last_error(self, replica_id: str, message: str | None) -> None:
         self._get(replica_id).last_error = message
 

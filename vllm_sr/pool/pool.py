@@ -43,6 +43,7 @@ from vllm_sr.pool import outlier, views
 from vllm_sr.pool.ejection import Ejection
 from vllm_sr.pool.lifecycle import Lifecycle
 from vllm_sr.pool.replica import OUTCOMES, Client, Outcome, Replica
+from vllm_sr.pool.result_caches import FRONTEND_CACHE_BYTES, cache_sizes
 from vllm_sr.pool.settings import PoolSettings
 
 __all__ = ["Emit", "Lease", "PoolSettings", "ReplicaPool"]
@@ -93,6 +94,15 @@ class ReplicaPool(Ejection, Lifecycle):
         self._retries_unreported = 0
         self._retry_reported_at: float | None = None
         self.on_wake: Callable[[], None] | None = None  # a probe was requested
+        self.frontend_cache_limit = FRONTEND_CACHE_BYTES  # its bound while the rule keeps one
+
+    @property
+    def frontend_cache_bytes(self) -> int:
+        """The frontend result cache's bound for this deployment now: the limit with one
+        desired replica, 0 otherwise (``vllm_sr.pool.result_caches``); it follows
+        ``desired_replicas`` on every publish."""
+        desired = self.desired_replicas if self.desired_replicas is not None else len(self)
+        return cache_sizes(desired, frontend_bytes=self.frontend_cache_limit).frontend_bytes
 
     def apply_settings(self, settings: PoolSettings, desired_replicas: int | None) -> None:
         """A new generation's settings, swapped whole (records and their counters stay)."""

@@ -79,6 +79,7 @@ class Replica:
     capabilities: JsonObject | None = None  # surfaces, dimensions, max_length, labels, dtype
     threads: int | None = None
     adaptive_threads: object = None  # the worker's learner report (JSON), as /health gave it
+    result_cache_bytes: int | None = None  # the worker's result cache bound, as it reported
     restarts: int = 0
     last_error: str | None = None
     restart_at: float | None = None  # monotonic; when the supervisor restarts it (BACKOFF)
@@ -177,6 +178,7 @@ class Replica:
             "latency_p50_ms": p50 * 1000.0 if p50 is not None else None,
             "latency_p99_ms": p99 * 1000.0 if p99 is not None else None,
             "adaptive_threads": self.adaptive_threads,
+            "result_cache_bytes": self.result_cache_bytes,
             "requests_by_kind": dict(self.by_kind),
             "retried_away": self.retried_away,
             "restart_reason": self.restart_reason,

@@ -22,6 +22,9 @@ class ReplicaPool(Protocol):
     rejected: dict[str, int]
     retries: int
 
+    @property
+    def frontend_cache_bytes(self) -> int: ...
+
     def replicas(self) -> list[Replica]: ...
 
 
@@ -45,6 +48,7 @@ def inventory(pool: ReplicaPool, clock: Clock) -> JsonObject:
         "desired_replicas": desired,
         "ready_replicas": ready,
         "ejected_replicas": ejected,
+        "frontend_cache_bytes": pool.frontend_cache_bytes,
         "replicas": [r.inventory(limit, clock) for r in replicas],
     }
 

@@ -72,6 +72,10 @@ class AttachedReplica(ManagedReplica):
         self.ready.clear()
         await self.client.close()
 
+    async def resize_result_cache(self, max_bytes: int) -> bool:
+        """An attached runtime keeps its own caches: nothing to tell it."""
+        return True
+
     def kill_now(self) -> None:
         """Nothing of ours to kill."""
 

@@ -15,6 +15,7 @@ from vllm_sr.jsontypes import json_int, json_object, json_str
 from vllm_sr.plan import DeploymentPlan, ReplicaSpec, ReplicaState, ServicePlan
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.pool import ReplicaPool
+from vllm_sr.pool.result_caches import cache_sizes
 from vllm_sr.supervisor.managed import ManagedReplica
 
 Spawn = Callable[[ReplicaSpec], ManagedReplica]
@@ -164,14 +165,41 @@ class Fleet:
         self.directory.publish(published, default, aliases, self.generation)
 
 
-def size_caches(workers: list[ManagedReplica], plan: ServicePlan, cache_bytes: int) -> None:
+def worker_cache_bytes(plan: ServicePlan, deployment: str, cache_bytes: int) -> int:
     """The page: "Single-worker deployments retain the frontend result cache; multiple replicas
-    use independent worker caches". A worker is started with its own result cache when its
-    deployment has several replicas (a worker kept across a scale keeps what it started with)."""
+    use independent worker caches" (vllm_sr.pool.result_caches): each worker's bound."""
+    dep = plan.deployments.get(deployment)
+    replicas = len(dep.replicas) if dep is not None else 0
+    return cache_sizes(replicas, worker_bytes=cache_bytes).worker_bytes
+
+
+def size_caches(workers: list[ManagedReplica], plan: ServicePlan, cache_bytes: int) -> None:
+    """Workers about to start get the result cache their deployment's replica count calls
+    for."""
     for rep in workers:
-        dep = plan.deployments.get(rep.spec.deployment)
-        if dep is not None and len(dep.replicas) > 1:
-            rep.result_cache_bytes = cache_bytes
+        rep.result_cache_bytes = worker_cache_bytes(plan, rep.spec.deployment, cache_bytes)
+
+
+async def resize_caches(fleet: Fleet, cache_bytes: int) -> list[str]:
+    """After a publish: every published worker whose result cache its deployment's new
+    replica count no longer calls for is told its new bound, and keeps its process (1 -> 2:
+    each replica gets a cache; 2 -> 1: the one left drops it, the frontend's is back). Returns
+    the ids that did not take it (they serve on, with the old bound)."""
+    assert fleet.plan is not None
+    plan = fleet.plan
+    changes = [
+        (rep, want)
+        for rid, rep in list(fleet.replicas.items())
+        if rid in fleet.published
+        and (want := worker_cache_bytes(plan, rep.spec.deployment, cache_bytes))
+        != rep.result_cache_bytes
+    ]
+    taken = await asyncio.gather(*(rep.resize_result_cache(want) for rep, want in changes))
+    for rep, _ in changes:
+        pool = fleet.pool_of(rep)
+        if pool is not None and rep.health:
+            pool.set_result_cache_bytes(rep.id, rep.health.get("result_cache_bytes"))
+    return [rep.id for (rep, _), ok in zip(changes, taken, strict=True) if not ok]
 
 
 def start_in_order(
@@ -226,4 +254,5 @@ def mark_ready(pool: ReplicaPool, rep: ManagedReplica) -> bool:
         capabilities=json_object(h.get("capabilities")),
     )
     pool.set_adaptive_threads(rep.id, h.get("adaptive_threads"))
+    pool.set_result_cache_bytes(rep.id, h.get("result_cache_bytes"))
     return ok

@@ -58,6 +58,7 @@ class LifecycleHooks:
         if pool is None:
             return
         pool.set_adaptive_threads(rep.id, doc.get("adaptive_threads"))
+        pool.set_result_cache_bytes(rep.id, doc.get("result_cache_bytes"))
         running = doc.get("forward_running_s")
         bound = pool.settings.hang_bound_s
         if not isinstance(running, int | float) or running <= bound:

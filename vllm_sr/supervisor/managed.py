@@ -33,6 +33,7 @@ from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.plan import ReplicaSpec, ReplicaState
 from vllm_sr.pool.client import WorkerClient
 from vllm_sr.pool.replica import Replica
+from vllm_sr.pool.result_caches import WORKER_CACHE_BYTES
 from vllm_sr.supervisor.process import WorkerProcess, worker_command
 
 log = logging.getLogger("vllm_sr.supervisor")
@@ -46,7 +47,7 @@ class ProcessOptions:
     backoff_max_s: float = 60.0
     backoff_reset_s: float = 60.0
     health_every_s: float = 1.0  # a ready worker's /health is read this often (threads, hangs)
-    worker_cache_bytes: int = 64 * 1024 * 1024  # each worker's cache when replicas > 1
+    worker_cache_bytes: int = WORKER_CACHE_BYTES  # each worker's cache when replicas > 1
     hung_grace_s: float = 2.0  # SIGTERM -> SIGKILL for a hung worker (it finishes nothing)
     worker_argv: Sequence[str] | None = None  # tests run another command than `vllm-sr worker`
 
@@ -94,7 +95,9 @@ class ManagedReplica:
         self._life = asyncio.Event()  # set (and replaced) each time a process starts
         self.record: Replica | None = None  # its pool record while published (set by Fleet.join)
         self.served_model: str | None = None  # attached runtimes: the name to put in "model"
-        self.result_cache_bytes = 0  # set by the supervisor for multi-replica deployments
+        # Its result cache bound (fleet.size_caches: by its deployment's replica count); each
+        # process starts with it, and a running one is told when it changes.
+        self.result_cache_bytes = 0
         self._backoff = Backoff(
             options.backoff_initial_s,
             options.backoff_max_s,
@@ -213,6 +216,27 @@ class ManagedReplica:
                 await self._task
         await self.client.close()
 
+    async def resize_result_cache(self, max_bytes: int) -> bool:
+        """Its deployment's replica count changed: the next process starts with ``max_bytes``,
+        and a ready one is told now (it keeps running). False when a ready worker did not
+        take it (the reason is logged); a starting one catches up as it gets ready."""
+        self.result_cache_bytes = max_bytes
+        if self.state is not ReplicaState.READY:
+            return True
+        return await self._tell_result_cache()
+
+    async def _tell_result_cache(self) -> bool:
+        try:
+            resp = await self.client.set_result_cache(self.result_cache_bytes)
+        except VllmSrError as exc:
+            log.warning("%s: result cache not resized: %s", self.id, exc.message)
+            return False
+        if resp.status != 200:
+            log.warning("%s: result cache not resized: answered %d", self.id, resp.status)
+            return False
+        self.health = {**self.health, "result_cache_bytes": self.result_cache_bytes}
+        return True
+
     def retire(self) -> None:
         """Leaving the plan: if the process exits now it is not restarted (stop() follows)."""
         self._stopping = True
@@ -294,6 +318,9 @@ class ManagedReplica:
         self._new_life()
         self.hooks.on_starting(self, restarted)
         if await self._wait_ready(proc):
+            reported = self.health.get("result_cache_bytes")
+            if reported is not None and reported != self.result_cache_bytes:
+                await self._tell_result_cache()  # resized while this process was starting
             self.state = ReplicaState.READY
             self._backoff.mark_ready()
             self.ready.set()

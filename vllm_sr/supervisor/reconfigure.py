@@ -23,7 +23,14 @@ from vllm_sr.events import EventBus
 from vllm_sr.jsontypes import JsonObject, json_object, json_str
 from vllm_sr.plan import ReplicaState, ServicePlan
 from vllm_sr.pool import compat
-from vllm_sr.supervisor.fleet import Fleet, Spawn, size_caches, start_in_order, who
+from vllm_sr.supervisor.fleet import (
+    Fleet,
+    Spawn,
+    resize_caches,
+    size_caches,
+    start_in_order,
+    who,
+)
 from vllm_sr.supervisor.managed import ManagedReplica
 from vllm_sr.supervisor.reload import diff_plans
 
@@ -101,7 +108,7 @@ class Reconfiguration:
         self.task: asyncio.Task[None] | None = None
         self.retiring_tasks: set[asyncio.Task[None]] = set()
         self.starts: list[asyncio.Future[None]] = []
-        self.cache_bytes = 0  # each new worker's result cache when its deployment has several
+        self.cache_bytes = 0  # each worker's result cache (new and kept) with several replicas
 
     @property
     def running(self) -> bool:
@@ -166,6 +173,10 @@ class Reconfiguration:
             retiring = fleet.publish(plan, staged, diff.retire)
             published = True
             self.on_published()
+            # Kept workers' caches follow the new replica count, in the same process.
+            missed = await resize_caches(fleet, self.cache_bytes)
+            if missed:
+                log.warning("result cache not resized on %s (see above)", ", ".join(missed))
         except VllmSrError as exc:
             log.error("reload failed, the running generation keeps serving: %s", exc.message)
             self.events.publish(ev.RELOAD_FAILED, reason=exc.message, source=cmd.source)

@@ -304,6 +304,23 @@ async def handle_faults(state: WorkerState, request: Request, timing: Timing) ->
     return _json_response({"ok": True, "forward_delay_ms": delay})
 
 
+async def handle_result_cache(state: WorkerState, request: Request, timing: Timing) -> Response:
+    """``{"max_bytes": N}``: the result cache's new bound, on the running worker (0: off)."""
+    body = read_json(request)
+    size = body.get("max_bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidRequest(
+            f"max_bytes: expected an integer >= 0 (0 turns the cache off), got "
+            f"{classify.json_type(size)}"
+        )
+    cache = state.result_cache
+    evicted = cache.resize(size)
+    state.metrics.cache_max_bytes.set(size)
+    state.metrics.observe_cache(None, evicted, cache.bytes)
+    log.info("result cache bound now %d bytes (%d entries evicted)", size, evicted)
+    return _json_response({"ok": True, "result_cache_bytes": size, "evicted": evicted})
+
+
 ROUTES: dict[str, dict[str, Route]] = {
     "/health": {"GET": handle_health},
     "/health/live": {"GET": handle_live},
@@ -311,6 +328,7 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/metrics": {"GET": handle_metrics},
     **{path: {"POST": handle_surface} for path in SURFACE_BY_PATH},
     "/debug/faults": {"POST": handle_faults},
+    "/admin/result-cache": {"POST": handle_result_cache},
 }
 
 

@@ -1,5 +1,7 @@
 """The worker's result cache: whole 200 answers, keyed by everything that changes them,
-bounded by bytes (least recently used out first). Off unless ``--result-cache-bytes`` > 0.
+bounded by bytes (least recently used out first). Off unless ``--result-cache-bytes`` > 0; the
+supervisor resizes it on a running worker (``POST /admin/result-cache``) when its deployment's
+replica count changes.
 
 The key is a SHA-256 over the surface, the model revision this worker loaded, the precision
 its forward runs in (the resolved dtype: a bfloat16 answer never answers for a float32 one), and
@@ -58,6 +60,20 @@ class ResultCache:
         self._entries.move_to_end(key)
         self.hits += 1
         return found
+
+    def resize(self, max_bytes: int) -> int:
+        """A new bound (0 turns the cache off and empties it); least recently used entries
+        leave until the rest fit. Returns how many left."""
+        if max_bytes < 0:
+            raise ValueError(f"result cache bytes: {max_bytes} is negative")
+        self.max_bytes = max_bytes
+        evicted = 0
+        while self._entries and self.bytes > max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self.bytes -= len(dropped) + ENTRY_OVERHEAD
+            evicted += 1
+        self.evictions += evicted
+        return evicted
 
     def put(self, key: bytes, body: bytes) -> int:
         """Store one answer; returns how many entries were evicted for it. An answer bigger

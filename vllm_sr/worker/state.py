@@ -100,6 +100,7 @@ def health_body(state: WorkerState) -> dict[str, Any]:
         "forward_running": state.engine.busy if state.engine else False,
         "revision": state.revision,
         "capabilities": state.capabilities,
+        "result_cache_bytes": state.result_cache.max_bytes,
         "forward_running_s": round(state.engine.forward_running_s, 3) if state.engine else 0.0,
         "forward_costs": state.engine.costs.to_json() if state.engine else None,
         "forward_tokens": (
