@@ -140,8 +140,10 @@ class Reconfiguration:
     def _refused(self, exc: Exception, cmd: Command) -> None:
         reason = exc.message if isinstance(exc, VllmSrError) else f"{type(exc).__name__}: {exc}"
         reason = str(exc) if hasattr(exc, "problems") else reason
+        # Each problem names its place (config.yaml:LINE: path) and what is accepted there.
+        problems = list(getattr(exc, "problems", None) or [reason])
         log.error("reload refused, the running generation keeps serving: %s", reason)
-        self.events.publish(ev.RELOAD_FAILED, reason=reason, source=cmd.source)
+        self.events.publish(ev.RELOAD_FAILED, reason=reason, source=cmd.source, problems=problems)
         if isinstance(exc, VllmSrError):
             raise exc
         raise InvalidRequest(f"reload failed: {reason}") from exc
@@ -168,7 +170,9 @@ class Reconfiguration:
             self.on_published()
         except VllmSrError as exc:
             log.error("reload failed, the running generation keeps serving: %s", exc.message)
-            self.events.publish(ev.RELOAD_FAILED, reason=exc.message, source=cmd.source)
+            self.events.publish(
+                ev.RELOAD_FAILED, reason=exc.message, source=cmd.source, problems=[exc.message]
+            )
             failure = exc
         finally:
             for rep in staged:
