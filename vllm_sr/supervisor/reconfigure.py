@@ -99,6 +99,7 @@ class Reconfiguration:
         self.on_published = on_published
         self.scaler: Scaler | None = None
         self.task: asyncio.Task[None] | None = None
+        self.source: str | None = None  # who asked for the reload in progress
         self.retiring_tasks: set[asyncio.Task[None]] = set()
         self.starts: list[asyncio.Future[None]] = []
         self.cache_bytes = 0  # each new worker's result cache when its deployment has several
@@ -116,6 +117,7 @@ class Reconfiguration:
         except Exception as exc:
             self._refused(exc, cmd)
         self.task = asyncio.create_task(self._run(plan, cmd), name="reload")
+        self.source = cmd.source
 
     async def scale(self, cmd: Command) -> None:
         if self.scaler is None:
