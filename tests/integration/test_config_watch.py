@@ -54,15 +54,17 @@ def sha(text: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def serve_file(tmp: Path, config: Path, replicas: int = 1) -> AsyncIterator[Served]:
+async def serve_file(
+    tmp: Path, config: Path, replicas: int = 1, flags: list[str] | None = None
+) -> AsyncIterator[Served]:
     """`vllm-sr serve --config CONFIG` (no deployment flags: the file is served as written),
-    with the default watch settings."""
+    with the default watch settings and ``flags``."""
     port = free_port()
     log = tmp / "serve.log"
     run = short_socket_dir(prefix="vsr-watch-") / "run"
     argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "--config", str(config)]
     argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
-    argv += ["--control-socket", str(run / "control.sock")]
+    argv += ["--control-socket", str(run / "control.sock"), *(flags or [])]
     env = {
         **os.environ,
         "PYTHONPATH": REPO_ROOT,
@@ -75,7 +77,7 @@ async def serve_file(tmp: Path, config: Path, replicas: int = 1) -> AsyncIterato
     served = Served(proc, f"http://127.0.0.1:{port}", config, log, run / "control.sock")
     try:
         await wait_for(
-            lambda: "watching" in served.text() or proc.returncode is not None,
+            lambda: "serving on" in served.text() or proc.returncode is not None,
             60,
             "serving and watching",
             served.text,
@@ -217,16 +219,8 @@ async def test_a_broken_file_keeps_serving_says_why_and_a_fix_applies(tmp_path: 
         assert 'vllm_sr_config_reload_failures_total{source="watch"} 1.0' in metrics
         assert "vllm_sr_config_in_sync 0.0" in metrics
         assert f'file="{sha(broken)}"' in metrics
-        status = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "vllm_sr.cli", "status", "--socket", str(served.control)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": REPO_ROOT, "COLUMNS": "200"},
-            timeout=60,
-        )
-        assert status.returncode == 0, status.stderr
-        assert "not the one being served" in status.stdout and f":{line}:" in status.stdout
+        status = await status_text(served)
+        assert "not the one being served" in status and f":{line}:" in status
         # The broken file is refused once, not on every look.
         await stays_at(served, 0, 3.0)
         assert len(await events(served, "reload_failed")) == 1
@@ -234,6 +228,20 @@ async def test_a_broken_file_keeps_serving_says_why_and_a_fix_applies(tmp_path: 
         await wait_for_ready(served, 2, generation=1)
         view = await config_view(served)
         assert view["in_sync"] is True and view["last_failure"] is None
+
+
+async def status_text(served: Served) -> str:
+    """What `vllm-sr status` prints for the running service."""
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "vllm_sr.cli", "status", "--socket", str(served.control)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "COLUMNS": "200"},
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    return status.stdout
 
 
 async def _has_failure(served: Served) -> bool:
@@ -272,3 +280,21 @@ async def test_a_scale_through_the_control_api_reloads_once(tmp_path: Path) -> N
         await stays_at(served, 1, 4.0)
         view = await config_view(served)
         assert view["in_sync"] is True and view["file_hash"] == sha(config.read_text())
+
+
+async def test_with_the_watch_off_an_edit_waits_for_a_reload_and_status_says_so(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(config_text(1))
+    async with serve_file(tmp_path, config, flags=["--no-config-watch"]) as served:
+        config.write_text(config_text(2))
+        await stays_at(served, 0, 3.0)  # longer than the settle time: nothing applies
+        view = await config_view(served)
+        assert view["watch"] is False and view["in_sync"] is False
+        assert view["file_hash"] == sha(config_text(2))
+        status = await status_text(served)
+        assert "not the one being served" in status and "ctl reload" in status
+        await asyncio.to_thread(ControlClient(served.control).reload)
+        await wait_for_ready(served, 2, generation=1)
+        assert (await config_view(served))["in_sync"] is True

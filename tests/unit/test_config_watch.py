@@ -304,3 +304,20 @@ def test_metrics_report_the_hashes_and_refusals() -> None:
     assert got[("vllm_sr_config_reload_failures_total", (("source", "watch"),))] == 2
     assert got[("vllm_sr_config_reload_failures_total", (("source", "signal:SIGHUP"),))] == 1
     assert list(config_families(None)) == []
+
+
+def test_without_the_watch_the_view_looks_at_the_file_itself(tmp_path: Path) -> None:
+    p = tmp_path / "config.yaml"
+    p.write_text("a: 1\n")
+    bus = EventBus(clock=FakeClock())
+    source = ConfigSource(p, watching=False)
+    bus.add_sink(source.on_event)
+    source.read(content_hash(b"a: 1\n"), True)
+    source.planned(content_hash(b"a: 1\n"))
+    bus.publish(ev.POOL_PUBLISHED, generation=0, deployments=["primary"])
+    assert source.view()["in_sync"]
+    p.write_text("a: 2\n")
+    view = source.view()
+    assert not view["in_sync"] and view["file_hash"] == content_hash(b"a: 2\n")
+    p.unlink()
+    assert source.view()["file_hash"] is None

@@ -4,7 +4,8 @@ planned from, the hash of the file on disk, and why they differ when a reload wa
 The planner reports each text it reads (``read``) and each plan it returns (``planned``); the
 event bus tells it which plan was published (``pool_published``) and which reload was refused
 (``reload_failed``, with its problems). The inventory's ``service.config``, ``/metrics``,
-``vllm-sr status`` and vllm-sr-top show ``view()``.
+``vllm-sr status`` and vllm-sr-top show ``view()``. The watch keeps ``file_hash`` current;
+without it, ``view()`` looks at the file itself.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from vllm_sr import events as ev
+from vllm_sr.config.watch import FileMark, content_hash, file_mark
 from vllm_sr.events import Event
 from vllm_sr.jsontypes import JsonObject
 
@@ -27,6 +29,7 @@ class ConfigSource:
         self._planned: str | None = None  # the hash of the plan a reload is staging
         self.last_failure: JsonObject | None = None
         self.failures: Counter[str] = Counter()  # refused reloads by source
+        self._mark: FileMark | None = None  # the file as last looked at by ``view`` (no watch)
 
     def read(self, text_hash: str, existed: bool) -> None:
         """The planner read the file (or, when missing, the embedded default)."""
@@ -59,7 +62,21 @@ class ConfigSource:
                 "file_hash": self.read_hash,
             }
 
+    def _refresh(self) -> None:
+        """With no watch keeping ``file_hash`` current, look at the file when asked (read again
+        only when its mark moved), so the inventory still says when it is not being served."""
+        mark = file_mark(self.path)
+        if mark == self._mark:
+            return
+        self._mark = mark
+        try:
+            self.file_hash = content_hash(self.path.read_bytes()) if mark.exists else None
+        except OSError:
+            self.file_hash = None
+
     def view(self) -> JsonObject:
+        if not self.watching:
+            self._refresh()
         in_sync = self.served_hash is not None and self.served_hash == self.file_hash
         failure = self.last_failure
         if failure is not None and failure.get("file_hash") != self.file_hash:
