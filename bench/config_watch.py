@@ -99,7 +99,7 @@ def wait_generation(port: int, generation: int, timeout_s: float) -> float:
 
 def start(writer: Writer, settle_s: float, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
-    run = Path(tempfile.mkdtemp(prefix="vsr-bench-", dir="/tmp"))
+    run = workdir / "run"  # under /tmp: a short path for the Unix sockets
     toml = workdir / "vllm-sr.toml"
     toml.write_text(f"config_watch_settle_s = {settle_s}\n")
     argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "--config", str(writer.path)]
@@ -140,7 +140,7 @@ def main() -> None:
     p.add_argument("--how", choices=("rename", "inplace", "configmap"), default="rename")
     p.add_argument("--settle-s", type=float, default=2.0, help="config_watch_settle_s")
     args = p.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="vsr-bench-watch-"))
+    workdir = Path(tempfile.mkdtemp(prefix="vsr-bench-watch-", dir="/tmp"))
     writer = Writer(args.how, workdir)
     writer.write(config_text(1, 0))
     proc, port = start(writer, args.settle_s, workdir)
@@ -162,7 +162,7 @@ def main() -> None:
     for label, values in took.items():
         if values:
             print(summary(label, values))
-    shutil.rmtree(workdir, ignore_errors=True)
+    shutil.rmtree(workdir, ignore_errors=True)  # kept, with serve.log, when it failed
 
 
 if __name__ == "__main__":
