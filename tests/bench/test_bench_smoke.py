@@ -154,6 +154,15 @@ def test_threads_bench_on_the_stand_in_worker() -> None:
             lines_like(out, rf"^{label} +{kind} +{NUMBER} +{NUMBER} +{NUMBER} +x{NUMBER}")
 
 
+def test_config_watch_bench_on_the_stand_in_worker() -> None:
+    # A real serve with stand-in workers; two edits (1 -> 2 -> 1) through a ConfigMap swap.
+    out = run_bench("config_watch.py", "--edits", "2", "--settle-s", "0.2", "--how", "configmap")
+    lines_like(out, rf"^edit +1 scale 1 -> 2: +{NUMBER} ms")
+    lines_like(out, rf"^edit +2 scale 2 -> 1: +{NUMBER} ms")
+    (p50,) = lines_like(out, rf"^write -> serving +n=2 +p50 +({NUMBER}) ms")
+    assert float(p50.group(1)) >= 200  # never sooner than the settle time
+
+
 # -- d3-edge itself: slow ------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.pool.replica import Replica
 from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
+from vllm_sr.supervisor.config_source import ConfigSource
 from vllm_sr.supervisor.keeper import TaskKeeper
 from vllm_sr.supervisor.supervisor import Supervisor
 
@@ -89,6 +90,7 @@ class FakeBackend:
         self.pools: dict[str, ReplicaPool] = {}
         self.keeper = TaskKeeper(clock, self.events.publish)  # the service tasks' failures
         self.router: StubRouter | None = None  # Router mode's views (Supervisor's ``router``)
+        self.config_source: ConfigSource | None = None  # config.yaml's hashes (serve's)
         self._next_pid = 40_000
         self._config = config
         self.reset(deployments or {"primary": ["cpu", "cpu"]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +25,10 @@ from vllm_sr_top.widgets import (
 
 from tests.support.control_fake import StubRouter, sample_adaptive_threads
 from tests.tui.harness import HOST, LiveControl, ReadOnlyPolicy, load, make_app, until
+from vllm_sr import events as ev
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import Conflict
+from vllm_sr.supervisor.config_source import ConfigSource
 
 SIZE = (160, 48)
 
@@ -339,3 +342,27 @@ def test_command_line_checks_the_interval() -> None:
     assert (args.socket, args.interval) == ("/tmp/x.sock", 0.5)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--interval", "0"])
+
+
+async def test_the_header_says_when_the_file_on_disk_is_not_served(
+    live: LiveControl, clock: FakeClock
+) -> None:
+    source = ConfigSource(Path("/etc/vllm-sr/config.yaml"), watching=True)
+    live.backend.events.add_sink(source.on_event)
+    source.read("a" * 64, True)
+    source.planned("a" * 64)
+    live.backend.events.publish(ev.POOL_PUBLISHED, generation=1, deployments=["primary"])
+    live.backend.config_source = source
+    app = make_app(live.path, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot)
+        assert "not the one being served" not in _text(app.query_one(HeaderBar))
+        source.read("b" * 64, True)
+        problem = "config.yaml:9: global.model_catalog...device: 'gpu0' is not accepted"
+        live.backend.events.publish(
+            ev.RELOAD_FAILED, reason="bad", source="watch", problems=[problem]
+        )
+        await app.poll_once()
+        header = _text(app.query_one(HeaderBar))
+        assert "/etc/vllm-sr/config.yaml on disk (sha256 bbbbbbbbbbbb)" in header
+        assert "not the one being served" in header and problem in header

@@ -21,6 +21,7 @@ from vllm_sr.config.service import load_service_settings
 from vllm_sr.errors import EXIT_DO_NOT_RESTART, PlacementError, UsageError
 from vllm_sr.kube.manifests import RenderOptions, render
 from vllm_sr.kube.output import to_stream, write_dir
+from vllm_sr.kube.pod import PodTiming
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _API = ApiClient()
@@ -187,14 +188,29 @@ def test_probes_drain_grace_security_and_scraping() -> None:
     assert headless[0]["metadata"]["name"] == sts["spec"]["serviceName"]
 
 
-def test_changed_config_rolls_the_pods() -> None:
-    a = by_kind(validated(config_yaml("cpu")), "StatefulSet")[0]
-    b = by_kind(validated(config_yaml("cpu", "cpu")), "StatefulSet")[0]
-    key = "vllm-sr/config-sha256"
+def template_of(text: str, **opts: Any) -> dict[str, Any]:
+    return dict(by_kind(validated(text, **opts), "StatefulSet")[0]["spec"]["template"])
+
+
+def test_a_config_change_the_watch_applies_does_not_roll_the_pods() -> None:
+    # The ConfigMap changes (the running pods' watch applies it); the pod template does not.
+    a = validated(config_yaml("cuda:0"))
+    b = validated(config_yaml("cuda:0").replace("vllm-sr/d3-edge", "vllm-sr/d3-edge-v2"))
+    assert by_kind(a, "ConfigMap") != by_kind(b, "ConfigMap")
     assert (
-        a["spec"]["template"]["metadata"]["annotations"][key]
-        != (b["spec"]["template"]["metadata"]["annotations"][key])
+        by_kind(a, "StatefulSet")[0]["spec"]["template"]
+        == (by_kind(b, "StatefulSet")[0]["spec"]["template"])
     )
+
+
+def test_a_change_of_the_pods_resources_or_host_settings_rolls_them() -> None:
+    one = template_of(config_yaml("cuda:0"))
+    assert template_of(config_yaml("cuda:0", "cuda:1")) != one  # two GPUs: a new pod
+    assert template_of(config_yaml("cpu")) != template_of(config_yaml("cpu", "cpu"))  # CPUs
+    timing = PodTiming(ready_timeout_s=600.0, drain_timeout_s=90.0, stop_grace_s=10.0)
+    key = "vllm-sr/host-settings-sha256"
+    slow = template_of(config_yaml("cuda:0"), timing=timing)
+    assert slow["metadata"]["annotations"][key] != one["metadata"]["annotations"][key]
 
 
 def test_cpu_threads_follow_the_budget_rules() -> None:

@@ -459,3 +459,32 @@ def test_workers_sharing_a_gpu_start_one_after_another() -> None:
         await until(lambda: all(r.state == "ready" for r in (r0, r1, r2)))
 
     serve([plan], body)
+
+
+def test_a_control_reload_during_the_watchs_reload_runs_after_it() -> None:
+    held = plan_of(3, env={"hold": "1"}, threads=2)  # every worker replaced, held starting
+
+    async def body(h: Harness) -> None:
+        h.plans[:] = [held, plan_of(3, env={"hold": "1"}, threads=2)]
+        watch = asyncio.ensure_future(h.command("reload", source="watch"))
+        await until(lambda: len(h.spawned) == 5)  # the watch's reload is staging
+        control = asyncio.ensure_future(h.command("reload", source="control"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not control.done()  # waits instead of "a reload is already in progress"
+        for rep in h.spawned[2:]:
+            rep.release.set()
+        assert (await watch)["generation"] == 1
+        await until(lambda: len(h.spawned) == 5 and h.sup.reconfiguration.source == "control")
+        result = await control  # ran after it, on the plan as it was then: nothing to start
+        assert result["generation"] == 2 and result["started"] == []
+        # Two reloads asked for by hand still refuse each other.
+        h.plans[:] = [plan_of(4, env={"hold": "1"}, threads=2)]
+        first = asyncio.ensure_future(h.command("reload"))
+        await until(lambda: len(h.spawned) == 6)
+        with pytest.raises(VllmSrError, match="already in progress"):
+            await h.command("reload")
+        h.spawned[5].release.set()
+        await first
+
+    serve([plan_of(2)], body)

@@ -12,7 +12,7 @@ from textual.app import ComposeResult, RenderResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, RichLog, Sparkline, Static
 
-from vllm_sr.control.render import backends_table, cache_line, format_seconds
+from vllm_sr.control.render import backends_table, cache_line, config_lines, format_seconds
 from vllm_sr_top.model import (
     COLUMNS,
     SortKey,
@@ -54,7 +54,9 @@ class HeaderBar(Static):
             deps.append_text(pool_state_text(str(dep.get("state", "?"))))
         if not deps:
             deps.append("no deployments", style="grey50")
-        self.update(Text("\n").join([line, deps]))
+        # config.yaml on disk is not the one being served: say so, and why, under the counts.
+        drift = [Text(text, style="bold red") for text in config_lines(inventory)]
+        self.update(Text("\n").join([line, deps, *drift]))
 
 
 class Banner(Static):

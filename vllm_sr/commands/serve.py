@@ -1,7 +1,8 @@
 """`vllm-sr serve [MODEL] [deployment flags] [host flags]`: apply the flags to config.yaml the
 way `vllm-sr config apply` does, then run the service: the supervisor (one worker per planned
 replica), the frontend (public HTTP API) and the control API, in one asyncio process, until
-SIGTERM / SIGINT. SIGHUP reloads config.yaml. Documented in docs/serve.md."""
+SIGTERM / SIGINT. SIGHUP reloads config.yaml, and so does a change to the file (unless
+--no-config-watch). Documented in docs/serve.md."""
 
 from __future__ import annotations
 
@@ -51,12 +52,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     host.add_argument(
         "--ready-timeout", type=float, metavar="S", help="seconds a worker may take to get ready"
     )
+    host.add_argument(
+        "--no-config-watch",
+        dest="config_watch",
+        action="store_false",
+        default=None,
+        help="do not apply config.yaml changes by themselves (SIGHUP and `ctl reload` still do)",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from vllm_sr.config.service import load_service_settings
     from vllm_sr.logs import setup_logging
+    from vllm_sr.supervisor.config_source import ConfigSource
     from vllm_sr.supervisor.service import ServeOptions, config_planner, config_scaler, serve
 
     overrides = {
@@ -65,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         "runtime_dir": args.runtime_dir,
         "artifacts_dir": args.artifacts_dir,
         "ready_timeout_s": args.ready_timeout,
+        "config_watch": args.config_watch,
     }
     settings = load_service_settings(args.service_config, overrides=overrides)
     config_path = Path(args.config)
@@ -74,7 +84,8 @@ def _run(args: argparse.Namespace) -> int:
     if not _apply_flags(args, config_path, artifacts_dir):  # --dry-run printed the plan
         return 0
     os.environ[ARTIFACTS_DIR_ENV] = str(settings.artifacts_dir)  # the workers inherit it
-    planner = config_planner(config_path, artifacts_dir)
+    source = ConfigSource(config_path.absolute(), watching=settings.config_watch)
+    planner = config_planner(config_path, artifacts_dir, source)
     plan = planner()  # refuse a bad config or plan before anything starts (exit 78)
     if args.listen is None and plan.listen is not None:
         overrides["listen"] = plan.listen  # config.yaml's first listener
@@ -96,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         settings=settings,
         announce=_announce,
         worker_argv=shlex.split(override) if override else None,
+        config_source=source,
     )
     from vllm_sr.aio import run
 

@@ -66,6 +66,15 @@ class ServiceSettings(BaseModel):
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     """SIGTERM to SIGKILL grace for a worker."""
 
+    config_watch: bool = True
+    """Watch config.yaml and apply a change without a signal (an edit, a rename over it, a
+    Kubernetes ConfigMap update), through the same reload as SIGHUP; `serve
+    --no-config-watch` turns it off."""
+
+    config_watch_settle_s: float = Field(default=2.0, gt=0, le=600)
+    """How long a changed config.yaml must stay unchanged before it is read: a writer that
+    pauses for less mid-write is never read half-way."""
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:

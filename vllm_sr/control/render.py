@@ -100,6 +100,33 @@ def service_line(inventory: dict[str, Any]) -> str:
     return line + f", generation {service.get('generation', '-')}"
 
 
+def config_lines(inventory: dict[str, Any]) -> list[str]:
+    """When config.yaml on disk is not the config being served: that, and why (the refused
+    reload's problems, each with its line). Nothing while they agree."""
+    view = (inventory.get("service") or {}).get("config")
+    if not isinstance(view, dict) or view.get("in_sync") or view.get("served_hash") is None:
+        return []
+    path, file_hash = view.get("path", "config.yaml"), view.get("file_hash")
+    on_disk = f"sha256 {file_hash[:12]}" if file_hash else "missing"
+    lines = [
+        f"config: {path} on disk ({on_disk}) is not the one being served "
+        f"(sha256 {str(view['served_hash'])[:12]})"
+    ]
+    failure = view.get("last_failure")
+    if isinstance(failure, dict):
+        lines.append(
+            f"  its {failure.get('source', '?')} reload was refused; the served one runs on:"
+        )
+        lines += [f"  {p}" for p in failure.get("problems") or [failure.get("reason")]]
+    elif not file_hash:
+        lines.append("  the running generation keeps serving until the file is back")
+    elif view.get("watch"):
+        lines.append("  not applied yet: the watch applies it once the file settles")
+    else:
+        lines.append("  the watch is off: `vllm-sr ctl reload` applies it")
+    return lines
+
+
 def deployment_table(dep: dict[str, Any], now: float) -> Table:
     """One deployment: a title with its state and counts, one row per replica."""
     title = Text.assemble(
@@ -147,6 +174,7 @@ def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
     """What `vllm-sr status` prints: the service line, then a table per deployment."""
     now = time.time() if now is None else now
     parts: list[Any] = [Text(service_line(inventory))]
+    parts.extend(Text(line, style="red") for line in config_lines(inventory))
     deployments = inventory.get("deployments", [])
     for dep in deployments:
         parts.extend([Text(""), deployment_table(dep, now)])

@@ -95,7 +95,7 @@ class Frontend:
         self._cache_entries = cache_entries
         self._cache_generation = -1
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = FrontendCollector(self.directory, self.caches)
+        self.collector = FrontendCollector(self.directory, self.caches, self._config_view)
         self.registry.register(self.collector)
         self.scraped = ScrapedCollector()
         self.registry.register(self.scraped)
@@ -260,6 +260,12 @@ class Frontend:
     async def inventory(self, request: Request) -> Response:
         await self.sync_router()
         return _json(self.service.inventory())
+
+    def _config_view(self) -> JsonObject | None:
+        """The inventory's ``service.config`` (None: the service watches no file)."""
+        service = self.service.inventory().get("service")
+        view = service.get("config") if isinstance(service, dict) else None
+        return view if isinstance(view, dict) else None
 
     async def metrics(self, request: Request) -> Response:
         self.scraped.families = merge(await scrape(self.directory))

@@ -125,10 +125,45 @@ def _pool_families() -> dict[str, Family]:
     }
 
 
+def config_families(view: Mapping[str, object] | None) -> Iterator[Metric]:
+    """config.yaml as served against the file on disk (the inventory's ``service.config``):
+    upstream's ``/config/hash`` reports active against source the same way."""
+    if view is None:
+        return
+    info = GaugeMetricFamily(
+        "vllm_sr_config_info",
+        "config.yaml's SHA-256: the text the served generation came from, and the file on disk",
+        labels=["served", "file"],
+    )
+    info.add_metric([str(view.get("served_hash") or ""), str(view.get("file_hash") or "")], 1)
+    yield info
+    yield GaugeMetricFamily(
+        "vllm_sr_config_in_sync",
+        "1 when the file on disk is the config being served, 0 when it differs (see the "
+        "inventory's service.config.last_failure for why)",
+        value=1 if view.get("in_sync") else 0,
+    )
+    failures = CounterMetricFamily(
+        "vllm_sr_config_reload_failures",
+        "Reloads refused (the running generation kept serving), by what asked for them",
+        labels=["source"],
+    )
+    counts = view.get("reload_failures")
+    for source, n in sorted(counts.items() if isinstance(counts, dict) else []):
+        failures.add_metric([str(source)], float(n))
+    yield failures
+
+
 class FrontendCollector(Collector):
-    def __init__(self, directory: PoolDirectory, caches: Mapping[str, ResultCache]) -> None:
+    def __init__(
+        self,
+        directory: PoolDirectory,
+        caches: Mapping[str, ResultCache],
+        config_view: Callable[[], Mapping[str, object] | None] = lambda: None,
+    ) -> None:
         self.directory = directory
         self.caches = caches
+        self.config_view = config_view
         self.responses: Counter[tuple[str, int]] = Counter()
         self.latency = LatencyHistogram()
 
@@ -147,6 +182,7 @@ class FrontendCollector(Collector):
         yield self.latency.family()
         yield from self._pools()
         yield from self._caches()
+        yield from config_families(self.config_view())
 
     def _pools(self) -> Iterator[Metric]:
         per_replica, per_pool = _replica_families(), _pool_families()

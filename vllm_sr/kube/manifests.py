@@ -217,14 +217,17 @@ def _service(name: str, opts: RenderOptions, group: HostGroup, headless: bool) -
 
 def _statefulset(opts: RenderOptions, group: HostGroup, toml_text: str) -> dict[str, Any]:
     sel = _selector(opts, group)
-    digest = hashlib.sha256((group.config_text + "\0" + toml_text).encode()).hexdigest()
+    # Only the host settings: they are read once, at start. config.yaml is not in the
+    # template: serve's watch applies a ConfigMap update in the running pods (no roll), and a
+    # change that moves the pod's resources (GPUs, CPU workers) changes the template anyway.
+    digest = hashlib.sha256(toml_text.encode()).hexdigest()
     image = opts.image or f"vllm-sr:{__version__}-{group.sizing.platform}"
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(opts.port),
         "prometheus.io/path": METRICS_PATH,
-        # A changed ConfigMap changes the template, so the pods roll onto it.
-        "vllm-sr/config-sha256": digest,
+        # Changed host settings change the template, so the pods roll onto them.
+        "vllm-sr/host-settings-sha256": digest,
         "vllm-sr/cpu-budget": group.sizing.budget_note,
     }
     spec = pod_spec(image, opts.port, group.sizing, opts.pod_timing(), group.config_map)

@@ -14,12 +14,13 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
 from vllm_sr import events as ev
-from vllm_sr.control.commands import Command
+from vllm_sr.control.commands import Command, CommandQueue
 from vllm_sr.errors import Conflict, NotFound
 from vllm_sr.events import EventBus
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.supervisor.attached import AttachedReplica
+from vllm_sr.supervisor.config_watch import SOURCE as WATCH_SOURCE
 from vllm_sr.supervisor.fleet import Fleet, who
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Reconfiguration, resolve, wait_idle
@@ -31,6 +32,7 @@ QUICK_GRACE_S = 1.0
 class CommandHandlers:
     fleet: Fleet
     events: EventBus
+    queue: CommandQueue
     options: ProcessOptions
     notifier: SystemdNotifier
     reconfiguration: Reconfiguration
@@ -87,8 +89,24 @@ class CommandHandlers:
 
     async def handle_reload(self, cmd: Command) -> JsonObject | None:
         self._check_not_stopping()
+        running = self.reconfiguration.task
+        if (
+            running is not None
+            and self.reconfiguration.running
+            and self.reconfiguration.source == WATCH_SOURCE
+            and cmd.source != WATCH_SOURCE
+        ):
+            # The config watch is applying an edit an operator may have just made: their
+            # reload (`systemctl reload`) runs after it, on the file as it is then, rather than
+            # being refused as a reload already in progress.
+            self._task(self._after(running, cmd), "reload-after-watch")
+            return None
         await self.reconfiguration.reload(cmd)
         return None  # resolved once the new generation is published
+
+    async def _after(self, running: asyncio.Task[None], cmd: Command) -> None:
+        await asyncio.wait({running})
+        self.queue.put_nowait(cmd)  # applied again by the loop, its ``done`` still awaited
 
     async def handle_scale(self, cmd: Command) -> JsonObject | None:
         self._check_not_stopping()

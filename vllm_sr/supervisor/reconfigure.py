@@ -106,6 +106,7 @@ class Reconfiguration:
         self.on_published = on_published
         self.scaler: Scaler | None = None
         self.task: asyncio.Task[None] | None = None
+        self.source: str | None = None  # who asked for the reload in progress
         self.retiring_tasks: set[asyncio.Task[None]] = set()
         self.starts: list[asyncio.Future[None]] = []
         self.cache_bytes = 0  # each worker's result cache (new and kept) with several replicas
@@ -123,6 +124,7 @@ class Reconfiguration:
         except Exception as exc:
             self._refused(exc, cmd)
         self.task = asyncio.create_task(self._run(plan, cmd), name="reload")
+        self.source = cmd.source
 
     async def scale(self, cmd: Command) -> None:
         if self.scaler is None:
@@ -147,8 +149,10 @@ class Reconfiguration:
     def _refused(self, exc: Exception, cmd: Command) -> None:
         reason = exc.message if isinstance(exc, VllmSrError) else f"{type(exc).__name__}: {exc}"
         reason = str(exc) if hasattr(exc, "problems") else reason
+        # Each problem names its place (config.yaml:LINE: path) and what is accepted there.
+        problems = list(getattr(exc, "problems", None) or [reason])
         log.error("reload refused, the running generation keeps serving: %s", reason)
-        self.events.publish(ev.RELOAD_FAILED, reason=reason, source=cmd.source)
+        self.events.publish(ev.RELOAD_FAILED, reason=reason, source=cmd.source, problems=problems)
         if isinstance(exc, VllmSrError):
             raise exc
         raise InvalidRequest(f"reload failed: {reason}") from exc
@@ -179,7 +183,9 @@ class Reconfiguration:
                 log.warning("result cache not resized on %s (see above)", ", ".join(missed))
         except VllmSrError as exc:
             log.error("reload failed, the running generation keeps serving: %s", exc.message)
-            self.events.publish(ev.RELOAD_FAILED, reason=exc.message, source=cmd.source)
+            self.events.publish(
+                ev.RELOAD_FAILED, reason=exc.message, source=cmd.source, problems=[exc.message]
+            )
             failure = exc
         finally:
             for rep in staged:

@@ -18,6 +18,8 @@ from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import AuthzOptions, DeploymentPlan, ReplicaSpec, RouterPlan, ServicePlan
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.settings import PoolSettings
+from vllm_sr.supervisor.config_source import ConfigSource
+from vllm_sr.supervisor.config_watch import ConfigWatch
 from vllm_sr.supervisor.managed import ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Scaler
 from vllm_sr.supervisor.supervisor import Supervisor
@@ -36,6 +38,7 @@ class ServeOptions:
     settings: ServiceSettings
     announce: Announce | None = None
     worker_argv: list[str] | None = None
+    config_source: ConfigSource | None = None  # config.yaml's hashes (None: no file to watch)
 
 
 def service_plan(config: RootConfig, replicas: list[ReplicaSpec]) -> ServicePlan:
@@ -98,19 +101,29 @@ def authz_options(config: RootConfig) -> AuthzOptions:
     )
 
 
-def config_planner(config_path: Path, artifacts_dir: Path | None = None) -> Planner:
-    """Re-reads and re-plans config.yaml on every call (start, SIGHUP, scale). With
-    ``artifacts_dir``, a reload naming an artifact that cannot load here is refused up front."""
+def config_planner(
+    config_path: Path, artifacts_dir: Path | None = None, source: ConfigSource | None = None
+) -> Planner:
+    """Re-reads and re-plans config.yaml on every call (start, SIGHUP, scale, the watch). With
+    ``artifacts_dir``, a reload naming an artifact that cannot load here is refused up front.
+    ``source`` is told the hash of each text read and of each text planned."""
     from vllm_sr.config.files import parse_config, read_config_text
+    from vllm_sr.config.watch import text_hash
     from vllm_sr.placement import planner
     from vllm_sr.placement.artifacts import check_artifacts
 
     def plan() -> ServicePlan:
-        text, _ = read_config_text(config_path)
+        text, existed = read_config_text(config_path)
+        digest = text_hash(text)
+        if source is not None:
+            source.read(digest, existed)
         config = parse_config(text, str(config_path))
         if artifacts_dir is not None:
             check_artifacts(config, text, str(config_path), artifacts_dir)
-        return service_plan(config, list(planner.plan(config).replicas))
+        planned = service_plan(config, list(planner.plan(config).replicas))
+        if source is not None:
+            source.planned(digest)
+        return planned
 
     return plan
 
@@ -154,6 +167,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         directory=directory,
         scaler=scaler,
         gpu_probe=_gpu_probe,
+        config_source=options.config_source,
     )
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops
@@ -170,6 +184,13 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         if options.announce is not None:
             options.announce(address, str(settings.control_socket), sup.plan.default_deployment)
         log.info("frontend on http://%s, control API on %s", address, settings.control_socket)
+        source = options.config_source
+        if source is not None and source.watching:
+            watch = ConfigWatch(
+                source.path, source, sup.submit, settle_s=settings.config_watch_settle_s
+            )
+            sup.keep_task("config_watch", watch.run)
+            log.info("watching %s for changes", source.path)
         await sup.run()
     finally:
         await control.stop()

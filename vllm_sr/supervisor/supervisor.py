@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,6 +38,7 @@ from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.pool.pool import ReplicaPool
 from vllm_sr.supervisor.affinity import place_service
 from vllm_sr.supervisor.attached import AttachedReplica
+from vllm_sr.supervisor.config_source import ConfigSource
 from vllm_sr.supervisor.fleet import Fleet, Spawn, size_caches, start_in_order
 from vllm_sr.supervisor.handlers import CommandHandlers
 from vllm_sr.supervisor.hooks import LifecycleHooks
@@ -93,6 +94,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         directory: PoolDirectory | None = None,
         scaler: Scaler | None = None,
         gpu_probe: GpuProbe | None = None,
+        config_source: ConfigSource | None = None,
     ) -> None:
         self.planner = planner
         self.runtime_dir = Path(runtime_dir).absolute()
@@ -134,6 +136,9 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self.reconfiguration.cache_bytes = self.options.worker_cache_bytes
         self.reconfiguration.scaler = scaler
         self.events.add_sink(self._on_event)
+        self.config_source = config_source  # config.yaml's served and on-disk hashes
+        if config_source is not None:
+            self.events.add_sink(config_source.on_event)
 
     # ------------------------------------------------------------------ views
     @property
@@ -172,18 +177,18 @@ class Supervisor(LifecycleHooks, CommandHandlers):
             entry = pool.inventory()
             entry.setdefault("name", name)
             deployments.append(entry)
-        doc: JsonObject = {
-            "service": {
-                "version": __version__,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_at": self.started_at,
-                "uptime_s": round(now - self.started_at, 3),
-                "generation": self.generation,
-                "task_failures": dict(self.keeper.failures),
-            },
-            "deployments": deployments,
+        service: JsonObject = {
+            "version": __version__,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "uptime_s": round(now - self.started_at, 3),
+            "generation": self.generation,
+            "task_failures": dict(self.keeper.failures),
         }
+        if self.config_source is not None:
+            service["config"] = self.config_source.view()  # served against on-disk hash
+        doc: JsonObject = {"service": service, "deployments": deployments}
         router = self.router.inventory() if self.router is not None else None
         if router is not None:
             doc["router"] = router  # backends and decision counters (Router mode)
@@ -268,6 +273,11 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self.events.publish(
             ev.POOL_PUBLISHED, generation=self.generation, deployments=list(self.pools)
         )
+
+    def keep_task(self, name: str, factory: Callable[[], Awaitable[object]]) -> None:
+        """A long-running task of the service, kept alive by the keeper (reported and run
+        again when it raises) and ended by the stop."""
+        self._task(self.keeper.keep(name, factory), name)
 
     async def _sample_usage(self) -> None:
         await self.usage.run(lambda: list(self.replicas.values()), USAGE_EVERY_S, self.on_usage)
