@@ -93,6 +93,29 @@ async def test_missing_group_keeps_process_group(
     assert "no-such-group-vsr" in caplog.text
 
 
+async def test_a_missing_group_is_said_once_with_what_to_do(
+    backend: FakeBackend, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 39: the warning came once per check (the admin group's, then the socket's at every
+    # bind) and said nothing of what to do. Here both settings name the one missing group and
+    # the server is started twice.
+    srv = ControlServer(
+        backend, sock_dir / "c.sock", group="no-such-group-vsr", admin_group="no-such-group-vsr"
+    )
+    for _ in range(2):
+        async with srv:
+            assert srv.path.lstat().st_gid == os.getegid()
+    said = [r.getMessage() for r in caplog.records if "no-such-group-vsr" in r.getMessage()]
+    assert len(said) == 1, said
+    (text,) = said
+    assert text.startswith("group 'no-such-group-vsr' (control_group, admin_group) does not exist")
+    assert f"keeps the service's own group (gid {os.getegid()})" in text
+    assert "only root and the service user may change the service" in text
+    assert "sudo groupadd --system no-such-group-vsr" in text
+    assert "sudo usermod -aG no-such-group-vsr USER" in text
+    assert 'control_group = "" keeps the service\'s own group' in text
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another group needs root")
 async def test_socket_gets_configured_group(backend: FakeBackend, sock_dir: Path) -> None:
     from tests.unit.test_control_auth import ensure_group
