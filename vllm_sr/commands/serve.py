@@ -90,6 +90,8 @@ def _run(args: argparse.Namespace) -> int:
             "one CPU worker, deployment primary, as the decision model)",
             plan.embedded_default,
         )
+    elif not plan.deployments:
+        log.info("no deployment: Router mode's routing needs no model, so no worker runs")
     _threads_record_dir(settings.state_dir)
     _preload_language_models(plan)
     # Tests (and debugging) may run another worker command; the default is `vllm-sr worker`.
