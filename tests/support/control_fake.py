@@ -89,6 +89,7 @@ class FakeBackend:
         self.pools: dict[str, ReplicaPool] = {}
         self.keeper = TaskKeeper(clock, self.events.publish)  # the service tasks' failures
         self.router: StubRouter | None = None  # Router mode's views (Supervisor's ``router``)
+        self.plan: Any = None  # Supervisor.health reads it (None: no plan, the pools decide)
         self._next_pid = 40_000
         self._config = config
         self.reset(deployments or {"primary": ["cpu", "cpu"]})
