@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import socket
@@ -17,6 +18,7 @@ import pytest
 from tests.support.control_fake import FakeBackend
 from tests.support.workers import short_socket_dir
 from vllm_sr import errors
+from vllm_sr.config.service import ServiceSettings, load_service_settings
 from vllm_sr.control.client import AsyncControlClient
 from vllm_sr.control.server import ControlServer
 
@@ -114,6 +116,18 @@ async def test_a_missing_group_is_said_once_with_what_to_do(
     assert "sudo groupadd --system no-such-group-vsr" in text
     assert "sudo usermod -aG no-such-group-vsr USER" in text
     assert 'control_group = "" keeps the service\'s own group' in text
+    # ... and what it says holds: the host settings' control_group = "" is silent
+    settings = tmp_path_settings(sock_dir, 'control_group = ""\n')
+    caplog.clear()
+    async with ControlServer(backend, sock_dir / "d.sock", group=settings.control_group) as quiet:
+        assert quiet.path.lstat().st_gid == os.getegid()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def tmp_path_settings(where: Path, toml: str) -> ServiceSettings:
+    path = where / "vllm-sr.toml"
+    path.write_text(toml)
+    return load_service_settings(path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another group needs root")
