@@ -2,7 +2,8 @@
 and 6): no worker process starts (the embedded d3-edge did, about 4 s and 500 MiB), the service
 is ready and routes chats to a real stand-in backend at once, `deployments: {}` is served
 the same way, and the start says what an operator needs: a chat curl to try, and a missing
-control group once, with what to do."""
+control group once, with what to do. A reload that adds a signal needing a model starts the
+embedded default (slow: a real d3-edge worker)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+import pytest
 
 from tests.integration.test_serve import free_port
 from tests.support.backends import StandInBackend
 from tests.support.serving import served
+from tests.support.workers import short_socket_dir
+from vllm_sr.control.client import AsyncControlClient
 
 
 def config_text(backend: str, catalog: str = "") -> str:
@@ -89,5 +93,35 @@ async def test_a_model_free_router_starts_no_worker_and_routes(tmp_path: Path) -
                 continue  # the host has the group: no warning to count
             warned = [ln for ln in said.splitlines() if "'vllm-sr'" in ln and "does not" in ln]
             assert len(warned) == 1 and "sudo groupadd --system vllm-sr" in warned[0], warned
+    finally:
+        await backend.stop()
+
+
+@pytest.mark.slow
+async def test_a_reload_that_adds_a_model_signal_starts_the_embedded_default(
+    tmp_path: Path,
+) -> None:
+    backend = await StandInBackend("stand-in").start()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "config.yaml"
+    config.write_text(config_text(backend.endpoint))
+    control = short_socket_dir(prefix="vsr-nw-") / "c"
+    try:
+        flags = ("--listen", f"127.0.0.1:{port}")
+        async with served(config, url, *flags, log=tmp_path / "s.log", control=control):
+            embedding = "    embeddings: [{name: billing, threshold: 0.5, candidates: [refund]}]\n"
+            text = config_text(backend.endpoint).replace("  signals:\n", "  signals:\n" + embedding)
+            config.write_text(text)
+            async with AsyncControlClient(control, command_timeout_s=120) as client:
+                answer = await client.reload()
+                inventory = await client.inventory()
+            assert (answer["started"], answer["kept"]) == (["primary-0"], [])
+            (dep,) = inventory["deployments"]
+            assert (dep["name"], dep["artifact"], dep["ready_replicas"]) == (
+                "primary",
+                "vllm-sr/d3-edge",
+                1,
+            )
     finally:
         await backend.stop()
