@@ -91,6 +91,7 @@ class FakeBackend:
         self.keeper = TaskKeeper(clock, self.events.publish)  # the service tasks' failures
         self.router: StubRouter | None = None  # Router mode's views (Supervisor's ``router``)
         self.config_source: ConfigSource | None = None  # config.yaml's hashes (serve's)
+        self.plan: Any = None  # Supervisor.health reads it (None: no plan, the pools decide)
         self._next_pid = 40_000
         self._config = config
         self.reset(deployments or {"primary": ["cpu", "cpu"]})

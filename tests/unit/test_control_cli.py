@@ -69,6 +69,35 @@ def test_status_table(served: ThreadedControlServer, capsys: pytest.CaptureFixtu
     assert "edge-0: golden check failed" in out
 
 
+def test_status_piped_prints_whole_values(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 39: `vllm-sr status | grep primary-0` found nothing while a replica drained: a
+    # pipe got rich's 80 columns, which cut ids and headers to "primary…" and "restar…".
+    # capsys is not a terminal, so this is what a pipe gets; COLUMNS (rich's width) is unset.
+    monkeypatch.delenv("COLUMNS")
+    d = short_socket_dir(prefix="vsr-cli-")
+    backend = FakeBackend()
+    backend.reset({"primary-embeddings": ["rocm:0", "rocm:1"]}, first_pid=4_000_000)
+    try:
+        with ThreadedControlServer(backend, d / "c.sock", group=None, heartbeat_s=0.1) as srv:
+            srv.call(lambda: srv.backend.fail("primary-embeddings-1", "golden check failed"))
+            sock = ("--socket", str(srv.path))
+            assert run("ctl", "drain", "primary-embeddings-0", *sock) == 0
+            capsys.readouterr()
+            assert run("status", *sock) == 0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    out = capsys.readouterr().out
+    assert "\u2026" not in out and "\x1b" not in out  # nothing cut, no colour codes
+    header = next(line.split() for line in out.splitlines() if line.startswith("replica "))
+    assert header[-4:] == ["restarts", "ejections", "ejected", "for"]
+    (row,) = [line for line in out.splitlines() if line.startswith("primary-embeddings-0 ")]
+    assert row.split()[1:5] == ["draining", "rocm:0", "-", "4000000"]
+    assert "primary-embeddings-1: golden check failed" in out.splitlines()
+    assert all(line == line.rstrip() for line in out.splitlines())  # no padding to a width
+
+
 def test_status_json(served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("status", "--json", "--socket", str(served.path)) == 0
     doc = json.loads(capsys.readouterr().out)

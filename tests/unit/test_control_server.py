@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import socket
@@ -17,6 +18,7 @@ import pytest
 from tests.support.control_fake import FakeBackend
 from tests.support.workers import short_socket_dir
 from vllm_sr import errors
+from vllm_sr.config.service import ServiceSettings, load_service_settings
 from vllm_sr.control.client import AsyncControlClient
 from vllm_sr.control.server import ControlServer
 
@@ -91,6 +93,41 @@ async def test_missing_group_keeps_process_group(
     async with srv:
         assert srv.path.lstat().st_gid == os.getegid()
     assert "no-such-group-vsr" in caplog.text
+
+
+async def test_a_missing_group_is_said_once_with_what_to_do(
+    backend: FakeBackend, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 39: the warning came once per check (the admin group's, then the socket's at every
+    # bind) and said nothing of what to do. Here both settings name the one missing group and
+    # the server is started twice.
+    srv = ControlServer(
+        backend, sock_dir / "c.sock", group="no-such-group-vsr", admin_group="no-such-group-vsr"
+    )
+    for _ in range(2):
+        async with srv:
+            assert srv.path.lstat().st_gid == os.getegid()
+    said = [r.getMessage() for r in caplog.records if "no-such-group-vsr" in r.getMessage()]
+    assert len(said) == 1, said
+    (text,) = said
+    assert text.startswith("group 'no-such-group-vsr' (control_group, admin_group) does not exist")
+    assert f"keeps the service's own group (gid {os.getegid()})" in text
+    assert "only root and the service user may change the service" in text
+    assert "sudo groupadd --system no-such-group-vsr" in text
+    assert "sudo usermod -aG no-such-group-vsr USER" in text
+    assert 'control_group = "" keeps the service\'s own group' in text
+    # ... and what it says holds: the host settings' control_group = "" is silent
+    settings = tmp_path_settings(sock_dir, 'control_group = ""\n')
+    caplog.clear()
+    async with ControlServer(backend, sock_dir / "d.sock", group=settings.control_group) as quiet:
+        assert quiet.path.lstat().st_gid == os.getegid()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def tmp_path_settings(where: Path, toml: str) -> ServiceSettings:
+    path = where / "vllm-sr.toml"
+    path.write_text(toml)
+    return load_service_settings(path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another group needs root")

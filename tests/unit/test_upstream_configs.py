@@ -179,8 +179,16 @@ def test_each_signal_fragment_loads_unchanged(fragment: str) -> None:
 # -- the embedded default ----------------------------------------------------------------------
 
 
+# A routing with a signal a deployment answers (keywords alone need no model: no worker runs,
+# tests/unit/test_deployment_needs.py).
+ROUTING_EMBEDDING = ROUTING.replace(
+    "  signals:\n",
+    "  signals:\n    embeddings:\n      - {name: billing, threshold: 0.6, candidates: [refund]}\n",
+)
+
+
 def test_without_model_catalog_the_embedded_default_runs() -> None:
-    config = _load(PROVIDERS + ROUTING)
+    config = _load(PROVIDERS + ROUTING_EMBEDDING)
     assert config.uses_embedded_default
     assert list(config.deployments) == ["primary"]
     dep = config.deployments["primary"]
@@ -193,7 +201,7 @@ def test_without_model_catalog_the_embedded_default_runs() -> None:
 
 
 def test_a_catalog_without_deployments_is_the_embedded_default_too() -> None:
-    config = _load("global:\n  model_catalog:\n    system: {}\n" + PROVIDERS)
+    config = _load("global:\n  model_catalog:\n    system: {}\n" + PROVIDERS + ROUTING_EMBEDDING)
     assert config.uses_embedded_default and list(config.deployments) == ["primary"]
 
 

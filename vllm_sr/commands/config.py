@@ -112,6 +112,8 @@ def _validate(args: argparse.Namespace) -> int:
         what = f"{n} deployment{'s' if n != 1 else ''}"
         if config.uses_embedded_default:
             what = "no deployment declared: the embedded default vllm-sr/d3-edge runs"
+        elif n == 0:
+            what = "no deployment: Router mode's routing needs no model, so no worker runs"
         print(f"{args.config}: valid ({what})")
     return 0
 

@@ -83,12 +83,17 @@ def print_json(obj: Any) -> None:
 
 
 def print_status(inventory: dict[str, Any]) -> None:
-    """The inventory as `vllm-sr status` shows it (a rich table)."""
+    """The inventory as `vllm-sr status` shows it: rich tables fitted to a terminal; whole
+    values, uncut and uncoloured, when stdout is not one (a pipe, a file)."""
     from rich.console import Console
 
-    from vllm_sr.control.render import status_view
+    from vllm_sr.control.render import status_view, whole_text
 
-    Console().print(status_view(inventory))
+    console = Console()
+    if console.is_terminal:
+        console.print(status_view(inventory))
+    else:
+        sys.stdout.write(whole_text(status_view(inventory)))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -7,6 +7,7 @@ SIGTERM / SIGINT. SIGHUP reloads config.yaml, and so does a change to the file (
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -100,6 +101,8 @@ def _run(args: argparse.Namespace) -> int:
             "one CPU worker, deployment primary, as the decision model)",
             plan.embedded_default,
         )
+    elif not plan.deployments:
+        log.info("no deployment: Router mode's routing needs no model, so no worker runs")
     _threads_record_dir(settings.state_dir)
     _preload_language_models(plan)
     # Tests (and debugging) may run another worker command; the default is `vllm-sr worker`.
@@ -158,11 +161,29 @@ def _apply_flags(args: argparse.Namespace, config_path: Path, artifacts_dir: Pat
     return True
 
 
-def _announce(frontend: str, control: str, default_model: str) -> None:
+def _announce(frontend: str, control: str, plan: ServicePlan) -> None:
     print(
         f"vllm-sr: serving on http://{frontend}  (control API: {control})\n"
-        f"  try: curl -s http://{frontend}/v1/embeddings -H 'Content-Type: application/json' "
-        f'-d \'{{"model": "{default_model}", "input": "hello"}}\'',
+        f"  try: {try_curl(frontend, plan)}",
         file=sys.stderr,
         flush=True,
+    )
+
+
+def try_curl(frontend: str, plan: ServicePlan) -> str:
+    """The banner's curl: in Router mode a chat on the first auto model name (else the first
+    entrypoint's name, else the default provider model), since routing chats is what the
+    service is for then; in Engine mode an embedding on the default deployment."""
+    router = plan.router
+    if router is not None and router.enabled and router.providers is not None:
+        models = [*router.auto_model_names, *router.entrypoints]
+        model = models[0] if models else router.providers.defaults.default_model
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}]})
+        path = "/v1/chat/completions"
+    else:
+        body = json.dumps({"model": plan.default_deployment, "input": "hello"})
+        path = "/v1/embeddings"
+    return (
+        f"curl -s http://{frontend}{path} -H 'Content-Type: application/json' "
+        f"-d {shlex.quote(body)}"
     )

@@ -138,11 +138,11 @@ def child(mapping: CommentedMap, key: str) -> CommentedMap:
 
 
 def deployment_doc(doc: Any, name: str) -> CommentedMap:
-    """The deployment's mapping in the document. A file that declares no deployment runs the
-    embedded default: it is written out first (as the schema fills it in), so a flag can edit
-    it like any declared one."""
+    """The deployment's mapping in the document. A file that declares no deployment (none, or
+    ``{}``) gets the embedded default written out first (as the schema fills it in), so a flag
+    can edit it like any declared one."""
     catalog = child(child(doc, "global"), "model_catalog")
-    if not isinstance(catalog.get("deployments"), CommentedMap):
+    if not isinstance(catalog.get("deployments"), CommentedMap) or not catalog["deployments"]:
         deployments = CommentedMap()
         for dep_name, dep in embedded_default_deployments().items():
             dep_doc = CommentedMap(provider=dep.provider, artifact=dep.artifact)

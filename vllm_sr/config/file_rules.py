@@ -20,6 +20,7 @@ from vllm_sr.config.deployment import (
     device_platform,
     ejection_bounds_problem,
 )
+from vllm_sr.config.deployment_needs import deployment_needs, router_mode
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.recipes import normalized_names, recipe_problems, recipe_routing_problems
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES
@@ -210,7 +211,51 @@ def semantic_problems(raw: Any) -> list[Problem]:
     full = _with_default_deployments(raw) if deployments is None else raw
     problems += routing_problems(full)
     problems += _recipe_problems(full)
+    if deployments == {}:
+        problems += _no_deployment_problems(raw, target, problems)
     return problems + global_refusals(raw)
+
+
+def _no_deployment_problems(
+    raw: dict[str, Any], decision_model: Any, found: list[Problem]
+) -> list[Problem]:
+    """``deployments: {}`` runs no worker: accepted in Router mode when nothing in the routing
+    asks a deployment (``deployment_needs``); else each thing that does is named."""
+    where = ("global", "model_catalog", "deployments")
+    accepted = (
+        "accepted: a deployment under global.model_catalog.deployments, or no deployments key "
+        "(the embedded default, vllm-sr/d3-edge on one CPU worker, answers it)"
+    )
+    if not router_mode(raw):
+        return [
+            Problem(
+                where,
+                "an empty mapping, and without Router mode (providers, and global.router."
+                "enabled not false) nothing would be served; accepted: at least one deployment, "
+                "or no deployments key (the embedded default)",
+            )
+        ]
+    problems = []
+    if isinstance(decision_model, str):
+        problems.append(
+            Problem(
+                ("global", "model_catalog", "system", "decision_model", "deployment"),
+                f"{decision_model!r} names no deployment: global.model_catalog.deployments is "
+                "empty; accepted: that deployment declared there, or no decision_model (a "
+                "routing that needs no model runs with no deployment)",
+            )
+        )
+    for need in deployment_needs(raw):
+        if any(p.path[: len(need.path)] == need.path for p in found):
+            continue  # already said: it names a deployment that does not exist
+        problems.append(
+            Problem(
+                need.path,
+                f"{need.what} needs a deployment to answer it, and global.model_catalog."
+                f"deployments is empty; {accepted}",
+            )
+        )
+    return problems
 
 
 def _with_default_deployments(raw: dict[str, Any]) -> dict[str, Any]:

@@ -175,9 +175,11 @@ class System(_Strict):
 
 
 class ModelCatalog(_Strict):
-    deployments: dict[str, Deployment] | None = Field(default=None, min_length=1)
+    deployments: dict[str, Deployment] | None = None
     """Logical deployments by name; a replica's id is <name>-<index>. Omitted: the embedded
-    default, one CPU worker of vllm-sr/d3-edge named primary."""
+    default, one CPU worker of vllm-sr/d3-edge named primary, unless Router mode's routing
+    needs no model (then no worker runs). {}: no worker (Router mode, when nothing in the
+    routing needs a deployment)."""
 
     system: System = Field(default_factory=System)
     """System models and the deployments that serve them."""
@@ -247,12 +249,16 @@ class RootConfig(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> RootConfig:
-        problems = semantic_problems(self.model_dump(by_alias=True, exclude_none=True))
+        raw = self.model_dump(by_alias=True, exclude_none=True)
+        problems = semantic_problems(raw)
         if problems:
             raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
-        if self.global_.model_catalog.deployments is None:
+        catalog = self.global_.model_catalog
+        if catalog.deployments is None and _needs_no_worker(raw):
+            catalog.deployments = {}  # Router mode whose routing asks no model: no worker
+        elif catalog.deployments is None:
             # Filled in so every consumer (plans, config show, kube) sees what runs.
-            self.global_.model_catalog.deployments = embedded_default_deployments()
+            catalog.deployments = embedded_default_deployments()
             self._embedded_default = True
         return self
 
@@ -269,11 +275,12 @@ class RootConfig(_Strict):
         return self._embedded_default or self.global_.model_catalog.deployments is None
 
     def default_deployment(self) -> str:
-        """The decision model's deployment, else the first declared one (the target of -dp)."""
+        """The decision model's deployment, else the first declared one (the target of -dp);
+        with none declared, the embedded default's name (what -dp writes into the file)."""
         dm = self.global_.model_catalog.system.decision_model
         if dm is not None:
             return dm.deployment
-        return next(iter(self.deployments))
+        return next(iter(self.deployments), DEFAULT_DEPLOYMENT)
 
     def listen_address(self) -> tuple[str, int] | None:
         """(address, port) of the first listener, or None when there is none."""
@@ -312,6 +319,16 @@ class RootConfig(_Strict):
         model (forwarded without signals or decisions)."""
         recipe = self.recipe_name_for(model_name)
         return None if recipe is None else self.recipes_by_name().get(recipe)
+
+
+def _needs_no_worker(raw: dict[str, Any]) -> bool:
+    """No deployment declared, and none is needed: Router mode, no decision model named, and
+    nothing in the routing that a deployment answers (``deployment_needs``)."""
+    from vllm_sr.config.deployment_needs import deployment_needs, router_mode
+
+    catalog = raw.get("global", {}).get("model_catalog", {})
+    named = catalog.get("system", {}).get("decision_model") is not None
+    return router_mode(raw) and not named and not deployment_needs(raw)
 
 
 def _with_strategy(routing: Routing, inherited: str) -> Routing:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import re
 import time
 from typing import Any, Literal
 
-from rich.console import Group
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -191,6 +193,18 @@ def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
         if router.get("cache") is not None:
             parts.append(cache_line(router["cache"]))
     return Group(*parts)
+
+
+def whole_text(view: RenderableType) -> str:
+    """``view`` as plain text with every value whole: laid out at its own natural width (not
+    the terminal's, nor rich's 80 columns for a pipe), no colour, no trailing blanks. What
+    `vllm-sr status` prints when stdout is not a terminal (grep, a file, a pager), as
+    `kubectl get` and `systemctl` do; ``--json`` stays the format for scripts."""
+    probe = Console(width=1_000_000, file=io.StringIO(), color_system=None)
+    width = Measurement.get(probe, probe.options, view).maximum
+    out = io.StringIO()
+    Console(width=max(1, width), file=out, color_system=None, force_terminal=False).print(view)
+    return "".join(line.rstrip() + "\n" for line in out.getvalue().splitlines())
 
 
 def backend_state(backend: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ changes state itself."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from vllm_sr import wire
@@ -15,7 +16,7 @@ from vllm_sr.control import routes
 from vllm_sr.control.auth import AccessPolicy
 from vllm_sr.control.outcome_policy import OutcomePolicy
 from vllm_sr.control.routes import ControlBackend
-from vllm_sr.control.socketfile import bind_socket, remove_if_ours
+from vllm_sr.control.socketfile import bind_socket, group_gid, remove_if_ours
 from vllm_sr.control.stream import EventStream
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse
 
@@ -26,6 +27,32 @@ log = logging.getLogger("vllm_sr.control")
 DEFAULT_SOCKET = Path("/run/vllm-sr/control.sock")
 MAX_BODY = wire.CONTROL_MAX_BODY_BYTES
 STOP_GRACE_S = 2.0  # on stop, requests in hand (a stream's last line) get this long
+
+
+def missing_groups_warning(socket_group: str | None, admin_group: str | None) -> str:
+    """One warning for the host settings' groups that do not exist here (``control_group``,
+    ``admin_group``): what the service does instead, and what the operator can do about it."""
+    effects = []
+    if socket_group:
+        effects.append(
+            f"the control socket keeps the service's own group (gid {os.getegid()}), so only "
+            "root and that group's members can use vllm-sr status, ctl and vllm-sr-top"
+        )
+    if admin_group:
+        effects.append("only root and the service user may change the service")
+    names = list(dict.fromkeys(g for g in (socket_group, admin_group) if g))
+    keys = [k for k, g in (("control_group", socket_group), ("admin_group", admin_group)) if g]
+    which = " and ".join(f"{n!r}" for n in names)
+    it = "it" if len(names) == 1 else "them"
+    packaged = "; the vllm-sr package's sysusers file does" if names[0] == "vllm-sr" else ""
+    return (
+        f"group {which} ({', '.join(keys)}) does not exist: {'; '.join(effects)}. To fix: "
+        f"create {it} (sudo groupadd --system {names[0]}{packaged}) and add operators "
+        f"(sudo usermod -aG {names[0]} USER), or name an existing "
+        f"group as {' / '.join(keys)} in the host settings (/etc/vllm-sr/vllm-sr.toml, or "
+        '--service-config); control_group = "" keeps the service\'s own group, without this '
+        "warning"
+    )
 
 
 class ControlServer:
@@ -62,7 +89,19 @@ class ControlServer:
         self.backend = backend
         self.path = Path(path)
         self.group = group
-        self.policy = policy or AccessPolicy(service_user=service_user, admin_group=admin_group)
+        # Both groups are looked up once, here, and a missing one is said once, with what to
+        # do (not again at each bind, nor a second time for the admin group).
+        self.gid = group_gid(group)
+        admin_gid = group_gid(admin_group) if policy is None else None
+        missing_admin = admin_group if policy is None and admin_gid is None else None
+        missing_socket = group if group and self.gid is None else None
+        if missing_socket or missing_admin:
+            log.warning("%s", missing_groups_warning(missing_socket, missing_admin))
+        self.policy = policy or AccessPolicy(
+            service_user=service_user,
+            admin_group=admin_group if admin_gid is not None else None,
+            admin_gid=admin_gid,
+        )
         self.heartbeat_s = heartbeat_s
         self.max_body = max_body
         self.idle_timeout_s = idle_timeout_s
@@ -93,7 +132,7 @@ class ControlServer:
         """Bind the socket (refusing a live one, replacing a stale one) and start serving."""
         if self._http is not None:
             return
-        sock, inode = bind_socket(self.path, self.group, self.backlog)
+        sock, inode = bind_socket(self.path, self.gid, self.backlog, self.group)
         http = HttpServer(
             self._handle,
             max_body=self.max_body,

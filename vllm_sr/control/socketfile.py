@@ -50,24 +50,23 @@ def probe(path: Path, timeout_s: float = 1.0) -> int | None:
         sock.close()
 
 
-def resolve_group(group: str | None) -> int | None:
-    """The gid for ``group``, or None (with a warning) when it does not exist here."""
+def group_gid(group: str | None) -> int | None:
+    """The gid of ``group``; None when it is unset or does not exist here (the caller says so,
+    once: ``ControlServer``)."""
     if not group:
         return None
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
-        log.warning(
-            "group %r does not exist; the control socket keeps the service's group (gid %d)",
-            group,
-            os.getegid(),
-        )
         return None
 
 
-def bind_socket(path: Path, group: str | None, backlog: int) -> tuple[socket.socket, int]:
-    """A listening socket published at ``path`` (mode 0660, group ``group`` when it exists).
-    Returns the socket and the inode of the published file (to remove only our own on stop)."""
+def bind_socket(
+    path: Path, gid: int | None, backlog: int, group: str | None = None
+) -> tuple[socket.socket, int]:
+    """A listening socket published at ``path`` (mode 0660, owned by ``gid``, the group named
+    ``group``, when given; else the process's group). Returns the socket and the inode of the
+    published file (to remove only our own on stop)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if len(os.fsencode(str(tmp))) > MAX_SOCKET_PATH:
         room = MAX_SOCKET_PATH - (len(os.fsencode(str(tmp))) - len(os.fsencode(str(path))))
@@ -85,7 +84,7 @@ def bind_socket(path: Path, group: str | None, backlog: int) -> tuple[socket.soc
     try:
         sock.bind(str(tmp))
         os.chmod(tmp, SOCKET_MODE)
-        _set_group(tmp, group)
+        _set_group(tmp, gid, group)
         sock.listen(backlog)
         sock.setblocking(False)
         if path.exists() or path.is_symlink():
@@ -98,8 +97,7 @@ def bind_socket(path: Path, group: str | None, backlog: int) -> tuple[socket.soc
     return sock, path.lstat().st_ino
 
 
-def _set_group(path: Path, group: str | None) -> None:
-    gid = resolve_group(group)
+def _set_group(path: Path, gid: int | None, group: str | None) -> None:
     if gid is None:
         return
     try:

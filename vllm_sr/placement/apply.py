@@ -27,7 +27,12 @@ from vllm_sr.config.files import (
     read_config_text,
 )
 from vllm_sr.config.flags import DeploymentFlags
-from vllm_sr.config.schema import MAX_REPLICAS, RootConfig
+from vllm_sr.config.schema import (
+    DEFAULT_DEPLOYMENT,
+    MAX_REPLICAS,
+    RootConfig,
+    embedded_default_deployments,
+)
 from vllm_sr.errors import NotFound, UsageError
 from vllm_sr.placement.artifacts import check_artifacts
 from vllm_sr.placement.cpu import CpuBudget
@@ -93,7 +98,7 @@ def _edit_document(
     on a file that declares no deployment keeps running the embedded default unwritten)."""
     if _is_noop(edit):
         return []
-    dep = current.deployments[name]
+    dep = current.deployments.get(name) or embedded_default_deployments()[name]
     dep_doc = deployment_doc(doc, name)
     if edit.artifact is not None:
         set_key(dep_doc, "artifact", edit.artifact)
@@ -136,7 +141,8 @@ def _edit_and_finish(
         current = parse_config(old_text, str(path))
         doc = parse_document(old_text, str(path))
         name = edit.deployment or current.default_deployment()
-        if name not in current.deployments:
+        # With no deployment declared, a flag edits the embedded default (written out first).
+        if name not in current.deployments and (current.deployments or name != DEFAULT_DEPLOYMENT):
             raise NotFound(
                 f"deployment {name!r} is not in {path}; accepted: {', '.join(current.deployments)}"
             )

@@ -27,6 +27,8 @@ def cpu_ranges(cpus: Sequence[int]) -> str:
 
 
 def plan_table(plan: Plan) -> str:
+    if not plan.replicas:
+        return "\n".join(["no replicas: no worker runs", *(f"note: {n}" for n in plan.notes)])
     rows = [("REPLICA", "DEVICE", "THREADS", "CPUS", "ENV")]
     for r in plan.replicas:
         where = r.device if not r.attached else f"{r.endpoint} ({r.model})"

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vllm_sr.serve")
 
-Announce = Callable[[str, str, str], None]
+Announce = Callable[[str, str, ServicePlan], None]  # frontend, control socket, plan
 
 
 @dataclass
@@ -182,7 +182,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         await control.start()
         assert sup.plan is not None
         if options.announce is not None:
-            options.announce(address, str(settings.control_socket), sup.plan.default_deployment)
+            options.announce(address, str(settings.control_socket), sup.plan)
         log.info("frontend on http://%s, control API on %s", address, settings.control_socket)
         source = options.config_source
         if source is not None and source.watching:

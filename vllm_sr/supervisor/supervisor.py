@@ -231,7 +231,10 @@ class Supervisor(LifecycleHooks, CommandHandlers):
 
     def health(self) -> JsonObject:
         ready = {name: sum(1 for r in p.replicas() if r.serving) for name, p in self.pools.items()}
-        ok = bool(ready) and all(n > 0 for n in ready.values()) and not self.stopping
+        # A plan with no deployment (Router mode whose routing needs no model) waits for none.
+        workerless = self.plan is not None and not self.plan.deployments
+        ok = (bool(ready) or workerless) and all(n > 0 for n in ready.values())
+        ok = ok and not self.stopping
         status = "stopping" if self.stopping else ("ready" if ok else "unavailable")
         return {"status": status, "ready": ok, "deployments": ready, "generation": self.generation}
 

@@ -1,0 +1,103 @@
+"""What in a Router-mode config asks a deployment (a model worker) to answer it, so that a
+config whose routing needs none runs with no worker (issue 39): no embedded d3-edge when
+``global.model_catalog`` is omitted, and ``deployments: {}`` accepted.
+
+A signal needs a deployment unless its family is evaluated in the frontend: keywords, the
+deterministic families whose models live in ``signal_families`` and ``signal_metadata``
+(context, structure, conversation, language, metadata, role_bindings; evaluated by
+``vllm_sr.router.deterministic``), and pii without ``deployment:`` (presidio's pattern
+recognizers). The rest (embeddings, domains, and the embedding-only families of
+``signal_embedded``) are answered by a deployment's embeddings or classifier head. Two decision
+plugins embed too: ``response_cache`` with a semantic tier and ``tool_selection``. Works on the
+raw mapping (wrong types are tolerated: field validation reports those), top-level routing and
+every recipe's.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_sr.config import signal_families, signal_metadata
+from vllm_sr.config.routing_base import Path, as_dict, as_list
+from vllm_sr.config.routing_plugins import canonical_type
+from vllm_sr.config.routing_signals import KeywordSignal, Signals
+from vllm_sr.config.routing_support import SUPPORTED_SIGNAL_LISTS
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing that asks a deployment: where it is in the file and what it is."""
+
+    path: Path
+    what: str  # "signal 'billing' (embeddings)"
+
+
+def _frontend_lists() -> frozenset[str]:
+    """The ``routing.signals`` lists the frontend evaluates with no model, read off the
+    ``Signals`` model: keywords, and every list whose entries are modelled in
+    ``signal_families`` or ``signal_metadata``."""
+    frontend_modules = {signal_families.__name__, signal_metadata.__name__}
+    out = set()
+    for name, field in Signals.model_fields.items():
+        (item,) = typing.get_args(field.annotation)
+        if item is KeywordSignal or item.__module__ in frontend_modules:
+            out.add(name)
+    return frozenset(out)
+
+
+FRONTEND_SIGNAL_LISTS = _frontend_lists()
+
+
+def router_mode(raw: dict[str, Any]) -> bool:
+    """The file serves routed chats: ``providers`` present and ``global.router.enabled`` not
+    false (Engine mode, ``-e``, writes false)."""
+    router = as_dict(as_dict(raw.get("global")).get("router"))
+    return raw.get("providers") is not None and router.get("enabled") is not False
+
+
+def deployment_needs(raw: dict[str, Any]) -> list[Need]:
+    """Every signal and decision plugin, in the top-level routing and each recipe's, that a
+    deployment answers, in file order."""
+    needs = _routing_needs(raw.get("routing"), ("routing",))
+    for i, recipe in enumerate(as_list(raw.get("recipes"))):
+        needs += _routing_needs(as_dict(recipe).get("routing"), ("recipes", i, "routing"))
+    return needs
+
+
+def _routing_needs(routing: Any, base: Path) -> list[Need]:
+    rt = as_dict(routing)
+    signals = as_dict(rt.get("signals"))
+    needs = []
+    for family in SUPPORTED_SIGNAL_LISTS:
+        if family in FRONTEND_SIGNAL_LISTS:
+            continue
+        for i, sig in enumerate(as_list(signals.get(family))):
+            sig = as_dict(sig)
+            if family == "pii" and sig.get("deployment") is None:
+                continue  # presidio's pattern recognizers, in the frontend
+            needs.append(Need((*base, "signals", family, i), f"signal {_name(sig)} ({family})"))
+    for i, dec in enumerate(as_list(rt.get("decisions"))):
+        dec = as_dict(dec)
+        for k, plugin in enumerate(as_list(dec.get("plugins"))):
+            plugin = as_dict(plugin)
+            kind = canonical_type(plugin.get("type"))
+            conf = as_dict(plugin.get("configuration"))
+            if conf.get("enabled") is not True:
+                continue
+            if kind == "response_cache" and conf.get("mode") != "exact":
+                what = "response_cache plugin (its semantic tier embeds the query)"
+            elif kind == "tool_selection":
+                what = "tool_selection plugin (it embeds the tools and the query)"
+            else:
+                continue
+            needs.append(
+                Need((*base, "decisions", i, "plugins", k), f"{what} of decision {_name(dec)}")
+            )
+    return needs
+
+
+def _name(entry: dict[str, Any]) -> str:
+    name = entry.get("name")
+    return repr(name) if isinstance(name, str) else "(unnamed)"
