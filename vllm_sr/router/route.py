@@ -92,7 +92,8 @@ class SignalRun:
 
     def unknown(self) -> dict[SignalKey, Unknown]:
         """The signals that could not be evaluated on this request, and why."""
-        return {k: r.unknown for k, r in sorted(self.results.items()) if r.unknown is not None}
+        out = {k: r.unknown for k, r in self.results.items() if r.unknown is not None}
+        return dict(sorted(out.items())) if len(out) > 1 else out
 
 
 @dataclass
