@@ -18,7 +18,7 @@ import pytest
 from tests.support.backends import FakeWorkerExchange, StandInBackend
 from tests.support.workers import free_tcp_port
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.errors import Overloaded, Unavailable
+from vllm_sr.errors import DeadlineExceeded, Overloaded, Unavailable
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import ChatRouter, build_chat_router, engine_mode_chat
@@ -191,11 +191,12 @@ async def test_embedding_and_domain_decisions_and_model_fallbacks(stack: Stack) 
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
-        (Overloaded("every replica is full"), "signals:overloaded"),
-        (Unavailable("no ready replica"), "signals:unavailable"),
+        (Overloaded("every replica is full"), "overloaded"),
+        (Unavailable("no ready replica"), "unavailable"),
+        (DeadlineExceeded("the deadline passed"), "timeout"),
     ],
 )
-async def test_a_routing_failure_goes_to_the_default_model(
+async def test_a_failed_deployment_leaves_only_its_signals_unknown(
     stack: Stack, error: Exception, reason: str
 ) -> None:
     stack.exchange.raise_error = error  # type: ignore[assignment]
@@ -203,20 +204,64 @@ async def test_a_routing_failure_goes_to_the_default_model(
         model="auto",
         messages=user("please debug this code"),  # type: ignore[arg-type]
     )
+    # the keyword decision needs nothing of the failed deployment: it still routes
+    assert raw.parse().choices[0].message.content.startswith("coder got:")  # type: ignore[union-attr]
+    assert raw.headers["x-vsr-selected-decision"] == "coding"
+    assert raw.headers["x-vsr-selected-model"] == "coder"
+    assert "x-vsr-routing-fallback" not in raw.headers
+    # the signals the deployment answers are named unknown, and counted by family and reason
+    unknown = raw.headers["x-vsr-unknown-signals"].split(",")
+    assert unknown == ["domain:math", "embedding:billing"]
+    assert "keyword:code" in raw.headers["x-vsr-matched-signals"].split(",")
+    stats = stack.chat.stats
+    assert stats.unknown == {("domain", reason): 1, ("embedding", reason): 1}
+    assert stats.fallbacks == {}
+
+
+async def test_no_decision_with_unknown_signals_is_a_routing_fallback(stack: Stack) -> None:
+    stack.exchange.raise_error = Overloaded("every replica is full")
+    raw = await stack.client.chat.completions.with_raw_response.create(
+        model="auto",
+        messages=user("I was charged twice for my order"),  # type: ignore[arg-type]
+    )
     assert raw.parse().choices[0].message.content.startswith("general got:")  # type: ignore[union-attr]
-    assert raw.headers["x-vsr-routing-fallback"] == reason
+    assert raw.headers["x-vsr-routing-fallback"] == "signals:overloaded"
     assert raw.headers["x-vsr-selected-model"] == "general"
     assert "x-vsr-selected-decision" not in raw.headers
-    assert stack.chat.stats.fallbacks[reason] == 1
+    assert raw.headers["x-vsr-unknown-signals"] == "domain:math,embedding:billing"
+    assert stack.chat.stats.fallbacks["signals:overloaded"] == 1
 
 
-async def test_a_bad_worker_answer_is_a_fallback_too(stack: Stack) -> None:
+async def test_a_bad_worker_answer_makes_its_signals_unknown_as_failed(stack: Stack) -> None:
     stack.exchange.status = 500
     raw = await stack.client.chat.completions.with_raw_response.create(
         model="auto",
         messages=user("hello"),  # type: ignore[arg-type]
     )
-    assert raw.headers["x-vsr-routing-fallback"] == "signals:http_500"
+    assert raw.headers["x-vsr-routing-fallback"] == "signals:failed"
+    assert raw.headers["x-vsr-unknown-signals"] == "domain:math,embedding:billing"
+    assert stack.chat.stats.unknown[("embedding", "failed")] == 1
+
+
+async def test_eval_lists_unknown_signals_with_their_error(stack: Stack) -> None:
+    stack.exchange.raise_error = Unavailable("no ready replica")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{stack.url}/api/v1/eval", json={"text": "please debug this code"}) as r,
+    ):
+        assert r.status == 200
+        doc = await r.json()
+    assert doc["signal_errors"] == {
+        "domain:law": "unavailable: no ready replica",
+        "domain:math": "unavailable: no ready replica",
+        "embedding:billing": "unavailable: no ready replica",
+    }
+    result = doc["decision_result"]
+    assert result["decision_name"] == "coding"
+    assert result["matched_signals"] == {"keywords": ["code"]}
+    # an unknown signal is neither matched nor unmatched
+    assert "embeddings" not in result["unmatched_signals"]
+    assert "domains" not in result["unmatched_signals"]
 
 
 async def test_a_model_named_directly_skips_the_signals(stack: Stack) -> None:

@@ -133,7 +133,7 @@ async def test_a_classifier_artifact_answers_domains_in_one_exchange(
         assert await router.warm() == {"intent": None, "primary": None}
         before = Counter(calls)
         run = await router.signals(view, router.plan)
-        assert run.errors == {}
+        assert run.unknown() == {}
         picked = run.results[("domain", "picked")]
         assert picked.matched and picked.confidence == pytest.approx(direct[top], abs=1e-5)
         assert not run.results[("domain", "unpicked")].matched

@@ -92,7 +92,7 @@ async def test_a_classifier_artifact_answers_jailbreak(guard: WorkerHandle) -> N
             assert res.value == pytest.approx(direct[0], abs=1e-5)
             # threshold 0: any risk above 0 matches; 1.0: a random head never reaches it
             assert res.matched is (threshold == 0.0)
-            assert run.errors == {}
+            assert run.unknown() == {}
 
         router = Router(
             PROVIDERS,
@@ -173,7 +173,7 @@ async def test_a_token_classifier_artifact_answers_pii(
             )
             run = await router.signals(view, router.eval_plan)
             res = run.results[("pii", "p")]
-            assert run.errors == {}
+            assert run.unknown() == {}
             if want is None:
                 assert not res.matched
             else:

@@ -266,6 +266,7 @@ class FakeWorkerExchange:
     bodies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     raise_error: VllmSrError | None = None
     status: int = 200
+    fail: dict[str, VllmSrError] = field(default_factory=dict)  # per deployment
 
     async def __call__(
         self, deployment: str, path: str, body: bytes, timeout_ms: float | None
@@ -276,6 +277,8 @@ class FakeWorkerExchange:
         self.bodies.append((deployment, json.loads(body)))
         if self.raise_error is not None:
             raise self.raise_error
+        if deployment in self.fail:
+            raise self.fail[deployment]
         if self.status != 200:
             return self.status, b'{"error": {"code": "internal_error", "message": "x"}}'
         return 200, answer_bundle(body)

@@ -316,14 +316,19 @@ def test_status_shows_router_backends_and_decisions() -> None:
                  "errors": 0, "last_error": "connection refused"},
             ],
             "stats": {"decisions": [{"decision": "coding", "model": "coder", "count": 7}],
-                      "fallbacks": {"signals:overloaded": 2}},
+                      "fallbacks": {"signals:overloaded": 2},
+                      "unknown_signals": [
+                          {"family": "embedding", "reason": "overloaded", "count": 5}]},
         },
     }  # fmt: skip
     console = Console(width=140, record=True)
     console.print(status_view(inventory, now=0.0))
     text = console.export_text()
     assert "coder" in text and "connection refused" in text and "2.5" in text
-    assert "decisions: coding->coder 7; fallbacks: signals:overloaded 2" in text
+    assert (
+        "decisions: coding->coder 7; fallbacks: signals:overloaded 2; "
+        "unknown signals: embedding/overloaded 5"
+    ) in text
 
 
 def test_ctl_replay_reads_records_by_decision_and_follows(

@@ -147,7 +147,7 @@ def plan_of(n: int, **kw: Any) -> ServicePlan:
 
 
 class Harness:
-    def __init__(self, plans: list[ServicePlan]) -> None:
+    def __init__(self, plans: list[ServicePlan], router_builder: Any = None) -> None:
         self.plans = plans
         self.clock = FakeClock()
         self.spawned: list[MemoryReplica] = []
@@ -158,6 +158,7 @@ class Harness:
             clock=self.clock,
             drain_timeout_s=5.0,
             spawn=self.spawn,
+            router_builder=router_builder,
         )
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.sup.events.add_sink(lambda e: self.events.append((e.event, e.fields)))
@@ -177,9 +178,13 @@ class Harness:
         return await asyncio.wait_for(self.sup.submit(Command(kind, **kw)), 10)  # type: ignore[arg-type]
 
 
-def serve(plans: list[ServicePlan], body: Callable[[Harness], Any]) -> None:
+def serve(
+    plans: list[ServicePlan], body: Callable[[Harness], Any], router_builder: Any = None
+) -> None:
     async def main() -> None:
-        h = Harness(plans)
+        h = Harness(plans, router_builder)
+        if router_builder is not None:
+            router_builder.sup = h.sup
         await h.sup.start()
         loop = asyncio.ensure_future(h.sup.run())
         try:
@@ -203,6 +208,72 @@ def test_reload_keeps_unchanged_workers_and_starts_only_the_new() -> None:
         assert h.sup.inventory()["deployments"][0]["ready_replicas"] == 3
 
     serve([plan_of(2)], body)
+
+
+class RecordingBuilder:
+    """Router mode's builder as the supervisor sees it (vllm_sr/supervisor/router_build.py):
+    records each call with the generation the directory had published at that moment."""
+
+    def __init__(self) -> None:
+        self.sup: Supervisor | None = None
+        self.calls: list[tuple[str, int]] = []
+        self.fail_build = False
+
+    def _generation(self) -> int:
+        assert self.sup is not None
+        return self.sup.directory.generation
+
+    async def build(self, plan: Any) -> str:
+        self.calls.append(("build", self._generation()))
+        await asyncio.sleep(0)  # a build awaits (backends, the replay store's connect)
+        if self.fail_build:
+            raise RuntimeError("redis said no")
+        return f"router-{len(self.calls)}"
+
+    def swap(self, staged: str) -> str:
+        self.calls.append((f"swap {staged}", self._generation()))
+        return f"retired-by-{staged}"
+
+    async def retire(self, retired: str) -> None:
+        self.calls.append((retired, self._generation()))
+
+    async def discard(self, staged: str) -> None:
+        self.calls.append((f"discard {staged}", self._generation()))
+
+
+def test_the_router_is_built_before_the_publish_and_swapped_in_the_same_step() -> None:
+    builder = RecordingBuilder()
+
+    async def body(h: Harness) -> None:
+        # at start: built and swapped before any chat can arrive; nothing to retire
+        assert builder.calls == [("build", 0), ("swap router-1", 0)]
+        h.plans[:] = [plan_of(3)]
+        await h.command("reload")
+        await until(lambda: len(builder.calls) == 5)
+        # built while generation 0 served; swapped once generation 1 was published (the
+        # swap runs in the publish's own step: no chat sees one without the other)
+        assert builder.calls[2:] == [
+            ("build", 0),
+            ("swap router-3", 1),
+            ("retired-by-router-3", 1),
+        ]
+
+    serve([plan_of(2)], body, builder)
+
+
+def test_a_router_that_cannot_be_built_fails_the_reload() -> None:
+    builder = RecordingBuilder()
+
+    async def body(h: Harness) -> None:
+        builder.fail_build = True
+        h.plans[:] = [plan_of(3)]
+        with pytest.raises(VllmSrError, match="Router mode could not be built: RuntimeError"):
+            await h.command("reload")
+        assert h.sup.generation == 0 and h.spawned[2].stopped  # the staged worker stopped
+        assert [c for c, _ in builder.calls] == ["build", "swap router-1", "build"]
+        assert "redis said no" in h.of(ev.RELOAD_FAILED)[0]["reason"]
+
+    serve([plan_of(2)], body, builder)
 
 
 def test_a_new_worker_that_fails_leaves_the_running_generation_untouched() -> None:

@@ -260,7 +260,8 @@ def cache_line(cache: dict[str, Any]) -> Text:
 
 
 def decisions_line(router: dict[str, Any]) -> Text:
-    """``decisions: coding->coder 12, billing->general 3; fallbacks: ...``."""
+    """``decisions: coding->coder 12, billing->general 3; fallbacks: ...; unknown signals:
+    embedding/overloaded 5`` (signals that could not be evaluated, by family and reason)."""
     stats = router.get("stats") or {}
     decided = ", ".join(
         f"{d['decision']}->{d['model']} {d['count']}" for d in stats.get("decisions", [])
@@ -269,6 +270,11 @@ def decisions_line(router: dict[str, Any]) -> Text:
     fallbacks = stats.get("fallbacks") or {}
     if fallbacks:
         text += "; fallbacks: " + ", ".join(f"{k} {v}" for k, v in fallbacks.items())
+    unknown = stats.get("unknown_signals") or []
+    if unknown:
+        text += "; unknown signals: " + ", ".join(
+            f"{u['family']}/{u['reason']} {u['count']}" for u in unknown
+        )
     return Text(text)
 
 

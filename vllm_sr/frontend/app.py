@@ -99,8 +99,9 @@ class Frontend:
         self.registry.register(self.collector)
         self.scraped = ScrapedCollector()
         self.registry.register(self.scraped)
-        self.chat = chat if chat is not None else ChatMount(self.directory)  # serve shares one
-        self._chat_generation = -1
+        # serve shares one with the supervisor, which builds each generation's router when it
+        # publishes the generation (never on a request)
+        self.chat = chat if chat is not None else ChatMount(self.directory)
         self._router_metrics = False  # RouterCollector registered (with the first routed plan)
         self.routes: dict[str, dict[str, Handler]] = {
             **{f"/v1/{s}": {"POST": self._surface(s)} for s in SURFACES},
@@ -147,28 +148,28 @@ class Frontend:
         return await answer(self.paths, request)
 
     async def sync_router(self) -> None:
-        """Follow the published generation's router settings (cheap when unchanged)."""
-        generation = self.directory.generation
-        if generation != self._chat_generation:
-            self._chat_generation = generation
-            await self.chat.update(self.service.router_plan())
-            if self.chat.chat is not None and not self._router_metrics:
-                # Imported here: Engine mode never loads the router (lazy Router mode).
-                from vllm_sr.router.metrics import RouterCollector
+        """Take the service's router settings, at start (a no-op when the supervisor already
+        built them: it builds each generation's router when it publishes it; a request never
+        does)."""
+        await self.chat.update(self.service.router_plan())
+        self._register_router_metrics()
 
-                chat = self.chat
-                self.registry.register(RouterCollector(lambda: chat.chat, lambda: chat.responses))
-                self._router_metrics = True
+    def _register_router_metrics(self) -> None:
+        if self.chat.chat is not None and not self._router_metrics:
+            # Imported here: Engine mode never loads the router (lazy Router mode).
+            from vllm_sr.router.metrics import RouterCollector
+
+            chat = self.chat
+            self.registry.register(RouterCollector(lambda: chat.chat, lambda: chat.responses))
+            self._router_metrics = True
 
     async def chat_completions(self, request: Request) -> Response | StreamResponse:
-        await self.sync_router()
         return await self.chat.handle_chat(request, self.service.admitting)
 
     def _responses(self, op: str) -> Handler:
         """The Responses API's handlers (Router mode, with global.services.response_api)."""
 
         async def handler(request: Request) -> Response | StreamResponse:
-            await self.sync_router()
             return await self.chat.handle_responses(request, self.service.admitting, op)
 
         return handler
@@ -230,7 +231,6 @@ class Frontend:
 
     # ------------------------------------------------------------------ descriptions
     async def models(self, request: Request) -> Response:
-        await self.sync_router()
         data = self.chat.models_data()
         for name, pool in self.directory.items():
             inv = pool.inventory()
@@ -250,7 +250,6 @@ class Frontend:
         return _json({"object": "list", "data": data})
 
     async def route_eval(self, request: Request) -> Response:
-        await self.sync_router()
         return await self.chat.handle_eval(request)
 
     async def health(self, request: Request) -> Response:
@@ -258,7 +257,6 @@ class Frontend:
         return _json(doc, 200 if doc["ready"] else 503)
 
     async def inventory(self, request: Request) -> Response:
-        await self.sync_router()
         return _json(self.service.inventory())
 
     def _config_view(self) -> JsonObject | None:
@@ -268,6 +266,7 @@ class Frontend:
         return view if isinstance(view, dict) else None
 
     async def metrics(self, request: Request) -> Response:
+        self._register_router_metrics()  # Router mode's families, once a generation routes
         self.scraped.families = merge(await scrape(self.directory))
         return Response(generate_latest(self.registry), content_type=CONTENT_TYPE_LATEST)
 

@@ -7,6 +7,13 @@ reload that changes only signals or decisions builds a new router and keeps ever
 the backends (and the decision counters); a change of providers starts new backends and closes
 the old ones after the swap. Engine mode (``-e``) answers chat with a typed 404.
 
+A generation's router is built when its plan is published, never on a user's request: the
+supervisor calls :meth:`ChatMount.build` (backends, the replay store's connect, the chat
+router, the language models) before it publishes a generation, :meth:`ChatMount.swap` in the
+same step as the pools' publish (no await: a chat sees the old generation or the new one
+whole), then :meth:`ChatMount.retire` closes what the old router held and the new one does not
+share once the chats in flight on it have finished.
+
 Importing this module loads no router: the router (and what it pulls in: numpy, the signal
 models' code) is imported when a generation turns Router mode on, so that Engine mode and the
 supervisor, which hold a ``ChatMount`` from the start, never pay for it.
@@ -17,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_sr.errors import EngineMode, NotFound, Unavailable, VllmSrError
@@ -33,7 +42,7 @@ if TYPE_CHECKING:
     from vllm_sr.router.plugins.replay import ReplayLog
     from vllm_sr.router.responses.api import ResponsesAPI
 
-__all__ = ["ChatMount", "NoProviders", "RouterPlan"]
+__all__ = ["ChatMount", "NoProviders", "RetiredRouter", "RouterPlan", "StagedRouter"]
 
 log = logging.getLogger("vllm_sr.frontend")
 
@@ -46,8 +55,58 @@ class ResponsesOff(NotFound):
     code = "responses_api_off"
 
 
+@dataclass
+class StagedRouter:
+    """A generation's Router mode, built and not yet serving (:meth:`ChatMount.build`; then
+    :meth:`ChatMount.swap` puts it in service, or :meth:`ChatMount.discard` drops it)."""
+
+    plan: RouterPlan | None
+    chat: ChatRouter | None = None
+    backends: BackendSet | None = None
+    responses: ResponsesAPI | None = None
+    responses_conf: ResponseAPI | None = None
+    unchanged: bool = False  # the plan is the one serving: swapping it changes nothing
+
+
+@dataclass
+class RetiredRouter:
+    """What a swap took out of service: the old chat router (its chats in flight finish on
+    it) and what the new generation does not share, closed by :meth:`ChatMount.retire`."""
+
+    chat: ChatRouter | None = None
+    closing: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+class InFlight:
+    """The chats in flight on one chat router; ``idle`` waits until there are none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        self.count += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._idle.set()
+
+    async def idle(self, timeout_s: float) -> bool:
+        """True once no chat is in flight; False when ``timeout_s`` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
 class ChatMount:
-    def __init__(self, directory: PoolDirectory) -> None:
+    def __init__(self, directory: PoolDirectory, *, retire_grace_s: float = 30.0) -> None:
         self.directory = directory
         self.plan: RouterPlan | None = None
         self.chat: ChatRouter | None = None
@@ -57,89 +116,160 @@ class ChatMount:
         # settings do, across reloads.
         self.responses: ResponsesAPI | None = None
         self._responses_conf: ResponseAPI | None = None
+        # Chats in flight per chat router: a retired router's resources close once its chats
+        # have finished (or after ``retire_grace_s``).
+        self.retire_grace_s = retire_grace_s
+        self._inflight: dict[ChatRouter, InFlight] = {}
 
     async def update(self, plan: RouterPlan | None) -> None:
-        """Take a generation's router settings; rebuild only what changed."""
+        """Take a generation's router settings: build, swap, retire (the supervisor does the
+        three apart, the swap in the same step as the pools' publish)."""
+        staged = await self.build(plan)
+        await self.retire(self.swap(staged))
+
+    async def build(self, plan: RouterPlan | None) -> StagedRouter:
+        """Build a generation's Router mode without touching the one serving: new backends,
+        the replay store's connect (bounded), the chat router and what it loads in this
+        process (the language models, off the loop), the Responses API's store. What did not
+        change is shared (backends, response cache, replay log, counters)."""
         if plan == self.plan:
-            return
-        old_backends = self._backends
-        if plan is None or not plan.enabled or plan.providers is None:
-            if self.chat is not None and self.chat.cache is not None:
-                await self.chat.cache.store.close()
-            if self.chat is not None:
-                await self.chat.learning.state.close()
-                await self.chat.replay.close()
-            self.plan, self.chat, self._backends = plan, None, None
-        else:
-            from vllm_sr.config.routing import Routing
-            from vllm_sr.router.backends import BackendSet
-            from vllm_sr.router.chat import build_chat_router
-
-            same_providers = self.plan is not None and self.plan.providers == plan.providers
-            backends = old_backends if same_providers and old_backends else None
-            if backends is None:
-                backends = BackendSet(plan.providers)
-                await backends.start()
-            # The response cache lives as long as its store settings do (a reload that changes
-            # only routing keeps every entry; a decision's policy is in its keys).
-            same_store = self.plan is not None and _store_of(self.plan) == _store_of(plan)
-            old_cache = self.chat.cache if self.chat is not None else None
-            old_replay = self.chat.replay if self.chat is not None else None
-            same_replay = self.plan is not None and _replay_of(self.plan) == _replay_of(plan)
-            replay = old_replay if same_replay and old_replay is not None else None
-            if replay is None:
-                replay = await _start_replay(plan)
-            self.chat = build_chat_router(
-                plan.providers,
-                plan.routing or Routing(),
-                exchange=routing_exchange(self.directory),
-                decision_deployment=plan.decision_deployment,
-                auto_model_names=list(plan.auto_model_names),
-                backends=backends,
-                stats=self.chat.stats if self.chat is not None else None,
-                replay=replay,
-                learning_state=self.chat.learning.state if self.chat is not None else None,
-                authz=plan.authz,
-                recipes=plan.recipes,
-                entrypoints=plan.entrypoints,
-                global_=plan.global_,
-                cache=old_cache if same_store and old_cache is not None else True,
-            )
-            if old_cache is not None and old_cache is not self.chat.cache:
-                await old_cache.store.close()
-            await self.chat.learning.state.close_retired()
-            if old_replay is not None and old_replay is not replay:
-                await old_replay.close()
-            self.plan, self._backends = plan, backends
-            self._warm = asyncio.ensure_future(self._warm_up(self.chat))
-        if old_backends is not None and old_backends is not self._backends:
-            await old_backends.close()
-        await self._update_responses(_responses_of(plan) if self.chat is not None else None)
-
-    async def _update_responses(self, conf: ResponseAPI | None) -> None:
+            return StagedRouter(plan, self.chat, self._backends, self.responses,
+                                self._responses_conf, unchanged=True)  # fmt: skip
+        staged = StagedRouter(plan)
+        if plan is not None and plan.enabled and plan.providers is not None:
+            staged.chat, staged.backends = await self._build_chat(plan)
+        conf = _responses_of(plan) if staged.chat is not None else None
+        staged.responses_conf = conf
         if conf == self._responses_conf:
-            return
-        old, self.responses, self._responses_conf = self.responses, None, conf
-        if conf is not None:
+            staged.responses = self.responses
+        elif conf is not None:
             from vllm_sr.router.responses.api import ResponsesAPI, build_store
 
-            self.responses = ResponsesAPI(build_store(conf))
-        if old is not None:
-            await old.store.close()
+            staged.responses = ResponsesAPI(build_store(conf))
+        return staged
+
+    async def _build_chat(self, plan: RouterPlan) -> tuple[ChatRouter, BackendSet]:
+        from vllm_sr.config.routing import Routing
+        from vllm_sr.router.backends import BackendSet
+        from vllm_sr.router.chat import build_chat_router
+
+        assert plan.providers is not None
+        same_providers = self.plan is not None and self.plan.providers == plan.providers
+        backends = self._backends if same_providers else None
+        if backends is None:
+            backends = BackendSet(plan.providers)
+            await backends.start()
+        # The response cache lives as long as its store settings do (a reload that changes
+        # only routing keeps every entry; a decision's policy is in its keys).
+        same_store = self.plan is not None and _store_of(self.plan) == _store_of(plan)
+        old_cache = self.chat.cache if self.chat is not None else None
+        old_replay = self.chat.replay if self.chat is not None else None
+        same_replay = self.plan is not None and _replay_of(self.plan) == _replay_of(plan)
+        replay = old_replay if same_replay and old_replay is not None else None
+        if replay is None:
+            replay = await _start_replay(plan)
+        chat = build_chat_router(
+            plan.providers,
+            plan.routing or Routing(),
+            exchange=routing_exchange(self.directory),
+            decision_deployment=plan.decision_deployment,
+            auto_model_names=list(plan.auto_model_names),
+            backends=backends,
+            stats=self.chat.stats if self.chat is not None else None,
+            replay=replay,
+            learning_state=self.chat.learning.state if self.chat is not None else None,
+            authz=plan.authz,
+            recipes=plan.recipes,
+            entrypoints=plan.entrypoints,
+            global_=plan.global_,
+            cache=old_cache if same_store and old_cache is not None else True,
+        )
+        for router in chat.recipes.values():
+            # The language models load in seconds: here, before the router serves.
+            await asyncio.to_thread(router.deterministic.warm)
+        return chat, backends
+
+    def swap(self, staged: StagedRouter) -> RetiredRouter:
+        """Put a built generation in service in one step (no await): chats that arrive from
+        now on run on it; those in flight finish on the old one. -> what to retire."""
+        if staged.unchanged:
+            return RetiredRouter()
+        old_chat, old_backends, old_responses = self.chat, self._backends, self.responses
+        self.plan, self.chat, self._backends = staged.plan, staged.chat, staged.backends
+        self.responses, self._responses_conf = staged.responses, staged.responses_conf
+        retired = RetiredRouter(old_chat)
+        if old_chat is not None:
+            new = staged.chat
+            if old_chat.cache is not None and (new is None or new.cache is not old_chat.cache):
+                retired.closing.append(old_chat.cache.store.close)
+            if new is None:
+                retired.closing.append(old_chat.learning.state.close)
+            else:
+                retired.closing.append(new.learning.state.close_retired)
+            if new is None or new.replay is not old_chat.replay:
+                retired.closing.append(old_chat.replay.close)
+        if old_backends is not None and old_backends is not self._backends:
+            retired.closing.append(old_backends.close)
+        if old_responses is not None and old_responses is not self.responses:
+            retired.closing.append(old_responses.store.close)
+        if self._warm is not None:
+            self._warm.cancel()  # it warmed a router no chat reaches any more
+            self._warm = None
+        if self.chat is not None:
+            self._warm = asyncio.ensure_future(self._warm_up(self.chat))
+        return retired
+
+    async def retire(self, retired: RetiredRouter) -> None:
+        """Close what a swap took out of service once the old router's chats in flight have
+        finished (at most ``retire_grace_s``)."""
+        if retired.chat is not None:
+            inflight = self._inflight.get(retired.chat)
+            if inflight is not None and not await inflight.idle(self.retire_grace_s):
+                log.warning(
+                    "%d chats still in flight on the retired router after %.0f s; closing it",
+                    inflight.count,
+                    self.retire_grace_s,
+                )
+            self._inflight.pop(retired.chat, None)
+        for close in retired.closing:
+            await close()
+
+    async def discard(self, staged: StagedRouter) -> None:
+        """Drop a built generation that was never swapped in (a reload that failed after its
+        build): close what it made that the serving one does not share."""
+        if staged.unchanged:
+            return
+        chat = staged.chat
+        if chat is not None and self.chat is not chat:
+            live = self.chat
+            if chat.cache is not None and (live is None or live.cache is not chat.cache):
+                await chat.cache.store.close()
+            if live is None or live.replay is not chat.replay:
+                await chat.replay.close()
+        if staged.backends is not None and staged.backends is not self._backends:
+            await staged.backends.close()
+        if staged.responses is not None and staged.responses is not self.responses:
+            await staged.responses.store.close()
+
+    def _entered(self, chat: ChatRouter) -> contextlib.AbstractContextManager[None]:
+        inflight = self._inflight.get(chat)
+        if inflight is None:
+            inflight = self._inflight[chat] = InFlight()
+        return inflight.entered()
 
     async def _warm_up(self, chat: ChatRouter) -> None:
         """Candidate and example embeddings for this generation, asked once (the first chat
         asks for them itself when the decision deployment is not ready yet)."""
         for router in chat.recipes.values():
-            # The language models load in seconds: here, not on the first chat that asks.
-            await asyncio.to_thread(router.deterministic.warm)
             with contextlib.suppress(VllmSrError):
                 await router.warm()
 
     async def close(self) -> None:
         if self._warm is not None:
             self._warm.cancel()
-        await self._update_responses(None)
+        if self.responses is not None:
+            await self.responses.store.close()
+            self.responses, self._responses_conf = None, None
         if self.chat is not None:
             await self.chat.learning.state.close()
         if self.chat is not None and self.chat.cache is not None:
@@ -161,7 +291,9 @@ class ChatMount:
                     "no providers:; accepted: a top-level providers: section (docs/router.md)"
                 )
             )
-        return await self.chat.handle_chat(request)
+        chat = self.chat
+        with self._entered(chat):
+            return await chat.handle_chat(request)
 
     async def handle_responses(
         self, request: Request, admitting: bool, op: str
@@ -181,14 +313,16 @@ class ChatMount:
                     "redis store (docs/router.md, The Responses API)"
                 )
             )
-        if op == "create":
-            return await self.responses.create(request, self.chat.handle_chat)
-        handler = {
-            "retrieve": self.responses.retrieve,
-            "delete": self.responses.delete,
-            "input_items": self.responses.input_items,
-        }[op]
-        return await handler(request)
+        chat, responses = self.chat, self.responses
+        with self._entered(chat):
+            if op == "create":
+                return await responses.create(request, chat.handle_chat)
+            handler = {
+                "retrieve": responses.retrieve,
+                "delete": responses.delete,
+                "input_items": responses.input_items,
+            }[op]
+            return await handler(request)
 
     async def handle_eval(self, request: Request) -> Response:
         """``/api/v1/eval``: Router mode's routing preview (no backend is called)."""
@@ -196,7 +330,9 @@ class ChatMount:
             return error_response(EngineMode.at(request.path))
         if self.chat is None:
             return error_response(NoProviders("routing needs providers: (docs/router.md)"))
-        return await self.chat.handle_eval(request)
+        chat = self.chat
+        with self._entered(chat):
+            return await chat.handle_eval(request)
 
     def models_data(self) -> list[JsonObject]:
         return self.chat.models_data() if self.chat is not None else []

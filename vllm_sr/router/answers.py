@@ -19,6 +19,7 @@ H_ALGORITHM = "x-vsr-selected-algorithm"
 H_REASONING = "x-vsr-selected-reasoning"
 H_SIGNALS = "x-vsr-matched-signals"
 H_FALLBACK = "x-vsr-routing-fallback"
+H_UNKNOWN = "x-vsr-unknown-signals"
 H_DEBUG = "x-vsr-debug"
 H_RECIPE = "x-vsr-selected-recipe"
 H_CONTEXT_TOKENS = "x-vsr-context-token-count"
@@ -66,6 +67,8 @@ def answer_headers(result: RouteResult, *, debug: bool = False) -> dict[str, str
         headers[H_RECIPE] = result.recipe
     if result.fallback is not None:
         headers[H_FALLBACK] = result.fallback
+    if result.unknown:
+        headers[H_UNKNOWN] = ",".join(result.unknown_signals)
     if debug:
         families: dict[str, list[str]] = {}
         for sig in result.matched_signals:

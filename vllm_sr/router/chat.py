@@ -26,9 +26,12 @@ through). Answer headers, as upstream names them (the plugins add ``x-vsr-cache-
 and ours (upstream has nothing like them):
 
 - ``x-vsr-matched-signals``: every matched signal as ``type:name``, comma-separated;
+- ``x-vsr-unknown-signals``: the signals that could not be evaluated on this chat (their
+  deployment was full, down, slow or answered badly: vllm_sr/router/unknown.py), as
+  ``type:name``, comma-separated; they matched no rule, every other signal was evaluated;
 - ``x-vsr-routing-fallback``: present when the default model was used because routing could
-  not decide (``signals:<error code>``: the signals' deployment was down, full, slow or
-  answered badly; ``models_unhealthy``: the decision's models have no healthy backend).
+  not decide (``signals:<reason>``: no decision matched while some signals were unknown;
+  ``models_unhealthy``: the decision's models have no healthy backend).
 
 Errors are ``{"error": {"code", "message", "retryable"}}``, which OpenAI clients read.
 """
@@ -56,6 +59,7 @@ from vllm_sr.router.answers import (
     H_REASONING,
     H_RECIPE,
     H_SIGNALS,
+    H_UNKNOWN,
     ModelNotAvailable,
     answer_headers,
     error_response,
@@ -86,6 +90,7 @@ __all__ = [
     "H_REASONING",
     "H_RECIPE",
     "H_SIGNALS",
+    "H_UNKNOWN",
     "ChatRouter",
     "ModelNotAvailable",
     "answer_headers",

@@ -2,7 +2,9 @@
 ``pkg/services/classification_signal_*.go``). It evaluates every declared signal of the routing
 config on the request, every decision's rule tree, the winner and static's model, and answers
 upstream's document; it calls no backend and skips authz, as upstream does. Recipe probes
-(upstream's ``probes.yaml``) are run against it.
+(upstream's ``probes.yaml``) are run against it. A signal that could not be evaluated (its
+deployment refused, timed out or failed: vllm_sr/router/unknown.py) is listed only in
+``signal_errors``, as ``"type:name": "<reason>: <detail>"``; it matches no rule leaf.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def _signal_maps(run: SignalRun) -> tuple[dict[str, float], dict[str, float], di
             confidences[key] = res.confidence
         if res.value is not None:
             values[key] = float(res.value)
-    errors = {f"{kind}:{name}": why for (kind, name), why in run.errors.items()}
+    errors = {f"{kind}:{name}": why.describe() for (kind, name), why in run.unknown().items()}
     return confidences, values, errors
 
 
@@ -98,8 +100,10 @@ async def evaluate(
     run = await router.signals(view, router.eval_plan, authz=False)
     matches = router.winner(run)
     matched = {key for key, res in run.results.items() if res.matched}
-    unmatched = {
-        key for key in run.results if key not in matched and key[0] not in NOT_REPORTED_UNMATCHED
+    unmatched = {  # an unknown signal is neither: it is in signal_errors
+        key
+        for key, res in run.results.items()
+        if key not in matched and res.unknown is None and key[0] not in NOT_REPORTED_UNMATCHED
     }
     confidences, values, errors = _signal_maps(run)
     doc: dict[str, Any] = {
@@ -134,7 +138,7 @@ async def evaluate(
                 "root_trace": node,
             }
             for dec in router.routing.decisions
-            for node in [trace(dec.rules, run.results, run.errors)]
+            for node in [trace(dec.rules, run.results)]
         ]
     doc.update(_selection(router, decision))
     return doc

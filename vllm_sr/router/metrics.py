@@ -1,9 +1,10 @@
 """Router mode's Prometheus families, built at scrape time from the router's counters (the
 request path only increments a Counter): decisions by decision and model, matched signals,
-routing fallbacks by reason, backend fallbacks by model and reason, Router Learning's actions
-by decision, method and action, each backend's requests, errors and health, the response
-cache's hits, misses, writes, errors, entries and bytes, router_replay's records written and
-lost by store, and the Responses API's responses stored and not stored (its store failed)."""
+routing fallbacks by reason, unknown signals by family and reason, backend fallbacks by model
+and reason, Router Learning's actions by decision, method and action, each backend's requests,
+errors and health, the response cache's hits, misses, writes, errors, entries and bytes,
+router_replay's records written and lost by store, and the Responses API's responses stored and
+not stored (its store failed)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ class RouterCollector(Collector):
             "Routed chat requests sent to the default model because routing could not decide",
             ["reason"],
             {(k,): n for k, n in stats.fallbacks.items()},
+        )
+        yield _counter(
+            "vllm_sr_router_unknown_signals",
+            "Signals that could not be evaluated on a routed chat (they matched no rule), by "
+            "family and reason (overloaded, unavailable, timeout, failed)",
+            ["family", "reason"],
+            {(f, r): n for (f, r), n in stats.unknown.items()},
         )
         yield _counter(
             "vllm_sr_router_direct",

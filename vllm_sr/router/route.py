@@ -4,7 +4,11 @@ The deployments are reached only through the injected ``exchange(deployment, pat
 timeout_ms) -> (status, body)`` (the frontend's wiring sends it through the deployment's
 ``ReplicaPool`` with kind "routing", so routing load is admitted and counted like native
 load). A routing failure (an exchange that raises, a non-200 answer, a malformed answer) never
-fails the chat: it routes to ``default_model`` and says why (``RouteResult.fallback``).
+fails the chat: the signals that deployment answers are unknown on this request
+(vllm_sr/router/unknown.py) and every other signal and decision is evaluated as usual, as
+upstream evaluates signals one by one. Only when no decision matched and some signal was
+unknown does the chat go to ``default_model`` saying why (``RouteResult.fallback``:
+``signals:<reason>``).
 
 Signals run in two kinds: the deterministic ones (keywords, context, structure, conversation,
 language, metadata, authz, pii) in this process with no exchange, and the model-backed ones
@@ -38,6 +42,7 @@ from vllm_sr.router.rules import Match, SignalKey, choose_model, rank, static_or
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
+from vllm_sr.router.unknown import FAILED, Unknown, unknown_of
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
@@ -61,32 +66,45 @@ class RouteResult:
     routed: bool = True  # False: the caller named a model (no signals, no decision)
     decision_refs: tuple[Any, ...] = ()  # the decision's modelRefs (the reasoning effort lookup)
     recipe: str = "default"  # the recipe that routed it (x-vsr-selected-recipe)
+    # ("type:name", why) of each signal that was unknown on this request, sorted
+    unknown: tuple[tuple[str, Unknown], ...] = ()
+
+    @property
+    def unknown_signals(self) -> tuple[str, ...]:
+        """The unknown signals as ``type:name`` (x-vsr-unknown-signals)."""
+        return tuple(name for name, _ in self.unknown)
 
 
 @dataclass
 class SignalRun:
-    """Every signal result of one request, with failures and per-family timings."""
+    """Every signal result of one request (an unknown one carries why: ``result.unknown``)
+    and per-family timings."""
 
     results: dict[SignalKey, SignalResult] = field(default_factory=dict)
-    errors: dict[SignalKey, str] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
     # Upstream's per-family eval confidence where the family defines its own (language: the
     # detection's); other families report their best matched confidence.
     family_confidence: dict[str, float] = field(default_factory=dict)
-    failure: str | None = None  # a deployment's exchange failed: the chat falls back
     context_tokens: int | None = None  # the context family's count, when it ran
 
     def matched(self) -> tuple[str, ...]:
         return tuple(sorted(f"{t}:{n}" for (t, n), r in self.results.items() if r.matched))
 
+    def unknown(self) -> dict[SignalKey, Unknown]:
+        """The signals that could not be evaluated on this request, and why."""
+        out = {k: r.unknown for k, r in self.results.items() if r.unknown is not None}
+        return dict(sorted(out.items())) if len(out) > 1 else out
+
 
 @dataclass
 class RouterStats:
-    """Counters for /metrics: decisions by (decision, model), matched signals, fallbacks."""
+    """Counters for /metrics: decisions by (decision, model), matched signals, fallbacks,
+    unknown signals by (family, reason)."""
 
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
     signals: Counter[str] = field(default_factory=Counter)
     fallbacks: Counter[str] = field(default_factory=Counter)
+    unknown: Counter[tuple[str, str]] = field(default_factory=Counter)
     direct: Counter[str] = field(default_factory=Counter)  # chats naming a model directly
     # (model, reason): a model that failed before its first byte (router/fallback.py)
     backend_fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -97,6 +115,8 @@ class RouterStats:
             self.signals[sig] += 1
         if result.fallback is not None:
             self.fallbacks[result.fallback] += 1
+        for sig, why in result.unknown:
+            self.unknown[(sig.partition(":")[0], why.reason)] += 1
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -106,6 +126,9 @@ class RouterStats:
             ],
             "signals": dict(sorted(self.signals.items())),
             "fallbacks": dict(sorted(self.fallbacks.items())),
+            "unknown_signals": [
+                {"family": f, "reason": r, "count": n} for (f, r), n in sorted(self.unknown.items())
+            ],
             "direct": dict(sorted(self.direct.items())),
             "backend_fallbacks": [
                 {"model": m, "reason": r, "count": n}
@@ -228,15 +251,7 @@ class Router:
             run.results.update(plan.pii.results(view))
             run.timings_ms["pii"] = (time.perf_counter() - started) * 1000.0
         if plan.deployments and view.text.strip():
-            started = time.perf_counter()
-            run.failure = await self._ask_all(plan, view, run.results)
-            elapsed = (time.perf_counter() - started) * 1000.0
-            for q in plan.deployments.values():
-                for kind in q.kinds():
-                    run.timings_ms[kind] = elapsed
-                    if run.failure is not None:
-                        for key in q.signal_keys():
-                            run.errors[key] = run.failure
+            await self._ask_all(plan, view, run)
         started = time.perf_counter()
         apply_partitions(self.routing, run.results)
         apply_composers(self.routing.signals, run.results)
@@ -245,17 +260,14 @@ class Router:
         return run
 
     def winner(self, run: SignalRun) -> list[Match]:
-        return rank(self.routing.decisions, run.results, self.routing.strategy, run.errors)
+        return rank(self.routing.decisions, run.results, self.routing.strategy)
 
     async def route(self, view: RequestView) -> RouteResult:
-        """Signals on the request, the decision, its model."""
+        """Signals on the request, the decision, its model. Unknown signals do not match;
+        when no decision matched and some signal was unknown, the default model is a
+        fallback (``signals:<reason>``, the first unknown signal's)."""
         run = await self.signals(view, self.plan)
-        if run.failure is not None:
-            result = RouteResult(
-                self.default_model, fallback=f"signals:{run.failure}", recipe=self.recipe
-            )
-            self.stats.record(result)
-            return result
+        unknown = run.unknown()
         matches = self.winner(run)
         best = matches[0] if matches else None
         decision = best.decision if best else None
@@ -265,17 +277,21 @@ class Router:
             self.backends.healthy,
             self.model_scores.get(decision.name) if decision is not None else None,
         )
+        fallback = choice.fallback
+        if decision is None and unknown:
+            fallback = f"signals:{next(iter(unknown.values())).reason}"
         result = RouteResult(
             choice.model,
             decision.name if decision is not None else None,
             best.confidence if best else None,
             run.matched(),
-            choice.fallback,
+            fallback,
             choice.method,
             choice.ref,
             decision_refs=tuple(decision.model_refs or ()) if decision is not None else (),
             recipe=self.recipe,
             context_tokens=run.context_tokens,
+            unknown=tuple((f"{t}:{n}", why) for (t, n), why in unknown.items()),
         )
         self.stats.record(result)
         return result
@@ -285,38 +301,58 @@ class Router:
         refs = static_order(decision, self.model_scores.get(decision.name))
         return refs[0] if refs else None
 
-    async def _ask_all(
-        self, plan: QuestionPlan, view: RequestView, results: dict[SignalKey, SignalResult]
-    ) -> str | None:
-        """One exchange per deployment, concurrently; their results go into ``results``.
-        -> None, or the first failure's reason code."""
+    async def _ask_all(self, plan: QuestionPlan, view: RequestView, run: SignalRun) -> None:
+        """One exchange per deployment, concurrently; their results go into ``run``. A
+        deployment whose exchange failed leaves only its own signals unknown."""
         questions = list(plan.deployments.values())
         answers = await asyncio.gather(
             *(self._ask(q, view) for q in questions), return_exceptions=True
         )
         for q, answer in zip(questions, answers, strict=True):
-            if isinstance(answer, VllmSrError):
-                log.info("routing on %s failed: %s", q.deployment, answer.message)
-                return answer.code
-            if isinstance(answer, str):
-                return answer
             if isinstance(answer, BaseException):
                 if isinstance(answer, asyncio.CancelledError):
                     raise answer
-                log.error("routing on %s failed", q.deployment, exc_info=answer)
-                return "internal_error"
-            results.update(answer)
-        return None
+                why = _unknown_of_error(q.deployment, answer)
+                run.results.update(
+                    (key, SignalResult.unknown_because(why)) for key in q.signal_keys()
+                )
+                continue
+            results, elapsed_ms = answer
+            for kind in q.kinds():
+                run.timings_ms[kind] = elapsed_ms
+            run.results.update(results)
 
     async def _ask(
         self, q: DeploymentQuestions, view: RequestView
-    ) -> dict[SignalKey, SignalResult] | str:
+    ) -> tuple[dict[SignalKey, SignalResult], float]:
+        """The deployment's signal results and the milliseconds its exchange took; raises
+        when it failed (a non-200 answer: :class:`SignalAnswerStatus`)."""
+        started = time.perf_counter()
         status, body = await self.exchange(
             q.deployment, BUNDLE_PATH, q.bundle(view.text, view), self.signal_timeout_ms
         )
         if status != 200:
-            return f"http_{status}"
-        return q.read(body, view=view)
+            raise SignalAnswerStatus(status, q.deployment)
+        return q.read(body, view=view), (time.perf_counter() - started) * 1000.0
+
+
+class SignalAnswerStatus(VllmSrError):
+    """A deployment answered the routing bundle with a status other than 200."""
+
+    retryable = True
+
+    def __init__(self, status: int, deployment: str) -> None:
+        super().__init__(f"deployment {deployment!r} answered the routing bundle with {status}")
+        self.code = f"http_{status}"
+
+
+def _unknown_of_error(deployment: str, exc: BaseException) -> Unknown:
+    """The unknown state of a deployment's signals after its exchange raised ``exc``."""
+    if isinstance(exc, VllmSrError):
+        log.info("routing on %s failed: %s", deployment, exc.message)
+        return unknown_of(exc.code, exc.message)
+    log.error("routing on %s failed", deployment, exc_info=exc)
+    return Unknown(FAILED, f"internal_error: {type(exc).__name__}: {exc}")
 
 
 def _kbs_of(global_: Any) -> list[Any]:

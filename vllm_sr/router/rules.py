@@ -3,8 +3,8 @@ decisions, and the model a decision ends at. Upstream's semantics (``pkg/decisio
 
 - a leaf is its signal's result (confidence 1.0 when the family gives none); a leaf with a
   ``predicate`` instead compares the signal's raw value (else, for a match, its confidence)
-  with the bounds and matches with confidence 1.0; a leaf whose signal failed matches only with
-  ``on_error: match``;
+  with the bounds and matches with confidence 1.0; a leaf whose signal is unknown on this
+  request (vllm_sr/router/unknown.py) does not match, unless it has ``on_error: match``;
 - ``AND`` matches when every condition does, with their mean confidence (an empty AND matches
   with confidence 0); ``NOT`` (exactly one condition) when its condition does not, with
   confidence 1.0; ``OR`` (and any other operator) when some condition does, with the best one's
@@ -62,13 +62,11 @@ def predicate_holds(value: float, predicate: Any) -> bool:
     return all(test(bound) for bound, test in checks if bound is not None)
 
 
-def _leaf(
-    node: Any, results: Mapping[SignalKey, SignalResult], errors: Mapping[SignalKey, str]
-) -> RuleValue:
+def _leaf(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
     key = leaf_key(node)
     res = results.get(key)
     predicate = getattr(node, "predicate", None)
-    if res is None and key in errors:
+    if res is not None and res.unknown is not None:
         return RuleValue(True, 1.0) if getattr(node, "on_error", None) == "match" else MISS
     if predicate is not None:
         # Upstream reads the signal's recorded value, else its recorded confidence (recorded
@@ -82,19 +80,14 @@ def _leaf(
     return RuleValue(True, res.confidence)
 
 
-def evaluate(
-    node: Any,
-    results: Mapping[SignalKey, SignalResult],
-    errors: Mapping[SignalKey, str] | None = None,
-) -> RuleValue:
-    """The value of a rule tree (None: a decision without rules); a signal without a result
-    counts as not matched."""
+def evaluate(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
+    """The value of a rule tree (None: a decision without rules); a signal without a result,
+    or with an unknown one, counts as not matched."""
     if node is None:
         return ALWAYS
-    errors = errors or {}
     if is_leaf(node):
-        return _leaf(node, results, errors)
-    values = [evaluate(child, results, errors) for child in node.conditions]
+        return _leaf(node, results)
+    values = [evaluate(child, results) for child in node.conditions]
     if node.operator == "NOT":
         if len(values) != 1:
             return MISS
@@ -112,15 +105,11 @@ def evaluate(
     return best if best is not None else MISS
 
 
-def trace(
-    node: Any,
-    results: Mapping[SignalKey, SignalResult],
-    errors: Mapping[SignalKey, str] | None = None,
-) -> dict[str, Any]:
+def trace(node: Any, results: Mapping[SignalKey, SignalResult]) -> dict[str, Any]:
     """The rule tree with each node's value, in upstream's eval_trace shape."""
     if node is None:
         return {"node_type": "fallback", "matched": True, "confidence": 0.0}
-    value = evaluate(node, results, errors)
+    value = evaluate(node, results)
     if is_leaf(node):
         kind, name = leaf_key(node)
         return {
@@ -134,7 +123,7 @@ def trace(
         "node_type": node.operator,
         "matched": value.matched,
         "confidence": value.confidence,
-        "children": [trace(child, results, errors) for child in node.conditions],
+        "children": [trace(child, results) for child in node.conditions],
     }
 
 
@@ -160,12 +149,11 @@ def rank(
     decisions: Sequence[Any],
     results: Mapping[SignalKey, SignalResult],
     strategy: str,
-    errors: Mapping[SignalKey, str] | None = None,
 ) -> list[Match]:
     """The matching decisions, best first."""
     matches = []
     for dec in decisions:
-        value = evaluate(dec.rules, results, errors)
+        value = evaluate(dec.rules, results)
         if value.matched:
             matches.append(Match(dec, value.confidence))
     if any(_tier(m.decision) > 0 for m in matches):

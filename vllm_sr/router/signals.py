@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy
 
+from vllm_sr.router.unknown import Unknown
+
 if TYPE_CHECKING:
     from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, KeywordSignal
 
@@ -55,15 +57,22 @@ class SignalResult:
     matched (upstream's ``SignalConfidences`` entry, 1.0 where the family records none).
     ``value`` is upstream's ``SignalValues`` entry, None where the family records none: the
     raw number a leaf with a ``predicate`` compares (upstream reads the confidence instead
-    when there is no value)."""
+    when there is no value). ``unknown`` is set when the signal could not be evaluated on
+    this request (vllm_sr/router/unknown.py): it then does not match and has no value."""
 
     matched: bool
     confidence: float
     value: float | None = None
+    unknown: Unknown | None = None
 
     @staticmethod
     def miss() -> SignalResult:
         return SignalResult(False, 0.0)
+
+    @staticmethod
+    def unknown_because(why: Unknown) -> SignalResult:
+        """The result of a signal that could not be evaluated: not matched, no value."""
+        return SignalResult(False, 0.0, None, why)
 
 
 HIT = SignalResult(True, 1.0)

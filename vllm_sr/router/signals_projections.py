@@ -15,6 +15,10 @@
   the first matching band (``threshold_bands``) or every one (``multi_emit``), confidence
   1/(1 + e^(-slope * d)) with d the distance to the nearest bound (slope 12 unless
   calibrated; no bound: d = 1). Scores and mappings run only when both are configured.
+
+An unknown signal (vllm_sr/router/unknown.py) is not a miss here: a partition with an unknown
+member and no matched one leaves its default unknown (not added), and a score reading an unknown
+signal (or an unknown projection) leaves its mappings' outputs unknown.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.unknown import Unknown
 
 DEFAULT_SLOPE = 12.0
 Results = dict[SignalKey, SignalResult]
@@ -68,7 +73,10 @@ def apply_partitions(routing: Any, results: Results) -> None:
             ((kind, m), results[(kind, m)]) for m in part.members if _matched(results, (kind, m))
         ]
         if not hits:
-            if part.default:
+            why = _first_unknown(results, keys)
+            if part.default and why is not None:
+                results[(kind, part.default)] = SignalResult.unknown_because(why)
+            elif part.default:
                 results[(kind, part.default)] = SignalResult(True, 1.0, 1.0)
             continue
         raw = [r.value if r.value is not None else r.confidence for _, r in hits]
@@ -99,10 +107,37 @@ def apply_projections(routing: Any, results: Results) -> dict[str, float]:
         for score in ready:
             scores[score.name] = sum(i.weight * _input(i, results, scores) for i in score.inputs)
             pending.remove(score)
+            why = _first_unknown(results, [k for i in score.inputs for k in _keys_read(i, proj)])
             for mapping in proj.mappings:
-                if mapping.source == score.name:
+                if mapping.source != score.name:
+                    continue
+                if why is None:
                     _emit(mapping, scores[score.name], results)
+                    continue
+                for out in mapping.outputs:
+                    results[("projection", out.name)] = SignalResult.unknown_because(why)
     return scores
+
+
+def _keys_read(inp: Any, proj: Any) -> list[SignalKey]:
+    """The result keys a score input reads (a projection input: the outputs of the score it
+    names, or the output itself)."""
+    kind = inp.type.strip().lower()
+    if kind == "kb_metric":
+        return [("kb_metric", f"{inp.kb}:{inp.metric}")]
+    if kind == "projection":
+        outs = [o for m in proj.mappings if m.source == inp.name for o in m.outputs]
+        names = [o.name for o in outs] or [inp.name or ""]
+        return [("projection", n) for n in names]
+    return [(kind, inp.name or "")]
+
+
+def _first_unknown(results: Results, keys: list[SignalKey]) -> Unknown | None:
+    for key in keys:
+        res = results.get(key)
+        if res is not None and res.unknown is not None:
+            return res.unknown
+    return None
 
 
 def _ready(inp: Any, scores: dict[str, float], proj: Any) -> bool:

@@ -2,10 +2,13 @@
 
 Re-plan from config (in a thread: planning may run rocm-smi); keep every worker whose id and
 identity are unchanged (same process); start the new workers outside the published pools and
-wait until each is ready; then, in one step on the loop (no await), publish: new replicas join
-dispatch, retired ones are marked draining. Retired workers finish what they have in flight
-(up to the drain timeout) and stop. A config that does not load or plan, or a new worker that
-never gets ready, leaves the running generation untouched and says why (``reload_failed``).
+wait until each is ready; build the new generation's router (supervisor/router_build.py);
+then, in one step on the loop (no await), publish: new replicas join dispatch, retired ones are
+marked draining, the new router takes the chats that arrive from then on. Retired workers
+finish what they have in flight (up to the drain timeout) and stop; the old router's resources
+close once its chats in flight have finished. A config that does not load or plan, a new
+worker that never gets ready, or a router that cannot be built leaves the running generation
+untouched and says why (``reload_failed``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from vllm_sr.supervisor.fleet import (
 )
 from vllm_sr.supervisor.managed import ManagedReplica
 from vllm_sr.supervisor.reload import diff_plans
+from vllm_sr.supervisor.router_build import RouterBuilder, build_router
 
 log = logging.getLogger("vllm_sr.supervisor")
 
@@ -93,6 +97,7 @@ class Reconfiguration:
         quick: asyncio.Event,
         status: Callable[[], str | None],
         on_published: Callable[[], None] = lambda: None,
+        router: RouterBuilder | None = None,
     ) -> None:
         self.fleet = fleet
         self.planner = planner
@@ -104,6 +109,7 @@ class Reconfiguration:
         self.quick = quick
         self.status = status
         self.on_published = on_published
+        self.router = router
         self.scaler: Scaler | None = None
         self.task: asyncio.Task[None] | None = None
         self.source: str | None = None  # who asked for the reload in progress
@@ -171,10 +177,17 @@ class Reconfiguration:
         self.starts = start_in_order(staged, list(fleet.replicas.values()))
         published = False
         failure: VllmSrError | None = None
+        router = self.router
+        staged_router = retired_router = None
         try:
             await self._wait_ready(staged)
             self._check_compatible(plan, staged, diff.retire)
+            if router is not None:
+                staged_router = await build_router(router, plan.router)
+            # One step, no await: the pools and the router of the new generation together.
             retiring = fleet.publish(plan, staged, diff.retire)
+            if router is not None and staged_router is not None:
+                retired_router = router.swap(staged_router)
             published = True
             self.on_published()
             # Kept workers' caches follow the new replica count, in the same process.
@@ -193,6 +206,8 @@ class Reconfiguration:
                     fleet.staged.remove(rep)
                 if not published:
                     await rep.stop(1.0)
+            if not published and router is not None and staged_router is not None:
+                await router.discard(staged_router)
             self.notifier.ready(self.status())
         # Answered only now, after READY=1: whoever waits on the reload (`systemctl reload`
         # through `vllm-sr ctl reload`) finds the unit active again when it returns.
@@ -213,6 +228,10 @@ class Reconfiguration:
         for rep in retiring:
             self.fleet.retiring.append(rep)
             task = asyncio.create_task(self.retire(rep), name=f"retire-{rep.id}")
+            self.retiring_tasks.add(task)
+            task.add_done_callback(self.retiring_tasks.discard)
+        if router is not None and retired_router is not None:
+            task = asyncio.create_task(router.retire(retired_router), name="retire-router")
             self.retiring_tasks.add(task)
             task.add_done_callback(self.retiring_tasks.discard)
 

@@ -164,6 +164,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         notifier=SystemdNotifier(),
         drain_timeout_s=settings.drain_timeout_s,
         router=chat,
+        router_builder=chat,
         directory=directory,
         scaler=scaler,
         gpu_probe=_gpu_probe,

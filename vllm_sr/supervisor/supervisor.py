@@ -45,6 +45,7 @@ from vllm_sr.supervisor.hooks import LifecycleHooks
 from vllm_sr.supervisor.keeper import TaskKeeper
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler
+from vllm_sr.supervisor.router_build import RouterBuilder, build_router
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
 from vllm_sr.supervisor.usage import GpuProbe, UsageSampler
 
@@ -95,6 +96,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         scaler: Scaler | None = None,
         gpu_probe: GpuProbe | None = None,
         config_source: ConfigSource | None = None,
+        router_builder: RouterBuilder | None = None,
     ) -> None:
         self.planner = planner
         self.runtime_dir = Path(runtime_dir).absolute()
@@ -121,6 +123,8 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self._own_cpus: list[int] = []
         self._starts: list[asyncio.Future[None]] = []  # GPU workers waiting for a card's earlier
         self.router = router  # Router mode's views (serve: the frontend's chat mount)
+        # Builds each generation's router when it is published (serve: the chat mount too)
+        self.router_builder = router_builder
         self.reconfiguration = Reconfiguration(
             self.fleet,
             planner,
@@ -132,6 +136,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
             quick=self._quick,
             status=lambda: self._last_status or None,
             on_published=self.place_self,
+            router=router_builder,
         )
         self.reconfiguration.cache_bytes = self.options.worker_cache_bytes
         self.reconfiguration.scaler = scaler
@@ -267,6 +272,8 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self.fleet.first(plan, workers)
         size_caches(workers, plan, self.options.worker_cache_bytes)
         self._starts = start_in_order(workers, [])
+        if self.router_builder is not None:  # built while the workers load; nothing to retire
+            self.router_builder.swap(await build_router(self.router_builder, plan.router))
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
         self.place_self()
         # Kept: one that raises is reported and run again (supervision never dies silently).
