@@ -72,6 +72,17 @@ class LiveFacts:
         return self.qualities.get(model)
 
 
+def selection_inventory(backends: BackendSet) -> dict[str, dict[str, Any]]:
+    """The inventory's ``selection``: per model, the chats in flight and the observed TTFT /
+    TPOT (samples, p50 and p95 in ms) the selectors read; prices are each backend's
+    ``pricing``."""
+    seen = backends.observations.snapshot()
+    return {
+        model: {"inflight": sum(b.inflight for b in members), **seen.get(model, {})}
+        for model, members in sorted(backends.models.items())
+    }
+
+
 @dataclass(frozen=True)
 class Preview:
     """What ``/api/v1/eval`` reports for a selector decision."""
