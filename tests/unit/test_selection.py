@@ -449,3 +449,31 @@ def test_good_blocks_pass() -> None:
     assert problems_of(upstream("latency-aware.yaml")) == {}
     assert problems_of(upstream("multi-factor.yaml")) == {}
     assert problems_of({"type": "multi_factor", "multi_factor": {"on_no_candidates": ""}}) == {}
+
+
+def test_the_backends_view_shows_what_the_selectors_read() -> None:
+    """`vllm-sr status` and vllm-sr-top's backends view: in flight, TTFT/TPOT p50, price."""
+    from rich.console import Console
+
+    from vllm_sr.control.render import backends_table
+
+    clock = FakeClock()
+    obs = ModelObservations(clock)
+    obs.record("m", ttft_s=0.25, tpot_s=0.0125)
+    router = {
+        "backends": [
+            {
+                "model": "m",
+                "url": "http://a",
+                "state": "healthy",
+                "pricing": {"prompt_per_1m": 2.5},
+            },
+            {"model": "n", "url": "http://b", "state": "healthy", "pricing": None},
+        ],
+        "selection": {"m": {"inflight": 7, **obs.snapshot()["m"]}, "n": {"inflight": 0}},
+    }
+    console = Console(width=250, record=True)
+    console.print(backends_table(router))
+    rows = {line.split()[0]: line.split() for line in console.export_text().splitlines()[2:]}
+    assert rows["m"][-4:-1] == ["7", "250.0/12.5", "2.5"]
+    assert rows["n"][-4:-1] == ["0", "-/-", "-"]
