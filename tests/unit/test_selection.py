@@ -13,14 +13,17 @@ import pytest
 import yaml
 
 from vllm_sr.clock import FakeClock
+from vllm_sr.config.files import parse_config
 from vllm_sr.config.problems import format_path
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.routing_selection import (
+    RUN_SELECTORS,
     LatencyAwareSettings,
     MultiFactorSettings,
     parse_settings,
 )
+from vllm_sr.errors import ConfigError
 from vllm_sr.router.selection.decide import DecisionSelection
 from vllm_sr.router.selection.observations import (
     MAX_SAMPLES,
@@ -477,3 +480,57 @@ def test_the_backends_view_shows_what_the_selectors_read() -> None:
     rows = {line.split()[0]: line.split() for line in console.export_text().splitlines()[2:]}
     assert rows["m"][-4:-1] == ["7", "250.0/12.5", "2.5"]
     assert rows["n"][-4:-1] == ["0", "-/-", "-"]
+
+
+# -- upstream's recipes --------------------------------------------------------------------------
+
+RECIPES = Path(__file__).parents[1] / "fixtures/upstream/recipes"
+# multi-objective's refusals that are not about model selection
+OTHER_REFUSALS = (
+    "embedding_config.enable_soft_matching",
+    "embedding_config.top_k",
+    "response_api.store_backend",
+)
+
+
+def _selector_decisions(doc: Any) -> list[dict[str, Any]]:
+    found = []
+    if isinstance(doc, dict):
+        algo = doc.get("algorithm")
+        if "modelRefs" in doc and isinstance(algo, dict) and algo.get("type") in RUN_SELECTORS:
+            found.append(doc)
+        for value in doc.values():
+            found += _selector_decisions(value)
+    elif isinstance(doc, list):
+        for value in doc:
+            found += _selector_decisions(value)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("recipe", "selectors"), [("accuracy", 0), ("multi-objective", 8), ("mom-v1", 10)]
+)
+def test_upstream_recipes_are_refused_only_for_loopers_and_named_fields(
+    recipe: str, selectors: int
+) -> None:
+    text = (RECIPES / recipe / "config.yaml").read_text(encoding="utf-8")
+    doc = yaml.safe_load(text)
+    decisions = _selector_decisions(doc)
+    assert len(decisions) == selectors
+    for decision in decisions:  # every selector decision loads and its settings parse
+        assert routing_local_problems({"decisions": [decision]}) == []
+        kind = decision["algorithm"]["type"]
+        parse_settings(kind, decision["algorithm"][kind])
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, recipe)
+    for message in err.value.problems:
+        looper = ".algorithm.type: the " in message and " looper (multi-call" in message
+        assert looper or any(f".{field}: " in message for field in OTHER_REFUSALS), message
+    # with upstream's own switch for running loopers as static, accuracy and mom-v1 load
+    doc.setdefault("global", {}).setdefault("integrations", {})["looper"] = {"endpoint": ""}
+    if recipe == "multi-objective":
+        with pytest.raises(ConfigError) as err:
+            parse_config(yaml.safe_dump(doc), recipe)
+        assert len(err.value.problems) == len(OTHER_REFUSALS)
+    else:
+        parse_config(yaml.safe_dump(doc), recipe)
