@@ -5,6 +5,7 @@ observations they read on a fake clock; and the bad input their blocks refuse.""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from vllm_sr.router.selection.observations import (
     MAX_SAMPLES,
     AnswerTiming,
     ModelObservations,
+    Window,
     percentile_of,
 )
 from vllm_sr.router.selection.selectors import NoCandidates, latency_aware, multi_factor
@@ -287,6 +289,23 @@ def test_observations_are_bounded_in_count_and_age() -> None:
     assert obs.snapshot() == {}
     assert obs.tpot("unknown", 50) is None and obs.tpot("m", 0) is None
     assert ModelObservations(clock).max_samples == MAX_SAMPLES == 1000
+
+
+def test_a_window_reads_as_percentile_of_its_values_through_evictions_and_ageing() -> None:
+    rng = random.Random(7)
+    clock = FakeClock()
+    window = Window(max_samples=50, max_age_s=30.0)
+    kept: list[tuple[float, float]] = []
+    for _ in range(400):
+        clock.advance(rng.uniform(0.0, 0.5))
+        value = round(rng.uniform(0.01, 2.0), 2)  # repeats happen: equal values evict right
+        window.add(clock.monotonic(), value)
+        kept = [*kept, (clock.monotonic(), value)][-50:]
+        now = clock.monotonic()
+        kept = [(at, v) for at, v in kept if now - at <= 30.0]
+        p = rng.randint(1, 100)
+        assert window.percentile(now, p) == pytest.approx(percentile_of([v for _, v in kept], p))
+        assert window.ordered == sorted(v for _, v in kept)
 
 
 @dataclass

@@ -17,6 +17,7 @@ replicas). Requests in flight are the backends' own counts (``Backend.inflight``
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -33,17 +34,14 @@ MAX_LINE_BYTES = 1 << 20  # an SSE line longer than this is not parsed for token
 SHOWN_PERCENTILES = (50, 95)
 
 
-def percentile_of(values: list[float], percentile: int) -> float | None:
-    """Upstream's reading of a window (values in arrival order): None when empty; the moving
-    average for fewer than 3; else the linearly interpolated ``percentile`` (1-100)."""
-    if not values:
-        return None
-    if len(values) < MIN_FOR_PERCENTILE:
-        avg = values[0]
-        for v in values[1:]:
-            avg = EMA_ALPHA * v + (1 - EMA_ALPHA) * avg
-        return avg
-    ordered = sorted(values)
+def _moving_average(values: list[float]) -> float:
+    avg = values[0]
+    for v in values[1:]:
+        avg = EMA_ALPHA * v + (1 - EMA_ALPHA) * avg
+    return avg
+
+
+def _interpolated(ordered: list[float], percentile: int) -> float:
     index = percentile / 100.0 * (len(ordered) - 1)
     lower = int(index)
     if lower + 1 >= len(ordered):
@@ -52,20 +50,50 @@ def percentile_of(values: list[float], percentile: int) -> float | None:
     return ordered[lower] * (1 - weight) + ordered[lower + 1] * weight
 
 
+def percentile_of(values: list[float], percentile: int) -> float | None:
+    """Upstream's reading of a window (values in arrival order): None when empty; the moving
+    average for fewer than 3; else the linearly interpolated ``percentile`` (1-100)."""
+    if not values:
+        return None
+    if len(values) < MIN_FOR_PERCENTILE:
+        return _moving_average(values)
+    return _interpolated(sorted(values), percentile)
+
+
 class Window:
-    """One model's recent observations of one metric, in seconds."""
+    """One model's recent observations of one metric, in seconds, in arrival order and (so a
+    read needs no sort) in ascending order."""
 
     def __init__(self, max_samples: int, max_age_s: float) -> None:
+        self.max_samples = max_samples
         self.max_age_s = max_age_s
-        self.samples: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (at, value)
+        self.samples: deque[tuple[float, float]] = deque()  # (at, value)
+        self.ordered: list[float] = []
+
+    def _drop_oldest(self) -> None:
+        _, value = self.samples.popleft()
+        del self.ordered[bisect.bisect_left(self.ordered, value)]
 
     def add(self, now: float, value: float) -> None:
+        if len(self.samples) >= self.max_samples:
+            self._drop_oldest()
         self.samples.append((now, value))
+        bisect.insort(self.ordered, value)
 
-    def values(self, now: float) -> list[float]:
+    def prune(self, now: float) -> int:
+        """Drop what is older than ``max_age_s``; -> how many are left."""
         while self.samples and now - self.samples[0][0] > self.max_age_s:
-            self.samples.popleft()
-        return [v for _, v in self.samples]
+            self._drop_oldest()
+        return len(self.samples)
+
+    def percentile(self, now: float, percentile: int) -> float | None:
+        """As :func:`percentile_of` on what is left after pruning."""
+        left = self.prune(now)
+        if not left:
+            return None
+        if left < MIN_FOR_PERCENTILE:
+            return _moving_average([v for _, v in self.samples])
+        return _interpolated(self.ordered, percentile)
 
 
 class ModelObservations:
@@ -96,7 +124,7 @@ class ModelObservations:
         window = self._windows.get((model, metric))
         if window is None or not 1 <= percentile <= 100:
             return None
-        return percentile_of(window.values(self.clock.monotonic()), percentile)
+        return window.percentile(self.clock.monotonic(), percentile)
 
     def ttft(self, model: str, percentile: int) -> float | None:
         """Seconds, or None with no observation in the window."""
@@ -111,12 +139,12 @@ class ModelObservations:
         now = self.clock.monotonic()
         out: dict[str, dict[str, Any]] = {}
         for (model, metric), window in sorted(self._windows.items()):
-            values = window.values(now)
-            if not values:
+            left = window.prune(now)
+            if not left:
                 continue
-            entry: dict[str, Any] = {"samples": len(values)}
+            entry: dict[str, Any] = {"samples": left}
             for p in SHOWN_PERCENTILES:
-                value = percentile_of(values, p)
+                value = window.percentile(now, p)
                 entry[f"p{p}_ms"] = None if value is None else round(value * 1000.0, 3)
             out.setdefault(model, {})[f"{metric}"] = entry
         return out
