@@ -4,7 +4,9 @@ starts with the embedded d3-edge worker and routes a chat from its own probes th
 official openai SDK to the decision `/api/v1/eval` names for the same text (balance ships no
 probes: any text, in a conversation Router Learning's protection tracks). The agent recipe also
 answers through its Responses API (memory store), with its replay store (host `postgres`, not
-reachable here) down: chats are served and the records counted lost (test_serve_replay.py)."""
+reachable here) down: chats are served and the records counted lost (test_serve_replay.py).
+mom-v1, upstream's built-in default, serves its multi_factor decisions once its looper decisions
+run as static (``looper.endpoint: ""``); unchanged it is refused for those loopers only."""
 
 from __future__ import annotations
 
@@ -102,3 +104,43 @@ async def answers_through_responses(client: openai.AsyncOpenAI, text: str) -> No
     )
     assert second.output_text == "llm got: and then?"
     assert second.previous_response_id == first.id
+
+
+BLEND = "vllm-sr/mom-v1-blend"  # mom-v1's entrypoint whose decisions run multi_factor
+
+
+async def test_mom_v1_serves_its_selectors_with_loopers_run_as_static(tmp_path: Path) -> None:
+    """Upstream's built-in default with one change, `global.integrations.looper.endpoint: ""`
+    (upstream's own switch for running its looper decisions as static; vllm-sr runs no
+    looper): it loads, and a chat goes where eval's selector dry run says, with the same
+    `x-vsr-selected-algorithm` as eval's `selection_method`."""
+    backend = await StandInBackend("llm").start()
+    doc = pointed_at("mom-v1", backend.endpoint)
+    doc.setdefault("global", {}).setdefault("integrations", {})["looper"] = {"endpoint": ""}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with served(config, url, "--listen", f"127.0.0.1:{port}", log=tmp_path / "s.log"):
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(url + "/api/v1/eval", json={"text": ANY_TEXT, "model": BLEND}) as r,
+            ):
+                assert r.status == 200, await r.text()
+                evaluated = await r.json()
+            assert evaluated["signal_errors"] == {}, evaluated["signal_errors"]
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            raw = await client.chat.completions.with_raw_response.create(
+                model=BLEND, messages=[{"role": "user", "content": ANY_TEXT}]
+            )
+            assert raw.parse().choices[0].message.content == f"llm got: {ANY_TEXT}"
+            decision = evaluated["decision_result"]["decision_name"]
+            assert raw.headers.get("x-vsr-selected-decision", "") == decision
+            assert evaluated["decision_result"]["algorithm"] == "multi_factor", decision
+            assert evaluated["selection_status"] == "selected"
+            assert raw.headers["x-vsr-selected-algorithm"] == evaluated["selection_method"]
+            assert raw.headers["x-vsr-selected-model"] == evaluated["selected_model"]
+            await client.close()
+    finally:
+        await backend.stop()

@@ -28,6 +28,7 @@ from vllm_sr.config.routing import (
 from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES
 from vllm_sr.config.routing_rules import routing_local_problems
+from vllm_sr.config.routing_selection import RUN_SELECTORS, parse_settings
 from vllm_sr.config.routing_support import DEFAULT_LOOPER_ENDPOINT, LOOPER_TYPES, looper_problems
 
 # upstream config/config.yaml's providers, minus what vllm-sr refuses (see the refusal test)
@@ -333,6 +334,11 @@ def test_algorithm_fragments(rel: str) -> None:
     if kind == "static":
         assert found == {}
         assert effective_algorithm(Decision.model_validate(decision)) == ("static", "selected")
+    elif kind in RUN_SELECTORS:  # run by vllm-sr (vllm_sr/router/selection)
+        assert found == {}
+        assert effective_algorithm(Decision.model_validate(decision)) == (kind, "selected")
+        settings = parse_settings(kind, algo[kind])
+        assert settings.model_dump(exclude_unset=True) == algo[kind]
     elif kind in LOOPER_TYPES:
         assert found == {}  # accepted; whether it runs depends on the looper endpoint
         parsed = Decision.model_validate(decision)

@@ -105,7 +105,7 @@ class ModelCard(Strict):
     """LoRA adapters served by the model's backends (modelRefs[].lora_name)."""
 
     quality_score: float | None = None
-    """Metadata (upstream's multi_factor algorithm reads it)."""
+    """The model's quality (multi_factor's quality factor, higher is better)."""
 
     modality: str | None = Field(default=None, max_length=32)
     """Metadata, e.g. ar, diffusion, omni."""
@@ -139,13 +139,15 @@ class ModelRef(Strict):
 
 
 class Algorithm(Strict):
-    """How a decision picks among its modelRefs. vllm-sr runs ``static`` (and the looper types
-    as upstream runs them without a looper endpoint: static, see ``effective_algorithm``).
-    The per-type blocks are kept as given: vllm-sr does not run those algorithms."""
+    """How a decision picks among its modelRefs. vllm-sr runs ``static``, ``latency_aware`` and
+    ``multi_factor`` (vllm_sr/router/selection; their blocks are checked by
+    vllm_sr/config/routing_selection.py), and the looper types as upstream runs them without a
+    looper endpoint: static, see ``effective_algorithm``. The other blocks are kept as given."""
 
     type: str = Field(max_length=64)
-    """The algorithm (lowercase): static; looper types confidence, ratings, remom, fusion,
-    workflows run as static; other selectors are refused."""
+    """The algorithm (lowercase): static, latency_aware, multi_factor; looper types
+    confidence, ratings, remom, fusion, workflows run as static; other selectors are
+    refused."""
 
     on_error: str | None = Field(default=None, max_length=32)
     """Upstream: what a failing selector does."""
@@ -175,10 +177,10 @@ class Algorithm(Strict):
     """Upstream's hybrid selector (refused)."""
 
     latency_aware: dict[str, Any] | None = None
-    """Upstream's latency_aware selector (refused)."""
+    """The latency_aware selector's settings (routing_selection.LatencyAwareSettings)."""
 
     multi_factor: dict[str, Any] | None = None
-    """Upstream's multi_factor selector (refused)."""
+    """The multi_factor selector's settings (routing_selection.MultiFactorSettings)."""
 
     prompt: dict[str, Any] | None = None
     """Upstream's prompt selector (refused)."""

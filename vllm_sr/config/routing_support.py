@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
+from vllm_sr.config.routing_selection import RUN_SELECTORS, selector_block_problems
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -111,7 +112,9 @@ SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
-    "static (or no algorithm); the looper types " + ", ".join(LOOPER_TYPES) + " run as static "
+    "static (or no algorithm), latency_aware, multi_factor; the looper types "
+    + ", ".join(LOOPER_TYPES)
+    + " run as static "
     'with global.integrations.looper.endpoint: "" (as upstream does without a looper endpoint)'
 )
 
@@ -180,7 +183,8 @@ def _planned_final(decision: Any) -> bool:
 
 def effective_algorithm(decision: Any, global_: Any = None) -> tuple[str, str]:
     """(algorithm, selection status) of a matched decision, as upstream's eval reports them
-    when the looper does not run: ``("static", "selected")`` for static or no algorithm; for a
+    when the looper does not run: ``("static", "selected")`` for static or no algorithm,
+    ``(type, "selected")`` for latency_aware and multi_factor (vllm_sr/router/selection); for a
     looper type run as static, ``(type, "planned_final")`` when it names its final model
     (fusion.model, workflows.final.model, remom.synthesis_model), else
     ``(type, "execution_required")``. Either way the chat goes to the static choice (the first
@@ -189,8 +193,8 @@ def effective_algorithm(decision: Any, global_: Any = None) -> tuple[str, str]:
     ValueError for a decision the config rules refuse (another selector, or a looper that
     upstream would run)."""
     kind = _algorithm_type(decision)
-    if kind == STATIC:
-        return STATIC, "selected"
+    if kind == STATIC or kind in RUN_SELECTORS:
+        return kind, "selected"
     if kind not in LOOPER_TYPES:
         raise ValueError(f"algorithm {kind!r} is not supported by vllm-sr")
     if looper_would_run(decision, looper_endpoint_of(global_)):
@@ -354,7 +358,9 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
                     + " (as upstream)",
                 )
             )
-    if kind not in LOOPER_TYPES and kind != STATIC:
+    if kind in RUN_SELECTORS:
+        problems += selector_block_problems(path, kind, algo)
+    elif kind not in LOOPER_TYPES and kind != STATIC:
         problems.append(refusal((*path, "type"), f"the algorithm {kind!r}", ALGORITHMS_SUPPORTED))
     return problems
 

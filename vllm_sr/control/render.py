@@ -218,15 +218,19 @@ def backend_state(backend: dict[str, Any]) -> str:
 def backends_table(router: dict[str, Any]) -> Table:
     """Router mode's LLM backends: state, requests/s, p50/p99, errors, and the model's
     fallbacks (chats that failed on it before their first byte and went to another model,
-    by reason)."""
+    by reason); per model what the selectors read: chats in flight, observed TTFT / TPOT p50
+    and the prompt price per 1M tokens."""
     table = Table(title=Text("backends", style="bold"), title_justify="left", box=None)
     columns = ("model", "url", "state", "req/s", "p50 ms", "p99 ms", "errors", "fell back")
-    for name in (*columns, "last error"):
+    for name in (*columns, "in flight", "ttft/tpot p50 ms", "$/1M in", "last error"):
         table.add_column(name)
     fell: dict[str, list[str]] = {}
     for f in (router.get("stats") or {}).get("backend_fallbacks") or []:
         fell.setdefault(str(f.get("model")), []).append(f"{f.get('reason')} {f.get('count')}")
+    selection = router.get("selection") or {}
     for b in router.get("backends", []):
+        seen = selection.get(str(b.get("model"))) or {}
+        price = (b.get("pricing") or {}).get("prompt_per_1m")
         table.add_row(
             str(b.get("model")),
             str(b.get("url")),
@@ -236,6 +240,11 @@ def backends_table(router: dict[str, Any]) -> Table:
             _ms(b.get("latency_p99_ms")),
             str(b.get("errors") or 0),
             ", ".join(fell.get(str(b.get("model")), [])) or "-",
+            str(seen.get("inflight", "-")),
+            _ms((seen.get("ttft") or {}).get("p50_ms"))
+            + "/"
+            + _ms((seen.get("tpot") or {}).get("p50_ms")),
+            "-" if price is None else f"{float(price):g}",
             str(b.get("last_error") or "-"),
         )
     return table

@@ -43,6 +43,7 @@ from vllm_sr.router.backend_proxy import (
     StreamRewrite,
 )
 from vllm_sr.router.backend_retry import RetryPolicy
+from vllm_sr.router.selection.observations import ModelObservations
 
 log = logging.getLogger("vllm_sr.router.backends")
 
@@ -93,6 +94,7 @@ class BackendSet:
         }
         self.outliers = {m.name: OutlierDetector.of(m, clock) for m in providers.models}
         self.retry_policies = {m.name: RetryPolicy.of(m) for m in providers.models}
+        self.observations = ModelObservations(clock)  # TTFT/TPOT per model (the selectors')
         self._max_connections = max_connections
         self._proxy: BackendProxy | None = None
         self._task: asyncio.Task[None] | None = None
@@ -239,6 +241,7 @@ class BackendSet:
         Responses API). Counted in the backend's requests, errors and latency."""
         proxy = self._started()
         started = self.clock.monotonic()
+        tap = self.observations.timing(backend.model, started, tap)
         backend.inflight += 1
         ok = False
         failed_5xx: bool | None = None  # None: says nothing of the backend (caller's deadline)

@@ -79,6 +79,7 @@ from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
+from vllm_sr.router.selection.decide import selection_inventory
 
 __all__ = [
     "H_ALGORITHM",
@@ -302,9 +303,10 @@ class ChatRouter(ChatPlugins):
         return Response(json.dumps({"object": "list", "data": self.models_data()}).encode())
 
     def inventory(self) -> dict[str, Any]:
-        """For the inventory document (key "router"): backends, decision counters, the
-        response cache's and (when on) Router Learning's."""
+        """For the inventory document (key "router"): backends, decision counters, what the
+        selectors observe per model, the response cache's and (when on) Router Learning's."""
         doc: dict[str, Any] = {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
+        doc["selection"] = selection_inventory(self.backends)
         if self.cache is not None:
             usage = self.cache.store.usage()
             doc["cache"] = {

@@ -145,7 +145,8 @@ async def evaluate(
 
 
 def _selection(router: Router, decision: Any) -> dict[str, Any]:
-    """Static's preview: the decision's pick, or the default model when none matched."""
+    """The decision's pick (static's, or a latency_aware / multi_factor selector's dry run on
+    the live observations), or the default model when none matched."""
     if decision is None:
         return {
             "selected_model": router.default_model,
@@ -183,6 +184,16 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "selection_method": kind,
             "selection_reason": "Router Learning can adapt or protect the base selector only "
             "during request execution",
+        }
+    if len(refs) > 1 and router.selection.runs_selector(decision):
+        preview = router.selection.preview(decision)
+        return {
+            "recommended_models": [r.model for r in refs],
+            "routing_decision": decision.name,
+            "selected_model": getattr(preview.ref, "lora_name", None) or preview.ref.model,
+            "selection_status": preview.status,
+            "selection_method": preview.method,
+            "selection_reason": preview.reason,
         }
     return {
         "recommended_models": [r.model for r in refs],

@@ -38,7 +38,8 @@ from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
-from vllm_sr.router.rules import Match, SignalKey, choose_model, rank, static_order
+from vllm_sr.router.rules import Match, SignalKey, rank, static_order
+from vllm_sr.router.selection.decide import DecisionSelection, LiveFacts
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
@@ -60,7 +61,7 @@ class RouteResult:
     confidence: float | None = None
     matched_signals: tuple[str, ...] = ()  # "type:name", sorted
     fallback: str | None = None  # why default_model was used, when routing could not decide
-    method: str = "default"  # upstream's x-vsr-selected-algorithm: single, static, default
+    method: str = "default"  # x-vsr-selected-algorithm: single, static, latency_aware, ...
     model_ref: Any = None  # the decision's modelRef that was chosen (reasoning reads it)
     context_tokens: int | None = None  # x-vsr-context-token-count (debug), when context ran
     routed: bool = True  # False: the caller named a model (no signals, no decision)
@@ -182,6 +183,10 @@ class Router:
         self.recipe = recipe
         # (algorithm, eval selection status) per decision: static, or a looper run as static.
         self.algorithms = {d.name: effective_algorithm(d, global_) for d in routing.decisions}
+        # latency_aware / multi_factor decisions' selectors (vllm_sr/router/selection)
+        self.selection = DecisionSelection(
+            routing, LiveFacts(backends.observations, backends, providers, routing)
+        )
         self.stats = stats if stats is not None else RouterStats()
         # Router Learning's settings (eval's preview says when learning may change the model)
         router_cfg = getattr(global_, "router", None)
@@ -271,7 +276,7 @@ class Router:
         matches = self.winner(run)
         best = matches[0] if matches else None
         decision = best.decision if best else None
-        choice = choose_model(
+        choice = self.selection.choose(
             decision,
             self.default_model,
             self.backends.healthy,
