@@ -13,7 +13,7 @@ from tests.unit.test_pool import exchange, make_pool
 from vllm_sr import events as ev
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import Conflict, Overloaded, Unavailable
-from vllm_sr.pool import Lease, OutlierPolicy, ReplicaPool
+from vllm_sr.pool import Lease, ReplicaPool
 from vllm_sr.pool.outlier import (
     RULE_MAX_PERCENT,
     RULE_NO_OTHER_ANSWERED,
@@ -22,6 +22,7 @@ from vllm_sr.pool.outlier import (
     WHY_MANUAL,
     WHY_NO_OTHER,
     WHY_SUCCESS,
+    rules,
 )
 
 TIMEOUT_S = 2.0
@@ -421,8 +422,8 @@ def test_manual_eject_and_readmit() -> None:
 
 
 def test_policy_arithmetic() -> None:
-    policy = OutlierPolicy(base_ejection_ms=30_000, max_ejection_ms=300_000)
-    assert [policy.duration_ms(k) for k in range(6)] == [
+    policy = rules(base_ejection_ms=30_000, max_ejection_ms=300_000)
+    assert [policy.cool_down(k + 1) for k in range(6)] == [
         30_000,
         60_000,
         120_000,
@@ -430,9 +431,9 @@ def test_policy_arithmetic() -> None:
         300_000,
         300_000,
     ]
-    assert policy.duration_ms(10_000) == 300_000
-    assert [policy.max_ejected(n) for n in (1, 2, 3, 4, 10)] == [1, 1, 1, 2, 5]
-    assert not OutlierPolicy(consecutive_timeouts=0).enabled
+    assert policy.cool_down(10_000) == 300_000
+    assert [policy.max_out(n) for n in (1, 2, 3, 4, 10)] == [1, 1, 1, 2, 5]
+    assert not rules(consecutive_timeouts=0).enabled
 
 
 # ----------------------------------------------------------------- steady load (simulated)

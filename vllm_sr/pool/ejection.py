@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from vllm_sr import events as ev
 from vllm_sr.clock import Clock
+from vllm_sr.cluster.ejection import EjectionRules
 from vllm_sr.errors import Conflict
 from vllm_sr.events import Emit
 from vllm_sr.plan import ReplicaState
 from vllm_sr.pool import outlier
-from vllm_sr.pool.outlier import OutlierPolicy
 from vllm_sr.pool.replica import Replica
 from vllm_sr.pool.settings import PoolSettings
 
@@ -24,7 +24,7 @@ from vllm_sr.pool.settings import PoolSettings
 class Ejection:
     deployment: str
     settings: PoolSettings
-    policy: OutlierPolicy
+    policy: EjectionRules
     withheld: dict[str, int]
     on_wake: Callable[[], None] | None
     _replicas: dict[str, Replica]
@@ -44,7 +44,7 @@ class Ejection:
         r.last_success_at = now
         r.backoff_until, r.backoff_set_at = None, None
         r.failure_backoff.reset()
-        r.consecutive_timeouts, r.timeouts_began_at = 0, None
+        r.timeouts.reset()
         r.withheld_rule = None
         r.ejection_level = 0  # "starts over": the next ejection is the base again
         if r.ejected:
@@ -65,17 +65,13 @@ class Ejection:
             self.on_wake()
 
     def _on_timeout(self, r: Replica, started: float) -> None:
-        if r.consecutive_timeouts == 0:
-            r.timeouts_began_at = started
-        r.consecutive_timeouts += 1
-        if not self.policy.enabled or r.ejected or r.state is not ReplicaState.READY:
-            return
-        if r.consecutive_timeouts < self.policy.consecutive_timeouts:
+        r.timeouts.fail(started)
+        if r.ejected or r.state is not ReplicaState.READY or not self.policy.reached(r.timeouts):
             return
         decision = outlier.decide(self.policy, r, self._replicas.values())
         if decision.eject:
             r.ejection_level += 1
-            self._eject(r, decision.duration_ms, "consecutive_timeouts")
+            self._eject(r, int(decision.duration), "consecutive_timeouts")
         elif decision.rule != r.withheld_rule:
             r.withheld_rule = decision.rule
             assert decision.rule is not None
@@ -104,14 +100,12 @@ class Ejection:
         r = self._replicas.get(replica_id)
         if r is None:
             return
-        r.healthy = healthy
         if healthy:
-            r.reprobe_at = None
-            r.reprobe.reset()
+            r.probe.record_success()
             return
         r.last_error = reason or "health probe failed"
         # Nothing else would probe it again: it gets no traffic, so no failures.
-        r.reprobe_at = self._clock.monotonic() + r.reprobe.next_delay()
+        r.probe.record_failure(r.last_error)
         self._restore_if_none_serve()
 
     def tick(self) -> float | None:
@@ -122,7 +116,7 @@ class Ejection:
         pending = [
             t - now
             for r in self._replicas.values()
-            for t in (r.ejected_until, r.backoff_until, r.reprobe_at)
+            for t in (r.ejected_until, r.backoff_until, r.probe.next_check_at)
             if t is not None and t > now
         ]
         return min(pending) if pending else None
@@ -133,8 +127,8 @@ class Ejection:
                 self._readmit(r, outlier.WHY_COOLDOWN)
             if r.backoff_until is not None and now >= r.backoff_until:
                 r.backoff_until = None  # the doubling stays until a success
-            if r.reprobe_at is not None and now >= r.reprobe_at:
-                r.reprobe_at = None
+            if r.probe.next_check_at is not None and now >= r.probe.next_check_at:
+                r.probe.taken()
                 self._request_probe(r.id)
 
     # ----------------------------------------------------------------- manual ops (control API)
@@ -152,7 +146,7 @@ class Ejection:
                 f"{self.deployment!r} can take requests (drain it instead)",
                 replica=replica_id,
             )
-        self._eject(r, duration_ms or self.policy.base_ejection_ms, reason)
+        self._eject(r, duration_ms or int(self.policy.base), reason)
 
     def readmit(self, replica_id: str) -> bool:
         """Return an ejected or drained replica to dispatch now; its record starts over.
@@ -160,7 +154,8 @@ class Ejection:
         r = self._get(replica_id)
         r.backoff_until, r.backoff_set_at = None, None
         r.failure_backoff.reset()
-        r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
+        r.timeouts.reset()
+        r.withheld_rule = None
         r.ejection_level = 0
         if r.state is ReplicaState.DRAINING and r.pid is not None:
             r.state = ReplicaState.READY  # `ctl drain` undone: the process never stopped

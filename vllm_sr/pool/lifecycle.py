@@ -33,9 +33,8 @@ class Lifecycle:
 
     def mark_starting(self, replica_id: str, pid: int | None = None) -> None:
         r = self._get(replica_id)
-        r.state, r.pid, r.healthy, r.restart_at = ReplicaState.STARTING, pid, True, None
-        r.reprobe_at = None
-        r.reprobe.reset()
+        r.state, r.pid, r.restart_at = ReplicaState.STARTING, pid, None
+        r.probe.record_success()
         self._restore_if_none_serve()
 
     def mark_ready(
@@ -52,10 +51,9 @@ class Lifecycle:
         when its reported limits differ from the configured ones, or its revision or
         capabilities from the replicas already ready."""
         r = self._get(replica_id)
-        r.pid, r.limits, r.threads, r.healthy, r.restart_at = pid, limits, threads, True, None
+        r.pid, r.limits, r.threads, r.restart_at = pid, limits, threads, None
         r.revision, r.capabilities = revision, capabilities
-        r.reprobe_at = None
-        r.reprobe.reset()
+        r.probe.record_success()
         peers = [
             (o.id, o.revision, o.capabilities)
             for o in self._replicas.values()

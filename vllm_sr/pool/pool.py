@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from vllm_sr import events as ev
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
+from vllm_sr.cluster.health import HealthProbe
+from vllm_sr.cluster.picking import least_loaded
 from vllm_sr.errors import Conflict, NotFound, Overloaded, Unavailable
 from vllm_sr.events import Emit
 from vllm_sr.jsontypes import JsonObject
@@ -115,7 +117,8 @@ class ReplicaPool(Ejection, Lifecycle):
         replica = Replica(replica_id, self.deployment, device, self._clock, pid=pid, client=client)
         replica.served_model = served_model
         lo, hi = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
-        replica.failure_backoff, replica.reprobe = Backoff(lo, hi), Backoff(lo, hi)
+        replica.failure_backoff = Backoff(lo, hi)
+        replica.probe = HealthProbe(self._clock, backoff_s=lo, backoff_max_s=hi)
         self._replicas[replica_id] = replica
         return replica
 
@@ -178,17 +181,17 @@ class ReplicaPool(Ejection, Lifecycle):
         return Lease(best.id, nbytes, now, replica=best, kind=kind)
 
     def _pick(self, now: float, candidates: Iterable[Replica]) -> Replica | None:
-        best: Replica | None = None
+        """The least loaded replica that may take it: fewest outstanding request bytes, ties
+        to the least recently assigned."""
         limit = self.settings.max_inflight_per_replica
-        for r in candidates:
-            if not r.serving or r.ejected or r.inflight >= limit or r.in_backoff(now):
-                continue
-            if best is None or (r.outstanding_bytes, r.last_assigned) < (
-                best.outstanding_bytes,
-                best.last_assigned,
-            ):
-                best = r
-        return best
+        return least_loaded(
+            (
+                r
+                for r in candidates
+                if r.serving and not r.ejected and r.inflight < limit and not r.in_backoff(now)
+            ),
+            _load,
+        )
 
     def _refusal(self, now: float, candidates: Iterable[Replica]) -> Overloaded | Unavailable:
         candidates = list(candidates)
@@ -305,6 +308,10 @@ class ReplicaPool(Ejection, Lifecycle):
     def metrics(self) -> JsonObject:
         """Counters for /metrics: per replica, withheld ejections by rule, refusals, retries."""
         return views.metrics(self)
+
+
+def _load(r: Replica) -> tuple[float, float]:
+    return (r.outstanding_bytes, r.last_assigned)
 
 
 def _no_emit(name: str, **fields: object) -> None:

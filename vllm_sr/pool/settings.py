@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vllm_sr.cluster.ejection import EjectionRules
 from vllm_sr.config.schema import (
     DEFAULT_BASE_EJECTION_MS,
     DEFAULT_CONSECUTIVE_TIMEOUTS,
@@ -83,8 +84,9 @@ class PoolSettings(BaseModel):  # type: ignore[explicit-any]
             return self.hang_after_ms / 1000.0
         return max(3 * self.timeout_ms, 10_000) / 1000.0
 
-    def policy(self) -> outlier.OutlierPolicy:
-        return outlier.OutlierPolicy(
+    def policy(self) -> EjectionRules:
+        """The outlier_detection settings as the cluster's ejection rules (in ms)."""
+        return outlier.rules(
             consecutive_timeouts=self.consecutive_timeouts,
             base_ejection_ms=self.base_ejection_ms,
             max_ejection_ms=self.effective_max_ejection_ms,
