@@ -485,6 +485,43 @@ def test_settings_defaults_and_validation() -> None:
         PoolSettings(bogus=1)  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize(
+    ("field", "refused", "accepted"),
+    [
+        ("hang_after_ms", 999, 1000),
+        ("hang_after_ms", 86_400_001, 86_400_000),
+        ("timeout_ms", 0, 1),
+        ("timeout_ms", 3_600_001, 3_600_000),
+        ("consecutive_timeouts", 1001, 1000),
+        ("base_ejection_ms", 3_600_001, 3_600_000),
+        ("max_ejection_percent", 101, 100),
+    ],
+)
+def test_settings_bounds_are_configs(field: str, refused: int, accepted: int) -> None:
+    """The pool's settings accept exactly what config.yaml accepts for the same field."""
+    from pydantic import ValidationError
+
+    from vllm_sr.config.schema import Deployment, OutlierDetection
+
+    config_model: Any = OutlierDetection if field in OutlierDetection.model_fields else Deployment
+    replicas: dict[str, Any] = {} if config_model is OutlierDetection else {"replicas": [{}]}
+    for value, ok in ((refused, False), (accepted, True)):
+        doc = {field: value, **replicas}
+        if field == "base_ejection_ms":
+            doc["max_ejection_ms"] = value
+        try:
+            config_model.model_validate(doc)
+            config_ok = True
+        except ValidationError:
+            config_ok = False
+        try:
+            PoolSettings.model_validate({k: v for k, v in doc.items() if k != "replicas"})
+            pool_ok = True
+        except ValidationError:
+            pool_ok = False
+        assert (config_ok, pool_ok) == (ok, ok), (field, value)
+
+
 def test_settings_from_a_deployment_object() -> None:
     class OD:
         consecutive_timeouts = 5
@@ -498,6 +535,7 @@ def test_settings_from_a_deployment_object() -> None:
 
     class Dep:
         timeout_ms = 2000
+        hang_after_ms = None
         outlier_detection = OD()
         engine_args = Engine()
 
