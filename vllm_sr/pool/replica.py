@@ -17,6 +17,7 @@ from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
 from vllm_sr.cluster.ejection import Streak
 from vllm_sr.cluster.health import HealthProbe
+from vllm_sr.errors import NotFound
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import ReplicaState
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
@@ -24,7 +25,7 @@ from vllm_sr.pool.stats import LatencyWindow, RateWindow
 if TYPE_CHECKING:
     from vllm_sr.pool.connection import WorkerResponse
 
-__all__ = ["OUTCOMES", "Client", "Outcome", "Replica", "ReplicaState"]
+__all__ = ["OUTCOMES", "Client", "Outcome", "Replica", "ReplicaState", "lookup"]
 
 
 class Client(Protocol):
@@ -149,6 +150,15 @@ class Replica:
         """Healthy and a member of dispatch, ejection and failure backoff aside."""
         return self.state is ReplicaState.READY and self.healthy
 
+    def who(self) -> dict[str, object]:
+        """The fields every replica event carries."""
+        return {
+            "deployment": self.deployment,
+            "replica": self.id,
+            "device": self.device,
+            "pid": self.pid,
+        }
+
     def in_backoff(self, now: float) -> bool:
         return self.backoff_until is not None and now < self.backoff_until
 
@@ -197,3 +207,15 @@ class Replica:
             "supervision_failures": self.supervision_failures,
             "usage": self.usage,
         }
+
+
+def lookup(replicas: dict[str, Replica], deployment: str, replica_id: str) -> Replica:
+    """``replicas[replica_id]``, else ``NotFound`` naming the deployment's replicas."""
+    try:
+        return replicas[replica_id]
+    except KeyError:
+        raise NotFound(
+            f"replica {replica_id!r} not found in deployment {deployment!r}; "
+            f"replicas: {', '.join(replicas) or 'none'}",
+            replica=replica_id,
+        ) from None
