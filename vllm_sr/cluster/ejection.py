@@ -3,7 +3,7 @@ replicas (timeouts in a row) and LLM backends (5xx in a row).
 
 - :class:`Streak`: a member's run of failures; a success ends it.
 - :class:`EjectionRules`: the threshold, the cool-down's base, growth and cap, and the share
-  of members that may be out at once (at most one fewer than all, so one always serves).
+  of members that may be out at once (``decide`` never takes out the last one).
 - :func:`decide`: whether a member whose streak reached the threshold is ejected now; the first
   rule that holds it back is named (:data:`RULES`, in the order checked):
 
