@@ -1,9 +1,11 @@
 """One doubling backoff for the whole project (pure logic; an injected clock where time matters).
 
 Used by the supervisor (worker restarts: 1 s doubling to 60 s, reset after a stable run), the
-pool (a replica's short failure backoff and its /health re-probes: 0.1 s doubling to 3.2 s) and
+cluster rules (a replica's short failure backoff, the /health re-probes of replicas and LLM
+backends: ``vllm_sr.cluster``), the replay writer's reconnects (1 s doubling to 60 s) and
 vllm-sr-top (reconnects). ``next_delay`` returns the delay to wait now and doubles the one after,
-up to ``max_s``; ``reset`` starts over at ``initial_s``.
+up to ``max_s``; ``reset`` starts over at ``initial_s``. ``fail`` is the same step as a time on
+the clock (``retry_at``), and ``due`` says whether that time has come.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Backoff:
         self._clock = clock
         self._next = initial_s
         self.current = 0.0  # the delay last handed out; 0.0 = not backing off
+        self.retry_at: float | None = None  # monotonic; set by ``fail``, cleared by ``reset``
         self._ready_since: float | None = None
 
     @property
@@ -45,9 +48,20 @@ class Backoff:
         self._next = min(self._next * 2, self.max_s)
         return self.current
 
+    def fail(self) -> float:
+        """A failure now: the next try may start at the returned monotonic time (now plus
+        ``next_delay()``), also kept in ``retry_at``."""
+        self.retry_at = self._clock.monotonic() + self.next_delay()
+        return self.retry_at
+
+    def due(self) -> bool:
+        """Whether a try may start now: no failure since the reset, or its delay is over."""
+        return self.retry_at is None or self._clock.monotonic() >= self.retry_at
+
     def reset(self) -> None:
         self._next = self.initial_s
         self.current = 0.0
+        self.retry_at = None
 
     # A restart loop's view: a run that stayed up ``reset_after_s`` is not a crash loop.
     def mark_ready(self) -> None:

@@ -50,8 +50,8 @@ async def test_metrics_carry_worker_series_latency_ejections_and_pass_promtool(
                 async with s.post(f"{svc.url}/v1/embeddings", json={"input": f"t{i}"}) as r:
                     assert r.status == 200
             pool = svc.sup.pools["primary"]
-            pool.eject("primary-1", duration_ms=60_000)
-            pool.readmit("primary-1")
+            pool.outliers.eject("primary-1", duration_ms=60_000)
+            pool.outliers.readmit("primary-1")
             async with s.get(f"{svc.url}/metrics") as r:
                 assert r.status == 200
                 text = await r.text()

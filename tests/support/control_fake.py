@@ -256,17 +256,17 @@ class FakeBackend:
 
     def handle_eject(self, cmd: Command) -> dict[str, Any]:
         rep, pool = self._published(cmd.replica)
-        pool.eject(rep.id, duration_ms=cmd.duration_ms)
+        pool.outliers.eject(rep.id, duration_ms=cmd.duration_ms)
         return {"ok": True, "replica": rep.id, "state": pool.replica(rep.id).display_state()}
 
     def handle_readmit(self, cmd: Command) -> dict[str, Any]:
         rep, pool = self._published(cmd.replica)
-        pool.readmit(rep.id)
+        pool.outliers.readmit(rep.id)
         return {"ok": True, "replica": rep.id, "state": pool.replica(rep.id).display_state()}
 
     def handle_drain(self, cmd: Command) -> dict[str, Any]:
         rep, pool = self._published(cmd.replica)
-        pool.drain(rep.id)
+        pool.mark_draining(rep.id)
         self.events.publish(ev.REPLICA_DRAINING, **self.who(rep.id), pid=rep.pid, reason="control")
         return {"ok": True, "replica": rep.id, "inflight": pool.replica(rep.id).inflight}
 

@@ -332,3 +332,24 @@ def test_threads_flag_on_a_gpu_deployment_is_refused_and_nothing_written(tmp_pat
     assert "global.model_catalog.deployments.primary.threads" in text
     assert "threads 2 applies to CPU workers, but this deployment runs on rocm GPUs" in text
     assert p.read_bytes() == before
+
+
+def test_a_load_runs_the_config_rules_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """collect_problems runs semantic_problems on the raw mapping and switches the model's own
+    run off; building a RootConfig directly still runs them."""
+    from vllm_sr.config import file_rules
+    from vllm_sr.config.problems import Problem
+    from vllm_sr.config.schema import RootConfig
+
+    calls: list[object] = []
+    real = file_rules.semantic_problems
+
+    def counted(raw: object) -> list[Problem]:
+        calls.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(file_rules, "semantic_problems", counted)
+    config, problems = files.collect_problems({"global": {"router": {"enabled": False}}})
+    assert config is not None and problems == [] and len(calls) == 1
+    RootConfig.model_validate({"global": {"router": {"enabled": False}}})
+    assert len(calls) == 2

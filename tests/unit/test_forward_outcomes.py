@@ -149,7 +149,7 @@ def test_a_worker_answering_504_counts_timeouts_and_is_ejected() -> None:
 # ------------------------------------------------------------------ restore rule (part 3)
 def eject_first_of_two() -> tuple[Any, Any, Any]:
     pool, clock, rec = make_pool(2, timeout_ms=1000)
-    pool.eject("primary-0", duration_ms=60_000)
+    pool.outliers.eject("primary-0", duration_ms=60_000)
     assert pool.replica("primary-0").ejected
     return pool, clock, rec
 
@@ -181,7 +181,7 @@ def test_a_peer_that_cannot_take_requests_readmits_the_ejected(leaves: str) -> N
     elif leaves == "draining":
         pool.mark_draining("primary-1")
     elif leaves == "unreachable":
-        pool.probe_result("primary-1", healthy=False)
+        pool.outliers.probe_result("primary-1", healthy=False)
     else:
         pool.mark_backoff_restart("primary-1", clock.monotonic() + 5)
     assert not pool.replica("primary-0").ejected

@@ -179,3 +179,27 @@ def test_upstreams_recipes_with_learning_load_whole(recipe: str) -> None:
     learning = cfg.global_.router.learning
     assert learning.enabled and learning.protection is not None
     assert learning.protection.scope == "conversation"
+
+
+def test_candidate_set_has_one_owner() -> None:
+    """Values, default, field type and reading come from config.learning_rules; every reader
+    (the adaptation's tables, the settings' default) covers exactly those values."""
+    from vllm_sr.config.learning_rules import (
+        CANDIDATE_SETS,
+        DEFAULT_CANDIDATE_SET,
+        candidate_set_of,
+    )
+    from vllm_sr.config.routing import LearningAdaptation as DecisionAdaptation
+    from vllm_sr.config.upstream_learning import LearningAdaptation as GlobalAdaptation
+    from vllm_sr.router.learning.adaptation import COST_MULTIPLIER, SAMPLING_MARGIN
+    from vllm_sr.router.learning.settings import LearningSettings
+
+    assert set(COST_MULTIPLIER) == set(SAMPLING_MARGIN) == set(CANDIDATE_SETS)
+    assert LearningSettings().candidate_set == DEFAULT_CANDIDATE_SET in CANDIDATE_SETS
+    assert candidate_set_of(" tier ") == "tier"
+    assert candidate_set_of("  ") is None and candidate_set_of(None) is None
+    decision = DecisionAdaptation.model_fields["candidate_set"]
+    glob = GlobalAdaptation.model_fields["candidate_set"]
+    # the same type and bounds (before: max_length 64 on one, 32 on the other)
+    assert (decision.annotation, decision.metadata) == (glob.annotation, glob.metadata)
+    assert "max_length=32" in repr(decision.annotation)

@@ -13,7 +13,7 @@ from tests.unit.test_pool import exchange, make_pool
 from vllm_sr import events as ev
 from vllm_sr.clock import FakeClock
 from vllm_sr.errors import Conflict, Overloaded, Unavailable
-from vllm_sr.pool import Lease, OutlierPolicy, ReplicaPool
+from vllm_sr.pool import Lease, ReplicaPool
 from vllm_sr.pool.outlier import (
     RULE_MAX_PERCENT,
     RULE_NO_OTHER_ANSWERED,
@@ -22,6 +22,7 @@ from vllm_sr.pool.outlier import (
     WHY_MANUAL,
     WHY_NO_OTHER,
     WHY_SUCCESS,
+    rules,
 )
 
 TIMEOUT_S = 2.0
@@ -136,14 +137,14 @@ def test_zero_turns_ejection_off_but_backoff_and_probes_stay() -> None:
     assert not r.ejected and r.consecutive_timeouts == 10
     assert rec.of(ev.REPLICA_EJECTED) == [] and rec.of(ev.REPLICA_EJECTION_WITHHELD) == []
     assert r.in_backoff(clock.monotonic()) and r.backoff_s == pytest.approx(3.2)
-    assert "primary-0" in pool.take_probe_requests()
+    assert "primary-0" in pool.outliers.take_probe_requests()
     assert "primary-0" not in {pool.acquire(0).replica_id for _ in range(6)}
 
 
 def test_held_back_replica_still_backs_off_and_is_probed() -> None:
     pool, clock, _ = make_pool(1)
     time_out(pool, clock, "primary-0", 5)
-    assert pool.take_probe_requests() == ["primary-0"]
+    assert pool.outliers.take_probe_requests() == ["primary-0"]
     with pytest.raises(Unavailable):
         pool.acquire(0)
     wait_out_backoff(pool, clock, "primary-0")
@@ -154,9 +155,9 @@ def test_held_back_replica_still_backs_off_and_is_probed() -> None:
 def test_ejection_probes_health_at_once() -> None:
     pool, clock, _ = make_pool(3)
     hang(pool, clock, "primary-0", "primary-1")
-    assert "primary-0" in pool.take_probe_requests()
-    pool.eject("primary-1", 5000)
-    assert pool.take_probe_requests() == ["primary-1"]
+    assert "primary-0" in pool.outliers.take_probe_requests()
+    pool.outliers.eject("primary-1", 5000)
+    assert pool.outliers.take_probe_requests() == ["primary-1"]
 
 
 def test_cooldown_ends_readmits_once_and_next_timeout_doubles_up_to_the_cap() -> None:
@@ -168,11 +169,11 @@ def test_cooldown_ends_readmits_once_and_next_timeout_doubles_up_to_the_cap() ->
         assert r.ejected
         durations.append(rec.of(ev.REPLICA_EJECTED)[-1]["duration_ms"])
         clock.advance(durations[-1] / 1000 - 0.01)
-        pool.tick()
+        pool.outliers.tick()
         assert r.ejected
         clock.advance(0.011)
         for _ in range(3):  # several ticks, one transition
-            pool.tick()
+            pool.outliers.tick()
         assert not r.ejected
         answer(pool, clock, "primary-1")
         time_out(pool, clock, "primary-0")  # its next timeout ejects it again
@@ -222,7 +223,7 @@ def test_success_readmits_at_once_and_starts_over() -> None:
     assert pool.replica("primary-0").ejected
     # First ejection at base, second (after cool-down) at twice the base.
     clock.advance(1.0)
-    pool.tick()
+    pool.outliers.tick()
     answer(pool, clock, "primary-1")
     time_out(pool, clock, "primary-0")
     assert rec.of(ev.REPLICA_EJECTED)[-1]["duration_ms"] == 2000
@@ -318,7 +319,7 @@ def test_a_slot_freed_by_readmission_lets_the_next_timeout_eject() -> None:
     hang(pool, clock, "primary-1", "primary-3")
     assert not pool.replica("primary-1").ejected
     clock.advance(10.0)
-    pool.tick()
+    pool.outliers.tick()
     answer(pool, clock, "primary-3")
     time_out(pool, clock, "primary-1")
     assert pool.replica("primary-1").ejected
@@ -355,7 +356,7 @@ def test_ejected_serve_again_when_no_other_replica_can(n: int) -> None:
 def test_ejected_serve_again_when_the_other_fails_its_probe() -> None:
     pool, clock, rec = make_pool(2)
     hang(pool, clock, "primary-0", "primary-1")
-    pool.probe_result("primary-1", False, "503")
+    pool.outliers.probe_result("primary-1", False, "503")
     assert rec.of(ev.REPLICA_READMITTED)[0]["why"] == WHY_NO_OTHER
     wait_out_backoff(pool, clock, "primary-0")
     assert pool.acquire(0).replica_id == "primary-0"
@@ -396,7 +397,7 @@ def test_metrics_count_ejections_readmissions_and_withheld() -> None:
     time_out(pool, clock, "primary-1", 3)
     hang(pool, clock, "primary-0", "primary-1")
     clock.advance(1.0)
-    pool.tick()
+    pool.outliers.tick()
     m = pool.metrics()
     assert m["replicas"]["primary-0"]["ejections"] == 1
     assert m["replicas"]["primary-0"]["readmissions"] == 1
@@ -406,23 +407,23 @@ def test_metrics_count_ejections_readmissions_and_withheld() -> None:
 
 def test_manual_eject_and_readmit() -> None:
     pool, _, rec = make_pool(2)
-    pool.eject("primary-0", 5000)
+    pool.outliers.eject("primary-0", 5000)
     assert rec.of(ev.REPLICA_EJECTED)[-1]["reason"] == "manual"
     assert rec.of(ev.REPLICA_EJECTED)[-1]["duration_ms"] == 5000
     with pytest.raises(Conflict, match="no other replica"):
-        pool.eject("primary-1", 5000)
-    assert pool.readmit("primary-0") is True
+        pool.outliers.eject("primary-1", 5000)
+    assert pool.outliers.readmit("primary-0") is True
     assert rec.of(ev.REPLICA_READMITTED)[-1]["why"] == WHY_MANUAL
-    assert pool.readmit("primary-0") is False
-    pool.eject("primary-1")
+    assert pool.outliers.readmit("primary-0") is False
+    pool.outliers.eject("primary-1")
     assert rec.of(ev.REPLICA_EJECTED)[-1]["duration_ms"] == 30_000
     with pytest.raises(ValueError, match="duration_ms"):
-        pool.eject("primary-0", 0)
+        pool.outliers.eject("primary-0", 0)
 
 
 def test_policy_arithmetic() -> None:
-    policy = OutlierPolicy(base_ejection_ms=30_000, max_ejection_ms=300_000)
-    assert [policy.duration_ms(k) for k in range(6)] == [
+    policy = rules(base_ejection_ms=30_000, max_ejection_ms=300_000)
+    assert [policy.cool_down(k + 1) for k in range(6)] == [
         30_000,
         60_000,
         120_000,
@@ -430,9 +431,9 @@ def test_policy_arithmetic() -> None:
         300_000,
         300_000,
     ]
-    assert policy.duration_ms(10_000) == 300_000
-    assert [policy.max_ejected(n) for n in (1, 2, 3, 4, 10)] == [1, 1, 1, 2, 5]
-    assert not OutlierPolicy(consecutive_timeouts=0).enabled
+    assert policy.cool_down(10_000) == 300_000
+    assert [policy.max_out(n) for n in (1, 2, 3, 4, 10)] == [1, 1, 1, 2, 5]
+    assert not rules(consecutive_timeouts=0).enabled
 
 
 # ----------------------------------------------------------------- steady load (simulated)
@@ -472,7 +473,7 @@ def simulate(
             seq += 1
             due = now + (TIMEOUT_S if slow else latency)
             heapq.heappush(pending, (due, seq, lease, "timeout" if slow else "success"))
-        pool.tick()
+        pool.outliers.tick()
         clock.advance(tick)
     return {"sent": sent, "outcomes": outcomes, "first_timeout": first_timeout}
 
@@ -520,7 +521,7 @@ def test_ejection_survives_a_restart_of_the_worker() -> None:
     assert pool.mark_ready("primary-0", 999, {"max_num_seqs": 64}, 1)
     assert pool.inventory()["replicas"][0]["state"] == "ejected"
     assert "primary-0" not in {pool.acquire(0).replica_id for _ in range(6)}
-    assert pool.readmit("primary-0")
+    assert pool.outliers.readmit("primary-0")
     assert rec.of(ev.REPLICA_READMITTED)[-1]["why"] == WHY_MANUAL
 
 

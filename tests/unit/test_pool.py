@@ -214,7 +214,7 @@ def test_unavailable_when_none_ready() -> None:
         lambda p: p.mark_stopped("primary-0"),
         lambda p: p.mark_starting("primary-0", 555),
         lambda p: p.mark_backoff_restart("primary-0", 2000.0),
-        lambda p: p.probe_result("primary-0", False, "503 loading"),
+        lambda p: p.outliers.probe_result("primary-0", False, "503 loading"),
         lambda p: p.mark_hung("primary-0", "hung: forward running 12.0 s > bound 10.0 s"),
     ],
 )
@@ -228,7 +228,7 @@ def test_only_ready_healthy_replicas_take_requests(transition: Any) -> None:
 def test_draining_replica_finishes_what_it_has() -> None:
     pool, _, _ = make_pool(2)
     lease = pool.acquire(10, "primary-0")
-    pool.drain("primary-0")
+    pool.mark_draining("primary-0")
     assert pool.replica("primary-0").state is ReplicaState.DRAINING
     assert not pool.idle("primary-0")
     assert pool.acquire(1).replica_id == "primary-1"
@@ -248,11 +248,11 @@ def test_pinned_acquire_follows_admission() -> None:
 
 def test_unhealthy_probe_then_healthy_probe() -> None:
     pool, _, _ = make_pool(1)
-    pool.probe_result("primary-0", False, "connection refused")
+    pool.outliers.probe_result("primary-0", False, "connection refused")
     with pytest.raises(Unavailable):
         pool.acquire(1)
     assert pool.inventory()["replicas"][0]["last_error"] == "connection refused"
-    pool.probe_result("primary-0", True)
+    pool.outliers.probe_result("primary-0", True)
     assert pool.acquire(1).replica_id == "primary-0"
 
 
@@ -261,20 +261,20 @@ def test_unhealthy_replica_is_probed_again_with_doubling_intervals() -> None:
     pool, clock, _ = make_pool(2)
     intervals = []
     for _ in range(7):
-        pool.probe_result("primary-0", False, "timed out")
+        pool.outliers.probe_result("primary-0", False, "timed out")
         start = clock.monotonic()
-        assert pool.take_probe_requests() == []
-        wait = pool.tick()
+        assert pool.outliers.take_probe_requests() == []
+        wait = pool.outliers.tick()
         assert wait is not None
         clock.advance(wait)
-        pool.tick()
-        assert pool.take_probe_requests() == ["primary-0"]
+        pool.outliers.tick()
+        assert pool.outliers.take_probe_requests() == ["primary-0"]
         intervals.append(round(clock.monotonic() - start, 6))
     assert intervals == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 3.2]
-    pool.probe_result("primary-0", True)
+    pool.outliers.probe_result("primary-0", True)
     clock.advance(10)
-    pool.tick()
-    assert pool.take_probe_requests() == []
+    pool.outliers.tick()
+    assert pool.outliers.take_probe_requests() == []
     assert "primary-0" in {pool.acquire(0).replica_id for _ in range(2)}
 
 
@@ -313,8 +313,8 @@ def test_burst_of_failures_in_flight_together_is_one_backoff_step() -> None:
 def test_backoff_moves_traffic_to_the_other_replica_and_probes() -> None:
     pool, clock, _ = make_pool(2)
     exchange(pool, clock, "failure", "primary-0", took=0.0)
-    assert pool.take_probe_requests() == ["primary-0"]
-    assert pool.take_probe_requests() == []
+    assert pool.outliers.take_probe_requests() == ["primary-0"]
+    assert pool.outliers.take_probe_requests() == []
     assert {pool.acquire(0).replica_id for _ in range(5)} == {"primary-1"}
     clock.advance(0.1)
     assert "primary-0" in {pool.acquire(0).replica_id for _ in range(5)}
@@ -324,17 +324,17 @@ def test_backoff_moves_traffic_to_the_other_replica_and_probes() -> None:
 def test_cancelled_and_refused_neither_back_off_nor_probe(outcome: str) -> None:
     pool, clock, _ = make_pool(1)
     exchange(pool, clock, outcome)
-    assert pool.take_probe_requests() == []
+    assert pool.outliers.take_probe_requests() == []
     assert pool.acquire(1).replica_id == "primary-0"
 
 
 def test_tick_reports_the_next_transition() -> None:
     pool, clock, _ = make_pool(2)
-    assert pool.tick() is None
+    assert pool.outliers.tick() is None
     exchange(pool, clock, "failure", "primary-0", took=0.0)
-    assert pool.tick() == pytest.approx(0.1)
+    assert pool.outliers.tick() == pytest.approx(0.1)
     clock.advance(0.1)
-    assert pool.tick() is None
+    assert pool.outliers.tick() is None
 
 
 # ----------------------------------------------------------------- limits
@@ -436,7 +436,7 @@ def test_a_hung_replica_is_out_until_its_next_process_is_ready() -> None:
 def test_a_hung_only_replica_brings_back_the_ejected_one() -> None:
     """Hung is out like any state that cannot serve: an ejected peer serves again."""
     pool, _, rec = make_pool(2)
-    pool.eject("primary-1", duration_ms=60_000)
+    pool.outliers.eject("primary-1", duration_ms=60_000)
     pool.mark_hung("primary-0", "hung")
     assert pool.acquire(1).replica_id == "primary-1"
     assert rec.of(ev.REPLICA_READMITTED)[-1]["why"] == "no_other_replica"
@@ -491,6 +491,43 @@ def test_settings_defaults_and_validation() -> None:
         PoolSettings(bogus=1)  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize(
+    ("field", "refused", "accepted"),
+    [
+        ("hang_after_ms", 999, 1000),
+        ("hang_after_ms", 86_400_001, 86_400_000),
+        ("timeout_ms", 0, 1),
+        ("timeout_ms", 3_600_001, 3_600_000),
+        ("consecutive_timeouts", 1001, 1000),
+        ("base_ejection_ms", 3_600_001, 3_600_000),
+        ("max_ejection_percent", 101, 100),
+    ],
+)
+def test_settings_bounds_are_configs(field: str, refused: int, accepted: int) -> None:
+    """The pool's settings accept exactly what config.yaml accepts for the same field."""
+    from pydantic import ValidationError
+
+    from vllm_sr.config.schema import Deployment, OutlierDetection
+
+    config_model: Any = OutlierDetection if field in OutlierDetection.model_fields else Deployment
+    replicas: dict[str, Any] = {} if config_model is OutlierDetection else {"replicas": [{}]}
+    for value, ok in ((refused, False), (accepted, True)):
+        doc = {field: value, **replicas}
+        if field == "base_ejection_ms":
+            doc["max_ejection_ms"] = value
+        try:
+            config_model.model_validate(doc)
+            config_ok = True
+        except ValidationError:
+            config_ok = False
+        try:
+            PoolSettings.model_validate({k: v for k, v in doc.items() if k != "replicas"})
+            pool_ok = True
+        except ValidationError:
+            pool_ok = False
+        assert (config_ok, pool_ok) == (ok, ok), (field, value)
+
+
 def test_settings_from_a_deployment_object() -> None:
     class OD:
         consecutive_timeouts = 5
@@ -504,6 +541,7 @@ def test_settings_from_a_deployment_object() -> None:
 
     class Dep:
         timeout_ms = 2000
+        hang_after_ms = None
         outlier_detection = OD()
         engine_args = Engine()
 
@@ -533,9 +571,9 @@ def test_settings_from_the_config_schema() -> None:
 
 def test_readmit_undoes_a_drain_of_a_live_worker() -> None:
     pool, _, rec = make_pool(2)
-    pool.drain("primary-1")
+    pool.mark_draining("primary-1")
     assert {pool.acquire(0).replica_id for _ in range(3)} == {"primary-0"}
-    assert pool.readmit("primary-1")
+    assert pool.outliers.readmit("primary-1")
     assert pool.replica("primary-1").state.value == "ready"
     assert [f["why"] for f in rec.of(ev.REPLICA_READMITTED)] == ["undrain"]
     pool.mark_exited("primary-0", "exit 1")

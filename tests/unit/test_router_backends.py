@@ -14,10 +14,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support.backends import StandInBackend
 from vllm_sr.clock import FakeClock
+from vllm_sr.cluster.picking import weighted_pick
 from vllm_sr.config.routing import ModelRef, Providers, Routing
 from vllm_sr.httpserver import Request, Response
-from vllm_sr.router.backend import BackendHealth
-from vllm_sr.router.backends import BackendSet, weighted_pick
+from vllm_sr.router.backend import health_probe
+from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import build_chat_router
 from vllm_sr.router.metrics import RouterCollector
 from vllm_sr.router.reasoning import apply_reasoning
@@ -26,7 +27,7 @@ from vllm_sr.router.route import RouteResult
 
 def test_health_starts_unknown_and_usable_then_checks_on_schedule() -> None:
     clock = FakeClock()
-    h = BackendHealth(clock, every_s=5.0)
+    h = health_probe(clock, every_s=5.0)
     assert h.state == "unknown" and h.usable and h.due()
     h.record_success()
     assert h.state == "healthy" and not h.due()
@@ -38,18 +39,19 @@ def test_health_starts_unknown_and_usable_then_checks_on_schedule() -> None:
 
 def test_failures_back_off_doubling_and_a_success_resets() -> None:
     clock = FakeClock()
-    h = BackendHealth(clock)
+    h = health_probe(clock)
     delays = []
     for _ in range(8):
         start = clock.monotonic()
         h.record_failure("refused")
+        assert h.next_check_at is not None
         delays.append(round(h.next_check_at - start, 3))
         clock.advance(h.next_check_at - start)
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert not h.usable and h.failures == 8 and h.last_error == "refused"
     h.record_success()
     h.record_failure("again")
-    assert h.next_check_at - clock.monotonic() == 0.5
+    assert h.next_check_at is not None and h.next_check_at - clock.monotonic() == 0.5
 
 
 PROVIDERS = Providers.model_validate(

@@ -34,6 +34,16 @@ DEFAULT_BASE_EJECTION_MS = 30_000
 DEFAULT_MAX_EJECTION_PERCENT = 50
 DEFAULT_ARTIFACT = "vllm-sr/d3-edge"
 
+# The bounds of a deployment's pool settings: their one owner. The config models below and the
+# pool's ``PoolSettings`` (built from them) both declare their fields with these types.
+TimeoutMs = Annotated[int, Field(ge=1, le=3_600_000)]
+HangAfterMs = Annotated[int, Field(ge=1000, le=86_400_000)]
+ConsecutiveTimeouts = Annotated[int, Field(ge=0, le=1000)]
+EjectionMs = Annotated[int, Field(ge=1, le=MAX_EJECTION_MS_LIMIT)]
+EjectionPercent = Annotated[int, Field(ge=0, le=100)]
+MaxNumSeqs = Annotated[int, Field(ge=1, le=65536)]
+MaxNumBatchedTokens = Annotated[int, Field(ge=1, le=16_777_216)]
+
 
 Platform = Literal["cpu", "rocm", "cuda"]
 
@@ -90,11 +100,11 @@ def ejection_bounds_problem(base_ejection_ms: int, max_ejection_ms: int | None) 
 
 
 class EngineArgs(Strict):
-    max_num_seqs: int | None = Field(default=None, ge=1, le=65536)
+    max_num_seqs: MaxNumSeqs | None = None
     """Most rows one forward batches together. Unset: the worker's default. Set it to give
     every replica the same limit; a replica reporting another value is kept out of dispatch."""
 
-    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=16_777_216)
+    max_num_batched_tokens: MaxNumBatchedTokens | None = None
     """Most tokens one forward batches together. Unset: each worker calibrates its own budget at
     startup, so replicas may report different values."""
 
@@ -106,17 +116,17 @@ class EngineArgs(Strict):
 
 
 class OutlierDetection(Strict):
-    consecutive_timeouts: int = Field(default=DEFAULT_CONSECUTIVE_TIMEOUTS, ge=0, le=1000)
+    consecutive_timeouts: ConsecutiveTimeouts = DEFAULT_CONSECUTIVE_TIMEOUTS
     """Exchanges in a row that run past their deadline before a replica is ejected; 0 = off."""
 
-    base_ejection_ms: int = Field(default=DEFAULT_BASE_EJECTION_MS, ge=1, le=MAX_EJECTION_MS_LIMIT)
+    base_ejection_ms: EjectionMs = DEFAULT_BASE_EJECTION_MS
     """First ejection's length in ms; each repeat doubles it up to max_ejection_ms."""
 
-    max_ejection_ms: int | None = Field(default=None, ge=1, le=MAX_EJECTION_MS_LIMIT)
+    max_ejection_ms: EjectionMs | None = None
     """Longest ejection in ms. Default: ten times base_ejection_ms, at most 3600000 (an hour).
     Must not be below base_ejection_ms."""
 
-    max_ejection_percent: int = Field(default=DEFAULT_MAX_EJECTION_PERCENT, ge=0, le=100)
+    max_ejection_percent: EjectionPercent = DEFAULT_MAX_EJECTION_PERCENT
     """Most replicas (percent) out at once; one may always be out."""
 
     @model_validator(mode="after")
@@ -160,11 +170,11 @@ class Deployment(Strict):
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     """Batch limits and precision shared by every replica (see EngineArgs)."""
 
-    timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, ge=1, le=3_600_000)
+    timeout_ms: TimeoutMs = DEFAULT_TIMEOUT_MS
     """Deadline of one exchange with a worker, in ms (default 30000); a caller's deadline can be
     shorter. An exchange past it counts toward outlier ejection."""
 
-    hang_after_ms: int | None = Field(default=None, ge=1000, le=86_400_000)
+    hang_after_ms: HangAfterMs | None = None
     """A managed worker whose forward has run longer than this (its own /health says so) is
     hung: the supervisor restarts it. Default: max(3 x timeout_ms, 10000)."""
 

@@ -23,7 +23,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from vllm_sr.config.problems import SEMANTIC_ERROR, Problem, format_path
-from vllm_sr.config.schema import RootConfig, semantic_problems
+from vllm_sr.config.schema import RULES_RUN_BY_CALLER, RootConfig, semantic_problems
 from vllm_sr.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/vllm-sr/config.yaml")
@@ -204,11 +204,13 @@ def _problem_from_error(err: ErrorDetails) -> Problem:
 
 
 def collect_problems(data: Any) -> tuple[RootConfig | None, list[Problem]]:
-    """Validate a plain mapping; every problem, field errors and rule errors alike."""
+    """Validate a plain mapping; every problem, field errors and rule errors alike. The rules
+    (``semantic_problems``) run once, here on the raw mapping, so that a file with field errors
+    gets its rule errors too; the model's own run of them is switched off for this call."""
     problems: list[Problem] = []
     config: RootConfig | None = None
     try:
-        config = RootConfig.model_validate(data)
+        config = RootConfig.model_validate(data, context={RULES_RUN_BY_CALLER: True})
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             if err["type"] == SEMANTIC_ERROR:
@@ -217,13 +219,7 @@ def collect_problems(data: Any) -> tuple[RootConfig | None, list[Problem]]:
     if not isinstance(data, dict):
         problems = [Problem((), "the file must hold a mapping with the key 'global'")]
     problems += semantic_problems(data)
-    seen: set[tuple[tuple[str | int, ...], str]] = set()
-    unique = []
-    for p in problems:
-        if (p.path, p.message) not in seen:
-            seen.add((p.path, p.message))
-            unique.append(p)
-    return (config if not unique else None), unique
+    return (config if not problems else None), problems
 
 
 def render_problem(source: str, doc: Any, problem: Problem) -> str:

@@ -8,7 +8,9 @@ upstream's words). The effective-mode rules that read these values at request ti
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field
 
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, problem
@@ -17,10 +19,25 @@ Path = tuple[str | int, ...]
 
 SCOPES = ("conversation", "session")
 MODES = ("apply", "observe", "bypass")
-CANDIDATE_SETS = ("decision", "tier", "global")
+# Router Learning's candidate set, its one owner: the values, the default, the field's type
+# (``global.router.learning.adaptation`` and a decision's ``adaptations.adaptation``) and how a
+# written value is read (trimmed, as upstream).
+CandidateSet = Literal["decision", "tier", "global"]
+CANDIDATE_SETS: tuple[CandidateSet, ...] = get_args(CandidateSet)
+DEFAULT_CANDIDATE_SET: CandidateSet = "decision"
+CandidateSetField = Annotated[str, Field(max_length=32)]
+"""A written candidate_set: the values are checked by ``learning_problems`` (upstream trims it
+first, and a blank one counts as omitted)."""
 STRATEGIES = ("routing_sampling",)
 BACKENDS = ("local", "redis")
 LEARNING: Path = ("global", "router", "learning")
+
+
+def candidate_set_of(value: object) -> CandidateSet | None:
+    """A written candidate_set, trimmed; None when omitted or blank (validation refuses any
+    other value)."""
+    text = value.strip() if isinstance(value, str) else ""
+    return next((s for s in CANDIDATE_SETS if s == text), None)
 
 
 def _quoted(values: tuple[str, ...]) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from vllm_sr.config.learning_rules import CandidateSetField
 from vllm_sr.config.routing_base import Strict, raise_first
 from vllm_sr.config.routing_projections import Projections
 from vllm_sr.config.routing_providers import (
@@ -220,7 +221,7 @@ class LearningAdaptation(Strict):
     mode: str | None = Field(default=None, max_length=32)
     """apply / observe / bypass (omitted: the decision's mode)."""
 
-    candidate_set: str | None = Field(default=None, max_length=64)
+    candidate_set: CandidateSetField | None = None
     """Which models adaptation may choose from (omitted: the global candidate_set)."""
 
 

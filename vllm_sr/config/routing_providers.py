@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from vllm_sr.config.deployment import EjectionPercent
 from vllm_sr.config.routing_base import Strict, raise_first
 from vllm_sr.config.routing_provider_rules import (
     ENDPOINT_RE,
@@ -173,7 +174,7 @@ class ProviderReliability(Strict):
     """How long an ejection lasts, times the number of times that backend was ejected (a Go
     duration, default 30s; at most 300s or this, whichever is longer, as Envoy)."""
 
-    max_ejection_percent: int = Field(default=50, ge=0, le=100)
+    max_ejection_percent: EjectionPercent = 50
     """The most of the model's backends ejected at once, in percent of them rounded down
     (default 50, as upstream; one backend always stays)."""
 

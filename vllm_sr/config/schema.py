@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from vllm_sr.config.deployment import (
@@ -89,6 +89,9 @@ __all__ = [
 
 DEFAULT_DEPLOYMENT = "primary"
 DEFAULT_AUTO_MODEL_NAME = "MoM"
+
+# Validation context key: the caller runs ``semantic_problems`` on the raw mapping itself.
+RULES_RUN_BY_CALLER = "vllm_sr.config.rules_run_by_caller"
 
 
 class _Strict(BaseModel):
@@ -248,11 +251,16 @@ class RootConfig(_Strict):
     _embedded_default: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
-    def _rules(self) -> RootConfig:
+    def _rules(self, info: ValidationInfo) -> RootConfig:
         raw = self.model_dump(by_alias=True, exclude_none=True)
-        problems = semantic_problems(raw)
-        if problems:
-            raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
+        # A loader that runs the rules on the raw mapping itself (``files.collect_problems``,
+        # to report them with every field error in one run) says so, so they run once.
+        if not (info.context or {}).get(RULES_RUN_BY_CALLER):
+            problems = semantic_problems(raw)
+            if problems:
+                raise PydanticCustomError(
+                    SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems)
+                )
         catalog = self.global_.model_catalog
         if catalog.deployments is None and _needs_no_worker(raw):
             catalog.deployments = {}  # Router mode whose routing asks no model: no worker

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from vllm_sr.config.learning_rules import CandidateSetField
 from vllm_sr.config.routing_base import Strict
 
 # -- router.learning ---------------------------------------------------------------------------
@@ -22,7 +23,7 @@ class LearningAdaptation(Strict):
     enabled: bool | None = None
     """Online model-choice learning (omitted: on when learning is on)."""
 
-    candidate_set: str | None = Field(default=None, max_length=32)
+    candidate_set: CandidateSetField | None = None
     """Which models adaptation may pick: decision (the matched decision's modelRefs, the
     default), tier (every decision of the same tier), global (every deployed model)."""
 

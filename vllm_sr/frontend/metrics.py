@@ -196,7 +196,7 @@ class FrontendCollector(Collector):
                 for kind, n in r.by_kind.items():
                     per_pool["by_kind"].add_metric([name, r.id, kind], n)
                 per_pool["state"].add_metric([name, r.id, r.display_state()], 1)
-            for rule, n in pool.withheld.items():
+            for rule, n in pool.outliers.withheld.items():
                 per_pool["withheld"].add_metric([name, rule], n)
             for reason, n in pool.rejected.items():
                 per_pool["rejected"].add_metric([name, reason], n)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from vllm_sr.pool.outlier import OutlierPolicy
 from vllm_sr.pool.pool import Lease, PoolSettings, ReplicaPool
 from vllm_sr.pool.replica import OUTCOMES, Outcome, Replica, ReplicaState
 
@@ -10,7 +9,6 @@ __all__ = [
     "OUTCOMES",
     "Lease",
     "Outcome",
-    "OutlierPolicy",
     "PoolSettings",
     "Replica",
     "ReplicaPool",

@@ -1,56 +1,70 @@
 """What an exchange's outcome and a /health probe do to a replica of one deployment: the
-short failure backoff, outlier ejection and readmission (the rules are ``outlier``'s), the
-probes a failure or an ejection asks for, and the time-based transitions (``tick``). Part of
-``ReplicaPool``, kept in its own module; like the rest of the pool, pure logic on an injected
-clock. The pool emits only what it decides here: ``replica_ejected``, ``replica_readmitted``
-and ``replica_ejection_withheld``, each once per transition."""
+short failure backoff, outlier ejection and readmission (the rules are ``outlier``'s, on the
+cluster's), the probes a failure or an ejection asks for, and the time-based transitions
+(``tick``). The pool's ``outliers`` (:class:`Outliers`), as a model's ``OutlierDetector`` is
+for LLM backends; like the rest of the pool, pure logic on an injected clock. It emits only
+what it decides: ``replica_ejected``, ``replica_readmitted`` and
+``replica_ejection_withheld``, each once per transition."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from vllm_sr import events as ev
 from vllm_sr.clock import Clock
+from vllm_sr.cluster.ejection import EjectionRules
 from vllm_sr.errors import Conflict
 from vllm_sr.events import Emit
 from vllm_sr.plan import ReplicaState
 from vllm_sr.pool import outlier
-from vllm_sr.pool.outlier import OutlierPolicy
-from vllm_sr.pool.replica import Replica
-from vllm_sr.pool.settings import PoolSettings
+from vllm_sr.pool.replica import Replica, lookup
 
 
-class Ejection:
-    deployment: str
-    settings: PoolSettings
-    policy: OutlierPolicy
-    withheld: dict[str, int]
-    on_wake: Callable[[], None] | None
-    _replicas: dict[str, Replica]
-    _probes: dict[str, None]
-    _clock: Clock
-    _emit: Emit
+class Outliers:
+    """One deployment's outlier detection and health probes over the pool's replica records
+    (the pool's ``outliers``): the cluster rules (``vllm_sr.cluster``) applied to the outcomes
+    ``ReplicaPool.release`` reports, to /health probes and to time, plus the control API's
+    manual ``eject`` / ``readmit``. It shares the pool's record dict (the pool adds and
+    removes members) and writes only the outlier, backoff and probe fields of a record, and a
+    drained replica's state on ``readmit``."""
 
-    if TYPE_CHECKING:
+    def __init__(
+        self,
+        deployment: str,
+        replicas: dict[str, Replica],
+        policy: EjectionRules,
+        *,
+        clock: Clock,
+        emit: Emit,
+    ) -> None:
+        self.deployment = deployment
+        self.policy = policy
+        self.withheld: dict[str, int] = dict.fromkeys(outlier.RULES, 0)
+        self.on_wake: Callable[[], None] | None = None  # a probe was requested
+        self._replicas = replicas
+        self._probes: dict[str, None] = {}  # ordered set
+        self._clock = clock
+        self._emit = emit
 
-        def _get(self, replica_id: str) -> Replica: ...
+    def _get(self, replica_id: str) -> Replica:
+        return lookup(self._replicas, self.deployment, replica_id)
 
-        def _who(self, r: Replica) -> dict[str, object]: ...
+    def forget(self, replica_id: str) -> None:
+        """A replica left the pool: no probe is asked for it any more."""
+        self._probes.pop(replica_id, None)
 
-        def mark_draining(self, replica_id: str) -> None: ...
-
-    def _on_success(self, r: Replica, now: float) -> None:
+    # ----------------------------------------------------------------- outcomes
+    def on_success(self, r: Replica, now: float) -> None:
         r.last_success_at = now
         r.backoff_until, r.backoff_set_at = None, None
         r.failure_backoff.reset()
-        r.consecutive_timeouts, r.timeouts_began_at = 0, None
+        r.timeouts.reset()
         r.withheld_rule = None
         r.ejection_level = 0  # "starts over": the next ejection is the base again
         if r.ejected:
             self._readmit(r, outlier.WHY_SUCCESS)
 
-    def _on_failure(self, r: Replica, started: float, now: float) -> None:
+    def on_failure(self, r: Replica, started: float, now: float) -> None:
         # Only an exchange sent after the last step began doubles the backoff: the 32
         # exchanges in flight when a worker hung or died are one failure, not 32.
         if not r.failure_backoff.active or r.backoff_set_at is None or started >= r.backoff_set_at:
@@ -64,18 +78,14 @@ class Ejection:
         if self.on_wake is not None:
             self.on_wake()
 
-    def _on_timeout(self, r: Replica, started: float) -> None:
-        if r.consecutive_timeouts == 0:
-            r.timeouts_began_at = started
-        r.consecutive_timeouts += 1
-        if not self.policy.enabled or r.ejected or r.state is not ReplicaState.READY:
-            return
-        if r.consecutive_timeouts < self.policy.consecutive_timeouts:
+    def on_timeout(self, r: Replica, started: float) -> None:
+        r.timeouts.fail(started)
+        if r.ejected or r.state is not ReplicaState.READY or not self.policy.reached(r.timeouts):
             return
         decision = outlier.decide(self.policy, r, self._replicas.values())
         if decision.eject:
             r.ejection_level += 1
-            self._eject(r, decision.duration_ms, "consecutive_timeouts")
+            self._eject(r, int(decision.duration), "consecutive_timeouts")
         elif decision.rule != r.withheld_rule:
             r.withheld_rule = decision.rule
             assert decision.rule is not None
@@ -104,37 +114,35 @@ class Ejection:
         r = self._replicas.get(replica_id)
         if r is None:
             return
-        r.healthy = healthy
         if healthy:
-            r.reprobe_at = None
-            r.reprobe.reset()
+            r.probe.record_success()
             return
         r.last_error = reason or "health probe failed"
         # Nothing else would probe it again: it gets no traffic, so no failures.
-        r.reprobe_at = self._clock.monotonic() + r.reprobe.next_delay()
-        self._restore_if_none_serve()
+        r.probe.record_failure(r.last_error)
+        self.restore_if_none_serve()
 
     def tick(self) -> float | None:
         """Apply time-based transitions (cool-downs ending). Returns seconds until the next
         one, or None when nothing is pending, so a caller can sleep exactly that long."""
         now = self._clock.monotonic()
-        self._advance(now)
+        self.advance(now)
         pending = [
             t - now
             for r in self._replicas.values()
-            for t in (r.ejected_until, r.backoff_until, r.reprobe_at)
+            for t in (r.ejected_until, r.backoff_until, r.probe.next_check_at)
             if t is not None and t > now
         ]
         return min(pending) if pending else None
 
-    def _advance(self, now: float) -> None:
+    def advance(self, now: float) -> None:
         for r in self._replicas.values():
             if r.ejected_until is not None and now >= r.ejected_until:
                 self._readmit(r, outlier.WHY_COOLDOWN)
             if r.backoff_until is not None and now >= r.backoff_until:
                 r.backoff_until = None  # the doubling stays until a success
-            if r.reprobe_at is not None and now >= r.reprobe_at:
-                r.reprobe_at = None
+            if r.probe.next_check_at is not None and now >= r.probe.next_check_at:
+                r.probe.taken()
                 self._request_probe(r.id)
 
     # ----------------------------------------------------------------- manual ops (control API)
@@ -152,7 +160,7 @@ class Ejection:
                 f"{self.deployment!r} can take requests (drain it instead)",
                 replica=replica_id,
             )
-        self._eject(r, duration_ms or self.policy.base_ejection_ms, reason)
+        self._eject(r, duration_ms or int(self.policy.base), reason)
 
     def readmit(self, replica_id: str) -> bool:
         """Return an ejected or drained replica to dispatch now; its record starts over.
@@ -160,19 +168,17 @@ class Ejection:
         r = self._get(replica_id)
         r.backoff_until, r.backoff_set_at = None, None
         r.failure_backoff.reset()
-        r.consecutive_timeouts, r.timeouts_began_at, r.withheld_rule = 0, None, None
+        r.timeouts.reset()
+        r.withheld_rule = None
         r.ejection_level = 0
         if r.state is ReplicaState.DRAINING and r.pid is not None:
             r.state = ReplicaState.READY  # `ctl drain` undone: the process never stopped
-            self._emit(ev.REPLICA_READMITTED, **self._who(r), why=outlier.WHY_UNDRAIN)
+            self._emit(ev.REPLICA_READMITTED, **r.who(), why=outlier.WHY_UNDRAIN)
             return True
         if not r.ejected:
             return False
         self._readmit(r, outlier.WHY_MANUAL)
         return True
-
-    def drain(self, replica_id: str) -> None:
-        self.mark_draining(replica_id)
 
     # ----------------------------------------------------------------- transitions
     def _eject(self, r: Replica, duration_ms: int, reason: str) -> None:
@@ -182,7 +188,7 @@ class Ejection:
         self._request_probe(r.id)
         self._emit(
             ev.REPLICA_EJECTED,
-            **self._who(r),
+            **r.who(),
             timeouts=r.consecutive_timeouts,
             duration_ms=duration_ms,
             reason=reason,
@@ -191,9 +197,9 @@ class Ejection:
     def _readmit(self, r: Replica, why: str) -> None:
         r.ejected_until = None
         r.readmissions += 1
-        self._emit(ev.REPLICA_READMITTED, **self._who(r), why=why)
+        self._emit(ev.REPLICA_READMITTED, **r.who(), why=why)
 
-    def _restore_if_none_serve(self) -> bool:
+    def restore_if_none_serve(self) -> bool:
         """If no replica outside ejection can take requests, the ejected ones serve again.
         "Can take requests" is read as: ready, healthy and not in its short failure backoff;
         one that is merely full can (its slots free soon: callers keep the 429), while one

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
+from vllm_sr.cluster.ejection import Streak
+from vllm_sr.cluster.health import HealthProbe
+from vllm_sr.errors import NotFound
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import ReplicaState
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
@@ -22,7 +25,7 @@ from vllm_sr.pool.stats import LatencyWindow, RateWindow
 if TYPE_CHECKING:
     from vllm_sr.pool.connection import WorkerResponse
 
-__all__ = ["OUTCOMES", "Client", "Outcome", "Replica", "ReplicaState"]
+__all__ = ["OUTCOMES", "Client", "Outcome", "Replica", "ReplicaState", "lookup"]
 
 
 class Client(Protocol):
@@ -72,8 +75,6 @@ class Replica:
     clock: Clock = field(repr=False)
     pid: int | None = None
     state: ReplicaState = ReplicaState.STARTING
-    healthy: bool = True  # last /health probe answered 200 (or no probe yet)
-    reprobe_at: float | None = None  # monotonic; when to probe an unhealthy replica again
     limits: JsonObject | None = None
     revision: str | None = None  # what the worker reports loading (HF revision or content hash)
     capabilities: JsonObject | None = None  # surfaces, dimensions, max_length, labels, dtype
@@ -100,11 +101,11 @@ class Replica:
     failure_backoff: Backoff = field(default_factory=lambda: Backoff(0.1, 3.2), repr=False)
     backoff_until: float | None = None
     backoff_set_at: float | None = None  # when the current backoff step began
-    reprobe: Backoff = field(default_factory=lambda: Backoff(0.1, 3.2), repr=False)
+    # /health probes after a failure (0.1 s doubling to 3.2 s); usable until one fails.
+    probe: HealthProbe = field(init=False, repr=False)
 
     # Outlier record.
-    consecutive_timeouts: int = 0
-    timeouts_began_at: float | None = None  # start of the first timed-out exchange in a row
+    timeouts: Streak = field(default_factory=Streak)  # timed-out exchanges in a row
     last_success_at: float | None = None  # when its last successful answer arrived
     ejected_until: float | None = None  # monotonic
     ejection_level: int = 0  # ejections since the last success: the cool-down's doubling
@@ -121,6 +122,20 @@ class Replica:
 
     def __post_init__(self) -> None:
         self.rate = RateWindow(self.clock)
+        self.probe = HealthProbe(self.clock, backoff_s=0.1, backoff_max_s=3.2)
+
+    @property
+    def healthy(self) -> bool:
+        """The last /health probe answered 200 (or there was none yet)."""
+        return self.probe.usable
+
+    @property
+    def consecutive_timeouts(self) -> int:
+        return self.timeouts.count
+
+    @consecutive_timeouts.setter
+    def consecutive_timeouts(self, count: int) -> None:
+        self.timeouts.count = count
 
     @property
     def backoff_s(self) -> float:
@@ -135,6 +150,15 @@ class Replica:
     def serving(self) -> bool:
         """Healthy and a member of dispatch, ejection and failure backoff aside."""
         return self.state is ReplicaState.READY and self.healthy
+
+    def who(self) -> dict[str, object]:
+        """The fields every replica event carries."""
+        return {
+            "deployment": self.deployment,
+            "replica": self.id,
+            "device": self.device,
+            "pid": self.pid,
+        }
 
     def in_backoff(self, now: float) -> bool:
         return self.backoff_until is not None and now < self.backoff_until
@@ -185,3 +209,15 @@ class Replica:
             "supervision_failures": self.supervision_failures,
             "usage": self.usage,
         }
+
+
+def lookup(replicas: dict[str, Replica], deployment: str, replica_id: str) -> Replica:
+    """``replicas[replica_id]``, else ``NotFound`` naming the deployment's replicas."""
+    try:
+        return replicas[replica_id]
+    except KeyError:
+        raise NotFound(
+            f"replica {replica_id!r} not found in deployment {deployment!r}; "
+            f"replicas: {', '.join(replicas) or 'none'}",
+            replica=replica_id,
+        ) from None

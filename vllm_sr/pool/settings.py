@@ -3,8 +3,9 @@ outlier ejection and the limits every replica must report when config sets them.
 
 This is the one settings type per deployment: built once from the validated config
 (``from_deployment``) and handed down through the supervisor's plan to the pool. Defaults that
-config.yaml documents, and the one cross-field check of outlier_detection, have their home in
-``vllm_sr.config.schema``; this model reads them from there.
+config.yaml documents, the bounds of every field config.yaml sets, and the one cross-field check
+of outlier_detection have their home in ``vllm_sr.config.deployment``; this model reads them
+from there.
 """
 
 from __future__ import annotations
@@ -13,12 +14,19 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vllm_sr.config.schema import (
+from vllm_sr.cluster.ejection import EjectionRules
+from vllm_sr.config.deployment import (
     DEFAULT_BASE_EJECTION_MS,
     DEFAULT_CONSECUTIVE_TIMEOUTS,
     DEFAULT_MAX_EJECTION_PERCENT,
     DEFAULT_TIMEOUT_MS,
-    MAX_EJECTION_MS_LIMIT,
+    ConsecutiveTimeouts,
+    EjectionMs,
+    EjectionPercent,
+    HangAfterMs,
+    MaxNumBatchedTokens,
+    MaxNumSeqs,
+    TimeoutMs,
     default_max_ejection_ms,
     ejection_bounds_problem,
 )
@@ -37,29 +45,29 @@ class PoolSettings(BaseModel):  # type: ignore[explicit-any]
     max_inflight_per_replica: int = Field(
         default=32, ge=1, description="In-flight HTTP requests per worker."
     )
-    timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, ge=1, description="Per exchange.")
-    consecutive_timeouts: int = Field(
-        default=DEFAULT_CONSECUTIVE_TIMEOUTS, ge=0, description="Timeouts in a row; 0 = off."
+    # The bounds of the fields config.yaml sets are config's (``vllm_sr.config.deployment``).
+    timeout_ms: TimeoutMs = Field(default=DEFAULT_TIMEOUT_MS, description="Per exchange.")
+    consecutive_timeouts: ConsecutiveTimeouts = Field(
+        default=DEFAULT_CONSECUTIVE_TIMEOUTS, description="Timeouts in a row; 0 = off."
     )
-    base_ejection_ms: int = Field(default=DEFAULT_BASE_EJECTION_MS, ge=1, le=MAX_EJECTION_MS_LIMIT)
-    max_ejection_ms: int | None = Field(
-        default=None, ge=1, le=MAX_EJECTION_MS_LIMIT, description="Default: ten times the base."
+    base_ejection_ms: EjectionMs = DEFAULT_BASE_EJECTION_MS
+    max_ejection_ms: EjectionMs | None = Field(
+        default=None, description="Default: ten times the base."
     )
-    max_ejection_percent: int = Field(default=DEFAULT_MAX_EJECTION_PERCENT, ge=0, le=100)
+    max_ejection_percent: EjectionPercent = DEFAULT_MAX_EJECTION_PERCENT
     failure_backoff_s: float = Field(
         default=0.1, gt=0, description="First short backoff after a failure."
     )
     failure_backoff_max_s: float = Field(
         default=3.2, gt=0, description="Cap of the doubling backoff."
     )
-    hang_after_ms: int | None = Field(
+    hang_after_ms: HangAfterMs | None = Field(
         default=None,
-        ge=1,
         description="A forward running longer than this is a hung worker (restarted). "
         "Default: max(3 x timeout_ms, 10 s).",
     )
-    configured_max_num_seqs: int | None = Field(default=None, ge=1)
-    configured_max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    configured_max_num_seqs: MaxNumSeqs | None = None
+    configured_max_num_batched_tokens: MaxNumBatchedTokens | None = None
 
     @model_validator(mode="after")
     def _check(self) -> PoolSettings:
@@ -83,8 +91,9 @@ class PoolSettings(BaseModel):  # type: ignore[explicit-any]
             return self.hang_after_ms / 1000.0
         return max(3 * self.timeout_ms, 10_000) / 1000.0
 
-    def policy(self) -> outlier.OutlierPolicy:
-        return outlier.OutlierPolicy(
+    def policy(self) -> EjectionRules:
+        """The outlier_detection settings as the cluster's ejection rules (in ms)."""
+        return outlier.rules(
             consecutive_timeouts=self.consecutive_timeouts,
             base_ejection_ms=self.base_ejection_ms,
             max_ejection_ms=self.effective_max_ejection_ms,
@@ -108,7 +117,7 @@ class PoolSettings(BaseModel):  # type: ignore[explicit-any]
             "base_ejection_ms": od.base_ejection_ms,
             "max_ejection_ms": od.max_ejection_ms,
             "max_ejection_percent": od.max_ejection_percent,
-            "hang_after_ms": getattr(deployment, "hang_after_ms", None),
+            "hang_after_ms": deployment.hang_after_ms,
             "configured_max_num_seqs": deployment.engine_args.max_num_seqs,
             "configured_max_num_batched_tokens": deployment.engine_args.max_num_batched_tokens,
         }

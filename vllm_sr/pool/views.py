@@ -7,6 +7,7 @@ from typing import Protocol
 
 from vllm_sr.clock import Clock
 from vllm_sr.jsontypes import JsonObject
+from vllm_sr.pool.ejection import Outliers
 from vllm_sr.pool.replica import Replica
 from vllm_sr.pool.settings import PoolSettings
 
@@ -18,7 +19,7 @@ class ReplicaPool(Protocol):
     artifact: str
     desired_replicas: int | None
     settings: PoolSettings
-    withheld: dict[str, int]
+    outliers: Outliers
     rejected: dict[str, int]
     retries: int
 
@@ -73,7 +74,7 @@ def metrics(pool: ReplicaPool) -> JsonObject:
             }
             for r in pool.replicas()
         },
-        "withheld": dict(pool.withheld),
+        "withheld": dict(pool.outliers.withheld),
         "rejected": dict(pool.rejected),
         "retries": pool.retries,
     }

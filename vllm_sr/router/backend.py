@@ -7,8 +7,8 @@ that backend expects for the model, its credential, its health and its request s
   server) every ``HEALTH_EVERY_S`` (``health_check_interval``) while healthy, within
   ``HEALTH_TIMEOUT_S`` (``health_check_timeout``); after a failure (a failed check, or a
   proxied request that could not reach the server) the backend is unhealthy and re-checked
-  after a doubling backoff (0.5 s to 30 s), as the pool does for replicas.
-  :class:`BackendHealth` is that logic on a clock.
+  after a doubling backoff (0.5 s to 30 s), as the pool does for replicas: the cluster's
+  :class:`~vllm_sr.cluster.health.HealthProbe` on a clock, with these settings.
 - Credential (upstream's rules): the key is ``api_key``, else the environment variable
   ``api_key_env`` (read once, when the backend is built, and never logged: only the variable's
   name is, when it is unset). It goes as ``<auth_header>: <auth_prefix> <key>``; the header and
@@ -25,8 +25,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_sr.backoff import Backoff
-from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.clock import Clock
+from vllm_sr.cluster.health import HealthProbe
 from vllm_sr.config.routing import BackendRef, ProviderModel
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 
@@ -38,37 +38,13 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 
 
-class BackendHealth:
-    """A backend's health on a clock: ``unknown`` until the first check (requests may go
-    there), ``healthy`` (re-checked every ``every_s``), ``unhealthy`` (re-checked after a
-    doubling backoff)."""
-
-    def __init__(self, clock: Clock = SYSTEM_CLOCK, every_s: float = HEALTH_EVERY_S) -> None:
-        self._clock = clock
-        self.every_s = every_s
-        self.backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S, clock=clock)
-        self.state = "unknown"
-        self.next_check_at = clock.monotonic()
-        self.last_error: str | None = None
-        self.failures = 0
-
-    @property
-    def usable(self) -> bool:
-        return self.state != "unhealthy"
-
-    def due(self) -> bool:
-        return self._clock.monotonic() >= self.next_check_at
-
-    def record_success(self) -> None:
-        self.state = "healthy"
-        self.backoff.reset()
-        self.next_check_at = self._clock.monotonic() + self.every_s
-
-    def record_failure(self, reason: str) -> None:
-        self.state = "unhealthy"
-        self.failures += 1
-        self.last_error = reason
-        self.next_check_at = self._clock.monotonic() + self.backoff.next_delay()
+def health_probe(clock: Clock, every_s: float = HEALTH_EVERY_S) -> HealthProbe:
+    """A backend's health: ``unknown`` until the first check (requests may go there),
+    ``healthy`` (re-checked every ``every_s``), ``unhealthy`` (re-checked after a doubling
+    backoff, 0.5 s to 30 s)."""
+    return HealthProbe(
+        clock, backoff_s=BACKOFF_INITIAL_S, backoff_max_s=BACKOFF_MAX_S, every_s=every_s
+    )
 
 
 # provider -> (auth header, auth prefix): upstream's providerTypeRegistry.
@@ -129,7 +105,7 @@ class Backend:
         every_s = (
             HEALTH_EVERY_S if rel is None else rel.seconds("health_check_interval", HEALTH_EVERY_S)
         )
-        self.health = BackendHealth(clock, every_s)
+        self.health = health_probe(clock, every_s)
         self.health_timeout_s = (
             HEALTH_TIMEOUT_S
             if rel is None

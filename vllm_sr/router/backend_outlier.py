@@ -14,13 +14,17 @@ on a clock, apart from I/O.
   ejected at its next 5xx once there is room.
 - ``consecutive_5xx: 0`` (the default) or a model with one backend: no ejection, as upstream
   renders it.
+
+The rules are the cluster's (:mod:`vllm_sr.cluster.ejection`, shared with the pool's
+replicas); this module holds the backends' settings and their per-backend state.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm_sr.clock import Clock
+from vllm_sr.cluster.ejection import EjectionRules, Streak, decide
 from vllm_sr.config.routing import ProviderModel
 
 DEFAULT_BASE_EJECTION_S = 30.0
@@ -32,13 +36,15 @@ MAX_EJECTION_S = 300.0
 class OutlierState:
     """One backend's ejection state."""
 
-    consecutive_5xx: int = 0
+    streak: Streak = field(default_factory=Streak)  # 5xx in a row
     times_ejected: int = 0
     ejected_until: float | None = None
 
 
 class OutlierDetector:
-    """The ejections of one model's ``size`` backends (indexes 0..size-1)."""
+    """The ejections of one model's ``size`` backends (indexes 0..size-1): the cluster's
+    consecutive-failure rules (:mod:`vllm_sr.cluster.ejection`) with Envoy's linear growth,
+    in seconds."""
 
     def __init__(
         self,
@@ -49,9 +55,13 @@ class OutlierDetector:
         max_ejection_percent: int = DEFAULT_MAX_EJECTION_PERCENT,
     ) -> None:
         self._clock = clock
-        self.threshold = consecutive_5xx if size > 1 else 0
-        self.base_ejection_s = base_ejection_s
-        self.max_ejected = min(size - 1, size * max_ejection_percent // 100)
+        self.rules = EjectionRules(
+            threshold=consecutive_5xx if size > 1 else 0,
+            base=base_ejection_s,
+            cap=max(MAX_EJECTION_S, base_ejection_s),
+            max_percent=max_ejection_percent,
+            growth="linear",
+        )
         self.states = [OutlierState() for _ in range(size)]
 
     @classmethod
@@ -69,7 +79,7 @@ class OutlierDetector:
 
     @property
     def enabled(self) -> bool:
-        return self.threshold > 0
+        return self.rules.enabled
 
     def ejected(self, index: int) -> bool:
         """Whether backend ``index`` is out now (an ejection whose time is up ends here)."""
@@ -79,7 +89,7 @@ class OutlierDetector:
         if self._clock.monotonic() < state.ejected_until:
             return True
         state.ejected_until = None
-        state.consecutive_5xx = 0
+        state.streak.reset()
         return False
 
     def ejected_count(self) -> int:
@@ -91,17 +101,21 @@ class OutlierDetector:
             return False
         state = self.states[index]
         if not failed_5xx:
-            state.consecutive_5xx = 0
+            state.streak.reset()
             return False
-        state.consecutive_5xx += 1
-        if state.consecutive_5xx < self.threshold or self.ejected(index):
+        state.streak.fail()
+        if not self.rules.reached(state.streak) or self.ejected(index):
             return False
-        if self.ejected_count() >= self.max_ejected:
+        decision = decide(
+            self.rules,
+            members=len(self.states),
+            out=self.ejected_count(),
+            nth=state.times_ejected + 1,
+        )
+        if not decision.eject:
             return False
         state.times_ejected += 1
-        seconds = self.base_ejection_s * state.times_ejected
-        seconds = min(seconds, max(MAX_EJECTION_S, self.base_ejection_s))
-        state.ejected_until = self._clock.monotonic() + seconds
+        state.ejected_until = self._clock.monotonic() + decision.duration
         return True
 
     def ejected_for(self, index: int) -> float | None:

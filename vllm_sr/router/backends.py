@@ -9,10 +9,11 @@ spread of chats over them, their health checks, and the one outbound client they
   (nginx's: deterministic, each backend's share exact over every sum-of-weights picks). Under
   concurrency the backends with the fewest chats in flight per unit of weight go first and the
   round robin breaks ties, so a slow backend is not sent more than it can answer;
-  ``reliability.lb_policy: round_robin`` asks for the plain weighted round robin instead.
+  ``reliability.lb_policy: round_robin`` asks for the plain weighted round robin instead
+  (:func:`vllm_sr.cluster.picking.weighted_pick`).
 - Health: ``GET {api}/models``, or ``GET <reliability.health_check_path>`` on the backend's
   server (within ``health_check_timeout``, default 3 s; 200 is healthy, anything else, a
-  redirect too, is not) on :class:`~vllm_sr.router.backend.BackendHealth`'s schedule
+  redirect too, is not) on the cluster's :class:`~vllm_sr.cluster.health.HealthProbe` schedule
   (``health_check_interval``, default 5 s), in one task; a chat that could not reach its
   backend marks it failed and wakes that task.
 - Ejection (``reliability.consecutive_5xx``): :mod:`vllm_sr.router.backend_outlier`, one
@@ -30,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.cluster.picking import weighted_pick
 from vllm_sr.config.routing import Providers
 from vllm_sr.httpserver import Request, Response, StreamResponse
 from vllm_sr.router.backend import HEALTH_EVERY_S, Backend, pricing_of
@@ -49,24 +51,6 @@ log = logging.getLogger("vllm_sr.router.backends")
 
 # failure reasons that count as a 5xx for ejection (Envoy counts local-origin failures so)
 EJECTING_REASONS = ("connect", "reset", "stream_first_chunk")
-
-
-def weighted_pick(candidates: Sequence[Backend], *, least_request: bool = True) -> Backend:
-    """One of ``candidates`` (non-empty) by smooth weighted round robin: every candidate's
-    score grows by its weight, the highest score wins (first on ties) and gives back the
-    weights' sum. With ``least_request`` only the candidates with the fewest chats in flight
-    per unit of weight take part in the choice (all of them still gain their weight)."""
-    total = 0
-    for b in candidates:
-        b.rr_current += b.weight
-        total += b.weight
-    pool: Sequence[Backend] = candidates
-    if least_request:
-        low = min(b.inflight / b.weight for b in candidates)
-        pool = [b for b in candidates if b.inflight / b.weight == low]
-    chosen = max(pool, key=lambda b: b.rr_current)
-    chosen.rr_current -= total
-    return chosen
 
 
 class BackendSet:
@@ -189,7 +173,10 @@ class BackendSet:
         while True:
             await self.check_due()
             now = self.clock.monotonic()
-            wait = min((b.health.next_check_at - now for b in self.all()), default=HEALTH_EVERY_S)
+            wait = min(
+                (t - now for b in self.all() if (t := b.health.next_check_at) is not None),
+                default=HEALTH_EVERY_S,
+            )
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.01, wait))

@@ -8,8 +8,6 @@ the bundle has this shape.
 
 from __future__ import annotations
 
-import base64
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +15,8 @@ import numpy
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal
 from vllm_sr.errors import VllmSrError
+from vllm_sr.router import bundle
+from vllm_sr.router.bundle import BUNDLE_PATH as BUNDLE_PATH  # route.py reads it from here
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult, domain_results, embedding_result, normalize_rows
@@ -26,7 +26,6 @@ from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
 from vllm_sr.worker import classify
 from vllm_sr.worker.classify import LabelKey
 
-BUNDLE_PATH = "/v1/bundle"
 TASK_QUERY = "query"
 TASK_CANDIDATES = "candidates"
 
@@ -109,20 +108,18 @@ class DeploymentQuestions:
         tasks: list[dict[str, Any]] = []
         if self.embeds:
             query = self.query_texts(view.sampled_text() if view is not None else text, view)
-            tasks.append({"id": TASK_QUERY, "embeddings": _embed(query)})
+            tasks.append(bundle.embed_task(TASK_QUERY, query))
         if self.heads is not None:
             tasks.append(self.heads.task(view or RequestView(text=text)))
         if not self.cached:
-            tasks.append({"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)})
-        return json.dumps({"tasks": tasks}, ensure_ascii=False).encode()
+            tasks.append(bundle.embed_task(TASK_CANDIDATES, self.texts))
+        return bundle.request(tasks)
 
     def warm_bundle(self) -> bytes | None:
         """What fills the cache before the first request, or None when it is full."""
         if self.cached:
             return None
-        return json.dumps(
-            {"tasks": [{"id": TASK_CANDIDATES, "embeddings": _embed(self.texts)}]}
-        ).encode()
+        return bundle.request([bundle.embed_task(TASK_CANDIDATES, self.texts)])
 
     def read(
         self, body: bytes, *, warm: bool = False, view: RequestView | None = None
@@ -210,39 +207,31 @@ def domain_examples(dom: DomainSignal) -> list[str]:
     return out
 
 
-def _embed(texts: list[str]) -> dict[str, Any]:
-    return {"input": texts, "encoding_format": "base64", "truncate": True}
-
-
 def _results_by_id(deployment: str, body: bytes) -> dict[str, Any]:
+    """Every task's body; a refused task or an unreadable answer fails the deployment's
+    signals."""
     try:
-        doc = json.loads(body)
-        results = doc["results"]
-        by_id = {r["id"]: r for r in results}
-    except (ValueError, KeyError, TypeError) as exc:
+        results = bundle.decode(body)
+    except bundle.BundleAnswerError as exc:
         raise SignalAnswerError(
-            f"deployment {deployment!r} answered the routing bundle with no results ({exc})"
+            f"deployment {deployment!r} answered the routing bundle with {exc}"
         ) from None
     out = {}
-    for task_id, res in by_id.items():
-        if res.get("status") != 200:
-            err = (res.get("body") or {}).get("error") or {}
+    for task_id, res in results.items():
+        if not res.ok:
+            err = res.error()
             raise SignalAnswerError(
                 f"deployment {deployment!r} refused routing task {task_id!r}: "
-                f"{err.get('code', res.get('status'))}: {err.get('message', '')}",
+                f"{err.get('code', res.status)}: {err.get('message', '')}",
                 task=task_id,
                 task_code=err.get("code"),
             )
-        out[task_id] = res["body"]
+        out[task_id] = res.body
     return out
 
 
 def _vectors(deployment: str, body: Any) -> numpy.ndarray:
     try:
-        rows = [item["embedding"] for item in body["data"]]
-        if rows and isinstance(rows[0], str):
-            decoded = [numpy.frombuffer(base64.b64decode(r), dtype=numpy.float32) for r in rows]
-            return numpy.stack(decoded)
-        return numpy.asarray(rows, dtype=numpy.float32)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SignalAnswerError(f"deployment {deployment!r}: bad embeddings ({exc})") from None
+        return bundle.embeddings(body)
+    except bundle.BundleAnswerError as exc:
+        raise SignalAnswerError(f"deployment {deployment!r}: {exc}") from None

@@ -12,6 +12,7 @@ from typing import Any
 
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.context_estimate import request_token_floor
+from vllm_sr.router.message_text import EVAL, message_text
 from vllm_sr.router.request_view import (
     ChatWalk,
     ConversationFacts,
@@ -43,19 +44,6 @@ def _parts(content: Any) -> list[Mapping[str, Any]]:
 def _kind(part: Mapping[str, Any]) -> str:
     kind = part.get("type")
     return kind.strip().lower() if isinstance(kind, str) else ""
-
-
-def raw_text(content: Any) -> str:
-    """A message's text: a string as is, else its text / input_text (or untyped) parts with
-    non-empty text, joined by a space."""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for part in _parts(content):
-        text = part.get("text")
-        if _kind(part) in ("", "text", "input_text") and isinstance(text, str) and text:
-            texts.append(text)
-    return " ".join(texts)
 
 
 def image_count(content: Any) -> int:
@@ -149,7 +137,7 @@ class _EvalWalk(ChatWalk):
         role_raw = msg.get("role")
         role = role_raw.strip().lower() if isinstance(role_raw, str) else ""
         content = msg.get("content")
-        raw = raw_text(content)
+        raw = message_text(content, EVAL)
         text = raw.strip()
         if role == "user":
             if raw:

@@ -32,6 +32,7 @@ from typing import Any
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
 from vllm_sr.router.deployment_questions import DeploymentQuestions
+from vllm_sr.router.message_text import QUESTION, message_text
 from vllm_sr.router.rules import SignalKey, leaves
 from vllm_sr.router.signals import KeywordMatcher, SignalResult, keyword_matcher
 from vllm_sr.router.signals_embedded import LEVELS, EmbeddedFamilies
@@ -196,17 +197,5 @@ def request_text(messages: Any) -> str:
     for msg in reversed(messages):
         if not isinstance(msg, dict) or msg.get("role") != "user":
             continue
-        content = msg.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            parts = [
-                p["text"]
-                for p in content
-                if isinstance(p, dict)
-                and p.get("type") == "text"
-                and isinstance(p.get("text"), str)
-            ]
-            return "\n".join(parts)
-        return ""
+        return message_text(msg.get("content"), QUESTION)
     return ""

@@ -27,6 +27,7 @@ from typing import Any
 
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.context_estimate import context_token_count, request_token_floor
+from vllm_sr.router.message_text import CHAT, message_text
 
 MAX_METADATA_ENTRIES = 32
 MAX_METADATA_KEY_BYTES = 128
@@ -205,25 +206,6 @@ def _json_type(value: Any) -> str:
     return "object"
 
 
-def chat_text(content: Any) -> str:
-    """A chat message's text: a string as is, else its parts of type ``text`` (or no type)
-    with non-empty text, joined by a space."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    parts = []
-    for part in content:
-        if not isinstance(part, Mapping):
-            continue
-        kind = part.get("type")
-        if kind in ("text", "", None):
-            text = part.get("text")
-            if isinstance(text, str) and text:
-                parts.append(text)
-    return " ".join(parts)
-
-
 def image_parts(content: Any) -> int:
     if not isinstance(content, list):
         return 0
@@ -253,7 +235,7 @@ class ChatWalk:
         role = msg.get("role")
         role = role if isinstance(role, str) else ""
         content = msg.get("content")
-        text = chat_text(content)
+        text = message_text(content, CHAT)
         self.last_role = role
         self.last_tool_result = False
         self.last_user_after_tool = False

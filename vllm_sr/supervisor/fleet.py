@@ -64,7 +64,7 @@ class Fleet:
             artifact=dep.artifact,
             desired_replicas=len(dep.replicas),
         )
-        pool.on_wake = self.on_wake
+        pool.outliers.on_wake = self.on_wake
         return pool
 
     def join(self, rep: ManagedReplica, pool: ReplicaPool) -> None:

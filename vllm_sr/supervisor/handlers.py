@@ -58,12 +58,12 @@ class CommandHandlers:
 
     async def handle_eject(self, cmd: Command) -> JsonObject:
         rep, pool = self._published_replica(cmd.replica)
-        pool.eject(rep.id, duration_ms=cmd.duration_ms)
+        pool.outliers.eject(rep.id, duration_ms=cmd.duration_ms)
         return {"ok": True, "replica": rep.id, "state": pool.replica(rep.id).display_state()}
 
     async def handle_readmit(self, cmd: Command) -> JsonObject:
         rep, pool = self._published_replica(cmd.replica)
-        pool.readmit(rep.id)
+        pool.outliers.readmit(rep.id)
         return {"ok": True, "replica": rep.id, "state": pool.replica(rep.id).display_state()}
 
     async def handle_restart(self, cmd: Command) -> JsonObject | None:
@@ -83,7 +83,7 @@ class CommandHandlers:
 
     async def handle_drain(self, cmd: Command) -> JsonObject:
         rep, pool = self._published_replica(cmd.replica)
-        pool.drain(rep.id)
+        pool.mark_draining(rep.id)
         self.events.publish(ev.REPLICA_DRAINING, **who(rep), pid=rep.pid, reason="control")
         return {"ok": True, "replica": rep.id, "inflight": pool.replica(rep.id).inflight}
 

@@ -360,10 +360,12 @@ class Supervisor(LifecycleHooks, CommandHandlers):
             self._reconcile()
             delays = []
             for pool in list(self.pools.values()):
-                delay = pool.tick()  # also schedules re-probes of replicas a failed probe took out
+                delay = (
+                    pool.outliers.tick()
+                )  # also schedules re-probes of replicas a failed probe took out
                 if delay is not None:
                     delays.append(delay)
-                for rid in pool.take_probe_requests():
+                for rid in pool.outliers.take_probe_requests():
                     if rid in probing or rid not in self.replicas:
                         continue
                     probing.add(rid)
@@ -396,7 +398,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         finally:
             probing.discard(rid)
         if rid in pool:
-            pool.probe_result(rid, ok)
+            pool.outliers.probe_result(rid, ok)
         self._wake.set()
 
     def _publish_status(self) -> None:

@@ -14,23 +14,22 @@ compare with the decision deployment's."""
 
 from __future__ import annotations
 
-import base64
 import contextvars
-import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy
 
 from vllm_sr.errors import VllmSrError
+from vllm_sr.router import bundle
+from vllm_sr.router.bundle import BUNDLE_PATH
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Exchange
 
 log = logging.getLogger("vllm_sr.router.cache")
 
-BUNDLE_PATH = "/v1/bundle"
 QUERY_TASK = "query"
 _current: contextvars.ContextVar[QueryEmbedding | None] = contextvars.ContextVar(
     "vsr_query_embedding", default=None
@@ -60,21 +59,7 @@ class QueryEmbedding:
                 return self._vector
         if not self.text.strip():
             return None
-        body = json.dumps(
-            {
-                "tasks": [
-                    {
-                        "id": QUERY_TASK,
-                        "embeddings": {
-                            "input": [self.text],
-                            "encoding_format": "base64",
-                            "truncate": True,
-                        },
-                    }
-                ]
-            },
-            ensure_ascii=False,
-        ).encode()
+        body = bundle.request([bundle.embed_task(QUERY_TASK, [self.text])])
         self.exchanges += 1
         try:
             status, answer = await exchange(self.deployment, BUNDLE_PATH, body, timeout_ms)
@@ -89,29 +74,8 @@ class QueryEmbedding:
 
 def query_vector(answer: bytes) -> numpy.ndarray | None:
     """The ``query`` task's first embedding in a bundle answer, or None."""
-    rows = vectors_of(answer, QUERY_TASK)
+    rows = bundle.task_embeddings(answer, QUERY_TASK)
     return rows[0] if rows else None
-
-
-def vectors_of(answer: bytes, task: str) -> list[numpy.ndarray] | None:
-    """The embeddings of one task of a bundle answer, in order, or None."""
-    try:
-        doc = json.loads(answer)
-        for res in doc.get("results") or []:
-            if res.get("id") != task or res.get("status") != 200:
-                continue
-            out = []
-            for item in res["body"]["data"]:
-                row: Any = item["embedding"]
-                if isinstance(row, str):
-                    vec = numpy.frombuffer(base64.b64decode(row), dtype=numpy.float32).copy()
-                else:
-                    vec = numpy.asarray(row, dtype=numpy.float32)
-                out.append(vec)
-            return out
-    except (ValueError, KeyError, TypeError, IndexError):
-        return None
-    return None
 
 
 def watch(deployment: str, text: str) -> QueryEmbedding:

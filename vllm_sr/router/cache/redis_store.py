@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.cache.store import Entry, normalise
+from vllm_sr.router.redis_client import redis_client as shared_redis_client
 
 DEFAULT_PREFIX = "vsr:rc:"
 DEFAULT_TIMEOUT_S = 1.0  # a cache that answers slower than this is treated as down
@@ -38,22 +37,14 @@ def redis_client(settings: dict[str, Any] | None) -> tuple[aioredis.Redis, str]:
     """The client and key prefix for ``settings`` (the store's ``redis`` mapping)."""
     settings = dict(settings or {})
     conn = dict(settings.get("connection") or {})
-    timeout = float(conn.get("timeout") or DEFAULT_TIMEOUT_S)
     prefix = str((settings.get("index") or {}).get("prefix") or DEFAULT_PREFIX)
-    # No retries: a cache that is down must cost a chat one failed attempt, not a backoff.
-    common: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "retry": Retry(NoBackoff(), 0),
-    }
-    if settings.get("url"):
-        return aioredis.Redis.from_url(str(settings["url"]), **common), prefix
-    client = aioredis.Redis(
-        host=str(conn.get("host") or "localhost"),
-        port=int(conn.get("port") or 6379),
+    host, port = conn.get("host") or "localhost", conn.get("port") or 6379
+    client = shared_redis_client(
+        f"{host}:{port}",
+        url=str(settings["url"]) if settings.get("url") else None,
         db=int(conn.get("database") or 0),
-        password=conn.get("password") or None,
-        **common,
+        password=str(conn["password"]) if conn.get("password") else None,
+        timeout_s=float(conn.get("timeout") or DEFAULT_TIMEOUT_S),
     )
     return client, prefix
 

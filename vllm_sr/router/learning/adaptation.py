@@ -15,14 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.config.learning_rules import CandidateSet
 from vllm_sr.router.learning.policy import ADAPTATION, Policy
 from vllm_sr.router.learning.settings import BYPASS, OBSERVE
 
 EWMA_ALPHA = 0.20
 VERDICTS = ("good_fit", "underpowered", "overprovisioned", "failed")
 GLOBAL = "_global"
-COST_MULTIPLIER = {"decision": 0.04, "tier": 0.06, "global": 0.10}
-SAMPLING_MARGIN = {"decision": 0.0, "tier": 0.03, "global": 0.08}
+COST_MULTIPLIER: dict[CandidateSet, float] = {"decision": 0.04, "tier": 0.06, "global": 0.10}
+SAMPLING_MARGIN: dict[CandidateSet, float] = {"decision": 0.0, "tier": 0.03, "global": 0.08}
 
 
 @dataclass
@@ -131,7 +132,7 @@ def score_candidates(
     candidates: Sequence[str],
     experience: Callable[[str], Experience],
     base_model: str,
-    candidate_set: str,
+    candidate_set: CandidateSet,
     costs: Mapping[str, float],
     rng: random.Random | None,
 ) -> list[CandidateScore]:
@@ -146,9 +147,7 @@ def score_candidates(
         predicted = _clamp01(rng.betavariate(alpha, beta)) if rng is not None else mean
         cost = 0.0
         if max_cost > 0:
-            cost = COST_MULTIPLIER.get(candidate_set, 0.04) * _clamp01(
-                costs.get(model, 0.0) / max_cost
-            )
+            cost = COST_MULTIPLIER[candidate_set] * _clamp01(costs.get(model, 0.0) / max_cost)
         total = exp.good_fit + exp.underpowered + exp.overprovisioned + exp.failed + 1
         overuse = 0.03 * exp.overprovisioned / total
         reliability = 0.10 * exp.failed / total
@@ -170,7 +169,7 @@ def routing_sampling(
     candidates: Sequence[str],
     experience: Callable[[str], Experience],
     base_model: str,
-    candidate_set: str,
+    candidate_set: CandidateSet,
     costs: Mapping[str, float],
     *,
     sampling_allowed: bool,
@@ -210,12 +209,12 @@ def routing_sampling(
     return AdaptationResult(proposal, policy, {s.model: s.score for s in scores})
 
 
-def _winner(scores: list[CandidateScore], base_model: str, candidate_set: str) -> CandidateScore:
+def _winner(
+    scores: list[CandidateScore], base_model: str, candidate_set: CandidateSet
+) -> CandidateScore:
     best = scores[0]
     base = next((s for s in scores if s.model == base_model), best)
-    margin = SAMPLING_MARGIN.get(candidate_set, 0.0) + max(
-        0.0, best.cost_penalty - base.cost_penalty
-    )
+    margin = SAMPLING_MARGIN[candidate_set] + max(0.0, best.cost_penalty - base.cost_penalty)
     if best.model != base_model and best.score < base.score + margin:
         return base
     return best

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from vllm_sr.router.learning.protection import Conversation
+from vllm_sr.router.message_text import FINGERPRINT, message_text
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Router
@@ -26,7 +27,7 @@ def conversation_facts(messages: Any) -> Conversation:
     calls = sum(len(m.get("tool_calls") or []) for m in msgs if m.get("role") == "assistant")
     results = sum(1 for m in msgs if m.get("role") == "tool")
     last_role = msgs[-1].get("role") if msgs else None
-    sizes = [len(_text_of(m.get("content"))) for m in msgs]
+    sizes = [len(message_text(m.get("content"), FINGERPRINT)) for m in msgs]
     history = sum(sizes[: users[-1]]) if users else 0
     return Conversation(
         turn_index=max(len(users) - 1, 0),
@@ -34,14 +35,6 @@ def conversation_facts(messages: Any) -> Conversation:
         history_tokens=history // 4,
         context_tokens=sum(sizes) // 4,
     )
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
 
 
 def prices(router: Router) -> dict[str, float]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr.config.learning_rules import CandidateSet
 from vllm_sr.router.learning import adaptation as adapt
 from vllm_sr.router.learning import protection as protect
 from vllm_sr.router.learning.facts import cache_pressure, conversation_facts, prices, scoped
@@ -332,7 +333,7 @@ class RouterLearning:
         ]
 
     def _candidate_set(
-        self, router: Router, result: RouteResult, decision: Any, candidate_set: str
+        self, router: Router, result: RouteResult, decision: Any, candidate_set: CandidateSet
     ) -> list[str]:
         """decision: its modelRefs; tier: every decision's of the same tier (tier > 0);
         global: the default model, every decision's, every provider model. Only models with a

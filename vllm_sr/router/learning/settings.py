@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vllm_sr.config.learning_rules import DEFAULT_CANDIDATE_SET, CandidateSet, candidate_set_of
+
 APPLY, OBSERVE, BYPASS = "apply", "observe", "bypass"
 SESSION_HEADER = "x-session-id"
 CONVERSATION_HEADER = "x-conversation-id"
@@ -27,7 +29,7 @@ class Tuning:
 class LearningSettings:
     enabled: bool = False
     adaptation: bool = False
-    candidate_set: str = "decision"
+    candidate_set: CandidateSet = DEFAULT_CANDIDATE_SET
     strategy: str = "routing_sampling"
     protection: bool = False
     scope: str = "conversation"
@@ -49,7 +51,8 @@ class LearningSettings:
         return cls(
             enabled=True,
             adaptation=_get(adaptation, "enabled") is not False,
-            candidate_set=_text(_get(adaptation, "candidate_set")) or "decision",
+            candidate_set=candidate_set_of(_get(adaptation, "candidate_set"))
+            or DEFAULT_CANDIDATE_SET,
             strategy=_text(_get(adaptation, "strategy")) or "routing_sampling",
             protection=_get(protection, "enabled") is not False,
             scope=_text(_get(protection, "scope")) or "conversation",
@@ -66,7 +69,7 @@ class DecisionLearning:
 
     adaptation_mode: str
     protection_mode: str
-    candidate_set: str
+    candidate_set: CandidateSet
     tuning: Tuning
 
 
@@ -86,7 +89,7 @@ def for_decision(settings: LearningSettings, adaptations: Any) -> DecisionLearni
     return DecisionLearning(
         adaptation_mode=_component_mode(mode, _text(_get(adaptation, "mode"))),
         protection_mode=_component_mode(mode, _text(_get(protection, "mode"))),
-        candidate_set=_text(_get(adaptation, "candidate_set")) or settings.candidate_set,
+        candidate_set=candidate_set_of(_get(adaptation, "candidate_set")) or settings.candidate_set,
         tuning=tuning,
     )
 

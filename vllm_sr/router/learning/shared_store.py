@@ -14,10 +14,9 @@ import json
 import logging
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+
+from vllm_sr.router.redis_client import redis_client
 
 log = logging.getLogger("vllm_sr.router.learning")
 
@@ -37,21 +36,12 @@ class SharedConversations:
         timeout_s: float | None = None,
         ttl_s: float | None = None,
     ) -> None:
-        host, _, port = address.rpartition(":")
         timeout = timeout_s or DEFAULT_TIMEOUT_S
         self.prefix = key_prefix or DEFAULT_PREFIX
         self.ttl_ms = int((ttl_s or DEFAULT_TTL_S) * 1000)
         self.errors = 0
         # No retries: a store that is down must cost a chat one failed attempt, not a backoff.
-        self.client = aioredis.Redis(
-            host=host or "localhost",
-            port=int(port or 6379),
-            db=database,
-            password=password or None,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self.client = redis_client(address, db=database, password=password, timeout_s=timeout)
 
     @classmethod
     def from_config(cls, store: Any) -> SharedConversations:

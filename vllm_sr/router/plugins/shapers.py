@@ -16,6 +16,7 @@ from vllm_sr.config.routing_plugins import (
     SystemPromptPlugin,
     ToolsPlugin,
 )
+from vllm_sr.router.message_text import SYSTEM, message_text
 
 # Upstream's allowedTopLevelFields: what strip_unknown keeps.
 KNOWN_PARAMS = frozenset(
@@ -25,24 +26,6 @@ KNOWN_PARAMS = frozenset(
         "top_logprobs", "top_p", "tools", "tool_choice", "user", "reasoning_effort",
     }
 )  # fmt: skip
-
-
-def system_text(content: Any) -> str:
-    """A system message's text: a string, or its text/input_text parts joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    parts = []
-    for item in content:
-        if not isinstance(item, dict):
-            continue
-        if item.get("type") not in (None, "", "text", "input_text"):
-            continue
-        text = item.get("text")
-        if isinstance(text, str) and text:
-            parts.append(text)
-    return "\n".join(parts)
 
 
 def apply_system_prompt(body: dict[str, Any], plugin: SystemPromptPlugin) -> dict[str, Any]:
@@ -56,7 +39,7 @@ def apply_system_prompt(body: dict[str, Any], plugin: SystemPromptPlugin) -> dic
     first = messages[0] if messages else None
     has_system = isinstance(first, dict) and first.get("role") == "system"
     if has_system and mode == "insert":
-        content = prompt + "\n\n" + system_text(first["content"])  # type: ignore[index]
+        content = prompt + "\n\n" + message_text(first["content"], SYSTEM)  # type: ignore[index]
     else:
         content = prompt
     if has_system:

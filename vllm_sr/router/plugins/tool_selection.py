@@ -12,7 +12,6 @@ leaves the tools as they are."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,9 @@ import numpy
 
 from vllm_sr.config.routing_plugins import ToolSelectionPlugin
 from vllm_sr.errors import VllmSrError
-from vllm_sr.router.cache.embedding import BUNDLE_PATH, QueryEmbedding, vectors_of
+from vllm_sr.router import bundle
+from vllm_sr.router.bundle import BUNDLE_PATH
+from vllm_sr.router.cache.embedding import QueryEmbedding
 from vllm_sr.router.cache.store import normalise
 
 if TYPE_CHECKING:
@@ -78,27 +79,16 @@ class ToolEmbeddings:
     async def vectors(self, texts: list[str]) -> list[numpy.ndarray] | None:
         missing = list(dict.fromkeys(t for t in texts if t not in self.known))
         if missing:
-            body = {
-                "tasks": [
-                    {
-                        "id": TASK,
-                        "embeddings": {
-                            "input": missing,
-                            "encoding_format": "base64",
-                            "truncate": True,
-                        },
-                    }
-                ]
-            }
+            body = bundle.request([bundle.embed_task(TASK, missing)])
             self.exchanges += 1
             try:
                 status, answer = await self.exchange(
-                    self.deployment, BUNDLE_PATH, json.dumps(body).encode(), self.timeout_ms
+                    self.deployment, BUNDLE_PATH, body, self.timeout_ms
                 )
             except VllmSrError as exc:
                 log.info("tool_selection: embedding the tools failed: %s", exc.message)
                 return None
-            got = vectors_of(answer, TASK) if status == 200 else None
+            got = bundle.task_embeddings(answer, TASK) if status == 200 else None
             if got is None or len(got) != len(missing):
                 return None
             for text, vec in zip(missing, got, strict=True):

@@ -15,14 +15,13 @@ when a read meets it."""
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import cast
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
 from vllm_sr.config.router_replay import DEFAULT_KEY_PREFIX, RouterReplayRedis
+from vllm_sr.router.redis_client import redis_client as shared_redis_client
 from vllm_sr.router.replay.envexpand import expand_env
 from vllm_sr.router.replay.store import ReadResult, Record, ReplayQuery, StoreUnavailable
 
@@ -32,25 +31,17 @@ APPEND_TRIES = 5
 
 
 def redis_client(conf: RouterReplayRedis) -> aioredis.Redis:
-    """The client for ``conf``: ``address`` ``host:port`` or a Unix socket path."""
-    address = expand_env(conf.address or "localhost:6379")
-    common: dict[str, Any] = {
-        "db": conf.db,
-        "password": expand_env(conf.password) if conf.password else None,
-        "socket_timeout": TIMEOUT_S,
-        "socket_connect_timeout": TIMEOUT_S,
-        "retry": Retry(NoBackoff(), 0),  # a failed write marks the store down (writer.py)
-        "max_connections": conf.pool_size or DEFAULT_POOL,
-    }
-    if address.startswith("unix://") or address.startswith("/"):
-        return aioredis.Redis(unix_socket_path=address.removeprefix("unix://"), **common)
-    host, _, port = address.rpartition(":")
-    if not host:
-        host, port = address, "6379"
-    if conf.use_tls:
-        common["ssl"] = True
-        common["ssl_cert_reqs"] = "none" if conf.tls_skip_verify else "required"
-    return aioredis.Redis(host=host, port=int(port), **common)
+    """The client for ``conf``: ``address`` ``host:port`` or a Unix socket path. No retries: a
+    failed write marks the store down (writer.py)."""
+    return shared_redis_client(
+        expand_env(conf.address or "localhost:6379"),
+        db=conf.db,
+        password=expand_env(conf.password) if conf.password else None,
+        timeout_s=TIMEOUT_S,
+        max_connections=conf.pool_size or DEFAULT_POOL,
+        tls=conf.use_tls,
+        tls_verify=not conf.tls_skip_verify,
+    )
 
 
 class RedisReplayStore:

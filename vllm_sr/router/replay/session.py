@@ -19,6 +19,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_sr.router.message_text import FINGERPRINT, message_text
+
 SESSION_HEADER = "x-session-id"
 CLAUDE_CODE_HEADER = "x-claude-code-session-id"
 REQUEST_ID_HEADER = "x-request-id"
@@ -29,15 +31,6 @@ MAX_SESSION_ID = 255  # upstream's column width
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def _content(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
 
 
 def _cut(text: str) -> str:
@@ -57,9 +50,19 @@ def session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | Non
     if messages:
         user = headers.get(USER_HEADER, "")
         if user:
-            first = next((_content(m) for m in messages if m.get("role") == "user"), "")
+            first = next(
+                (
+                    message_text(m.get("content"), FINGERPRINT)
+                    for m in messages
+                    if m.get("role") == "user"
+                ),
+                "",
+            )
             return "cc-" + _digest(f"{user}:{_cut(first)}")
-        parts = [f"{m.get('role', '')}:{_cut(_content(m))}" for m in messages]
+        parts = [
+            f"{m.get('role', '')}:{_cut(message_text(m.get('content'), FINGERPRINT))}"
+            for m in messages
+        ]
         return "cc-full-" + _digest("|".join(parts))
     rid = headers.get(REQUEST_ID_HEADER, "").strip()
     return "rid-" + _digest("rid:" + rid) if rid else None

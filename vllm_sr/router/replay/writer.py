@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.replay.store import (
     ReadResult,
@@ -47,28 +48,6 @@ QUEUE_SIZE = 1000
 _T = TypeVar("_T")
 
 
-class Backoff:
-    """When the next reconnect may start: 1 s after the first failure, doubling to 60 s;
-    back to the start after a success."""
-
-    def __init__(self, clock: Clock, first_s: float = BACKOFF_FIRST_S) -> None:
-        self.clock = clock
-        self.first_s = first_s
-        self.wait_s = first_s
-        self.retry_at = 0.0
-
-    def failed(self) -> None:
-        self.retry_at = self.clock.monotonic() + self.wait_s
-        self.wait_s = min(self.wait_s * 2, BACKOFF_MAX_S)
-
-    def succeeded(self) -> None:
-        self.wait_s = self.first_s
-        self.retry_at = 0.0
-
-    def due(self) -> bool:
-        return self.clock.monotonic() >= self.retry_at
-
-
 class ReplayWriter:
     def __init__(
         self,
@@ -82,7 +61,7 @@ class ReplayWriter:
         self.async_writes = async_writes
         self.clock = clock
         self.state = "new"
-        self.backoff = Backoff(clock)
+        self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S, clock=clock)
         self.written = 0
         self.lost: Counter[str] = Counter()
         self.last_error = ""
@@ -111,20 +90,20 @@ class ReplayWriter:
             if self.state != "up":
                 log.info("router_replay store %s is up", self.store.kind)
             self.state = "up"
-            self.backoff.succeeded()
+            self.backoff.reset()
 
     def _down(self, exc: BaseException, reason: str | None) -> None:
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         was = self.state
         self.state = "down"
         self.last_error = message
-        self.backoff.failed()
+        self.backoff.fail()
         if was != "down":
             log.warning(
                 "router_replay store %s is down (records are lost until it is back; "
                 "retrying in %.0f s): %s",
                 self.store.kind,
-                self.backoff.retry_at - self.clock.monotonic(),
+                self.backoff.current,
                 message,
             )
         if reason is not None:

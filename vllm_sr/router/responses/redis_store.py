@@ -11,13 +11,12 @@ not, and a lookup never reads a Redis failure as "no such response".
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
+from vllm_sr.router.redis_client import redis_client as shared_redis_client
 from vllm_sr.router.responses.store import DEFAULT_TTL_S, Record, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -28,24 +27,18 @@ RESPONSE_KEY = "response:"  # upstream's ResponseKeyPrefix
 
 def redis_client(settings: ResponseAPIRedis) -> tuple[aioredis.Redis, str]:
     """The client and key prefix for upstream's settings (a zero is upstream's default)."""
-    retries = {-1: 0, 0: 3}.get(settings.max_retries, settings.max_retries)
     read = settings.read_timeout or 3
     write = settings.write_timeout or 3
-    common: dict[str, Any] = {
-        "password": settings.password or None,
-        "db": settings.db,
-        "max_connections": settings.pool_size or 10,
-        "socket_connect_timeout": float(settings.dial_timeout or 5),
+    client = shared_redis_client(
+        settings.address or None,
+        db=settings.db,
+        password=settings.password or None,
         # redis-py has one timeout per command, upstream a read and a write one
-        "socket_timeout": None if -1 in (read, write) else float(max(read, write)),
-        "retry": Retry(ExponentialBackoff(cap=0.512, base=0.008), retries),
-    }
-    address = settings.address or ""
-    if address.startswith("unix://"):
-        client = aioredis.Redis(unix_socket_path=address.removeprefix("unix://"), **common)
-    else:
-        host, _, port = address.rpartition(":")
-        client = aioredis.Redis(host=host or address, port=int(port or 6379), **common)
+        timeout_s=None if -1 in (read, write) else float(max(read, write)),
+        connect_timeout_s=float(settings.dial_timeout or 5),
+        retries={-1: 0, 0: 3}.get(settings.max_retries, settings.max_retries),
+        max_connections=settings.pool_size or 10,
+    )
     prefix = settings.key_prefix if settings.key_prefix.endswith(":") else settings.key_prefix + ":"
     return client, prefix
 

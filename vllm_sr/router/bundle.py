@@ -1,0 +1,94 @@
+"""The worker's ``POST /v1/bundle`` as Router mode speaks it: the one place its request is
+built and its answer decoded (the routing questions, the response cache's query embedding and
+tool_selection's tool embeddings all go through here; docs/worker.md has the wire format).
+
+- :func:`embed_task` and :func:`request` build the body: tasks ``{"id", "<surface>": body}``,
+  embeddings asked as base64 and truncated to the model's length.
+- :func:`decode` reads an answer into its results by task id (:class:`TaskResult`: the task's
+  status and body); :func:`embeddings` reads a 200 embeddings body into rows of float32.
+  Anything malformed raises :class:`BundleAnswerError`; callers say what it means for them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+
+BUNDLE_PATH = "/v1/bundle"
+
+
+class BundleAnswerError(ValueError):
+    """A bundle answer that cannot be read (not JSON, no results, a bad embeddings body)."""
+
+
+def embed_task(task_id: str, texts: Sequence[str]) -> dict[str, Any]:
+    """An embeddings task for ``texts`` (base64 rows, truncated to the model's length)."""
+    return {
+        "id": task_id,
+        "embeddings": {"input": list(texts), "encoding_format": "base64", "truncate": True},
+    }
+
+
+def request(tasks: Sequence[Mapping[str, Any]]) -> bytes:
+    """A bundle request's body."""
+    return json.dumps({"tasks": list(tasks)}, ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    status: int
+    body: Any
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def error(self) -> Mapping[str, Any]:
+        """A refused task's error object (``code``, ``message``); empty when it has none."""
+        err = self.body.get("error") if isinstance(self.body, Mapping) else None
+        return err if isinstance(err, Mapping) else {}
+
+
+def decode(answer: bytes) -> dict[str, TaskResult]:
+    """A bundle answer's results by task id."""
+    try:
+        doc = json.loads(answer)
+        return {r["id"]: TaskResult(r.get("status"), r.get("body")) for r in doc["results"]}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BundleAnswerError(f"no results ({exc})") from None
+
+
+def embeddings(body: Any) -> numpy.ndarray:
+    """A 200 embeddings body's rows (base64 or lists of numbers), one float32 row each."""
+    try:
+        rows = [item["embedding"] for item in body["data"]]
+        if not rows:
+            return numpy.zeros((0,), dtype=numpy.float32)
+        return numpy.stack(
+            [
+                numpy.frombuffer(base64.b64decode(r), dtype=numpy.float32)
+                if isinstance(r, str)
+                else numpy.asarray(r, dtype=numpy.float32)
+                for r in rows
+            ]
+        )
+    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        raise BundleAnswerError(f"bad embeddings ({exc})") from None
+
+
+def task_embeddings(answer: bytes, task_id: str) -> list[numpy.ndarray] | None:
+    """One task's embedding rows from a bundle answer; None when the answer cannot be read or
+    the task is missing or was refused (a caller that can do without them)."""
+    try:
+        result = decode(answer).get(task_id)
+        if result is None or not result.ok:
+            return None
+        return list(embeddings(result.body))
+    except BundleAnswerError:
+        return None
