@@ -3,7 +3,8 @@
 A v0.4 file still says ``version: v0.3``; some fields only changed name (upstream's
 "Configuration migration", V04-DELTA.md §2g). vllm-sr reads both names; the v0.4 name is the
 current one (``config show`` prints it, an unknown-key message offers it), the 3d48f8c9 name is
-still accepted, and a mapping that gives both is an error naming both.
+still accepted, and a mapping that gives both is an error naming both. ``vllm-sr config
+migrate`` (``config/migrate.py``) rewrites the old names to the new ones from this table.
 
 Only plain renames are here: a field whose meaning or shape changed as well (reasoning
 families moved into ``providers.models[].reasoning``, ``quality_score`` into evaluation
