@@ -1,4 +1,4 @@
-"""`vllm-sr config validate|show|apply`: check, print and write the canonical resource."""
+"""`vllm-sr config validate|show|apply|migrate`: check, print and write the canonical resource."""
 
 from __future__ import annotations
 
@@ -12,8 +12,15 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from vllm_sr.config.files import DEFAULT_CONFIG_PATH, effective_dict, parse_config
+from vllm_sr.config.files import (
+    DEFAULT_CONFIG_PATH,
+    atomic_write,
+    directory_lock,
+    effective_dict,
+    parse_config,
+)
 from vllm_sr.config.flags import add_deployment_flags, flags_from_args
+from vllm_sr.config.migrate import migrate_text
 from vllm_sr.errors import ConfigError
 from vllm_sr.placement.allocation import describe_devices
 from vllm_sr.placement.apply import ApplyResult, apply_flags
@@ -57,6 +64,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_deployment_flags(a)
     _add_artifact_flags(a)
     a.set_defaults(func=_apply)
+    m = verbs.add_parser(
+        "migrate",
+        help="rewrite upstream 3d48f8c9-era field names to v0.4's, keeping the rest",
+        description="Rewrite the fields upstream v0.4 renamed (providers.defaults.default_model "
+        "-> model, default_reasoning_effort -> reasoning_effort) to their v0.4 names in FILE; "
+        "comments, order and formatting stay. Running it again changes nothing.",
+    )
+    m.add_argument("file", type=Path, metavar="FILE", help="the config file to rewrite")
+    m.add_argument(
+        "--dry-run", action="store_true", help="print the change as a unified diff; write nothing"
+    )
+    m.set_defaults(func=_migrate)
 
 
 def _add_artifact_flags(q: argparse.ArgumentParser) -> None:
@@ -162,4 +181,28 @@ def _apply(args: argparse.Namespace) -> int:
         flags.config_path, flags, dry_run=flags.dry_run, artifacts_dir=_artifacts_dir(args)
     )
     print_apply_result(result, dry_run=flags.dry_run, as_json=flags.json)
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    path: Path = args.file
+    with directory_lock(path.parent.resolve(), exclusive=not args.dry_run):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{path}: no such file") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read: {exc}") from exc
+        migration = migrate_text(text, str(path))
+        if args.dry_run:
+            sys.stdout.write(migration.diff(str(path)))
+        elif migration.changed:
+            atomic_write(path, migration.after)
+    if not migration.changed:
+        print(f"{path}: already on v0.4's names; nothing to rename", file=sys.stderr)
+        return 0
+    verb = "would rename" if args.dry_run else "renamed"
+    print(f"{path}: {verb} {len(migration.renamed)} field(s) to v0.4's names:", file=sys.stderr)
+    for r in migration.renamed:
+        print(f"  {r.describe()}", file=sys.stderr)
     return 0

@@ -1,6 +1,7 @@
 """The rules of the top-level ``providers:`` section on raw mappings (like
 ``schema.semantic_problems``, so a file gets every problem in one run, each at its YAML path):
-duplicate model names, unknown default_model and reasoning_family, reasoning families upstream
+duplicate model names, an unknown default model (defaults.model, or its 3d48f8c9 name
+default_model; both given is an error) and reasoning_family, reasoning families upstream
 rejects, malformed backend refs, and the refusals of what vllm-sr does not act on (see
 ``routing_providers`` for the models, which run these rules too)."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr.config.renames import PROVIDER_DEFAULTS, both_names_problems, given
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem, refusal
 
 if TYPE_CHECKING:
@@ -55,8 +57,9 @@ ENVOY_RETRY_ON = (
 
 
 def providers_problems(providers: Any) -> list[Problem]:
-    """Rules inside ``providers:``: duplicate model names, default_model and reasoning_family
-    unknown, reasoning families upstream rejects, malformed backend refs, and the refusals."""
+    """Rules inside ``providers:``: duplicate model names, the default model (either name)
+    and reasoning_family unknown, a renamed field given under both names, reasoning families
+    upstream rejects, malformed backend refs, and the refusals."""
     prov = as_dict(providers)
     models = as_list(prov.get("models"))
     base: Path = ("providers", "models")
@@ -66,15 +69,15 @@ def providers_problems(providers: Any) -> list[Problem]:
     for i, model in enumerate(models):
         problems += _model_problems((*base, i), as_dict(model), families)
     names = [m["name"] for m in models if isinstance(as_dict(m).get("name"), str)]
-    default = as_dict(prov.get("defaults")).get("default_model")
+    key, default = given(prov.get("defaults"), PROVIDER_DEFAULTS, "model") or ("model", None)
     if isinstance(default, str) and names and default not in names:
         problems.append(
             problem(
-                ("providers", "defaults", "default_model"),
+                (*PROVIDER_DEFAULTS, key),
                 f"{default!r} names no model; accepted: one of {', '.join(names)}",
             )
         )
-    return problems
+    return problems + both_names_problems(prov, ("providers",))
 
 
 def _family_problems(families: dict[str, Any]) -> list[Problem]:

@@ -2,7 +2,8 @@
 on raw mappings (:func:`providers_problems`) live in ``routing_provider_rules``.
 
 Field names and meanings follow the upstream vLLM Semantic Router (``C/canonical_providers.go``):
-``defaults`` (default_model, default_reasoning_effort, reasoning_families) and ``models[]``
+``defaults`` (model, reasoning_effort, reasoning_families; v0.4's names of default_model and
+default_reasoning_effort, both read: ``renames``) and ``models[]``
 (reasoning_family, provider_model_id, external_model_ids, api_format, pricing, reliability,
 backend_refs[]). What vllm-sr does not act on is refused by name (see routing_base): Anthropic
 wire format, provider profiles other than OpenAI-compatible ones, chat_path / api_version /
@@ -12,11 +13,14 @@ per backend type)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from vllm_sr.config.deployment import EjectionPercent
+from vllm_sr.config.problems import SEMANTIC_ERROR
+from vllm_sr.config.renames import PROVIDER_DEFAULTS, both_names_error, current_name
 from vllm_sr.config.routing_base import Strict, raise_first
 from vllm_sr.config.routing_provider_rules import (
     ENDPOINT_RE,
@@ -251,6 +255,12 @@ class ReasoningFamily(Strict):
 
 
 class ProviderDefaults(Strict):
+    """Written ``model`` / ``reasoning_effort`` (v0.4's names, current) or ``default_model`` /
+    ``default_reasoning_effort`` (3d48f8c9's), not both: the aliases come from the one table
+    of renames (``config/renames.py``)."""
+
+    model_config = ConfigDict(alias_generator=lambda name: current_name(PROVIDER_DEFAULTS, name))
+
     default_model: str = Field(min_length=1, max_length=128)
     """The model used when no decision matches, the chosen decision's models are all down,
     or routing itself fails (signals' deployment down or full)."""
@@ -261,10 +271,18 @@ class ProviderDefaults(Strict):
     reasoning_families: dict[str, ReasoningFamily] = Field(default_factory=dict)
     """Named ways of switching reasoning, referred to by models[].reasoning_family."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name(cls, data: Any) -> Any:
+        message = both_names_error(data, PROVIDER_DEFAULTS)
+        if message is not None:  # the raw rules report it at its path (both_names_problems)
+            raise PydanticCustomError(SEMANTIC_ERROR, message)
+        return data
+
 
 class Providers(Strict):
     defaults: ProviderDefaults
-    """Defaults for routing (default_model, reasoning)."""
+    """Defaults for routing (the default model, reasoning)."""
 
     models: list[ProviderModel] = Field(min_length=1, max_length=256)
     """The LLMs chat requests can go to, each with its OpenAI-compatible backends."""
