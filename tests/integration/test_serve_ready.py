@@ -1,0 +1,141 @@
+"""v0.4's ``/ready`` and ``/startup-status`` on a real ``vllm-sr serve``, with stand-in workers
+(VLLM_SR_WORKER_ARGV) that answer ``/health`` 503 ``loading`` until the test lets each one finish
+(``FAKE_READY_FILE``): ``/ready`` is 503 while any worker loads, even once ``/health`` is 200 on
+the first ready replica, and 200 when the last has loaded; ``/startup-status`` shows each
+worker's phase. The routing preview's path is served too (Engine mode answers it with its 404)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.integration.test_serve import free_port
+from tests.integration.test_supervisor_fake import FAKE_MODULE, REPO_ROOT, wait_for
+from tests.support.workers import short_socket_dir
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Served:
+    url: str
+    log: Path
+    last: dict[str, tuple[int, Any]]
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as s, s.get(self.url + path) as r:
+            got = (r.status, await r.json())
+        self.last[path] = got
+        return got
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def serve_loading(tmp: Path, replicas: int) -> AsyncIterator[Served]:
+    port = free_port()
+    run = short_socket_dir(prefix="vsr-ready-") / "run"
+    log = tmp / "serve.log"
+    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "fake/artifact", "-e"]
+    argv += ["--platform", "cpu", "-dp", str(replicas), "--config", str(tmp / "config.yaml")]
+    argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
+    argv += ["--control-socket", str(run / "control.sock")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO_ROOT,
+        "VLLM_SR_WORKER_ARGV": f"{sys.executable} -m {FAKE_MODULE} worker",
+        "FAKE_READY_FILE": str(tmp / "loaded-{replica}"),
+    }
+    with open(log, "wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=out, stderr=out, env=env, cwd=REPO_ROOT
+        )
+    served = Served(f"http://127.0.0.1:{port}", log, {})
+    try:
+        await wait_for(
+            lambda: "serving on" in served.text() or proc.returncode is not None,
+            60,
+            "listening",
+            served.text,
+        )
+        assert proc.returncode is None, served.text()
+        yield served
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def until(served: Served, what: str, check: Any, timeout: float = 60) -> None:
+    """Poll /startup-status (and /ready, /health) until ``check(status_doc)`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        _, doc = await served.get("/startup-status")
+        if check(doc):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}: {served.last}\n{served.text()[-2000:]}")
+
+
+def phases(doc: dict[str, Any]) -> dict[str, str]:
+    return {r["id"]: r["phase"] for d in doc["deployments"].values() for r in d["replicas"]}
+
+
+async def test_ready_is_503_while_a_worker_loads_and_200_after(tmp_path: Path) -> None:
+    async with serve_loading(tmp_path, 2) as served:
+        await until(
+            served,
+            "both workers loading",
+            lambda d: list(phases(d).values()) == ["loading", "loading"],
+        )
+        status, brief = await served.get("/ready")
+        assert status == 503
+        assert brief["ready"] is False and brief["phase"] == "loading"
+        _, doc = await served.get("/startup-status")
+        (name,) = doc["deployments"]
+        dep = doc["deployments"][name]
+        assert dep["phase"] == "loading" and dep["desired_replicas"] == 2
+        first, second = sorted(phases(doc))
+
+        (tmp_path / f"loaded-{first}").touch()
+        await until(served, f"{first} ready", lambda d: phases(d)[first] == "ready")
+        status, _ = await served.get("/health")
+        assert status == 200  # one replica serves: /health is satisfied ...
+        status, brief = await served.get("/ready")
+        assert status == 503 and brief["phase"] == "loading"  # ... /ready waits for the other
+        _, doc = await served.get("/startup-status")
+        assert doc["deployments"][name]["ready_replicas"] == 1
+        assert phases(doc) == {first: "ready", second: "loading"}
+
+        (tmp_path / f"loaded-{second}").touch()
+        await until(served, "every worker ready", lambda d: d["ready"] is True)
+        status, brief = await served.get("/ready")
+        assert status == 200 and brief["ready"] is True and brief["phase"] == "ready"
+        _, inventory = await served.get("/api/v1/inventory/model-runtime")
+        assert brief["generation"] == inventory["service"]["generation"]
+        _, doc = await served.get("/startup-status")
+        assert doc["deployments"][name]["phase"] == "ready"
+        assert set(phases(doc).values()) == {"ready"}
+
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(served.url + "/api/v1/routing/preview", json={"text": "hi"}) as r,
+        ):
+            assert r.status == 404
+            assert (await r.json())["error"]["code"] == "engine_mode"
