@@ -195,3 +195,30 @@ async def test_preview_refuses_a_model_that_is_not_an_auto_name(stack: Stack) ->
         {"messages": [{"role": "user", "content": "hi"}], "preview_context": {"session_id": "s"}}
     )
     assert status == 200 and doc["requested_model"] == "vllm-sr/auto"
+
+
+async def test_the_frontend_serves_the_preview_path_strictly() -> None:
+    from tests.integration.test_router_publish import PlanChangingService, plan_to
+    from vllm_sr.frontend.app import Frontend
+    from vllm_sr.httpserver import Request
+
+    backend = await StandInBackend("m").start()
+    frontend = Frontend(PlanChangingService(plan_to(backend)))
+    try:
+        await frontend.sync_router()
+        good = json.dumps({"text": "hi", "model": "auto", "options": {"trace": True}}).encode()
+        answer = await frontend.handle(Request("POST", "/api/v1/routing/preview", "", {}, good))
+        assert answer.status == 200
+        doc = json.loads(answer.body)
+        assert doc["requested_model"] == "auto" and doc["selected_model"] == "m"
+        assert doc["eval_trace"] == []  # traced, and this routing has no decision
+        bad = json.dumps({"text": "hi", "model": "auto", "user": "u"}).encode()
+        answer = await frontend.handle(Request("POST", "/api/v1/routing/preview", "", {}, bad))
+        assert answer.status == 400
+        assert json.loads(answer.body)["error"]["message"].startswith("field user: unknown")
+        answer = await frontend.handle(Request("POST", "/api/v1/eval", "", {}, bad))
+        assert answer.status == 200
+        assert backend.received == []
+    finally:
+        await frontend.stop()
+        await backend.stop()
