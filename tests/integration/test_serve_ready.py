@@ -43,20 +43,23 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve_loading(tmp: Path, replicas: int) -> AsyncIterator[Served]:
+async def serve_loading(
+    tmp: Path, artifact: str, replicas: int, fake: bool
+) -> AsyncIterator[Served]:
+    """``vllm-sr serve ARTIFACT -e -dp REPLICAS``, yielded once it listens (not once ready).
+    ``fake``: stand-in workers that load until ``loaded-<replica id>`` exists in ``tmp``."""
     port = free_port()
     run = short_socket_dir(prefix="vsr-ready-") / "run"
     log = tmp / "serve.log"
-    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", "fake/artifact", "-e"]
+    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", artifact, "-e"]
     argv += ["--platform", "cpu", "-dp", str(replicas), "--config", str(tmp / "config.yaml")]
     argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
     argv += ["--control-socket", str(run / "control.sock")]
-    env = {
-        **os.environ,
-        "PYTHONPATH": REPO_ROOT,
-        "VLLM_SR_WORKER_ARGV": f"{sys.executable} -m {FAKE_MODULE} worker",
-        "FAKE_READY_FILE": str(tmp / "loaded-{replica}"),
-    }
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    env.pop("VLLM_SR_WORKER_ARGV", None)
+    if fake:
+        env["VLLM_SR_WORKER_ARGV"] = f"{sys.executable} -m {FAKE_MODULE} worker"
+        env["FAKE_READY_FILE"] = str(tmp / "loaded-{replica}")
     with open(log, "wb") as out:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=out, stderr=out, env=env, cwd=REPO_ROOT
@@ -98,7 +101,7 @@ def phases(doc: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_ready_is_503_while_a_worker_loads_and_200_after(tmp_path: Path) -> None:
-    async with serve_loading(tmp_path, 2) as served:
+    async with serve_loading(tmp_path, "fake/artifact", 2, fake=True) as served:
         await until(
             served,
             "both workers loading",
@@ -139,3 +142,31 @@ async def test_ready_is_503_while_a_worker_loads_and_200_after(tmp_path: Path) -
         ):
             assert r.status == 404
             assert (await r.json())["error"]["code"] == "engine_mode"
+
+
+PHASE_ORDER = ("starting", "loading", "warming", "ready")
+
+
+async def test_a_real_worker_goes_through_its_phases(tmp_path: Path, tiny_bert_dir: Path) -> None:
+    """The real worker (a tiny BERT): /ready is 503 from the moment the service listens until
+    the worker has loaded and warmed, then 200; the phases seen come in their order."""
+    async with serve_loading(tmp_path, str(tiny_bert_dir), 1, fake=False) as served:
+        seen: list[str] = []
+        ready_codes: list[int] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 180
+        while not seen or seen[-1] != "ready":
+            assert loop.time() < deadline, f"{seen}\n{served.text()[-2000:]}"
+            status, brief = await served.get("/ready")
+            ready_codes.append(status)
+            _, doc = await served.get("/startup-status")
+            (phase,) = phases(doc).values() or ("starting",)
+            if not seen or seen[-1] != phase:
+                seen.append(phase)
+            assert (status == 200) == (brief["phase"] == "ready"), brief
+            await asyncio.sleep(0.02)
+        assert ready_codes[0] == 503, seen  # it listens long before torch has loaded
+        assert seen == sorted(seen, key=PHASE_ORDER.index), seen  # never back
+        assert "loading" in seen or "warming" in seen, seen
+        status, brief = await served.get("/ready")
+        assert status == 200 and brief["ready"] is True

@@ -17,7 +17,7 @@ from vllm_sr.supervisor.readiness import WorkerView, deployment_phase, startup_s
         (S.STARTING, "loading", "loading"),
         (S.STARTING, "warming", "warming"),
         (S.STARTING, "failed", "error"),
-        (S.STARTING, "ready", "starting"),  # 200 seen by the worker, not yet by the supervisor
+        (S.STARTING, "ready", "warming"),  # 200 seen by the worker, not yet by the supervisor
         (S.READY, "ready", "ready"),
         (S.EJECTED, "ready", "ready"),
         (S.DRAINING, "ready", "ready"),

@@ -42,6 +42,8 @@ def worker_phase(state: ReplicaState, reported: str | None) -> str:
     if state is ReplicaState.STARTING:
         if reported == "failed":
             return "error"
+        if reported == "ready":  # loaded; the supervisor has not yet seen its 200
+            return "warming"
         return reported if reported in LOADING else "starting"
     if state in SERVING_STATES:
         return "ready"
