@@ -43,16 +43,15 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve_loading(
-    tmp: Path, artifact: str, replicas: int, fake: bool
-) -> AsyncIterator[Served]:
-    """``vllm-sr serve ARTIFACT -e -dp REPLICAS``, yielded once it listens (not once ready).
-    ``fake``: stand-in workers that load until ``loaded-<replica id>`` exists in ``tmp``."""
+async def serve_loading(tmp: Path, *flags: str, fake: bool) -> AsyncIterator[Served]:
+    """``vllm-sr serve FLAGS --config tmp/config.yaml``, yielded once it listens (not once
+    ready). ``fake``: stand-in workers that load until ``loaded-<replica id>`` exists in
+    ``tmp``."""
     port = free_port()
     run = short_socket_dir(prefix="vsr-ready-") / "run"
     log = tmp / "serve.log"
-    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", artifact, "-e"]
-    argv += ["--platform", "cpu", "-dp", str(replicas), "--config", str(tmp / "config.yaml")]
+    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", *flags]
+    argv += ["--config", str(tmp / "config.yaml")]
     argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
     argv += ["--control-socket", str(run / "control.sock")]
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
@@ -84,6 +83,10 @@ async def serve_loading(
                 await proc.wait()
 
 
+def engine_mode(artifact: str, replicas: int) -> tuple[str, ...]:
+    return (artifact, "-e", "--platform", "cpu", "-dp", str(replicas))
+
+
 async def until(served: Served, what: str, check: Any, timeout: float = 60) -> None:
     """Poll /startup-status (and /ready, /health) until ``check(status_doc)`` holds."""
     loop = asyncio.get_running_loop()
@@ -101,7 +104,7 @@ def phases(doc: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_ready_is_503_while_a_worker_loads_and_200_after(tmp_path: Path) -> None:
-    async with serve_loading(tmp_path, "fake/artifact", 2, fake=True) as served:
+    async with serve_loading(tmp_path, *engine_mode("fake/artifact", 2), fake=True) as served:
         await until(
             served,
             "both workers loading",
@@ -150,7 +153,7 @@ PHASE_ORDER = ("starting", "loading", "warming", "ready")
 async def test_a_real_worker_goes_through_its_phases(tmp_path: Path, tiny_bert_dir: Path) -> None:
     """The real worker (a tiny BERT): /ready is 503 from the moment the service listens until
     the worker has loaded and warmed, then 200; the phases seen come in their order."""
-    async with serve_loading(tmp_path, str(tiny_bert_dir), 1, fake=False) as served:
+    async with serve_loading(tmp_path, *engine_mode(str(tiny_bert_dir), 1), fake=False) as served:
         seen: list[str] = []
         ready_codes: list[int] = []
         loop = asyncio.get_running_loop()
@@ -170,3 +173,52 @@ async def test_a_real_worker_goes_through_its_phases(tmp_path: Path, tiny_bert_d
         assert "loading" in seen or "warming" in seen, seen
         status, brief = await served.get("/ready")
         assert status == 200 and brief["ready"] is True
+
+
+async def test_router_mode_preview_on_a_real_serve(tmp_path: Path, tiny_bert_dir: Path) -> None:
+    """Router mode on real workers: a preview sent while /ready is 503 answers at once (a
+    model signal still loading is only listed in signal_errors); once /ready is 200 the same
+    preview has every signal evaluated; the envelope is strict through the real frontend."""
+    from tests.integration.test_serve_router import config_text
+    from tests.support.backends import StandInBackend
+
+    coder, general = await StandInBackend("coder").start(), await StandInBackend("general").start()
+    (tmp_path / "config.yaml").write_text(
+        config_text(tiny_bert_dir, coder.endpoint, general.endpoint, 0.99)
+    )
+    body = {"text": "I was charged twice, debug this function", "options": {"trace": True}}
+    try:
+        async with serve_loading(tmp_path, fake=False) as served:
+
+            async def preview(payload: dict[str, Any]) -> tuple[int, Any]:
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(served.url + "/api/v1/routing/preview", json=payload) as r,
+                ):
+                    return r.status, await r.json()
+
+            status, _ = await served.get("/ready")
+            if status == 503:
+                status, doc = await preview(body)
+                assert status == 200, doc
+                assert set(doc["signal_errors"]) <= {"embedding:billing"}, doc["signal_errors"]
+            await until(served, "Router mode ready", lambda d: d["ready"] is True, 180)
+            assert (await served.get("/ready"))[0] == 200
+            _, doc = await served.get("/startup-status")
+            assert doc["deployments"]["primary"]["phase"] == "ready"
+            assert doc["deployments"]["primary"]["ready_replicas"] == 2
+
+            status, doc = await preview(body)
+            assert status == 200, doc
+            assert doc["signal_errors"] == {}
+            assert doc["decision_result"]["decision_name"] == "coding"
+            assert doc["selected_model"] == "coder"
+            assert {t["decision_name"] for t in doc["eval_trace"]} == {"coding", "billing"}
+            assert "billing" in doc["decision_result"]["unmatched_signals"]["embeddings"]
+            status, doc = await preview({**body, "temperature": 0})
+            assert status == 400
+            assert doc["error"]["message"].startswith("field temperature: unknown field")
+            assert coder.received == [] and general.received == []
+    finally:
+        await coder.stop()
+        await general.stop()
