@@ -179,6 +179,8 @@ async def test_the_envelope_is_strict_on_the_preview_path_only(stack: Stack) -> 
     assert doc["error"]["code"] == "INVALID_INPUT"
     assert doc["error"]["message"].startswith("field stream: unknown field")
     assert doc["error"]["timestamp"]
+    status, doc = await stack.preview(body, "?trace=true")  # the query does not change the path
+    assert status == 400 and "stream" in doc["error"]["message"]
     status, doc = await stack.post("/api/v1/eval", body)  # 3d48f8c9's eval reads what it knows
     assert status == 200 and doc["original_text"] == "Use the search tool."
     status, doc = await stack.preview({"text": "x", "preview_context": {"sampling_seed": "7"}})
