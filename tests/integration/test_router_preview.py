@@ -183,6 +183,11 @@ async def test_the_envelope_is_strict_on_the_preview_path_only(stack: Stack) -> 
     assert status == 400 and "stream" in doc["error"]["message"]
     status, doc = await stack.post("/api/v1/eval", body)  # 3d48f8c9's eval reads what it knows
     assert status == 200 and doc["original_text"] == "Use the search tool."
+    status, doc = await stack.post("/api/v1/eval", {"text": "x", "options": "trace"})
+    assert status == 400  # it was a 500 internal_error
+    assert doc["error"]["message"] == (
+        'field options: got "trace"; accepted: an object (e.g. {"trace": true})'
+    )
     status, doc = await stack.preview({"text": "x", "preview_context": {"sampling_seed": "7"}})
     assert status == 400
     assert "preview_context.sampling_seed" in doc["error"]["message"]

@@ -271,9 +271,14 @@ class ChatRouter(ChatPlugins):
                     f"model {json.dumps(model)} is not an auto model name or entrypoint; "
                     f"accepted: {', '.join([*self.auto_model_names, *self.entrypoints])}",
                 )
-            want_trace = "trace=true" in request.query.split("&") or bool(
-                (payload.get("options") or {}).get("trace")
-            )
+            options = payload.get("options") or {}
+            if not isinstance(options, dict):
+                raise route_eval.EvalError(
+                    "INVALID_INPUT",
+                    f"field options: got {json.dumps(options)}; accepted: an object "
+                    '(e.g. {"trace": true})',
+                )
+            want_trace = "trace=true" in request.query.split("&") or bool(options.get("trace"))
             doc = await route_eval.evaluate(
                 self.recipes[recipe], payload, model=model, recipe=recipe, want_trace=want_trace
             )
