@@ -4,7 +4,8 @@ sockets, signals and dispatch rather than the model: it speaks the worker HTTP A
 environment. Run as ``python -m tests.integration.test_supervisor_fake ARTIFACT --uds PATH ...``.
 
 Knobs: ``FAKE_EXIT_CODE`` (exit at once with that code, after a line on stderr),
-``FAKE_READY_DELAY_S`` (503 ``loading`` that long), ``FAKE_LIMITS`` (JSON for /health limits),
+``FAKE_READY_DELAY_S`` (503 ``loading`` that long), ``FAKE_READY_FILE`` (503 ``loading`` until
+that file exists; ``{replica}`` in it is the replica id), ``FAKE_LIMITS`` (JSON for /health limits),
 ``VLLM_SR_FAULT_FORWARD_DELAY_MS`` and ``POST /debug/faults`` (delay every answer, with
 ``VLLM_SR_ENABLE_FAULTS=1``), ``FAKE_IGNORE_SIGTERM=1``.
 """
@@ -94,6 +95,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
     started = time.monotonic()
     ready_delay = float(os.environ.get("FAKE_READY_DELAY_S", "0"))
+    ready_file = os.environ.get("FAKE_READY_FILE", "").replace("{replica}", args.replica_id or "")
     limits = json.loads(os.environ.get("FAKE_LIMITS", "null")) or {
         "max_num_seqs": args.max_num_seqs or 64,
         "max_num_batched_tokens": args.max_num_batched_tokens or 8192,
@@ -105,6 +107,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
     async def health(request: web.Request) -> web.Response:
         ready = time.monotonic() - started >= ready_delay
+        ready = ready and (not ready_file or os.path.exists(ready_file))
         body = {
             "status": "ready" if ready else "loading",
             "reason": None,

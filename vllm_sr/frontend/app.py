@@ -3,8 +3,9 @@
 ``POST /v1/embeddings``, ``/v1/classify``, ``/v1/bundle`` go to the deployment ``model`` names
 (default: the decision model's deployment) as one unit each; the body's bytes go to the worker
 unchanged, and the worker's bytes come back unchanged. Router mode adds
-``/v1/chat/completions``, ``/api/v1/eval`` and, configured, the Responses API
-(``/v1/responses``, ``/v1/responses/{id}``, ``.../input_items``). ``GET /v1/models``, ``/health``,
+``/v1/chat/completions``, ``/api/v1/eval`` (also at v0.4's ``/api/v1/routing/preview``) and,
+configured, the Responses API (``/v1/responses``, ``/v1/responses/{id}``, ``.../input_items``).
+``GET /v1/models``, ``/health``, ``/ready``, ``/startup-status``,
 ``/api/v1/inventory/model-runtime`` and ``/metrics`` describe the service. Errors are
 ``{"error": {"code", "message", "retryable"}}`` with the error's HTTP status (429 carries
 Retry-After); an unknown path is 404 ``not_found``, another method 405 ``method_not_allowed``.
@@ -77,6 +78,8 @@ class Service(Protocol):
 
     def health(self) -> JsonObject: ...
 
+    def startup_status(self) -> JsonObject: ...
+
     def router_plan(self) -> RouterPlan | None: ...
 
 
@@ -114,7 +117,10 @@ class Frontend:
             },
             "/v1/responses/{id}/input_items": {"GET": self._responses("input_items")},
             "/api/v1/eval": {"POST": self.route_eval},
+            "/api/v1/routing/preview": {"POST": self.route_eval},  # v0.4's path, one handler
             "/health": {"GET": self.health},
+            "/ready": {"GET": self.ready},
+            "/startup-status": {"GET": self.startup_status},
             "/api/v1/inventory/model-runtime": {"GET": self.inventory},
             "/metrics": {"GET": self.metrics},
         }
@@ -255,6 +261,16 @@ class Frontend:
     async def health(self, request: Request) -> Response:
         doc = self.service.health()
         return _json(doc, 200 if doc["ready"] else 503)
+
+    async def ready(self, request: Request) -> Response:
+        """v0.4's readiness: 503 while a worker of the generation is still starting, loading
+        or warming, or a deployment has no serving replica (vllm_sr/supervisor/readiness.py)."""
+        doc = self.service.startup_status()
+        brief = {k: doc[k] for k in ("ready", "phase", "generation")}
+        return _json(brief, 200 if doc["ready"] else 503)
+
+    async def startup_status(self, request: Request) -> Response:
+        return _json(self.service.startup_status())
 
     async def inventory(self, request: Request) -> Response:
         return _json(self.service.inventory())

@@ -325,7 +325,8 @@ class ChatMount:
             return await handler(request)
 
     async def handle_eval(self, request: Request) -> Response:
-        """``/api/v1/eval``: Router mode's routing preview (no backend is called)."""
+        """``/api/v1/eval`` and ``/api/v1/routing/preview``: Router mode's routing preview (no
+        backend is called)."""
         if self.plan is None or not self.plan.enabled:
             return error_response(EngineMode.at(request.path))
         if self.chat is None:

@@ -1,5 +1,5 @@
-"""``POST /v1/chat/completions``, ``GET /v1/models`` and ``POST /api/v1/eval`` of Router mode
-(``vllm_sr.httpserver`` handlers).
+"""``POST /v1/chat/completions``, ``GET /v1/models`` and ``POST /api/v1/eval`` (also served as
+``/api/v1/routing/preview``) of Router mode (``vllm_sr.httpserver`` handlers).
 
 The flow: ``model`` is an auto name -> route (signals, decision, model); a providers model
 name -> that model's backend, no signals; anything else -> 400 ``model "X" is not available``
@@ -49,6 +49,7 @@ from vllm_sr.config.routing_plugins import decision_plugins
 from vllm_sr.errors import EngineMode, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router import eval as route_eval
+from vllm_sr.router import preview as route_preview
 from vllm_sr.router.answers import (
     H_ALGORITHM,
     H_CONFIDENCE,
@@ -154,6 +155,7 @@ class ChatRouter(ChatPlugins):
             "/v1/chat/completions": {"POST": self.handle_chat},
             "/v1/models": {"GET": self.handle_models},
             "/api/v1/eval": {"POST": self.handle_eval},
+            route_preview.PREVIEW_PATH: {"POST": self.handle_eval},
         }
 
     async def handle_chat(
@@ -249,11 +251,18 @@ class ChatRouter(ChatPlugins):
         )
 
     async def handle_eval(self, request: Request) -> Response:
-        """Upstream's routing preview; its own error document (code, message, timestamp)."""
+        """Upstream's routing preview on both its paths: ``/api/v1/eval`` (3d48f8c9's body)
+        and ``/api/v1/routing/preview`` (v0.4's strict envelope, vllm_sr/router/preview.py);
+        one answer; its own error document (code, message, timestamp)."""
         try:
             if request.error is not None:
                 raise route_eval.EvalError("INVALID_INPUT", request.error.message)
-            payload = route_eval.parse_payload(request.body)
+            strict = request.path == route_preview.PREVIEW_PATH
+            if strict:
+                payload = route_preview.parse_body(request.body)
+                route_preview.parse_preview(payload)
+            else:
+                payload = route_eval.parse_payload(request.body)
             model = payload.get("model") or self.default_eval_model()
             recipe = self.recipe_of(model) if isinstance(model, str) else None
             if recipe is None:
@@ -262,9 +271,14 @@ class ChatRouter(ChatPlugins):
                     f"model {json.dumps(model)} is not an auto model name or entrypoint; "
                     f"accepted: {', '.join([*self.auto_model_names, *self.entrypoints])}",
                 )
-            want_trace = "trace=true" in request.query.split("&") or bool(
-                (payload.get("options") or {}).get("trace")
-            )
+            options = payload.get("options") or {}
+            if not isinstance(options, dict):
+                raise route_eval.EvalError(
+                    "INVALID_INPUT",
+                    f"field options: got {json.dumps(options)}; accepted: an object "
+                    '(e.g. {"trace": true})',
+                )
+            want_trace = "trace=true" in request.query.split("&") or bool(options.get("trace"))
             doc = await route_eval.evaluate(
                 self.recipes[recipe], payload, model=model, recipe=recipe, want_trace=want_trace
             )

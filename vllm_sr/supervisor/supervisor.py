@@ -44,6 +44,7 @@ from vllm_sr.supervisor.handlers import CommandHandlers
 from vllm_sr.supervisor.hooks import LifecycleHooks
 from vllm_sr.supervisor.keeper import TaskKeeper
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
+from vllm_sr.supervisor.readiness import WorkerView, startup_status
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler
 from vllm_sr.supervisor.router_build import RouterBuilder, build_router
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
@@ -242,6 +243,40 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         ok = ok and not self.stopping
         status = "stopping" if self.stopping else ("ready" if ok else "unavailable")
         return {"status": status, "ready": ok, "deployments": ready, "generation": self.generation}
+
+    def startup_status(self) -> JsonObject:
+        """``/startup-status`` (and ``/ready``'s verdict): vllm_sr/supervisor/readiness.py."""
+        plan = self.plan
+        desired = {n: len(d.replicas) for n, d in plan.deployments.items()} if plan else {}
+        serving = {
+            r.id
+            for name in desired
+            if (p := self.pools.get(name))
+            for r in p.replicas()
+            if r.serving
+        }
+        workers: dict[str, list[WorkerView]] = {}
+        for rep in list(self.fleet.replicas.values()):
+            if rep.id not in self.fleet.published or rep.spec.deployment not in desired:
+                continue
+            reported = rep.health.get("status") if isinstance(rep.health, dict) else None
+            reason = rep.last_error or (rep.health.get("reason") if rep.health else None)
+            workers.setdefault(rep.spec.deployment, []).append(
+                WorkerView(
+                    rep.id,
+                    rep.state,
+                    reported if isinstance(reported, str) else None,
+                    rep.id in serving,
+                    reason if isinstance(reason, str) else None,
+                )
+            )
+        return startup_status(
+            desired,
+            workers,
+            published=plan is not None,
+            stopping=self.stopping,
+            generation=self.generation,
+        )
 
     def effective_config(self) -> JsonObject:
         return dict(self.plan.config) if self.plan else {}
