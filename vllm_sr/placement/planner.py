@@ -22,6 +22,7 @@ from vllm_sr.placement.allocation import (
     read_allocation,
     worker_env,
 )
+from vllm_sr.placement.auto import resolve_auto
 from vllm_sr.placement.cpu import (
     CpuBudget,
     assign_cpu_sets,
@@ -111,6 +112,7 @@ def plan(
     budget = cpu_budget or measure_cpu_budget()
     provider = inventory_provider or real_inventory(env)
     notes: list[str] = []
+    config = resolve_auto(config, provider if check_gpus else None, env, notes)
     cpu_slots = [
         (n, i)
         for n, d in config.deployments.items()
@@ -151,6 +153,9 @@ def _common_fields(name: str, index: int, dep: Deployment) -> dict[str, Any]:
         max_num_seqs=dep.engine_args.max_num_seqs,
         max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
         dtype=dep.engine_args.dtype,
+        max_input_tokens=dep.input.max_tokens,
+        overflow=dep.input.overflow,
+        public_name=dep.public_name,
     )
 
 
