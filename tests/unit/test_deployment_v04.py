@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from vllm_sr.config.files import parse_config
-from vllm_sr.errors import ConfigError, MaxLengthExceeded, PlacementError
+from vllm_sr.config.schema import Replica
+from vllm_sr.errors import ConfigError, MaxLengthExceeded, PlacementError, UsageError
 from vllm_sr.placement.cpu import CpuBudget
 from vllm_sr.placement.gpus import MIB, GpuInfo
-from vllm_sr.placement.planner import plan
+from vllm_sr.placement.planner import PlacementRequest, plan, resize_placement
 from vllm_sr.pool.directory import PoolDirectory
 from vllm_sr.supervisor.process import worker_command
 from vllm_sr.supervisor.service import service_plan
@@ -245,3 +246,23 @@ def test_revision_reaches_the_worker_command() -> None:
     (spec,) = _plan(text, Inventory([])).replicas
     argv = worker_command(spec, "/tmp/w.sock")
     assert argv[argv.index("--revision") + 1] == "0123456789abcdef"
+
+
+def test_dp_on_an_auto_deployment_keeps_auto_and_device_ids_need_a_platform() -> None:
+    current = [Replica(device="auto")]
+    new, _ = resize_placement(
+        current, PlacementRequest(count=3), inventory=Inventory([]), need=None, env={}
+    )
+    assert [r.device for r in new] == ["auto", "auto", "auto"]
+    with pytest.raises(UsageError, match="the platform is auto; add --platform"):
+        resize_placement(
+            current, PlacementRequest(device_ids=(0,)), inventory=None, need=None, env={}
+        )
+    moved, _ = resize_placement(
+        current,
+        PlacementRequest(platform="cuda", count=1),
+        inventory=Inventory(_gpus("cuda", 1)),
+        need=None,
+        env={},
+    )
+    assert [r.device for r in moved] == ["cuda:0"]

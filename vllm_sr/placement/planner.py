@@ -22,7 +22,7 @@ from vllm_sr.placement.allocation import (
     read_allocation,
     worker_env,
 )
-from vllm_sr.placement.auto import resolve_auto
+from vllm_sr.placement.auto import AUTO, resolve_auto
 from vllm_sr.placement.cpu import (
     CpuBudget,
     assign_cpu_sets,
@@ -252,10 +252,10 @@ class PlacementRequest:
 
 def _explicit_ids(req: PlacementRequest, platform: str, env: Mapping[str, str]) -> list[str]:
     ids = list(req.device_ids or ())
-    if platform == "cpu":
+    if platform in ("cpu", AUTO):
         raise UsageError(
-            f"--device-ids {','.join(map(str, ids))}: the platform is cpu; add --platform rocm "
-            "or --platform cuda, or drop --device-ids"
+            f"--device-ids {','.join(map(str, ids))}: the platform is {platform}; add --platform "
+            "rocm or --platform cuda, or drop --device-ids"
         )
     alloc = read_allocation(env, platform)
     if alloc is not None:
@@ -345,8 +345,8 @@ def resize_placement(
         keep_all = [r.device for r in managed] if platform == cur_platform else []
         # A platform switch without -dp keeps the worker count, on new devices.
         count = req.count or len(managed) or 1
-        if platform == "cpu":
-            devices = ["cpu"] * count
+        if platform in ("cpu", AUTO):  # auto stays auto: resolved when the plan is made
+            devices = [platform] * count
         else:
             keep = [d for d in keep_all[:count] if d]
             if len(keep) < count:
