@@ -9,6 +9,7 @@ import pytest
 from vllm_sr.config.files import parse_config
 from vllm_sr.config.schema import Replica
 from vllm_sr.errors import ConfigError, MaxLengthExceeded, PlacementError, UsageError
+from vllm_sr.kube.sizing import size_pod
 from vllm_sr.placement.cpu import CpuBudget
 from vllm_sr.placement.gpus import MIB, GpuInfo
 from vllm_sr.placement.planner import PlacementRequest, plan, resize_placement
@@ -266,3 +267,12 @@ def test_dp_on_an_auto_deployment_keeps_auto_and_device_ids_need_a_platform() ->
         env={},
     )
     assert [r.device for r in moved] == ["cuda:0"]
+
+
+def test_kubernetes_render_refuses_auto_naming_the_replica() -> None:
+    text = _config("        device: cpu\n") + "      second:\n        replicas: [{device: auto}]\n"
+    config = parse_config(text)
+    with pytest.raises(PlacementError) as exc:
+        size_pod(config, threads=2)
+    assert "replica second-0: device 'auto' cannot be rendered" in exc.value.message
+    assert "accepted: cpu, rocm:N or cuda:N" in exc.value.message
