@@ -4,8 +4,11 @@ and what is accepted."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from vllm_sr.cli import main
 from vllm_sr.config.files import parse_config
 from vllm_sr.config.schema import Replica
 from vllm_sr.errors import ConfigError, MaxLengthExceeded, PlacementError, UsageError
@@ -276,3 +279,17 @@ def test_kubernetes_render_refuses_auto_naming_the_replica() -> None:
         size_pod(config, threads=2)
     assert "replica second-0: device 'auto' cannot be rendered" in exc.value.message
     assert "accepted: cpu, rocm:N or cuda:N" in exc.value.message
+
+
+def test_config_show_says_auto_is_chosen_when_the_service_plans(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(_config("        device: auto\n"))
+    with pytest.raises(SystemExit) as exc:
+        main(["config", "show", "--config", str(cfg)])
+    assert not exc.value.code
+    out = capsys.readouterr().out
+    assert "#   primary-0: auto = chosen when the service plans" in out
+    assert "host auto" not in out
+    parse_config(out)  # still loadable
