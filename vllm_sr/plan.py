@@ -58,6 +58,12 @@ class ReplicaSpec:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     dtype: str = "auto"
+    max_input_tokens: int | None = None
+    """input.max_tokens: most tokens of one input (None: the model's maximum)."""
+    overflow: str = "reject"
+    """input.overflow: reject or truncate (the worker's default for an over-long input)."""
+    public_name: str | None = None
+    """Another name requests may use in ``model`` (the worker accepts it too)."""
     host_device: str | None = None
     """The GPU as the inventory tool lists it (``rocm:3``) when ``device`` is an allocation
     ordinal (``rocm:0``); else equal to ``device``. The key of ``gpus.gpu_usage``."""
@@ -81,6 +87,9 @@ class ReplicaSpec:
             self.max_num_seqs,
             self.max_num_batched_tokens,
             self.dtype,
+            self.max_input_tokens,
+            self.overflow,
+            self.public_name,
             self.device if not self.attached else (self.endpoint, self.model),
             self.threads,
         )
@@ -107,6 +116,8 @@ class DeploymentPlan:
     # built once from the schema (``PoolSettings.from_deployment``). Required: a default would
     # make this neutral module reach up into the pool.
     settings: PoolSettings
+    public_name: str | None = None
+    """v0.4's public_name: another name requests may use in ``model``."""
 
 
 @dataclass(frozen=True)

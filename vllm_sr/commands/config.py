@@ -161,6 +161,11 @@ def _device_comments(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if "problem" in r:
             lines.append(f"#   {r['replica']}: {r['device']}: {r['problem']}")
+        elif r["device"] == "auto":
+            lines.append(
+                f"#   {r['replica']}: auto = chosen when the service plans (a GPU the "
+                "inventory lists, CUDA then ROCm, else cpu)"
+            )
         elif r["ordinal"] is None:
             lines.append(f"#   {r['replica']}: {r['device']} = host {r['host_device']}")
         else:

@@ -66,6 +66,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="precision of the forward (default auto: bfloat16 where the device has it "
         "natively, float16 on other GPUs, else float32)",
     )
+    p.add_argument(
+        "--max-input-tokens",
+        type=_positive,
+        metavar="N",
+        help="most tokens of one input (default: the model's maximum; capped at it)",
+    )
+    p.add_argument(
+        "--overflow",
+        choices=("reject", "truncate"),
+        default="reject",
+        help="an over-long input: reject (400 max_length_exceeded, unless the request sends "
+        '"truncate": true; default) or truncate to the limit',
+    )
     p.add_argument("--replica-id", metavar="ID", help="replica id, used as the log prefix")
     p.add_argument(
         "--result-cache-bytes",
@@ -106,5 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         result_cache_bytes=args.result_cache_bytes,
         revision=args.revision,
         dtype=args.dtype,
+        max_input_tokens=args.max_input_tokens,
+        overflow=args.overflow,
     )
     return run(opts)

@@ -13,15 +13,26 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from vllm_sr.config.problems import SEMANTIC_ERROR
+from vllm_sr.config.problems import REFUSED_VALUE, SEMANTIC_ERROR
 from vllm_sr.config.routing_base import Strict
 from vllm_sr.endpoint import ENDPOINT_ACCEPTED, endpoint_problem
 
-DEVICE_RE = re.compile(r"^(cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")
-DEVICE_ACCEPTED = "cpu, rocm:N or cuda:N (N a GPU index, e.g. rocm:0)"
+DEVICE_RE = re.compile(r"^(auto|cpu|rocm:(0|[1-9][0-9]{0,3})|cuda:(0|[1-9][0-9]{0,3}))$")
+DEVICE_ACCEPTED = "auto, cpu, rocm:N or cuda:N (N a GPU index, e.g. rocm:0)"
+AUTO_DEVICE = "auto"  # the planner picks a GPU when the inventory lists one, else cpu
+MAX_INPUT_TOKENS = 1_048_576
+PROFILE_REASON = (
+    "vllm-sr's workers have one engine path (dynamic batching under calibrated limits; the "
+    "precision is engine_args.dtype), so upstream's runtime profiles (exact, batching, "
+    "max_speed, plugin profiles) select nothing here; accepted: omit profile"
+)
+WINDOW_REASON = (
+    "a sliding window pooled over an over-long input is not built in vllm-sr's workers; "
+    "accepted: reject (a 400 naming the limit) or truncate (cut to max_tokens)"
+)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 NAME_ACCEPTED = "1-63 characters: letters, digits, '_', '.', '-', starting with a letter or digit"
 MAX_REPLICAS = 64
@@ -115,6 +126,34 @@ class EngineArgs(Strict):
     the dtype it resolved; one that differs from its peers is kept out of dispatch."""
 
 
+class InputPolicy(Strict):
+    """v0.4's ``input``: how long one input may be, and what an over-long one gets."""
+
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INPUT_TOKENS)
+    """Most tokens of one input (special tokens included). Unset: the model's own maximum. A
+    value above the model's maximum is capped at it by the worker."""
+
+    overflow: str = "reject"
+    """reject (default): an over-long input is answered 400 max_length_exceeded naming the
+    limit, unless the request itself sends "truncate": true; truncate: cut to the limit
+    (keeping the closing special token). window (upstream's pooled sliding window) is refused."""
+
+    @field_validator("overflow")
+    @classmethod
+    def _check_overflow(cls, v: str) -> str:
+        if v == "window":
+            raise PydanticCustomError(
+                REFUSED_VALUE, "overflow 'window' is refused: " + WINDOW_REASON
+            )
+        if v not in ("reject", "truncate"):
+            raise PydanticCustomError(
+                REFUSED_VALUE,
+                "overflow '{value}' is not a policy; accepted: reject or truncate",
+                {"value": v},
+            )
+        return v
+
+
 class OutlierDetection(Strict):
     consecutive_timeouts: ConsecutiveTimeouts = DEFAULT_CONSECUTIVE_TIMEOUTS
     """Exchanges in a row that run past their deadline before a replica is ejected; 0 = off."""
@@ -141,7 +180,8 @@ class OutlierDetection(Strict):
 
 class Replica(Strict):
     device: DeviceStr | None = None
-    """Managed worker placement: cpu, rocm:N or cuda:N. N is a host GPU index, or, when the
+    """Managed worker placement: auto, cpu, rocm:N or cuda:N. auto: the planner picks a GPU
+    the inventory lists (CUDA first, then ROCm), else cpu. N is a host GPU index, or, when the
     process was given GPUs (a *_VISIBLE_DEVICES variable set, or a Kubernetes pod), an
     allocation ordinal into them."""
 
@@ -165,7 +205,28 @@ class Deployment(Strict):
     installed under the artifacts directory (host setting artifacts_dir), or a local directory."""
 
     revision: str | None = Field(default=None, max_length=128)
-    """Artifact revision; every replica uses the same one."""
+    """Artifact revision; every replica uses the same one. Each worker is told it, reports the
+    revision it serves (a note when the asked one does not name that content), and a replica
+    whose revision differs from its peers' is kept out of dispatch (pool compat)."""
+
+    profile: str | None = None
+    """Upstream v0.4's runtime profile: refused when set (see PROFILE_REASON)."""
+
+    input: InputPolicy = Field(default_factory=InputPolicy)
+    """v0.4's input length policy (see InputPolicy)."""
+
+    public_name: str | None = Field(default=None, min_length=1, max_length=256)
+    """Another name clients may use in a request's ``model`` for this deployment (v0.4's native
+    API name); unique across deployments and not another deployment's name."""
+
+    @field_validator("profile")
+    @classmethod
+    def _refuse_profile(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise PydanticCustomError(
+                REFUSED_VALUE, "profile '{value}' is refused: " + PROFILE_REASON, {"value": v}
+            )
+        return v
 
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     """Batch limits and precision shared by every replica (see EngineArgs)."""
@@ -211,7 +272,8 @@ class Deployment(Strict):
 
     @property
     def platform(self) -> str | None:
-        """cpu, rocm or cuda for managed workers; None when every replica is attached."""
+        """cpu, rocm or cuda for managed workers (auto before the planner resolves it); None when
+        every replica is attached."""
         for r in self.effective_replicas():
             if r.device is not None:
                 return device_platform(r.device)

@@ -73,6 +73,36 @@ def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
     return problems
 
 
+def _public_name_problems(deployments: dict[Any, Any]) -> list[Problem]:
+    """A public_name is one more name for one deployment: it may not be another deployment's
+    name nor another deployment's public_name."""
+    problems: list[Problem] = []
+    owner: dict[str, str] = {}
+    for name, dep in deployments.items():
+        public = dep.get("public_name") if isinstance(dep, dict) else None
+        if not isinstance(public, str):
+            continue
+        where = ("global", "model_catalog", "deployments", str(name), "public_name")
+        if public in deployments and public != name:
+            problems.append(
+                Problem(
+                    where,
+                    f"public_name {public!r} is the name of deployment {public!r}; accepted: a "
+                    "name no other deployment uses",
+                )
+            )
+        elif public in owner:
+            problems.append(
+                Problem(
+                    where,
+                    f"public_name {public!r} is also deployment {owner[public]!r}'s "
+                    "public_name; accepted: one deployment per public_name",
+                )
+            )
+        owner.setdefault(public, str(name))
+    return problems
+
+
 def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[Problem]:
     """``threads`` sizes vllm-sr's own CPU workers; a GPU worker or an attached runtime has
     nothing it could apply to, so it is refused rather than silently ignored."""
@@ -86,7 +116,8 @@ def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[
         devices = [None]
     else:
         devices = [dep.get("device") or "cpu"]
-    gpu = next((d for d in devices if isinstance(d, str) and d != "cpu"), None)
+    # auto may resolve to cpu, where threads applies; the planner ignores it on a GPU.
+    gpu = next((d for d in devices if isinstance(d, str) and d not in ("cpu", "auto")), None)
     if gpu is not None:
         return [
             Problem(
@@ -96,7 +127,7 @@ def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[
                 "deployment on cpu",
             )
         ]
-    if "cpu" not in devices:
+    if "cpu" not in devices and "auto" not in devices:
         return [
             Problem(
                 (*base, "threads"),
@@ -193,6 +224,7 @@ def semantic_problems(raw: Any) -> list[Problem]:
             names.append(str(name))
             if isinstance(dep, dict):
                 problems += _deployment_problems(str(name), dep)
+        problems += _public_name_problems(deployments)
     elif deployments is None:
         names = [DEFAULT_DEPLOYMENT]
     system = catalog.get("system")

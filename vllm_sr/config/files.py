@@ -22,7 +22,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from vllm_sr.config.problems import SEMANTIC_ERROR, Problem, format_path
+from vllm_sr.config.problems import REFUSED_VALUE, SEMANTIC_ERROR, Problem, format_path
 from vllm_sr.config.schema import RULES_RUN_BY_CALLER, RootConfig, semantic_problems
 from vllm_sr.errors import ConfigError
 
@@ -197,7 +197,7 @@ def _problem_from_error(err: ErrorDetails) -> Problem:
         return Problem(loc, f"unknown key {loc[-1]!r}; accepted: {_allowed_keys(loc)}")
     if kind == "missing":
         return Problem(loc, "missing; this key is required")
-    if kind in ("device_grammar", "endpoint_grammar"):
+    if kind in ("device_grammar", "endpoint_grammar", REFUSED_VALUE):
         return Problem(loc, err["msg"])
     shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
     return Problem(loc, f"{shown} is not accepted; accepted: {_accepted(err, loc)}")

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SEMANTIC_ERROR = "vllm_sr_rule"
+# A field's value refused with its own sentence (field, value, reason, what is accepted);
+# files.py shows the message as it is.
+REFUSED_VALUE = "vllm_sr_refused_value"
 
 
 @dataclass(frozen=True)

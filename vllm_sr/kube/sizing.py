@@ -75,6 +75,24 @@ def _first_per_platform(config: RootConfig) -> list[tuple[str, str]]:
     return list(seen.values())
 
 
+def _refuse_auto(config: RootConfig) -> None:
+    """``device: auto`` chooses when the service starts; a pod's GPU request is fixed when it is
+    rendered, so there is nothing auto could choose from."""
+    autos = [
+        f"{name}-{i}"
+        for name, dep in config.deployments.items()
+        for i, r in enumerate(dep.effective_replicas())
+        if r.device == "auto"
+    ]
+    if autos:
+        raise PlacementError(
+            f"replica {autos[0]}: device 'auto' cannot be rendered: a pod's GPU request is "
+            "fixed in its manifest, so auto would have nothing to choose from; accepted: cpu, "
+            "rocm:N or cuda:N (ordinals into the GPUs Kubernetes gives the pod)",
+            replicas=autos,
+        )
+
+
 def _refuse_host_ids(config: RootConfig) -> dict[str, tuple[int, ...]]:
     ords = device_ordinals(config)
     if ords.not_ordinals:
@@ -110,6 +128,7 @@ def size_pod(config: RootConfig, threads: int) -> PodSizing:
     """The pod's GPUs and CPUs for ``config``; ``threads`` per CPU worker."""
     if not 1 <= threads <= MAX_THREADS:
         raise UsageError(f"--cpu-threads {threads}: accepted: 1..{MAX_THREADS}")
+    _refuse_auto(config)
     by_platform = _refuse_host_ids(config)
     replicas = [r for dep in config.deployments.values() for r in dep.effective_replicas()]
     cpu_workers = sum(1 for r in replicas if r.device == "cpu")

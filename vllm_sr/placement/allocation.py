@@ -308,10 +308,13 @@ def describe_devices(
         for i, r in enumerate(dep.effective_replicas()):
             if r.device is None or r.device == "cpu":
                 continue
+            row: dict[str, Any] = {"replica": f"{name}-{i}", "device": r.device}
+            if r.device == "auto":  # placement/auto.py chooses when the service plans
+                rows.append({**row, "ordinal": None, "host_device": None, "allocation": None})
+                continue
             platform = device_platform(r.device)
             if platform not in listings:
                 listings[platform] = _listing_if_needed(platform, env, inventory)
-            row: dict[str, Any] = {"replica": f"{name}-{i}", "device": r.device}
             try:
                 where = locate(r.device, env, listings[platform])
             except PlacementError as exc:

@@ -22,6 +22,7 @@ from vllm_sr.placement.allocation import (
     read_allocation,
     worker_env,
 )
+from vllm_sr.placement.auto import AUTO, resolve_auto
 from vllm_sr.placement.cpu import (
     CpuBudget,
     assign_cpu_sets,
@@ -111,6 +112,7 @@ def plan(
     budget = cpu_budget or measure_cpu_budget()
     provider = inventory_provider or real_inventory(env)
     notes: list[str] = []
+    config = resolve_auto(config, provider if check_gpus else None, env, notes)
     cpu_slots = [
         (n, i)
         for n, d in config.deployments.items()
@@ -151,6 +153,9 @@ def _common_fields(name: str, index: int, dep: Deployment) -> dict[str, Any]:
         max_num_seqs=dep.engine_args.max_num_seqs,
         max_num_batched_tokens=dep.engine_args.max_num_batched_tokens,
         dtype=dep.engine_args.dtype,
+        max_input_tokens=dep.input.max_tokens,
+        overflow=dep.input.overflow,
+        public_name=dep.public_name,
     )
 
 
@@ -247,10 +252,10 @@ class PlacementRequest:
 
 def _explicit_ids(req: PlacementRequest, platform: str, env: Mapping[str, str]) -> list[str]:
     ids = list(req.device_ids or ())
-    if platform == "cpu":
+    if platform in ("cpu", AUTO):
         raise UsageError(
-            f"--device-ids {','.join(map(str, ids))}: the platform is cpu; add --platform rocm "
-            "or --platform cuda, or drop --device-ids"
+            f"--device-ids {','.join(map(str, ids))}: the platform is {platform}; add --platform "
+            "rocm or --platform cuda, or drop --device-ids"
         )
     alloc = read_allocation(env, platform)
     if alloc is not None:
@@ -340,8 +345,8 @@ def resize_placement(
         keep_all = [r.device for r in managed] if platform == cur_platform else []
         # A platform switch without -dp keeps the worker count, on new devices.
         count = req.count or len(managed) or 1
-        if platform == "cpu":
-            devices = ["cpu"] * count
+        if platform in ("cpu", AUTO):  # auto stays auto: resolved when the plan is made
+            devices = [platform] * count
         else:
             keep = [d for d in keep_all[:count] if d]
             if len(keep) < count:

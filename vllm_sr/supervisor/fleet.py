@@ -161,6 +161,9 @@ class Fleet:
         dep = self.plan.deployments.get(default)
         if dep is not None:
             aliases[dep.artifact] = default  # the default deployment's artifact name
+        for name, d in self.plan.deployments.items():
+            if d.public_name:  # v0.4's public_name: the name clients use in "model"
+                aliases[d.public_name] = name
         published = {n: p for n, p in self.pools.items() if n in self.plan.deployments}
         self.directory.publish(published, default, aliases, self.generation)
 

@@ -47,9 +47,12 @@ def worker_command(
         ("--max-num-seqs", spec.max_num_seqs),
         ("--max-num-batched-tokens", spec.max_num_batched_tokens),
         ("--dtype", spec.dtype),
+        ("--max-input-tokens", spec.max_input_tokens),
     ):
         if value is not None and value != "auto":  # auto is the worker's own default
             argv += [flag, str(value)]
+    if spec.overflow != "reject":  # reject is the worker's own default
+        argv += ["--overflow", spec.overflow]
     if spec.revision:
         argv += ["--revision", str(spec.revision)]
     if result_cache_bytes > 0:  # several replicas: each keeps its own result cache (the page)
@@ -58,6 +61,8 @@ def worker_command(
     # Requests name the deployment in "model"; the worker must accept that name as its own.
     if spec.deployment:
         argv += ["--served-model-name", str(spec.deployment)]
+    if spec.public_name:
+        argv += ["--served-model-name", spec.public_name]
     return argv
 
 

@@ -51,6 +51,7 @@ def service_plan(config: RootConfig, replicas: list[ReplicaSpec]) -> ServicePlan
             artifact=dep.artifact,
             replicas=[spec for spec in replicas if spec.deployment == name],
             settings=PoolSettings.from_deployment(dep),
+            public_name=dep.public_name,
         )
         for name, dep in config.deployments.items()
     }

@@ -42,6 +42,8 @@ class WorkerOptions:
     result_cache_bytes: int = 0  # 0: no result cache
     revision: str | None = None  # the revision asked for (a Hugging Face revision)
     dtype: str = "auto"  # engine_args.dtype: auto, float32, bfloat16 or float16
+    max_input_tokens: int | None = None  # input.max_tokens: None = the model's maximum
+    overflow: str = "reject"  # input.overflow: reject or truncate
 
 
 def cpu_budget() -> int:

@@ -96,22 +96,26 @@ def load_and_check(
     state.engine = engine  # from here SIGTERM stops the engine, and the probes with it
     max_len = min(loaded.max_length, cal.limits.max_num_batched_tokens)
     measure_forward_costs(loaded, engine, kind, max_len)
+    limit = surfaces.input_limit(max_len, opts.max_input_tokens)
     engine.start()
     state.view = surfaces.ModelView(
         name=opts.artifact,
         names=state.served_names,
         dimensions=loaded.dimensions,
-        max_length=max_len,
+        max_length=limit.tokens,
         head_labels=loaded.labels,
         encode=loaded.tokenizer.encode,
         truncate=loaded.tokenizer.truncate,
         vocab_size=loaded.vocab_size,
         token_head=loaded.runner.token,
+        limit_name=limit.name,
+        overflow_truncates=opts.overflow == "truncate",
     )
     state.card = model_card(loaded, max_len)
     state.card["revision_requested"] = opts.revision
     state.card["revision_note"] = loaded.revision_note
     state.card["precision"] = served.to_json()
+    state.card["input"] = {"max_tokens": limit.tokens, "overflow": opts.overflow}
     state.revision = loaded.revision
     state.capabilities = capabilities(loaded, max_len)
     golden_check(loaded, engine, opts.artifact)

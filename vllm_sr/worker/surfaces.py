@@ -36,6 +36,22 @@ class ModelView:
     truncate: Callable[[list[int], int], list[int]]
     vocab_size: int | None = None  # token ids a caller may send are 0 .. vocab_size - 1
     token_head: bool = False  # the head's outputs are per-label token maxima, not logits
+    limit_name: str = "the model's maximum"  # what max_length is, in a max_length_exceeded error
+    overflow_truncates: bool = False  # input.overflow truncate: cut over-long inputs by default
+
+
+@dataclass(frozen=True)
+class InputLimit:
+    tokens: int
+    name: str  # how a max_length_exceeded error names it
+
+
+def input_limit(model_max: int, max_input_tokens: int | None) -> InputLimit:
+    """The longest input a request may send: the deployment's input.max_tokens, capped at what
+    the model (and one forward) can take."""
+    if max_input_tokens is None or max_input_tokens >= model_max:
+        return InputLimit(model_max, "the model's maximum")
+    return InputLimit(max_input_tokens, "the deployment's input.max_tokens")
 
 
 @dataclass
@@ -93,12 +109,13 @@ def tokenize(
 ) -> list[list[int]]:
     rows = view.encode(texts)
     limit = view.max_length
+    truncate = truncate or view.overflow_truncates
     for i, ids in enumerate(rows):
         if len(ids) > limit:
             if not truncate:
                 where = f"{field}[{i}]" if len(texts) > 1 else field
                 raise MaxLengthExceeded(
-                    f"{where}: {len(ids)} tokens is over the model's maximum of {limit}; "
+                    f"{where}: {len(ids)} tokens is over {view.limit_name} of {limit}; "
                     'shorten it or send "truncate": true',
                     index=i,
                     tokens=len(ids),
@@ -152,13 +169,14 @@ def token_rows(
         )
     rows: list[list[int]] = []
     limit = view.max_length
+    truncate = truncate or view.overflow_truncates
     for i, raw in enumerate(rows_in):
         where = field if single else f"{field}[{i}]"
         ids = _check_ids(raw, where, view.vocab_size)
         if len(ids) > limit:
             if not truncate:
                 raise MaxLengthExceeded(
-                    f"{where}: {len(ids)} tokens is over the model's maximum of {limit}; "
+                    f"{where}: {len(ids)} tokens is over {view.limit_name} of {limit}; "
                     'shorten it or send "truncate": true',
                     index=i,
                     tokens=len(ids),
