@@ -23,3 +23,20 @@ def json_str(value: object) -> str | None:
 def json_int(value: object) -> int | None:
     """``value`` when it is an integer (not a bool), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a decoded value's type, for errors that say what was sent."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__

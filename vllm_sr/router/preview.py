@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_sr.jsontypes import json_type
 from vllm_sr.router.eval import MAX_EVAL_BODY, EvalError, parse_payload
 
 PREVIEW_PATH = "/api/v1/routing/preview"
@@ -76,24 +77,10 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
 def _bad(field: str, value: Any, accepted: str) -> EvalError:
     return EvalError(
         "INVALID_INPUT",
-        f"field {field}: got {_shown(value)} ({_type(value)}); accepted: {accepted}",
+        f"field {field}: got {_shown(value)} ({json_type(value)}); accepted: {accepted}",
     )
 
 

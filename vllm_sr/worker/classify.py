@@ -18,6 +18,7 @@ from typing import Any
 import numpy
 
 from vllm_sr.errors import InvalidRequest
+from vllm_sr.jsontypes import json_type
 
 TEMPERATURE = 0.05
 CENTROID_CACHE_SIZE = 128
@@ -55,22 +56,6 @@ def parse_labels(value: Any, field: str = "labels") -> LabelKey:
     if total > MAX_EXAMPLES:
         raise InvalidRequest(f"{field}: {total} examples; at most {MAX_EXAMPLES} accepted")
     return tuple(items)
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
 
 
 def centroids_from(embeddings: numpy.ndarray, key: LabelKey) -> numpy.ndarray:
