@@ -1,7 +1,7 @@
 """An upstream-shaped config on a real `vllm-sr serve`: upstream's own signal fragments
 (tests/fixtures/upstream, unchanged) under `routing.signals`, a `listeners:` entry and no
-`global.model_catalog` at all, so the service runs the built-in embedded default (d3-edge on one
-CPU worker) and listens where the listener says. Chats go through the official openai SDK and
+`global.model_catalog` at all. Every family here is model-free, so no worker runs (issue 39);
+the service listens where the listener says. Chats go through the official openai SDK and
 are routed by each deterministic family; /api/v1/eval answers on the same port."""
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ async def test_upstream_fragments_route_on_a_real_serve_with_the_embedded_defaul
 
 
 async def routes_by_every_family(url: str, log: Path, coder: StandInBackend) -> None:
-    assert "the embedded default runs" in log.read_text()
+    assert "routing needs no model, so no worker runs" in log.read_text()
+    assert "the embedded default runs" not in log.read_text()
     assert "language models loaded" in log.read_text()  # before the loop, not on a chat
     assert "written" not in log.read_text()  # no deployment flag: the file is left alone
     client = openai.AsyncOpenAI(
@@ -79,7 +80,8 @@ async def routes_by_every_family(url: str, log: Path, coder: StandInBackend) -> 
         default_headers={"x-authz-user-id": "alice"},
     )
     models = {m.id for m in (await client.models.list()).data}
-    assert {"vllm-sr/auto", "auto", "MoM", "general", "coder", "primary"} <= models
+    assert {"vllm-sr/auto", "auto", "MoM", "general", "coder"} <= models
+    assert "primary" not in models  # no deployment, no worker
     cases: list[tuple[str, str, dict[str, Any]]] = [
         ("no_consent", "hello", {"extra_body": {"metadata": {"consent": "denied"}}}),
         ("admins", "hello", {"extra_headers": {"x-authz-user-groups": "platform-admins"}}),
