@@ -1,9 +1,10 @@
 """Router mode's Prometheus families, built at scrape time from the router's counters (the
 request path only increments a Counter): decisions by decision and model, matched signals,
-routing fallbacks by reason, backend fallbacks by model and reason, Router Learning's actions
-by decision, method and action, each backend's requests, errors and health, the response
-cache's hits, misses, writes, errors, entries and bytes, router_replay's records written and
-lost by store, and the Responses API's responses stored and not stored (its store failed)."""
+routing fallbacks by reason, signals a signal process could not answer (by family and reason),
+backend fallbacks by model and reason, Router Learning's actions by decision, method and
+action, each backend's requests, errors and health, the response cache's hits, misses, writes,
+errors, entries and bytes, router_replay's records written and lost by store, and the Responses
+API's responses stored and not stored (its store failed)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ class RouterCollector(Collector):
             "Routed chats whose model failed before the first byte and went to the next model",
             ["model", "reason"],
             {(m, r): n for (m, r), n in stats.backend_fallbacks.items()},
+        )
+        yield _counter(
+            "vllm_sr_router_signal_failures",
+            "Signals a signal process could not answer (they did not match), by family and "
+            "reason (died, timeout, error)",
+            ["family", "reason"],
+            {(f, r): n for (f, r), n in stats.signal_failures.items()},
         )
         yield _counter(
             "vllm_sr_router_learning_actions",
