@@ -28,6 +28,7 @@ from vllm_sr.pool.replica import Replica
 from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 from vllm_sr.supervisor.keeper import TaskKeeper
+from vllm_sr.supervisor.signal_procs import SignalProcesses
 from vllm_sr.supervisor.supervisor import Supervisor
 
 T = TypeVar("T")
@@ -89,6 +90,8 @@ class FakeBackend:
         self.pools: dict[str, ReplicaPool] = {}
         self.keeper = TaskKeeper(clock, self.events.publish)  # the service tasks' failures
         self.router: StubRouter | None = None  # Router mode's views (Supervisor's ``router``)
+        # The signal processes (none here: the inventory leaves them out, as a supervisor's)
+        self.signal_procs = SignalProcesses(0, None, self.events.publish)
         self._next_pid = 40_000
         self._config = config
         self.reset(deployments or {"primary": ["cpu", "cpu"]})

@@ -121,6 +121,16 @@ def _gpu_probe(platform: str) -> dict[str, JsonObject]:
     return {str(k): dict(v) for k, v in gpu_usage(platform).items()}
 
 
+def signal_process_count(setting: int | str) -> int:
+    """``signal_processes`` (host settings): a number as is, ``auto`` from the CPU budget."""
+    if isinstance(setting, int):
+        return setting
+    from vllm_sr.placement.cpu import measure_cpu_budget
+    from vllm_sr.supervisor.signal_procs import auto_count
+
+    return auto_count(measure_cpu_budget().cpus)
+
+
 def config_scaler(config_path: Path) -> Scaler:
     from vllm_sr.placement import apply
 
@@ -154,6 +164,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         directory=directory,
         scaler=scaler,
         gpu_probe=_gpu_probe,
+        signal_processes=signal_process_count(settings.signal_processes),
     )
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops

@@ -23,7 +23,7 @@ import logging
 import socket
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from vllm_sr import events as ev
 from vllm_sr.backoff import Backoff
@@ -33,6 +33,7 @@ from vllm_sr.jsontypes import JsonObject
 from vllm_sr.supervisor.process import WorkerProcess
 
 if TYPE_CHECKING:
+    from vllm_sr.plan import ServicePlan
     from vllm_sr.router.signal_dispatch import SignalDispatch, SignalProcConnection
 
 log = logging.getLogger("vllm_sr.supervisor")
@@ -50,6 +51,12 @@ def signal_command(fd: int, name: str, preload_language: bool) -> list[str]:
     argv = [sys.executable, "-m", "vllm_sr.router.signal_proc_main", "--fd", str(fd)]
     argv += ["--name", name]
     return argv + (["--preload-language"] if preload_language else [])
+
+
+class UsesSignals(Protocol):
+    """The router side (the chat mount): takes the dispatch its routers hand jobs to."""
+
+    def use_signal_dispatch(self, dispatch: SignalDispatch) -> None: ...
 
 
 class SignalProcess:
@@ -211,7 +218,7 @@ class SignalProcesses:
     def __init__(
         self,
         count: int,
-        dispatch: SignalDispatch,
+        dispatch: SignalDispatch | None,
         publish: Publish,
         *,
         ready_timeout_s: float = 120.0,
@@ -234,10 +241,26 @@ class SignalProcesses:
     def started(self) -> bool:
         return bool(self.processes)
 
+    def start_for(self, plan: ServicePlan | None, router: UsesSignals | None) -> None:
+        """Start them with the first generation that routes, and hand their dispatch to the
+        router (the chat mount); the language models preload when a recipe has a language
+        rule. Later generations keep them (each sends its own signals with its jobs)."""
+        routes = plan is not None and plan.router is not None and plan.router.enabled
+        if self.started or self.count <= 0 or not routes or plan is None or plan.router is None:
+            return
+        language = any(r.signals.language for r in plan.router.recipes.values())
+        self.start(preload_language=language)
+        if router is not None and self.dispatch is not None:
+            router.use_signal_dispatch(self.dispatch)
+
     def start(self, *, preload_language: bool) -> None:
         """Spawn ``count`` processes (once; a later call does nothing)."""
         if self.processes or self.count <= 0:
             return
+        if self.dispatch is None:
+            from vllm_sr.router.signal_dispatch import SignalDispatch
+
+            self.dispatch = SignalDispatch()
         for i in range(self.count):
             proc = SignalProcess(
                 f"signals-{i}",
