@@ -125,6 +125,13 @@ class CpuSignals:
         """Something for this step to do."""
         return bool(self.keywords or self.pii.rules or self.wanted_deterministic())
 
+    @property
+    def heavy(self) -> bool:
+        """Language or pii: hundreds of microseconds on the loop even for a short text."""
+        return bool(self.pii.rules) or (
+            bool(self.deterministic.language) and any(t == "language" for t, _ in self.wanted)
+        )
+
     def wanted_deterministic(self) -> bool:
         det = self.deterministic
         kinds = {t for t, _ in self.wanted}

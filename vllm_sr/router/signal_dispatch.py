@@ -16,7 +16,7 @@ import itertools
 import logging
 import socket
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.signal_proc_wire import FrameError, FrameReader, encode, encode_raw
@@ -26,11 +26,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vllm_sr.router")
 
-# Below this many characters of text (the request text plus the context text), a chat's
-# CPU-bound signals run on the event loop: the hand-off's own loop time is more than what it
-# saves there. Measured with bench/router_signals.py --handoff (docs/router.md, "Signal
-# processes").
-DEFAULT_MIN_CHARS = 0
+# Where a chat's CPU-bound step runs (measured with bench/router_signals.py --handoff;
+# docs/router.md, "Signal processes"). The hand-off costs the loop 40-140 us per chat up to
+# 1 KiB of text (pickling, the socket, two wake-ups) and adds a process's wake-up to the chat's
+# latency. So a chat stays on the loop when the loop has nothing else to do (no other chat in
+# its signal step: handing off would only add latency), unless its text is so long that it
+# would hold the loop for milliseconds (ALONE_MIN_CHARS); with other chats in flight it goes to
+# a process when its step is heavy (language or pii: 0.3 ms and more even for 16 characters)
+# or its text passes DEFAULT_MIN_CHARS (keywords, structure, context alone cost about
+# 15 us per 100 characters: more than the hand-off from about 1 KiB on).
+DEFAULT_MIN_CHARS = 1024
+ALONE_MIN_CHARS = 8192
 DEFAULT_JOB_TIMEOUT_S = 10.0
 
 
@@ -73,8 +79,8 @@ class SignalProcConnection(asyncio.Protocol):
         return len(self.pending)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods
+        self.transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -180,13 +186,19 @@ class SignalDispatch:
     """The ready signal processes. ``min_chars``: below it a chat stays on the loop."""
 
     def __init__(
-        self, *, min_chars: int = DEFAULT_MIN_CHARS, timeout_s: float = DEFAULT_JOB_TIMEOUT_S
+        self,
+        *,
+        min_chars: int = DEFAULT_MIN_CHARS,
+        alone_min_chars: int = ALONE_MIN_CHARS,
+        timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
     ) -> None:
         self.min_chars = min_chars
+        self.alone_min_chars = alone_min_chars
         self.timeout_s = timeout_s
         self.connections: list[SignalProcConnection] = []
         self.handed_off = 0
         self.on_loop = 0
+        self.busy = 0  # chats in their signal step now (routers enter and leave)
         self.failures: Counter[str] = Counter()  # by reason
 
     def add(self, conn: SignalProcConnection) -> None:
@@ -196,10 +208,13 @@ class SignalDispatch:
         if conn in self.connections:
             self.connections.remove(conn)
 
-    def takes(self, size: int) -> bool:
-        """Whether a chat of ``size`` characters goes to a process (one is ready, and the
-        chat is past the threshold); counts the answer."""
-        if size >= self.min_chars and any(c.alive for c in self.connections):
+    def takes(self, size: int, heavy: bool) -> bool:
+        """Whether a chat's step goes to a process: one is ready, and the chat's text is past
+        ``alone_min_chars``, or another chat is in its signal step and this one's is
+        ``heavy`` (language, pii) or its text is past ``min_chars``. Counts the answer."""
+        alive = any(c.alive for c in self.connections)
+        crowded = self.busy > 1 and (heavy or size >= self.min_chars)
+        if alive and (crowded or size >= self.alone_min_chars):
             self.handed_off += 1
             return True
         self.on_loop += 1
@@ -223,5 +238,6 @@ class SignalDispatch:
             "handed_off": self.handed_off,
             "on_loop": self.on_loop,
             "min_chars": self.min_chars,
+            "alone_min_chars": self.alone_min_chars,
             "failures": dict(sorted(self.failures.items())),
         }
