@@ -21,6 +21,7 @@ from vllm_sr_top.model import (
     event_line,
     pool_state_text,
     replica_cells,
+    signal_processes_text,
     sort_replicas,
 )
 
@@ -177,16 +178,23 @@ class DeploymentPanel(Vertical):
 
 class RouterPanel(Static):
     """Router mode: the LLM backends (state, requests/s, p50/p99, errors, fallbacks), decision
-    rates and the response cache's hits. Hidden in Engine mode."""
+    rates, the response cache's hits and the signal processes. Hidden in Engine mode."""
 
     shown: Group | None = None
 
-    def show(self, router: dict[str, Any] | None, rates: dict[tuple[str, str], float]) -> None:
+    def show(
+        self,
+        router: dict[str, Any] | None,
+        rates: dict[tuple[str, str], float],
+        signal_processes: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.display = router is not None
         if router is not None:
             parts: list[Table | Text] = [backends_table(router), decisions_text(router, rates)]
             if router.get("cache") is not None:
                 parts.append(cache_line(router["cache"]))
+            if signal_processes:
+                parts.append(signal_processes_text(signal_processes))
             self.shown = Group(*parts)
             self.update(self.shown)
 
