@@ -308,6 +308,7 @@ async def handoff(chats: int, leave_out: frozenset[str]) -> None:
     referenced, and with keywords only (the cheapest step)."""
     from vllm_sr.config.routing import Routing
     from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
+    from vllm_sr.router.questions import declared_keys
     from vllm_sr.router.request_view import RequestView
     from vllm_sr.router.signal_dispatch import SignalDispatch
     from vllm_sr.supervisor.signal_procs import SignalProcesses
@@ -325,9 +326,7 @@ async def handoff(chats: int, leave_out: frozenset[str]) -> None:
             (("every family", every_family(leave_out)), ("keywords only", KEYWORDS_ONLY)), 1
         ):
             routing = Routing.model_validate(doc)
-            referenced = frozenset(
-                (d.rules.type, d.rules.name) for d in routing.decisions if d.rules is not None
-            )
+            referenced = frozenset(declared_keys(routing))  # every one: all are used
             spec = CpuSignalSpec(routing.signals, referenced)
             local = CpuSignals.from_spec(spec)
             spec_bytes = pickle.dumps(spec)
