@@ -10,6 +10,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -199,3 +200,41 @@ async def test_a_dead_signal_process_leaves_its_chats_unmatched_and_is_restarted
     assert entry["state"] == "ready" and entry["restarts"] == 1 and entry["pid"] != pid
     assert entry["failed_jobs"] == 1 and entry["restart_reason"] == "killed by signal 9"
     assert (await spread.route(view)).model == "coder"  # routed by the new process
+
+
+class Mount:
+    """The chat mount's side of the hand-over."""
+
+    def __init__(self) -> None:
+        self.dispatch: SignalDispatch | None = None
+
+    def use_signal_dispatch(self, dispatch: SignalDispatch) -> None:
+        self.dispatch = dispatch
+
+
+def plan_of(enabled: bool, routing: Routing) -> Any:
+    router = SimpleNamespace(enabled=enabled, recipes={"default": routing})
+    return SimpleNamespace(router=router)
+
+
+async def test_they_start_with_the_first_generation_that_routes() -> None:
+    bus, mount = EventBus(), Mount()
+    sp = SignalProcesses(1, None, bus.publish)
+    try:
+        sp.start_for(None, mount)
+        sp.start_for(plan_of(False, routing_of(("keyword/regex",))), mount)  # Engine mode
+        assert not sp.started and mount.dispatch is None
+        sp.start_for(plan_of(True, routing_of(("keyword/regex",))), mount)
+        assert sp.started and mount.dispatch is sp.dispatch is not None
+        first = sp.processes[0]
+        assert not first.preload_language  # no language rule: lingua loads on first use
+        sp.start_for(plan_of(True, routing_of(("language/multilingual",))), mount)
+        assert sp.processes == [first]  # a later generation keeps them
+        assert await sp.wait_ready(120)
+        assert [e.event for e in bus.since(0)] == [
+            ev.SIGNAL_PROCESS_STARTING,
+            ev.SIGNAL_PROCESS_READY,
+        ]
+    finally:
+        await sp.stop()
+    assert sp.inventory()[0]["state"] == "stopped" and sp.inventory()[0]["pid"] is None
