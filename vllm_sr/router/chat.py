@@ -154,6 +154,17 @@ class ChatRouter(ChatPlugins):
     async def handle_chat(
         self, request: Request, rewrite: StreamRewrite | None = None
     ) -> Response | StreamResponse:
+        """A chat, counted in flight for the signal processes' dispatch (a hand-off pays only
+        when other chats are in the router: ``SignalDispatch.takes``)."""
+        dispatch = self.router.signal_dispatch
+        if dispatch is None:
+            return await self._handle_chat(request, rewrite)
+        with dispatch.in_flight():
+            return await self._handle_chat(request, rewrite)
+
+    async def _handle_chat(
+        self, request: Request, rewrite: StreamRewrite | None = None
+    ) -> Response | StreamResponse:
         """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
         ``system_prompt``, ``request_params``, ``header_mutation`` on the request to the
         backend (with fallback before the first byte); cache write; replay record. ``rewrite``

@@ -226,15 +226,6 @@ class Router:
     ) -> SignalRun:
         """The plan's signals on the request: deterministic ones here, model-backed ones as
         one exchange per deployment. Authz refusals (403) raise."""
-        if self.signal_dispatch is None:
-            return await self._signals(view, plan, authz)
-        self.signal_dispatch.busy += 1  # the hand-off pays only when other chats are here
-        try:
-            return await self._signals(view, plan, authz)
-        finally:
-            self.signal_dispatch.busy -= 1
-
-    async def _signals(self, view: RequestView, plan: QuestionPlan, authz: bool) -> SignalRun:
         run = SignalRun()
         authz_keys = {k for k in plan.referenced if k[0] == "authz"}
         if authz and authz_keys:  # first: it may refuse the chat (403), and it is a lookup

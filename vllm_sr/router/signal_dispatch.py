@@ -12,10 +12,12 @@ jobs with :class:`SignalProcessFailed`, never anything else, so the one call sit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import socket
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from vllm_sr.errors import VllmSrError
@@ -30,7 +32,7 @@ log = logging.getLogger("vllm_sr.router")
 # docs/router.md, "Signal processes"). The hand-off costs the loop 40-140 us per chat up to
 # 1 KiB of text (pickling, the socket, two wake-ups) and adds a process's wake-up to the chat's
 # latency. So a chat stays on the loop when the loop has nothing else to do (no other chat in
-# its signal step: handing off would only add latency), unless its text is so long that it
+# the router: handing off would only add latency), unless its text is so long that it
 # would hold the loop for milliseconds (ALONE_MIN_CHARS); with other chats in flight it goes to
 # a process when its step is heavy (language or pii: 0.3 ms and more even for 16 characters)
 # or its text passes DEFAULT_MIN_CHARS (keywords, structure, context alone cost about
@@ -198,7 +200,7 @@ class SignalDispatch:
         self.connections: list[SignalProcConnection] = []
         self.handed_off = 0
         self.on_loop = 0
-        self.busy = 0  # chats in their signal step now (routers enter and leave)
+        self.busy = 0  # chats in the router now, until their answer starts (``in_flight``)
         self.failures: Counter[str] = Counter()  # by reason
 
     def add(self, conn: SignalProcConnection) -> None:
@@ -208,9 +210,18 @@ class SignalDispatch:
         if conn in self.connections:
             self.connections.remove(conn)
 
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Around a chat in the router (``ChatRouter.handle_chat``): ``busy`` counts them."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+
     def takes(self, size: int, heavy: bool) -> bool:
         """Whether a chat's step goes to a process: one is ready, and the chat's text is past
-        ``alone_min_chars``, or another chat is in its signal step and this one's is
+        ``alone_min_chars``, or another chat is in the router and this one's step is
         ``heavy`` (language, pii) or its text is past ``min_chars``. Counts the answer."""
         alive = any(c.alive for c in self.connections)
         crowded = self.busy > 1 and (heavy or size >= self.min_chars)
