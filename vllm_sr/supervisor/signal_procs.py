@@ -144,6 +144,9 @@ class SignalProcess:
             self._tail.clear()
             self.state = "starting"
             await proc.start(stderr_sink=self._tail)
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()  # the child has its copy
         conn = await connect(ours, self.name)
