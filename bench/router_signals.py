@@ -10,7 +10,7 @@ exchange is an instant in-process stand-in that answers each bundle with fixed v
 dimensions, cached per text), so what is measured is the router's work (signals, the bundle's
 JSON both ways, scoring, decisions, the proxy), not a model's forward. Printed per variant:
 chats/s and p50 / p95 / p99 latency at c=1 and c=64, and the p50 added over the concrete-model
-path.
+path, each over ``--rounds`` rounds that alternate the paths.
 
 Every family runs twice, in two router processes measured in the same run: with the CPU-bound
 signals on the router's event loop (``signal_processes: 0``), and spread over
@@ -26,7 +26,7 @@ X: the spread router's CPU per every-family chat at c=64; R: every-family chats/
 spread / on the loop.
 
     python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000] [--leave-out F,..]
-        [--signal-procs 2] [--min-chars 0] [--handoff]
+        [--signal-procs 2] [--min-chars N] [--handoff] [--rounds 3]
 
 ``--leave-out language`` drops a family's fragment (the language detector's models take half a
 minute to load in each process: the smoke test in tests/bench leaves it out).
@@ -242,32 +242,39 @@ def sender(session: aiohttp.ClientSession, url: str, model: str) -> Any:
 
 
 async def measure(
-    urls: dict[str, str], counts: dict[int, int], pids: dict[str, int]
+    urls: dict[str, str], counts: dict[int, int], pids: dict[str, int], rounds: int
 ) -> dict[tuple[int, str], dict[str, float]]:
-    """Each path at each concurrency, in turn: chats/s, p50/p95/p99, the p50 added over the
+    """Each path at each concurrency, in ``rounds`` alternating rounds (so a machine's drift
+    reaches every path alike): chats/s, p50/p95/p99 over all rounds, the p50 added over the
     concrete-model path, and the router process's CPU per chat."""
     out: dict[tuple[int, str], dict[str, float]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        kw = urls["keywords"]
         paths = {
-            "concrete model (no signals)": (
-                "keywords",
-                sender(session, urls["keywords"], "general"),
-            ),
-            "keywords only": ("keywords", sender(session, urls["keywords"], "auto")),
+            "concrete model (no signals)": ("keywords", sender(session, kw, "general")),
+            "keywords only": ("keywords", sender(session, kw, "auto")),
             "every family, on the loop": ("all", sender(session, urls["all"], "auto")),
             "every family, spread": ("spread", sender(session, urls["spread"], "auto")),
         }
         for _, send in paths.values():
             await run_load(send, 4, 40)  # warm every path
         for conc, total in counts.items():
+            per_round = max(1, total // rounds)
+            lats: dict[str, list[float]] = {name: [] for name in paths}
+            secs = dict.fromkeys(paths, 0.0)
+            cpu = dict.fromkeys(paths, 0.0)
+            for _ in range(rounds):
+                for name, (variant, send) in paths.items():
+                    cpu0 = proc_cpu(pids[variant])
+                    t0 = time.perf_counter()
+                    lats[name] += await run_load(send, conc, per_round)
+                    secs[name] += time.perf_counter() - t0
+                    cpu1 = proc_cpu(pids[variant])
+                    cpu[name] += (cpu1 - cpu0) if cpu0 is not None and cpu1 else 0.0
             base = 0.0
-            for name, (variant, send) in paths.items():
-                cpu0 = proc_cpu(pids[variant])
-                t0 = time.perf_counter()
-                lat = await run_load(send, conc, total)
-                rate = total / (time.perf_counter() - t0)
-                cpu1 = proc_cpu(pids[variant])
-                cpu_ms = (cpu1 - cpu0) * 1000.0 / total if cpu0 is not None and cpu1 else 0.0
+            for name, lat in lats.items():
+                rate = len(lat) / secs[name]
+                cpu_ms = cpu[name] * 1000.0 / len(lat)
                 p50, p95, p99 = pct(lat, 0.5), pct(lat, 0.95), pct(lat, 0.99)
                 base = p50 if name.startswith("concrete") else base
                 out[(conc, name)] = {"rate": rate, "p50": p50, "p95": p95, "p99": p99,
@@ -403,6 +410,7 @@ def main() -> None:
     )
     parser.add_argument("--handoff", action="store_true", help="measure the hand-off first")
     parser.add_argument("--handoff-chats", type=int, default=20, help="chats per hand-off row")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per path")
     parser.add_argument(
         "--router-process", choices=("all", "keywords", "spread"), help=argparse.SUPPRESS
     )
@@ -463,7 +471,8 @@ def main() -> None:
                 f"{'the default' if args.min_chars is None else args.min_chars} chars"
                 + (f"; left out: {', '.join(sorted(leave_out))})" if leave_out else ")")
             )
-            rows = asyncio.run(measure(urls, {1: args.requests_c1, 64: args.requests_c64}, pids))
+            counts = {1: args.requests_c1, 64: args.requests_c64}
+            rows = asyncio.run(measure(urls, counts, pids, args.rounds))
             asyncio.run(per_family(args.requests_c1, leave_out))
             summary(rows)
         finally:
