@@ -7,7 +7,9 @@ load). A routing failure (an exchange that raises, a non-200 answer, a malformed
 fails the chat: it routes to ``default_model`` and says why (``RouteResult.fallback``).
 
 Signals run in two kinds: the deterministic ones (keywords, context, structure, conversation,
-language, metadata, authz, pii) in this process with no exchange, and the model-backed ones
+language, metadata, authz, pii) with no exchange (authz on the loop; the others as one
+CPU-bound step, ``cpu_signals``, on the loop or in a signal process: ``signal_dispatch``,
+docs/router.md "Signal processes"), and the model-backed ones
 (embeddings, domains, complexity, reask, preference, jailbreak, kb, user_feedback,
 fact_check) as one bundle per deployment. Then, as upstream orders them: partitions,
 complexity composers, projections. A chat evaluates only the signals its decisions reference
@@ -224,8 +226,8 @@ class Router:
     async def signals(
         self, view: RequestView, plan: QuestionPlan, *, authz: bool = True
     ) -> SignalRun:
-        """The plan's signals on the request: deterministic ones here, model-backed ones as
-        one exchange per deployment. Authz refusals (403) raise."""
+        """The plan's signals on the request: deterministic ones here or in a signal process,
+        model-backed ones as one exchange per deployment. Authz refusals (403) raise."""
         run = SignalRun()
         authz_keys = {k for k in plan.referenced if k[0] == "authz"}
         if authz and authz_keys:  # first: it may refuse the chat (403), and it is a lookup
