@@ -14,7 +14,8 @@ path, each over ``--rounds`` rounds that alternate the paths.
 
 Every family runs twice, in two router processes measured in the same run: with the CPU-bound
 signals on the router's event loop (``signal_processes: 0``), and spread over
-``--signal-procs`` signal processes (issue 36 item 7). The router process's own CPU per chat
+``--signal-procs`` signal processes (default: what ``signal_processes: auto`` starts here, half
+the CPU budget; issue 36 item 7). The router process's own CPU per chat
 (its event loop; the signal processes are other processes) is read from /proc around the
 spread c=64 run. ``--handoff`` first measures, in this process, the loop's CPU per chat of the
 CPU-bound step run here against handed to one signal process, by text size (where the
@@ -26,7 +27,7 @@ X: the spread router's CPU per every-family chat at c=64; R: every-family chats/
 spread / on the loop.
 
     python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000] [--leave-out F,..]
-        [--signal-procs 2] [--min-chars N] [--handoff] [--rounds 3]
+        [--signal-procs N] [--min-chars N] [--handoff] [--rounds 3]
 
 ``--leave-out language`` drops a family's fragment (the language detector's models take half a
 minute to load in each process: the smoke test in tests/bench leaves it out).
@@ -404,7 +405,9 @@ def main() -> None:
     parser.add_argument(
         "--leave-out", default="", help=f"comma list of {', '.join(fragment_families())}"
     )
-    parser.add_argument("--signal-procs", type=int, default=2, help="signal processes (spread)")
+    parser.add_argument(
+        "--signal-procs", type=int, help="signal processes (spread; default: serve's auto count)"
+    )
     parser.add_argument(
         "--min-chars", type=int, help="the dispatch's threshold (default: the router's own)"
     )
@@ -418,6 +421,10 @@ def main() -> None:
     parser.add_argument("--backend-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     leave_out = frozenset(f for f in args.leave_out.split(",") if f)
+    if args.signal_procs is None:
+        from vllm_sr.supervisor.service import signal_process_count
+
+        args.signal_procs = signal_process_count("auto")
     unknown = sorted(leave_out - set(fragment_families()))
     if unknown:
         parser.error(f"--leave-out: {unknown} unknown; accepted: {', '.join(fragment_families())}")
