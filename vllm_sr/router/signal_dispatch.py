@@ -34,10 +34,9 @@ log = logging.getLogger("vllm_sr.router")
 # wake-ups to the chat's latency. So a chat stays on the loop when the loop has nothing else
 # to do (no other chat in the router: handing off would only add latency), unless its text is
 # so long that it would hold the loop for milliseconds (ALONE_MIN_CHARS); with other chats in
-# flight it goes to
-# a process when its step is heavy (language or pii: 0.4 ms and more even for 16 characters)
-# or its text passes DEFAULT_MIN_CHARS (keywords alone: 34 us at 256 characters, 138 us at
-# 1 KiB, so more than the hand-off from about 1 KiB on).
+# flight it goes to a process when its step is heavy (language or pii: 0.4 ms and more even
+# for 16 characters) or its text passes DEFAULT_MIN_CHARS (keywords alone: 34 us at 256
+# characters, 138 us at 1 KiB, so more than the hand-off from about 1 KiB on).
 DEFAULT_MIN_CHARS = 1024
 ALONE_MIN_CHARS = 8192
 DEFAULT_JOB_TIMEOUT_S = 10.0
