@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     sock = socket.socket(fileno=args.fd)
-    load(args.preload_language)
-    sock.sendall(encode(("ready", os.getpid())))
+    # The service gone (its end closed) while loading or serving: nothing to answer, exit 0.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        load(args.preload_language)
+        sock.sendall(encode(("ready", os.getpid())))
         serve(sock)
     return 0
 
