@@ -6,6 +6,7 @@ a process that dies with a chat in flight leaves that chat's signals not matched
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -20,9 +21,10 @@ from vllm_sr import events as ev
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.events import EventBus
 from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.cpu_signals import ViewFields
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router
-from vllm_sr.router.signal_dispatch import SignalDispatch
+from vllm_sr.router.signal_dispatch import SignalDispatch, SignalProcessFailed
 from vllm_sr.supervisor.signal_procs import SignalProcesses
 
 FRAGMENTS = Path(__file__).parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
@@ -238,3 +240,22 @@ async def test_they_start_with_the_first_generation_that_routes() -> None:
     finally:
         await sp.stop()
     assert sp.inventory()[0]["state"] == "stopped" and sp.inventory()[0]["pid"] is None
+
+
+async def test_a_job_that_raises_in_the_process_fails_alone(
+    procs: tuple[SignalProcesses, EventBus],
+) -> None:
+    sp, _ = procs
+    assert sp.dispatch is not None
+    routing = routing_of(("conversation/agentic-shape",))
+    spread = router(routing, sp.dispatch)
+    assert spread.cpu_signals(spread.plan).any
+    spec_id, spec_bytes = spread._spec(spread.plan)
+    fields = ViewFields.of(RequestView.from_chat(CHATS[3], {}))
+    broken = dataclasses.replace(fields, facts=None)  # the conversation family reads it
+    with pytest.raises(SignalProcessFailed) as caught:
+        await sp.dispatch.run(spec_id, spec_bytes, broken)  # type: ignore[arg-type]
+    assert caught.value.reason == "error" and "AttributeError" in caught.value.message
+    report = await sp.dispatch.run(spec_id, spec_bytes, fields)  # the same process goes on
+    assert report.results and sp.inventory()[0]["restarts"] == 0
+    assert sp.dispatch.failures == {"error": 1}
