@@ -354,24 +354,3 @@ def decisions_text(router: dict[str, Any], rates: dict[tuple[str, str], float]) 
     if fallbacks:
         line.append("  fallbacks " + ", ".join(f"{k} {v}" for k, v in fallbacks.items()), "red")
     return line
-
-
-def signal_processes_text(processes: Sequence[dict[str, Any]]) -> Text:
-    """Router mode's signal processes, one line: ``signal processes  signals-0 ready pid 812
-    jobs 5120  signals-1 backoff rst 1 (killed by signal 9) failed 3``."""
-    line = Text()
-    line.append("signal processes", style="bold")
-    for proc in processes:
-        state = str(proc.get("state", "?"))
-        line.append(f"  {proc.get('id', '?')} ")
-        line.append_text(state_text(state))
-        if proc.get("pid") is not None:
-            line.append(f" pid {proc['pid']}")
-        line.append(f" jobs {proc.get('jobs', 0)}")
-        if proc.get("inflight"):
-            line.append(f" in-flight {proc['inflight']}")
-        if proc.get("restarts"):
-            line.append(f" rst {proc['restarts']} ({proc.get('restart_reason') or '?'})", "yellow")
-        if proc.get("failed_jobs"):
-            line.append(f" failed {proc['failed_jobs']}", "red")
-    return line

@@ -12,7 +12,12 @@ from textual.app import ComposeResult, RenderResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, RichLog, Sparkline, Static
 
-from vllm_sr.control.render import backends_table, cache_line, format_seconds
+from vllm_sr.control.render import (
+    backends_table,
+    cache_line,
+    format_seconds,
+    signal_processes_line,
+)
 from vllm_sr_top.model import (
     COLUMNS,
     SortKey,
@@ -21,7 +26,6 @@ from vllm_sr_top.model import (
     event_line,
     pool_state_text,
     replica_cells,
-    signal_processes_text,
     sort_replicas,
 )
 
@@ -194,7 +198,7 @@ class RouterPanel(Static):
             if router.get("cache") is not None:
                 parts.append(cache_line(router["cache"]))
             if signal_processes:
-                parts.append(signal_processes_text(signal_processes))
+                parts.append(signal_processes_line(signal_processes))
             self.shown = Group(*parts)
             self.update(self.shown)
 
