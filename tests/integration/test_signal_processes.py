@@ -259,3 +259,29 @@ async def test_a_job_that_raises_in_the_process_fails_alone(
     report = await sp.dispatch.run(spec_id, spec_bytes, fields)  # the same process goes on
     assert report.results and sp.inventory()[0]["restarts"] == 0
     assert sp.dispatch.failures == {"error": 1}
+
+
+async def test_a_hung_signal_process_is_cut_off_at_the_deadline_and_replaced() -> None:
+    bus = EventBus()
+    dispatch = SignalDispatch(timeout_s=0.5, alone_min_chars=0)
+    sp = SignalProcesses(1, dispatch, bus.publish, backoff_initial_s=0.05, stop_grace_s=1.0)
+    sp.start(preload_language=False)
+    try:
+        assert await sp.wait_ready(120), sp.inventory()
+        spread = router(routing_of(("keyword/regex",)), dispatch)
+        view = RequestView.from_chat(CHATS[0], {})
+        assert (await spread.route(view)).model == "coder"
+        pid = sp.processes[0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing: hung
+        result = await spread.route(view)  # waits out the deadline, then routes on
+        assert result.model == "general" and spread.stats.signal_failures == {
+            ("keyword", "timeout"): 1
+        }
+        await until(lambda: sp.processes[0].state == "ready" and sp.processes[0].restarts == 1)
+        entry = sp.inventory()[0]
+        assert entry["pid"] != pid
+        assert entry["restart_reason"] == "hung: a job passed its deadline; stopped"
+        assert (await spread.route(view)).model == "coder"
+    finally:
+        await sp.stop()

@@ -69,6 +69,7 @@ class SignalProcConnection(asyncio.Protocol):
         self.specs_sent: set[int] = set()
         self.jobs = 0  # answered
         self.failed_jobs = 0  # failed by its death, a deadline or an error
+        self.cut = False  # this side cut the connection (a job passed its deadline: hung)
         self._ids = itertools.count(1)
         self._reader = FrameReader()
 
@@ -163,6 +164,12 @@ class SignalProcConnection(asyncio.Protocol):
         except TimeoutError:
             self.pending.pop(job_id, None)
             self.failed_jobs += 1
+            # A process that misses a deadline is taken for hung: its connection is cut (its
+            # other jobs fail at once instead of each waiting out its own deadline), and the
+            # supervisor, seeing the connection closed, stops it and starts another.
+            if self.transport is not None:
+                self.cut = True
+                self.transport.abort()
             raise SignalProcessFailed(
                 f"signal process {self.name} did not answer within {timeout_s:g} s",
                 reason="timeout",

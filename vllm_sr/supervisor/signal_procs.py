@@ -23,7 +23,7 @@ import logging
 import socket
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from vllm_sr import events as ev
 from vllm_sr.backoff import Backoff
@@ -166,6 +166,14 @@ class SignalProcess:
                 self.dispatch.add(conn)
                 self.ready.set()
                 self.publish(ev.SIGNAL_PROCESS_READY, process=self.name, pid=proc.pid)
+                ends: set[asyncio.Future[object]] = {
+                    cast("asyncio.Future[object]", exited),
+                    cast("asyncio.Future[object]", conn.closed),
+                }
+                await asyncio.wait(ends, return_when=first)
+                if conn.cut and not exited.done():  # a job passed its deadline: hung
+                    self.last_error = "hung: a job passed its deadline; stopped"
+                    await proc.stop(self.stop_grace_s)
                 returncode = await exited
             elif not done:
                 self.last_error = f"not ready within {self.ready_timeout_s:.0f} s"
@@ -184,7 +192,7 @@ class SignalProcess:
         return returncode, self._reason(returncode)
 
     def _reason(self, returncode: int) -> str:
-        if self.last_error and self.last_error.startswith("not ready"):
+        if self.last_error and self.last_error.startswith(("not ready", "hung")):
             return self.last_error
         if returncode < 0:
             return f"killed by signal {-returncode}"
