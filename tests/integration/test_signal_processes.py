@@ -232,6 +232,7 @@ async def test_they_start_with_the_first_generation_that_routes() -> None:
         assert not first.preload_language  # no language rule: lingua loads on first use
         sp.start_for(plan_of(True, routing_of(("language/multilingual",))), mount)
         assert sp.processes == [first]  # a later generation keeps them
+        assert first.preload_language  # its next life preloads every language
         assert await sp.wait_ready(120)
         assert [e.event for e in bus.since(0)] == [
             ev.SIGNAL_PROCESS_STARTING,

@@ -255,11 +255,16 @@ class SignalProcesses:
     def start_for(self, plan: ServicePlan | None, router: UsesSignals | None) -> None:
         """Start them with the first generation that routes, and hand their dispatch to the
         router (the chat mount); the language models preload when a recipe has a language
-        rule. Later generations keep them (each sends its own signals with its jobs)."""
+        rule. Later generations keep them (each sends its own signals with its jobs); a
+        process started again later preloads as the latest generation says."""
         routes = plan is not None and plan.router is not None and plan.router.enabled
-        if self.started or self.count <= 0 or not routes or plan is None or plan.router is None:
+        if self.count <= 0 or not routes or plan is None or plan.router is None:
             return
         language = any(r.signals.language for r in plan.router.recipes.values())
+        for proc in self.processes:
+            proc.preload_language = language  # read at each spawn
+        if self.started:
+            return
         self.start(preload_language=language)
         if router is not None and self.dispatch is not None:
             router.use_signal_dispatch(self.dispatch)
