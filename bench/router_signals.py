@@ -9,9 +9,25 @@ backend is an instant stand-in (tests/support/backends.py) in another; the deplo
 exchange is an instant in-process stand-in that answers each bundle with fixed vectors (384
 dimensions, cached per text), so what is measured is the router's work (signals, the bundle's
 JSON both ways, scoring, decisions, the proxy), not a model's forward. Printed per variant:
-chats/s and p50 / p99 latency at c=1 and c=64, and the p50 added over the concrete-model path.
+chats/s and p50 / p95 / p99 latency at c=1 and c=64, and the p50 added over the concrete-model
+path, each over ``--rounds`` rounds that alternate the paths.
+
+Every family runs twice, in two router processes measured in the same run: with the CPU-bound
+signals on the router's event loop (``signal_processes: 0``), and spread over
+``--signal-procs`` signal processes (default: what ``signal_processes: auto`` starts here, half
+the CPU budget; issue 36 item 7). The router process's own CPU per chat
+(its event loop; the signal processes are other processes) is read from /proc around the
+spread c=64 run. ``--handoff`` first measures, in this process, the loop's CPU per chat of the
+CPU-bound step run here against handed to one signal process, by text size (where the
+dispatch's threshold should be). The last line:
+
+    router-scale: loop_cpu_ms=X ratio=R spread_chats_s=N1 loop_chats_s=N2 cpus=C
+
+X: the spread router's CPU per every-family chat at c=64; R: every-family chats/s at c=64
+spread / on the loop.
 
     python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000] [--leave-out F,..]
+        [--signal-procs N] [--min-chars N] [--handoff] [--rounds 3]
 
 ``--leave-out language`` drops a family's fragment (the language detector's models take half a
 minute to load in each process: the smoke test in tests/bench leaves it out).
@@ -24,6 +40,7 @@ import asyncio
 import base64
 import json
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -41,7 +58,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from bench.common import free_port  # noqa: E402
-from bench.router_load import pct, run_load  # noqa: E402
+from bench.router_load import pct, proc_cpu, run_load  # noqa: E402
 from bench.router_procs import Procs, wait_http  # noqa: E402
 
 FRAGMENTS = REPO / "tests" / "fixtures" / "upstream" / "fragments" / "signal"
@@ -150,11 +167,20 @@ class InstantExchange:
         return 200, json.dumps({"results": results}).encode()
 
 
-def router_process(variant: str, port: int, backend_port: int, leave_out: frozenset[str]) -> None:
+def router_process(
+    variant: str,
+    port: int,
+    backend_port: int,
+    leave_out: frozenset[str],
+    signal_procs: int = 0,
+    min_chars: int | None = None,
+) -> None:
     from vllm_sr.config.routing import Providers, Routing
     from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.chat import build_chat_router
+    from vllm_sr.router.signal_dispatch import SignalDispatch
+    from vllm_sr.supervisor.signal_procs import SignalProcesses
 
     async def main() -> None:
         endpoint = f"127.0.0.1:{backend_port}"
@@ -164,10 +190,18 @@ def router_process(variant: str, port: int, backend_port: int, leave_out: frozen
                 "models": [{"name": "general", "backend_refs": [{"endpoint": endpoint}]}],
             }
         )
-        doc = every_family(leave_out) if variant == "all" else KEYWORDS_ONLY
+        doc = every_family(leave_out) if variant in ("all", "spread") else KEYWORDS_ONLY
         routing = Routing.model_validate(doc)
         backends = BackendSet(providers)
         await backends.start(health_checks=False)
+        dispatch = None
+        if variant == "spread":  # as serve's supervisor does, with its own count
+            dispatch = SignalDispatch()
+            dispatch.min_chars = dispatch.min_chars if min_chars is None else min_chars
+            procs = SignalProcesses(signal_procs, dispatch, lambda name, **fields: None)
+            procs.start(preload_language="language" not in leave_out)
+            if not await procs.wait_ready(300):
+                raise SystemExit(f"signal processes not ready: {procs.inventory()}")
         chat = build_chat_router(
             providers,
             routing,
@@ -175,6 +209,7 @@ def router_process(variant: str, port: int, backend_port: int, leave_out: frozen
             decision_deployment="primary",
             auto_model_names=["auto"],
             backends=backends,
+            signal_dispatch=dispatch,
         )
         for router in [chat.router]:
             await router.warm()
@@ -207,28 +242,122 @@ def sender(session: aiohttp.ClientSession, url: str, model: str) -> Any:
     return send
 
 
-async def measure(urls: dict[str, str], counts: dict[int, int]) -> None:
+async def measure(
+    urls: dict[str, str], counts: dict[int, int], pids: dict[str, int], rounds: int
+) -> dict[tuple[int, str], dict[str, float]]:
+    """Each path at each concurrency, in ``rounds`` alternating rounds (so a machine's drift
+    reaches every path alike): chats/s, p50/p95/p99 over all rounds, the p50 added over the
+    concrete-model path, and the router process's CPU per chat."""
+    out: dict[tuple[int, str], dict[str, float]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        kw = urls["keywords"]
         paths = {
-            "concrete model (no signals)": sender(session, urls["keywords"], "general"),
-            "keywords only": sender(session, urls["keywords"], "auto"),
-            "every family": sender(session, urls["all"], "auto"),
+            "concrete model (no signals)": ("keywords", sender(session, kw, "general")),
+            "keywords only": ("keywords", sender(session, kw, "auto")),
+            "every family, on the loop": ("all", sender(session, urls["all"], "auto")),
+            "every family, spread": ("spread", sender(session, urls["spread"], "auto")),
         }
-        for send in paths.values():
+        for _, send in paths.values():
             await run_load(send, 4, 40)  # warm every path
         for conc, total in counts.items():
+            per_round = max(1, total // rounds)
+            lats: dict[str, list[float]] = {name: [] for name in paths}
+            secs = dict.fromkeys(paths, 0.0)
+            cpu = dict.fromkeys(paths, 0.0)
+            for _ in range(rounds):
+                for name, (variant, send) in paths.items():
+                    cpu0 = proc_cpu(pids[variant])
+                    t0 = time.perf_counter()
+                    lats[name] += await run_load(send, conc, per_round)
+                    secs[name] += time.perf_counter() - t0
+                    cpu1 = proc_cpu(pids[variant])
+                    cpu[name] += (cpu1 - cpu0) if cpu0 is not None and cpu1 else 0.0
             base = 0.0
-            for name, send in paths.items():
-                t0 = time.perf_counter()
-                lat = await run_load(send, conc, total)
-                rate = total / (time.perf_counter() - t0)
-                p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+            for name, lat in lats.items():
+                rate = len(lat) / secs[name]
+                cpu_ms = cpu[name] * 1000.0 / len(lat)
+                p50, p95, p99 = pct(lat, 0.5), pct(lat, 0.95), pct(lat, 0.99)
                 base = p50 if name.startswith("concrete") else base
+                out[(conc, name)] = {"rate": rate, "p50": p50, "p95": p95, "p99": p99,
+                                     "added": p50 - base, "cpu_ms": cpu_ms}  # fmt: skip
                 print(
                     f"  c={conc:<3} {name:<28} {rate:8.0f} chats/s | p50 {p50:7.2f} ms "
-                    f"p99 {p99:7.2f} ms | added p50 {p50 - base:+6.2f} ms",
+                    f"p95 {p95:7.2f} ms p99 {p99:7.2f} ms | added p50 {p50 - base:+6.2f} ms | "
+                    f"router CPU {cpu_ms:5.2f} ms/chat",
                     flush=True,
                 )
+    return out
+
+
+def summary(rows: dict[tuple[int, str], dict[str, float]]) -> None:
+    loop, spread = "every family, on the loop", "every family, spread"
+    for name in (loop, spread):
+        row = rows[(64, name)]
+        print(
+            f"  c=64 {name}: p95 {row['p95']:.1f} ms, p99 {row['p99']:.1f} ms "
+            f"(upstream's gate: p95 <= 100 ms, p99 <= 150 ms)"
+        )
+    a, b = rows[(1, loop)]["added"], rows[(1, spread)]["added"]
+    print(
+        f"  c=1 added p50: {a:.2f} ms on the loop, {b:.2f} ms spread "
+        f"({(b - a) / a * 100.0 if a > 0 else 0.0:+.0f}%; the goal: at most +10%)"
+    )
+    x = rows[(64, spread)]["cpu_ms"]
+    n1, n2 = rows[(64, spread)]["rate"], rows[(64, loop)]["rate"]
+    print(
+        f"router-scale: loop_cpu_ms={x:.2f} ratio={n1 / n2:.2f} spread_chats_s={n1:.0f} "
+        f"loop_chats_s={n2:.0f} cpus={os.cpu_count()}"
+    )
+
+
+async def handoff(chats: int, leave_out: frozenset[str]) -> None:
+    """This process's CPU per chat for the CPU-bound step run here, against handed to one
+    signal process (the pickling, the socket, the wake-ups), by text size: with every family
+    referenced, and with keywords only (the cheapest step)."""
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
+    from vllm_sr.router.questions import declared_keys
+    from vllm_sr.router.request_view import RequestView
+    from vllm_sr.router.signal_dispatch import SignalDispatch
+    from vllm_sr.supervisor.signal_procs import SignalProcesses
+
+    dispatch = SignalDispatch()
+    procs = SignalProcesses(1, dispatch, lambda name, **fields: None)
+    procs.start(preload_language="language" not in leave_out)
+    sentence = "Could you please check this order for card 4111 1111 1111 1111 again? "
+    try:
+        if not await procs.wait_ready(300):
+            raise SystemExit(f"signal process not ready: {procs.inventory()}")
+        print("  hand-off: this process's CPU per chat (us): the step here / handed off")
+        print("    config         chars   on the loop   handed off   (wall handed off)")
+        for spec_id, (label, doc) in enumerate(
+            (("every family", every_family(leave_out)), ("keywords only", KEYWORDS_ONLY)), 1
+        ):
+            routing = Routing.model_validate(doc)
+            referenced = frozenset(declared_keys(routing))  # every one: all are used
+            spec = CpuSignalSpec(routing.signals, referenced)
+            local = CpuSignals.from_spec(spec)
+            spec_bytes = pickle.dumps(spec)
+            for size in (16, 64, 256, 1024, 4096, 16384):
+                text = (sentence * (size // len(sentence) + 1))[:size]
+                msg = {"messages": [{"role": "user", "content": text}]}
+                view = RequestView.from_chat(msg, {})
+                fields = ViewFields.of(view)
+                for _ in range(3):
+                    cpu_report(local, view)
+                    await dispatch.run(spec_id, spec_bytes, fields)
+                t0 = time.process_time()
+                for _ in range(chats):
+                    cpu_report(local, view)
+                here = (time.process_time() - t0) * 1e6 / chats
+                t0, w0 = time.process_time(), time.perf_counter()
+                for _ in range(chats):
+                    await dispatch.run(spec_id, spec_bytes, fields)
+                there = (time.process_time() - t0) * 1e6 / chats
+                wall = (time.perf_counter() - w0) * 1e6 / chats
+                print(f"    {label:<13} {size:6d}   {here:11.0f}   {there:10.0f}   ({wall:.0f})")
+    finally:
+        await procs.stop()
 
 
 async def per_family(chats: int, leave_out: frozenset[str]) -> None:
@@ -276,17 +405,41 @@ def main() -> None:
     parser.add_argument(
         "--leave-out", default="", help=f"comma list of {', '.join(fragment_families())}"
     )
-    parser.add_argument("--router-process", choices=("all", "keywords"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--signal-procs", type=int, help="signal processes (spread; default: serve's auto count)"
+    )
+    parser.add_argument(
+        "--min-chars", type=int, help="the dispatch's threshold (default: the router's own)"
+    )
+    parser.add_argument("--handoff", action="store_true", help="measure the hand-off first")
+    parser.add_argument("--handoff-chats", type=int, default=20, help="chats per hand-off row")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per path")
+    parser.add_argument(
+        "--router-process", choices=("all", "keywords", "spread"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--backend-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     leave_out = frozenset(f for f in args.leave_out.split(",") if f)
+    if args.signal_procs is None:
+        from vllm_sr.supervisor.service import signal_process_count
+
+        args.signal_procs = signal_process_count("auto")
     unknown = sorted(leave_out - set(fragment_families()))
     if unknown:
         parser.error(f"--leave-out: {unknown} unknown; accepted: {', '.join(fragment_families())}")
     if args.router_process:
-        router_process(args.router_process, args.port, args.backend_port, leave_out)
+        router_process(
+            args.router_process,
+            args.port,
+            args.backend_port,
+            leave_out,
+            args.signal_procs,
+            args.min_chars,
+        )
         return
+    if args.handoff:
+        asyncio.run(handoff(args.handoff_chats, leave_out))
     with tempfile.TemporaryDirectory(prefix="vsr-bench-signals-") as tmp:
         procs = Procs(Path(tmp))
         try:
@@ -296,21 +449,39 @@ def main() -> None:
                 [sys.executable, "-m", "tests.support.backends", "--port", str(backend_port)],
             )
             wait_http(f"http://127.0.0.1:{backend_port}/v1/models", 60, bproc, blog)
-            urls = {}
-            for variant in ("keywords", "all"):
+            urls, pids = {}, {}
+            for variant in ("keywords", "all", "spread"):
                 port = free_port()
-                argv = [sys.executable, __file__, "--router-process", variant, "--port",
-                        str(port), "--backend-port", str(backend_port),
-                        "--leave-out", args.leave_out]  # fmt: skip
+                argv = [
+                    sys.executable,
+                    __file__,
+                    "--router-process",
+                    variant,
+                    "--port",
+                    str(port),
+                    "--backend-port",
+                    str(backend_port),
+                    "--leave-out",
+                    args.leave_out,
+                    "--signal-procs",
+                    str(args.signal_procs),
+                ]
+                if args.min_chars is not None:
+                    argv += ["--min-chars", str(args.min_chars)]
                 rproc, rlog = procs.start(f"router-{variant}", argv)
-                wait_http(f"http://127.0.0.1:{port}/v1/models", 120, rproc, rlog)
+                wait_http(f"http://127.0.0.1:{port}/v1/models", 300, rproc, rlog)
                 urls[variant] = f"http://127.0.0.1:{port}"
+                pids[variant] = rproc.pid
             print(
-                f"router signals bench ({os.cpu_count()} CPUs; instant backend and exchange"
+                f"router signals bench ({os.cpu_count()} CPUs; instant backend and exchange; "
+                f"{args.signal_procs} signal processes, threshold "
+                f"{'the default' if args.min_chars is None else args.min_chars} chars"
                 + (f"; left out: {', '.join(sorted(leave_out))})" if leave_out else ")")
             )
-            asyncio.run(measure(urls, {1: args.requests_c1, 64: args.requests_c64}))
+            counts = {1: args.requests_c1, 64: args.requests_c64}
+            rows = asyncio.run(measure(urls, counts, pids, args.rounds))
             asyncio.run(per_family(args.requests_c1, leave_out))
+            summary(rows)
         finally:
             procs.stop_all()
 

@@ -33,6 +33,10 @@ REPLICA_EJECTION_WITHHELD = "replica_ejection_withheld"  # deployment, replica, 
 REPLICA_HUNG = "replica_hung"  # deployment, replica, device, pid, forward_running_s, bound_s
 # deployment, replica, device, pid, error, failures (its life loop raised; it is started again)
 REPLICA_SUPERVISION_FAILED = "replica_supervision_failed"
+# Signal processes (Router mode's CPU-bound signals, vllm_sr/supervisor/signal_procs.py)
+SIGNAL_PROCESS_STARTING = "signal_process_starting"  # process, pid, restarted
+SIGNAL_PROCESS_READY = "signal_process_ready"  # process, pid
+SIGNAL_PROCESS_EXITED = "signal_process_exited"  # process, returncode, reason, backoff_s
 SERVICE_TASK_FAILED = "service_task_failed"  # task, error, failures, restart_in_s
 EXCHANGE_RETRIED = "exchange_retried"  # deployment, replica (the failed one), count, error
 POOL_PUBLISHED = "pool_published"  # generation, deployments
@@ -51,6 +55,7 @@ WARNING_EVENTS = frozenset(
         REPLICA_BACKOFF,
         REPLICA_HUNG,
         REPLICA_SUPERVISION_FAILED,
+        SIGNAL_PROCESS_EXITED,
         SERVICE_TASK_FAILED,
         EXCHANGE_RETRIED,
         RELOAD_FAILED,

@@ -121,13 +121,26 @@ def test_router_bench_reports_the_cache_through_its_cache_target() -> None:
 
 
 def test_router_signals_bench_without_the_slow_loading_families() -> None:
-    # The language detector and presidio (pii) take 15-30 s to load in each process.
+    # The language detector takes 15-30 s to load in each process, and presidio (pii) a few
+    # (the signal processes load presidio either way: one of them, and the hand-off's one).
     out = run_bench(
         "router_signals.py",
         *("--requests-c1", "5", "--requests-c64", "20", "--leave-out", "language,pii"),
+        *("--signal-procs", "1", "--handoff", "--handoff-chats", "2"),
+        timeout=240.0,
     )
-    lines_like(out, rf"c=64 +every family +{NUMBER} chats/s \| p50 +{NUMBER} ms")
+    lines_like(out, rf"keywords only +16 +{NUMBER} +{NUMBER} +\({NUMBER}\)")
+    lines_like(out, rf"c=64 +every family, on the loop +{NUMBER} chats/s \| p50 +{NUMBER} ms")
+    lines_like(out, rf"c=64 +every family, spread +{NUMBER} chats/s \| p50 +{NUMBER} ms")
     lines_like(out, rf"signals per chat, in process: {NUMBER} ms")
+    lines_like(out, rf"c=64 every family, spread: p95 {NUMBER} ms, p99 {NUMBER} ms \(upstream")
+    (scale,) = lines_like(
+        out,
+        rf"^router-scale: loop_cpu_ms=({NUMBER}) ratio=({NUMBER}) spread_chats_s=(\d+) "
+        rf"loop_chats_s=(\d+) cpus=(\d+)$",
+    )
+    assert out.rstrip().splitlines()[-1].startswith("router-scale: ")  # the last line
+    assert float(scale[2]) > 0 and int(scale[5]) == os.cpu_count()
 
 
 def test_router_probes_bench_on_the_toy_encoder() -> None:

@@ -29,6 +29,7 @@ from vllm_sr.pool.settings import PoolSettings
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 from vllm_sr.supervisor.config_source import ConfigSource
 from vllm_sr.supervisor.keeper import TaskKeeper
+from vllm_sr.supervisor.signal_procs import SignalProcesses
 from vllm_sr.supervisor.supervisor import Supervisor
 
 T = TypeVar("T")
@@ -92,6 +93,8 @@ class FakeBackend:
         self.router: StubRouter | None = None  # Router mode's views (Supervisor's ``router``)
         self.config_source: ConfigSource | None = None  # config.yaml's hashes (serve's)
         self.plan: Any = None  # Supervisor.health reads it (None: no plan, the pools decide)
+        # The signal processes (none here: the inventory leaves them out, as a supervisor's)
+        self.signal_procs = SignalProcesses(0, None, self.events.publish)
         self._next_pid = 40_000
         self._config = config
         self.reset(deployments or {"primary": ["cpu", "cpu"]})

@@ -314,6 +314,7 @@ async def test_router_mode_shows_backends_and_decision_rates(
         }  # fmt: skip
 
     live.backend.router = StubRouter(inventory=router)
+    live.backend.signal_procs = StubSignalProcesses()  # type: ignore[assignment]
     app = make_app(live.path, clock)
     async with app.run_test(size=SIZE) as pilot:
         await _started(pilot)
@@ -328,6 +329,25 @@ async def test_router_mode_shows_backends_and_decision_rates(
         assert "coding->coder 5.0" in text  # (14 - 4) decisions over 2 s
         assert "http_503 2" in text  # the model's fallbacks in the backends table
         assert "cache (memory): 3 entries, 2.0 KiB; hits exact 7; misses 4" in text
+        assert (
+            "signal processes  signals-0 ready pid 812 jobs 40  signals-1 backoff jobs 9 "
+            "rst 1 (killed by signal 9) failed 2" in text
+        )
+
+
+class StubSignalProcesses:
+    """The supervisor's signal processes as its inventory reads them."""
+
+    started = True
+
+    def inventory(self) -> list[dict[str, object]]:
+        return [
+            {"id": "signals-0", "pid": 812, "state": "ready", "inflight": 0, "jobs": 40,
+             "failed_jobs": 0, "restarts": 0, "restart_reason": None, "last_error": None},
+            {"id": "signals-1", "pid": None, "state": "backoff", "inflight": 0, "jobs": 9,
+             "failed_jobs": 2, "restarts": 1, "restart_reason": "killed by signal 9",
+             "last_error": "killed by signal 9"},
+        ]  # fmt: skip
 
 
 async def test_engine_mode_hides_the_router_panel(live: LiveControl, clock: FakeClock) -> None:

@@ -329,6 +329,32 @@ def test_status_shows_router_backends_and_decisions() -> None:
         "decisions: coding->coder 7; fallbacks: signals:overloaded 2; "
         "unknown signals: embedding/overloaded 5"
     ) in text
+    assert "signal processes" not in text  # none running
+
+
+def test_status_shows_the_signal_processes() -> None:
+    from rich.console import Console
+
+    from vllm_sr.control.render import status_view
+
+    inventory = {
+        "service": {"version": "0", "host": "h", "pid": 1, "uptime_s": 1.0, "generation": 0},
+        "deployments": [],
+        "router": {"backends": [], "stats": {}},
+        "signal_processes": [
+            {"id": "signals-0", "pid": 812, "state": "ready", "inflight": 2, "jobs": 40,
+             "failed_jobs": 0, "restarts": 0, "restart_reason": None, "last_error": None},
+            {"id": "signals-1", "pid": None, "state": "backoff", "inflight": 0, "jobs": 9,
+             "failed_jobs": 3, "restarts": 1, "restart_reason": "killed by signal 9",
+             "last_error": "killed by signal 9"},
+        ],
+    }  # fmt: skip
+    console = Console(width=160, record=True)
+    console.print(status_view(inventory, now=0.0))
+    assert (
+        "signal processes  signals-0 ready pid 812 jobs 40 in-flight 2  signals-1 backoff "
+        "jobs 9 rst 1 (killed by signal 9) failed 3" in console.export_text()
+    )
 
 
 def test_ctl_replay_reads_records_by_decision_and_follows(

@@ -196,7 +196,8 @@ class VllmSrTop(Polling, Selection, App[None]):
             panels = {p.deployment: p for p in container.query(DeploymentPanel)}
         now = self.clock.time()
         router = self.inventory.get("router")
-        self.router_panel.show(router, self.decisions.update(router, now))
+        procs = self.inventory.get("signal_processes")
+        self.router_panel.show(router, self.decisions.update(router, now), procs)
         for dep in deps:
             name = str(dep.get("name"))
             panels[name].show(dep, self.history.samples(name), self.sort, now)

@@ -43,6 +43,8 @@ EVENT_STYLES: dict[str, str] = {
     "replica_draining": "magenta",
     "reload_failed": "bold red",
     "pool_published": "cyan",
+    "signal_process_exited": "red",
+    "signal_process_ready": "green",
 }
 # Fields that every event of a replica carries; shown as the subject, not repeated as k=v.
 _SUBJECT_FIELDS = ("seq", "time", "event", "deployment", "replica")

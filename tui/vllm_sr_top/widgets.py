@@ -12,7 +12,13 @@ from textual.app import ComposeResult, RenderResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, RichLog, Sparkline, Static
 
-from vllm_sr.control.render import backends_table, cache_line, config_lines, format_seconds
+from vllm_sr.control.render import (
+    backends_table,
+    cache_line,
+    config_lines,
+    format_seconds,
+    signal_processes_line,
+)
 from vllm_sr_top.model import (
     COLUMNS,
     SortKey,
@@ -179,16 +185,23 @@ class DeploymentPanel(Vertical):
 
 class RouterPanel(Static):
     """Router mode: the LLM backends (state, requests/s, p50/p99, errors, fallbacks), decision
-    rates and the response cache's hits. Hidden in Engine mode."""
+    rates, the response cache's hits and the signal processes. Hidden in Engine mode."""
 
     shown: Group | None = None
 
-    def show(self, router: dict[str, Any] | None, rates: dict[tuple[str, str], float]) -> None:
+    def show(
+        self,
+        router: dict[str, Any] | None,
+        rates: dict[tuple[str, str], float],
+        signal_processes: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.display = router is not None
         if router is not None:
             parts: list[Table | Text] = [backends_table(router), decisions_text(router, rates)]
             if router.get("cache") is not None:
                 parts.append(cache_line(router["cache"]))
+            if signal_processes:
+                parts.append(signal_processes_line(signal_processes))
             self.shown = Group(*parts)
             self.update(self.shown)
 

@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="do not apply config.yaml changes by themselves (SIGHUP and `ctl reload` still do)",
     )
+    host.add_argument(
+        "--signal-processes",
+        metavar="N|auto",
+        help="Router mode: processes for the CPU-bound signals (auto: half the CPU budget, "
+        "1..4; 0: on the event loop)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -76,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
         "artifacts_dir": args.artifacts_dir,
         "ready_timeout_s": args.ready_timeout,
         "config_watch": args.config_watch,
+        "signal_processes": _count_or_auto(args.signal_processes),
     }
     settings = load_service_settings(args.service_config, overrides=overrides)
     config_path = Path(args.config)
@@ -133,6 +140,15 @@ def _preload_language_models(plan: ServicePlan) -> None:
     log.info("loading the language signal's models (every language, about 1 GB)")
     preload_language_models()
     log.info("language models loaded in %.1f s", time.monotonic() - started)
+
+
+def _count_or_auto(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        return value  # the settings model refuses it, naming the field and what is accepted
 
 
 def _threads_record_dir(state_dir: Path) -> None:

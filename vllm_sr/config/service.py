@@ -74,6 +74,17 @@ class ServiceSettings(BaseModel):
     config_watch_settle_s: float = Field(default=2.0, gt=0, le=600)
     """How long a changed config.yaml must stay unchanged before it is read: a writer that
     pauses for less mid-write is never read half-way."""
+    signal_processes: int | Literal["auto"] = "auto"
+    """Router mode: processes that evaluate the CPU-bound signals (language, structure,
+    context, conversation, metadata, keywords, PII) off the frontend's event loop. auto: half
+    the CPU budget, 1..4; 0: none, they run on the loop; else 1..64."""
+
+    @field_validator("signal_processes")
+    @classmethod
+    def _signal_processes(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= 64:
+            raise ValueError(f"{v} is out of range; accepted: auto, or 0..64 (0: on the loop)")
+        return v
 
     @field_validator("listen")
     @classmethod

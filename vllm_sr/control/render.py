@@ -192,6 +192,8 @@ def status_view(inventory: dict[str, Any], now: float | None = None) -> Group:
         parts.extend([Text(""), backends_table(router), decisions_line(router)])
         if router.get("cache") is not None:
             parts.append(cache_line(router["cache"]))
+    if inventory.get("signal_processes"):
+        parts.append(signal_processes_line(inventory["signal_processes"]))
     return Group(*parts)
 
 
@@ -266,6 +268,27 @@ def cache_line(cache: dict[str, Any]) -> Text:
     if errors:
         text += f"; store errors {errors}"
     return Text(text)
+
+
+def signal_processes_line(processes: list[dict[str, Any]]) -> Text:
+    """Router mode's signal processes, one line (`vllm-sr status`, vllm-sr-top): ``signal
+    processes  signals-0 ready pid 812 jobs 5120  signals-1 backoff jobs 9 rst 1 (killed by
+    signal 9) failed 3``."""
+    line = Text()
+    line.append("signal processes", style="bold")
+    for proc in processes:
+        line.append(f"  {proc.get('id', '?')} ")
+        line.append_text(styled_state(str(proc.get("state", "?"))))
+        if proc.get("pid") is not None:
+            line.append(f" pid {proc['pid']}")
+        line.append(f" jobs {proc.get('jobs', 0)}")
+        if proc.get("inflight"):
+            line.append(f" in-flight {proc['inflight']}")
+        if proc.get("restarts"):
+            line.append(f" rst {proc['restarts']} ({proc.get('restart_reason') or '?'})", "yellow")
+        if proc.get("failed_jobs"):
+            line.append(f" failed {proc['failed_jobs']}", "red")
+    return line
 
 
 def decisions_line(router: dict[str, Any]) -> Text:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from vllm_sr.router.chat import ChatRouter
     from vllm_sr.router.plugins.replay import ReplayLog
     from vllm_sr.router.responses.api import ResponsesAPI
+    from vllm_sr.router.signal_dispatch import SignalDispatch
 
 __all__ = ["ChatMount", "NoProviders", "RetiredRouter", "RouterPlan", "StagedRouter"]
 
@@ -120,6 +121,15 @@ class ChatMount:
         # have finished (or after ``retire_grace_s``).
         self.retire_grace_s = retire_grace_s
         self._inflight: dict[ChatRouter, InFlight] = {}
+        # The signal processes' dispatch (the supervisor's), when it runs some.
+        self.signal_dispatch: SignalDispatch | None = None
+
+    def use_signal_dispatch(self, dispatch: SignalDispatch) -> None:
+        """Hand the CPU-bound signals to the signal processes, from this generation on."""
+        self.signal_dispatch = dispatch
+        if self.chat is not None:
+            for router in self.chat.recipes.values():
+                router.signal_dispatch = dispatch
 
     async def update(self, plan: RouterPlan | None) -> None:
         """Take a generation's router settings: build, swap, retire (the supervisor does the
@@ -183,6 +193,7 @@ class ChatMount:
             entrypoints=plan.entrypoints,
             global_=plan.global_,
             cache=old_cache if same_store and old_cache is not None else True,
+            signal_dispatch=self.signal_dispatch,
         )
         for router in chat.recipes.values():
             # The language models load in seconds: here, before the router serves.
@@ -342,6 +353,8 @@ class ChatMount:
         if self.chat is None:
             return None
         doc = self.chat.inventory()
+        if self.signal_dispatch is not None:
+            doc["signal_dispatch"] = self.signal_dispatch.inventory()
         if self.responses is not None:
             doc["responses"] = self.responses.inventory()
         return doc

@@ -105,6 +105,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
+    from vllm_sr.router.signal_dispatch import SignalDispatch
 
 log = logging.getLogger("vllm_sr.router.chat")
 
@@ -159,6 +160,17 @@ class ChatRouter(ChatPlugins):
         }
 
     async def handle_chat(
+        self, request: Request, rewrite: StreamRewrite | None = None
+    ) -> Response | StreamResponse:
+        """A chat, counted in flight for the signal processes' dispatch (a hand-off pays only
+        when other chats are in the router: ``SignalDispatch.takes``)."""
+        dispatch = self.router.signal_dispatch
+        if dispatch is None:
+            return await self._handle_chat(request, rewrite)
+        with dispatch.in_flight():
+            return await self._handle_chat(request, rewrite)
+
+    async def _handle_chat(
         self, request: Request, rewrite: StreamRewrite | None = None
     ) -> Response | StreamResponse:
         """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
@@ -351,10 +363,13 @@ def build_chat_router(
     cache: ResponseCache | bool | None = True,
     replay: ReplayLog | None = None,
     learning_state: LearningState | None = None,
+    signal_dispatch: SignalDispatch | None = None,
 ) -> ChatRouter:
     """The Router-mode handlers for one config generation. Pass the previous generation's
     ``stats``, ``replay`` and ``learning_state`` to keep the counters, replay records and
-    Router Learning's conversations and experience across a reload (no ``replay``: one for
+    Router Learning's conversations and experience across a reload; ``signal_dispatch``:
+    the signal processes the CPU-bound signals go to (None: they run on the loop). (No
+    ``replay``: one for
     ``global.services.router_replay``, started on its first use);
     ``backends`` is started by the caller (``await backends.start()``) and closed when the
     generation is replaced. ``cache``: a
@@ -388,6 +403,7 @@ def build_chat_router(
             authz=authz,
             global_=global_,
             recipe=recipe,
+            signal_dispatch=signal_dispatch,
         )
 
     others = {

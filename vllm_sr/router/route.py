@@ -11,7 +11,9 @@ unknown does the chat go to ``default_model`` saying why (``RouteResult.fallback
 ``signals:<reason>``).
 
 Signals run in two kinds: the deterministic ones (keywords, context, structure, conversation,
-language, metadata, authz, pii) in this process with no exchange, and the model-backed ones
+language, metadata, authz, pii) with no exchange (authz on the loop; the others as one
+CPU-bound step, ``cpu_signals``, on the loop or in a signal process: ``signal_dispatch``,
+docs/router.md "Signal processes"), and the model-backed ones
 (embeddings, domains, complexity, reask, preference, jailbreak, kb, user_feedback,
 fact_check) as one bundle per deployment. Then, as upstream orders them: partitions,
 complexity composers, projections. A chat evaluates only the signals its decisions reference
@@ -21,7 +23,9 @@ complexity composers, projections. A chat evaluates only the signals its decisio
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import pickle
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
 from vllm_sr.pool.exchange import RoutingExchange
 from vllm_sr.router.backends import BackendSet
+from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
 from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
 from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.learning.settings import LearningSettings
@@ -40,10 +45,11 @@ from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, SignalKey, rank, static_order
 from vllm_sr.router.selection.decide import DecisionSelection, LiveFacts
+from vllm_sr.router.signal_dispatch import SignalDispatch, SignalProcessFailed
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
-from vllm_sr.router.unknown import FAILED, Unknown, unknown_of
+from vllm_sr.router.unknown import FAILED, TIMEOUT, UNAVAILABLE, Unknown, unknown_of
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
@@ -52,6 +58,7 @@ log = logging.getLogger("vllm_sr.router")
 
 Exchange = RoutingExchange  # (deployment, path, body, timeout_ms) -> (status, body)
 NO_DECISION = "(default)"  # the decision label of a request no decision matched
+_SPEC_IDS = itertools.count(1)  # a plan's CPU signals, as signal processes know them
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,7 @@ class Router:
         authz: AuthzOptions | None = None,
         global_: GlobalSection | None = None,
         recipe: str = "default",
+        signal_dispatch: SignalDispatch | None = None,
     ) -> None:
         self.providers = providers
         self.routing = routing
@@ -192,6 +200,10 @@ class Router:
         router_cfg = getattr(global_, "router", None)
         self.learning = LearningSettings.from_config(getattr(router_cfg, "learning", None))
         self._eval_plan: QuestionPlan | None = None
+        # The CPU-bound signals go to the signal processes when there are some (serve's
+        # supervisor owns them); per plan: its evaluators, and its spec's id and pickle.
+        self.signal_dispatch = signal_dispatch
+        self._cpu: dict[int, tuple[CpuSignals, int, bytes | None]] = {}
 
     @property
     def default_model(self) -> str:
@@ -236,25 +248,19 @@ class Router:
     async def signals(
         self, view: RequestView, plan: QuestionPlan, *, authz: bool = True
     ) -> SignalRun:
-        """The plan's signals on the request: deterministic ones here, model-backed ones as
-        one exchange per deployment. Authz refusals (403) raise."""
+        """The plan's signals on the request: deterministic ones here or in a signal process,
+        model-backed ones as one exchange per deployment. Authz refusals (403) raise."""
         run = SignalRun()
-        started = time.perf_counter()
-        run.results.update(plan.keyword_results(view.text))
-        if plan.keywords:
-            run.timings_ms["keyword"] = (time.perf_counter() - started) * 1000.0
-        report = self.deterministic.report(view, plan.referenced, authz=authz)
-        for kind, metric in report.metrics.items():
-            run.timings_ms[kind] = metric.execution_time_ms
-            run.family_confidence[kind] = metric.confidence
-        run.results.update(report.results)
-        run.context_tokens = report.context_tokens
-        if plan.pii.rules:
-            if not plan.pii.detector.loaded:  # seconds of imports: not on the event loop
-                await asyncio.to_thread(plan.pii.detector.load)
-            started = time.perf_counter()
-            run.results.update(plan.pii.results(view))
-            run.timings_ms["pii"] = (time.perf_counter() - started) * 1000.0
+        authz_keys = {k for k in plan.referenced if k[0] == "authz"}
+        if authz and authz_keys:  # first: it may refuse the chat (403), and it is a lookup
+            report = self.deterministic.report(view, authz_keys, authz=True)
+            for kind, metric in report.metrics.items():
+                run.timings_ms[kind] = metric.execution_time_ms
+                run.family_confidence[kind] = metric.confidence
+            run.results.update(report.results)
+        cpu = self.cpu_signals(plan)
+        if cpu.any:
+            await self._cpu_step(plan, cpu, view, run)
         if plan.deployments and view.text.strip():
             await self._ask_all(plan, view, run)
         started = time.perf_counter()
@@ -263,6 +269,45 @@ class Router:
         if apply_projections(self.routing, run.results):
             run.timings_ms["projection"] = (time.perf_counter() - started) * 1000.0
         return run
+
+    def cpu_signals(self, plan: QuestionPlan) -> CpuSignals:
+        """The plan's CPU-bound signals (keywords, the deterministic families but authz, pii)."""
+        got = self._cpu.get(id(plan))
+        if got is None:
+            cpu = CpuSignals(self.deterministic, plan.keywords, plan.pii, plan.referenced)
+            got = self._cpu[id(plan)] = (cpu, next(_SPEC_IDS), None)
+        return got[0]
+
+    def _spec(self, plan: QuestionPlan) -> tuple[int, bytes]:
+        cpu, spec_id, spec_bytes = self._cpu[id(plan)]
+        if spec_bytes is None:
+            spec = CpuSignalSpec(self.routing.signals, frozenset(plan.referenced))
+            spec_bytes = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+            self._cpu[id(plan)] = (cpu, spec_id, spec_bytes)
+        return spec_id, spec_bytes
+
+    async def _cpu_step(
+        self, plan: QuestionPlan, cpu: CpuSignals, view: RequestView, run: SignalRun
+    ) -> None:
+        """The CPU-bound signals: in a signal process when one is ready and the chat's text
+        is past the dispatch's threshold, else here on the loop."""
+        dispatch = self.signal_dispatch
+        size = len(view.text) + len(view.context_text)
+        if dispatch is not None and dispatch.takes(size, cpu.heavy):
+            spec_id, spec_bytes = self._spec(plan)
+            try:
+                report = await dispatch.run(spec_id, spec_bytes, ViewFields.of(view))
+            except SignalProcessFailed as exc:
+                signals_lost(run, cpu.keys(), exc)
+                return
+        else:
+            if cpu.pii.rules and not cpu.pii.detector.loaded:  # seconds: not on the loop
+                await asyncio.to_thread(cpu.pii.detector.load)
+            report = cpu_report(cpu, view)
+        run.results.update(report.results)
+        run.timings_ms.update(report.timings_ms)
+        run.family_confidence.update(report.family_confidence)
+        run.context_tokens = report.context_tokens
 
     def winner(self, run: SignalRun) -> list[Match]:
         return rank(self.routing.decisions, run.results, self.routing.strategy)
@@ -358,6 +403,23 @@ def _unknown_of_error(deployment: str, exc: BaseException) -> Unknown:
         return unknown_of(exc.code, exc.message)
     log.error("routing on %s failed", deployment, exc_info=exc)
     return Unknown(FAILED, f"internal_error: {type(exc).__name__}: {exc}")
+
+
+# A signal process's failure (SignalProcessFailed.reason) -> the unknown reason of its signals.
+_UNKNOWN_OF_PROCESS = {"died": UNAVAILABLE, "timeout": TIMEOUT, "error": FAILED}
+
+
+def signals_lost(run: SignalRun, keys: set[SignalKey], exc: SignalProcessFailed) -> None:
+    """A signal process could not answer: its signals are unknown on this chat, as a failed
+    worker question leaves its own (vllm_sr/router/unknown.py): they do not match, eval lists
+    them, the chat's ``x-vsr-unknown-signals`` names them and
+    ``vllm_sr_router_unknown_signals_total`` counts them by family and reason."""
+    log.warning("signals %s not evaluated: %s", sorted({k for k, _ in keys}), exc.message)
+    why = Unknown(
+        _UNKNOWN_OF_PROCESS.get(exc.reason, FAILED), f"signal_process_{exc.reason}: {exc.message}"
+    )
+    for key in keys:
+        run.results[key] = SignalResult.unknown_because(why)
 
 
 def _kbs_of(global_: Any) -> list[Any]:

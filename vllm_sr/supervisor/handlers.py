@@ -24,6 +24,7 @@ from vllm_sr.supervisor.config_watch import SOURCE as WATCH_SOURCE
 from vllm_sr.supervisor.fleet import Fleet, who
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.reconfigure import Reconfiguration, resolve, wait_idle
+from vllm_sr.supervisor.signal_procs import SignalProcesses
 from vllm_sr.supervisor.systemd import SystemdNotifier
 
 QUICK_GRACE_S = 1.0
@@ -42,6 +43,7 @@ class CommandHandlers:
     _quick: asyncio.Event
     _stopped: asyncio.Event
     _tasks: set[asyncio.Task[object]]
+    signal_procs: SignalProcesses
 
     if TYPE_CHECKING:
 
@@ -140,6 +142,7 @@ class CommandHandlers:
                     rep.kill_now()
                 await stopping
             quick.cancel()
+            await self.signal_procs.stop()  # nothing routes any more
         finally:
             for task in list(self._tasks):
                 if task is not asyncio.current_task():
@@ -179,6 +182,7 @@ class CommandHandlers:
         """On the way out after an error: never leave a worker behind."""
         for rep in self.fleet.workers():
             rep.kill_now()
+        self.signal_procs.kill_now()
 
     def _check_not_stopping(self) -> None:
         if self.stopping:

@@ -78,8 +78,10 @@ class WorkerProcess:
         cpus: Sequence[int] | None = None,
         socket_path: str = "",
         name: str = "",
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.argv = list(argv)
+        self.pass_fds = tuple(pass_fds)  # inherited descriptors (a signal process's socket)
         self.env = dict(env or {})
         self.cpus = list(cpus) if cpus else None
         self.socket_path = socket_path
@@ -120,6 +122,7 @@ class WorkerProcess:
             # first and then stops the workers itself (they still die with it: PDEATHSIG).
             start_new_session=True,
             stderr=asyncio.subprocess.PIPE if stderr_sink is not None else None,
+            pass_fds=self.pass_fds,
         )
         if stderr_sink is not None and self._proc.stderr is not None:
             self._reader = asyncio.create_task(_pump(self._proc.stderr, stderr_sink))

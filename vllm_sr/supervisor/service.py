@@ -135,6 +135,16 @@ def _gpu_probe(platform: str) -> dict[str, JsonObject]:
     return {str(k): dict(v) for k, v in gpu_usage(platform).items()}
 
 
+def signal_process_count(setting: int | str) -> int:
+    """``signal_processes`` (host settings): a number as is, ``auto`` from the CPU budget."""
+    if isinstance(setting, int):
+        return setting
+    from vllm_sr.placement.cpu import measure_cpu_budget
+    from vllm_sr.supervisor.signal_procs import auto_count
+
+    return auto_count(measure_cpu_budget().cpus)
+
+
 def config_scaler(config_path: Path) -> Scaler:
     from vllm_sr.placement import apply
 
@@ -170,6 +180,7 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
         scaler=scaler,
         gpu_probe=_gpu_probe,
         config_source=options.config_source,
+        signal_processes=signal_process_count(settings.signal_processes),
     )
     sup.events.add_sink(log_sink())
     sup.install_signal_handlers()  # before anything starts: a SIGTERM while loading stops

@@ -47,12 +47,14 @@ from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.readiness import WorkerView, startup_status
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler
 from vllm_sr.supervisor.router_build import RouterBuilder, build_router
+from vllm_sr.supervisor.signal_procs import SignalProcesses
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
 from vllm_sr.supervisor.usage import GpuProbe, UsageSampler
 
 if TYPE_CHECKING:
     from vllm_sr.router.chat import ChatRouter
     from vllm_sr.router.learning.outcomes import Outcome
+    from vllm_sr.router.signal_dispatch import SignalDispatch
 
 log = logging.getLogger("vllm_sr.supervisor")
 
@@ -70,6 +72,8 @@ class RouterViews(Protocol):
     chat: ChatRouter | None  # the published generation's chat router (replay log, learning)
 
     def inventory(self) -> JsonObject | None: ...
+
+    def use_signal_dispatch(self, dispatch: SignalDispatch) -> None: ...
 
     async def replay(
         self,
@@ -98,6 +102,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         gpu_probe: GpuProbe | None = None,
         config_source: ConfigSource | None = None,
         router_builder: RouterBuilder | None = None,
+        signal_processes: int = 0,
     ) -> None:
         self.planner = planner
         self.runtime_dir = Path(runtime_dir).absolute()
@@ -126,6 +131,8 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self.router = router  # Router mode's views (serve: the frontend's chat mount)
         # Builds each generation's router when it is published (serve: the chat mount too)
         self.router_builder = router_builder
+        # Router mode's CPU-bound signals, off the frontend's loop (none: they stay on it)
+        self.signal_procs = SignalProcesses(signal_processes, None, self.events.publish)
         self.reconfiguration = Reconfiguration(
             self.fleet,
             planner,
@@ -198,6 +205,8 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         router = self.router.inventory() if self.router is not None else None
         if router is not None:
             doc["router"] = router  # backends and decision counters (Router mode)
+        if self.signal_procs.started:
+            doc["signal_processes"] = self.signal_procs.inventory()
         return doc
 
     async def replay(
@@ -328,8 +337,10 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         await self.usage.run(lambda: list(self.replicas.values()), USAGE_EVERY_S, self.on_usage)
 
     def place_self(self) -> None:
-        """Keep the service's own per-request work off the workers' pinned CPUs."""
+        """Keep the service's own per-request work off the workers' pinned CPUs (and start
+        the signal processes with the first generation that routes)."""
         self._own_cpus = place_service(self.plan, self._own_cpus)
+        self.signal_procs.start_for(self.plan, self.router)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,114 @@
+"""One signal process: ``python -m vllm_sr.router.signal_proc_main --fd N --name ID
+[--preload-language]``, started by the supervisor (``vllm_sr/supervisor/signal_procs.py``) with
+its end of a socket pair as file descriptor N.
+
+It loads presidio's recognizers and lingua's detector (every language's models with
+``--preload-language``, which serve passes when the plan has a language rule; else they load
+per script on first use, in this process, off the frontend's loop), says ``ready``, then
+answers jobs one at a time with :func:`vllm_sr.router.cpu_signals.cpu_report`, the function the
+loop runs itself, so results are identical. It exits when its socket closes (the service is
+gone) or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import socket
+import sys
+from collections import OrderedDict
+
+from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
+from vllm_sr.router.signal_proc_wire import HEADER, MAX_FRAME_BYTES, encode
+
+log = logging.getLogger("vllm_sr.signals")
+KEEP_SPECS = 8  # generations kept (a reload's chats in flight still name the old one)
+
+
+def read_exact(sock: socket.socket, size: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < size:
+        got = sock.recv(min(size - len(chunks), 1 << 20))
+        if not got:
+            return None
+        chunks += got
+    return bytes(chunks)
+
+
+def read_message(sock: socket.socket) -> tuple[object, ...] | None:
+    import pickle
+
+    head = read_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    (size,) = HEADER.unpack(head)
+    if size > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {size} bytes over the cap")
+    body = read_exact(sock, size)
+    if body is None:
+        return None
+    message = pickle.loads(body)
+    assert isinstance(message, tuple)
+    return message
+
+
+def load(preload_language: bool) -> None:
+    from vllm_sr.router.deterministic import detect_language, language_detector
+    from vllm_sr.router.signals_pii import detector
+
+    detector().load()
+    language_detector(preload=preload_language)
+    if preload_language:
+        detect_language("warm up the language detector", 0.0)
+
+
+def serve(sock: socket.socket) -> None:
+    import pickle
+
+    specs: OrderedDict[int, CpuSignals] = OrderedDict()
+    while True:
+        message = read_message(sock)
+        if message is None:
+            return
+        kind = message[0]
+        if kind == "config":
+            spec = pickle.loads(message[2])  # type: ignore[arg-type]
+            assert isinstance(spec, CpuSignalSpec)
+            specs[int(message[1])] = CpuSignals.from_spec(spec)  # type: ignore[call-overload]
+            while len(specs) > KEEP_SPECS:
+                specs.popitem(last=False)
+            continue
+        _, job_id, spec_id, fields = message
+        signals = specs.get(spec_id)  # type: ignore[call-overload]
+        if signals is None or not isinstance(fields, ViewFields):
+            sock.sendall(encode(("error", job_id, f"unknown generation {spec_id}")))
+            continue
+        try:
+            report = cpu_report(signals, fields.view())
+        except Exception as exc:  # a bug in a family: that job fails, the process lives
+            log.exception("signal job failed")
+            sock.sendall(encode(("error", job_id, f"{type(exc).__name__}: {exc}")))
+            continue
+        sock.sendall(encode(("ok", job_id, report)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-sr signal process")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--name", default="signals")
+    parser.add_argument("--preload-language", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    sock = socket.socket(fileno=args.fd)
+    # The service gone (its end closed) while loading or serving: nothing to answer, exit 0.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        load(args.preload_language)
+        sock.sendall(encode(("ready", os.getpid())))
+        serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
