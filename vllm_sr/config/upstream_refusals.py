@@ -97,8 +97,9 @@ def _service_refusals(services: dict[str, Any]) -> list[Problem]:
 
 
 def _response_api_refusals(block: Any) -> list[Problem]:
-    """The Responses API is served with a memory or a standalone Redis store; a written block
-    that leaves ``enabled`` unset is on (upstream's default)."""
+    """The Responses API is served with a memory or a standalone Redis store (without
+    ``redis.address``: ``localhost:6379``); a written block that leaves ``enabled`` unset is on
+    (upstream's default)."""
     if not isinstance(block, dict) or block.get("enabled", True) is False:
         return []
     base: Path = ("global", "services", "response_api")
@@ -118,17 +119,6 @@ def _response_api_refusals(block: Any) -> list[Problem]:
                 (*base, "redis", "config_path"),
                 "an external Redis settings file for the Responses API store",
                 "the settings inline under response_api.redis",
-            )
-        )
-    if not redis.get("address") and not _is_true(redis.get("cluster_mode")):
-        # Upstream's store fails to start without one, and upstream then serves nothing.
-        problems.append(
-            refusal(
-                (*base, "store_backend"),
-                "the Responses API's redis store without redis.address (upstream's default "
-                "backend; its store then fails to start and /v1/responses is not served)",
-                "redis with redis.address (host:port or unix:///path), store_backend: "
-                "memory, or enabled: false",
             )
         )
     return problems
