@@ -177,10 +177,6 @@ def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem
     return problems
 
 
-def _uses_embeddings(raw: dict[str, Any]) -> bool:
-    return any(as_list(as_dict(rt.get("signals")).get("embeddings")) for _, rt in routings(raw))
-
-
 def _catalog_refusals(raw: dict[str, Any], catalog: dict[str, Any]) -> list[Problem]:
     base: Path = ("global", "model_catalog")
     problems: list[Problem] = []
@@ -204,38 +200,6 @@ def _catalog_refusals(raw: dict[str, Any], catalog: dict[str, Any]) -> list[Prob
                 (*base, "modules", "classifiers", "preference", "use_contrastive"),
                 "preferences judged by an external LLM (use_contrastive: false)",
                 "true (contrastive prototype scores on the decision deployment)",
-            )
-        )
-    if not _uses_embeddings(raw):
-        return problems
-    # Only where embedding signals exist do these options change a routing result.
-    cfg_path: Path = (*base, "embeddings", "semantic", "embedding_config")
-    cfg = as_dict(
-        as_dict(as_dict(catalog.get("embeddings")).get("semantic")).get("embedding_config")
-    )
-    if _is_true(cfg.get("enable_soft_matching")):
-        problems.append(
-            refusal(
-                (*cfg_path, "enable_soft_matching"),
-                "soft matching of embedding signals",
-                "false (an embedding signal matches when its score reaches its threshold)",
-            )
-        )
-    top_k = cfg.get("top_k")
-    if isinstance(top_k, int) and top_k != 0:
-        problems.append(
-            refusal(
-                (*cfg_path, "top_k"),
-                f"top_k {top_k} (keeping only the best embedding matches)",
-                "0 (every embedding signal that matches is kept)",
-            )
-        )
-    if _is_true(as_dict(cfg.get("prototype_scoring")).get("enabled")):
-        problems.append(
-            refusal(
-                (*cfg_path, "prototype_scoring", "enabled"),
-                "prototype scoring of embedding candidates",
-                "false (aggregation_method over every candidate: max, mean or any)",
             )
         )
     return problems
