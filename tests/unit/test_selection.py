@@ -504,6 +504,8 @@ def test_the_backends_view_shows_what_the_selectors_read() -> None:
 # -- upstream's recipes --------------------------------------------------------------------------
 
 RECIPES = Path(__file__).parents[1] / "fixtures/upstream/recipes"
+
+
 def _selector_decisions(doc: Any) -> list[dict[str, Any]]:
     found = []
     if isinstance(doc, dict):
@@ -521,9 +523,7 @@ def _selector_decisions(doc: Any) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("recipe", "selectors"), [("accuracy", 0), ("multi-objective", 8), ("mom-v1", 10)]
 )
-def test_upstream_recipes_are_refused_only_for_loopers(
-    recipe: str, selectors: int
-) -> None:
+def test_upstream_recipes_are_refused_only_for_loopers(recipe: str, selectors: int) -> None:
     text = (RECIPES / recipe / "config.yaml").read_text(encoding="utf-8")
     doc = yaml.safe_load(text)
     decisions = _selector_decisions(doc)
