@@ -144,3 +144,66 @@ async def test_mom_v1_serves_its_selectors_with_loopers_run_as_static(tmp_path: 
             await client.close()
     finally:
         await backend.stop()
+
+
+ULTRA = "vllm-sr/mom-v1-ultra"  # multi-objective's entrypoint with its three embedding signals
+DEEP = "Explore several reasoning paths and synthesize the strongest rigorous solution."
+# Under all three thresholds (0.78, 0.79, 0.78) on d3-edge, at least 0.5 for each: all three
+# soft-match, and top_k 1 keeps the best (unified_frontier_deep_intent).
+SOFT = (
+    "Investigate the repository, explore several reasoning paths, and synthesize the strongest"
+    " solution."
+)
+
+
+async def test_multi_objective_serves_with_upstreams_embedding_top_k_and_soft_matching(
+    tmp_path: Path,
+) -> None:
+    """multi-objective with one change, `global.integrations.looper.endpoint: ""` (its four
+    looper decisions run as static): its `embedding_config` (`top_k: 1`, soft matching at 0.5)
+    and its Responses store without an address load; eval scores every embedding signal, keeps
+    at most one matched (of three that soft-match, the best), and a chat goes where eval
+    says."""
+    backend = await StandInBackend("llm").start()
+    doc = pointed_at("multi-objective", backend.endpoint)
+    doc["global"]["integrations"]["looper"]["endpoint"] = ""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    try:
+        async with served(config, url, "--listen", f"127.0.0.1:{port}", log=tmp_path / "s.log"):
+            for text in (DEEP, SOFT, ANY_TEXT):
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(url + "/api/v1/eval", json={"text": text, "model": ULTRA}) as r,
+                ):
+                    assert r.status == 200, await r.text()
+                    evaluated = await r.json()
+                assert evaluated["signal_errors"] == {}, evaluated["signal_errors"]
+                scored = [k for k in evaluated["signal_values"] if k.startswith("embedding:")]
+                assert len(scored) == 3, evaluated["signal_values"]  # every rule is scored
+                matched = evaluated["decision_result"]["matched_signals"]
+                embedded = [n for family, names in matched.items() if "embedding" in family
+                            for n in names]  # fmt: skip
+                assert len(embedded) <= 1, matched  # top_k: 1
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=ULTRA, messages=[{"role": "user", "content": text}]
+                )
+                assert raw.parse().choices[0].message.content == f"llm got: {text}"
+                decision = evaluated["decision_result"]["decision_name"]
+                assert raw.headers.get("x-vsr-selected-decision", "") == decision
+                hits = [h for h in raw.headers["x-vsr-matched-signals"].split(",") if h]
+                assert [h for h in hits if h.startswith("embedding:")] == [
+                    f"embedding:{n}" for n in embedded
+                ]
+                if text == DEEP:  # a candidate of unified_frontier_deep_intent, verbatim
+                    assert embedded == ["unified_frontier_deep_intent"], evaluated
+                if text == SOFT:
+                    scores = [evaluated["signal_values"][k] for k in scored]
+                    assert all(0.5 <= v < 0.78 for v in scores), scores  # soft, all three
+                    assert embedded == ["unified_frontier_deep_intent"], evaluated
+    finally:
+        await client.close()
+        await backend.stop()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import yaml
+
 from vllm_sr.config.files import parse_config
 from vllm_sr.errors import ConfigError
 from vllm_sr.frontend.chat_mount import _responses_of
@@ -82,6 +84,25 @@ async def test_the_redis_client_follows_upstreams_defaults() -> None:
     assert prefix == "sr:" and kwargs["path"] == "/run/r.sock"
     assert kwargs["socket_timeout"] is None  # -1: no limit
     await client.aclose()
+
+
+async def test_upstreams_default_store_is_redis_on_this_host() -> None:
+    """multi-objective's block (store_backend: redis, no redis block) loads and its store talks
+    to localhost:6379, where upstream's ``vllm-sr serve`` fills in the Redis it starts."""
+    from vllm_sr.router.responses.redis_store import redis_client
+
+    doc = yaml.safe_load((RECIPES / "multi-objective" / "config.yaml").read_text())
+    doc["global"]["integrations"]["looper"]["endpoint"] = ""  # its loopers are another issue
+    block = parse_config(yaml.safe_dump(doc))  # raised while the store was refused
+    conf = _responses_of(plan_of(services("response_api: {enabled: true, store_backend: redis}\n")))
+    assert conf is not None and conf.backend() == "redis"
+    written = block.global_.services.response_api
+    assert written is not None and written.backend() == "redis"
+    for settings in (conf.redis, written.redis):
+        client, prefix = redis_client(settings)
+        kwargs = client.connection_pool.connection_kwargs
+        assert (kwargs["host"], kwargs["port"], prefix) == ("localhost", 6379, "sr:")
+        await client.aclose()
 
 
 async def test_a_reload_keeps_the_store_while_its_settings_stay() -> None:

@@ -73,7 +73,9 @@ def test_only_referenced_signals_are_planned() -> None:
     assert set(p.keywords) == {"code"}
     assert set(p.deployments) == {"primary", "side"}
     primary = p.deployments["primary"]
-    assert [s.name for s in primary.embeddings] == ["billing"]
+    # embeddings are planned as a family, as upstream runs them: soft matching and top_k
+    # compare every embedding signal
+    assert [s.name for s in primary.embeddings] == ["billing", "unused_emb"]
     # the label set is every domain on the deployment; only referenced ones are reported
     assert primary.label_key == (
         ("math", ("solve integral equation", "algebra proof")),
@@ -84,6 +86,7 @@ def test_only_referenced_signals_are_planned() -> None:
     assert primary.texts == [
         "refund my order",
         "charged twice",
+        "never asked",
         "solve integral equation",
         "algebra proof",
         "contract court lawyer",

@@ -1,20 +1,17 @@
 """Signal scoring on data: keyword methods (upstream literal default, regex, fuzzy, bm25,
-ngram) and operators on upstream's keyword fragments and cases, embedding aggregation, domains."""
+ngram) and operators on upstream's keyword fragments and cases, domains (embedding scoring:
+test_embedding_matching)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy
-import pytest
 import yaml
 
-from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, KeywordSignal, Signals
+from vllm_sr.config.routing import DomainSignal, KeywordSignal, Signals
 from vllm_sr.router.signals import (
     SignalResult,
-    aggregate,
     domain_results,
-    embedding_result,
     keyword_matcher,
     levenshtein,
     lower_words,
@@ -222,42 +219,6 @@ def test_ngram_threshold_one_means_exact() -> None:
 
 
 # -- embeddings -----------------------------------------------------------------------------
-
-
-SIMS = numpy.array([0.9, 0.5, 0.1], dtype=numpy.float32)
-
-
-@pytest.mark.parametrize(
-    ("method", "threshold", "matched", "confidence"),
-    [
-        ("max", 0.8, True, 0.9),
-        ("max", 0.95, False, 0.9),
-        ("mean", 0.5, True, 0.5),
-        ("mean", 0.6, False, 0.5),
-        ("any", 0.4, True, 0.9),  # the first candidate over the threshold (config order)
-        ("any", 0.95, False, 0.9),
-    ],
-)
-def test_aggregation(method: str, threshold: float, matched: bool, confidence: float) -> None:
-    res = aggregate(SIMS, method, threshold)
-    assert res.matched is matched
-    assert res.confidence == pytest.approx(confidence)
-
-
-def test_any_takes_the_first_candidate_over_the_threshold() -> None:
-    res = aggregate(numpy.array([0.2, 0.6, 0.9], dtype=numpy.float32), "any", 0.5)
-    assert res.matched and res.confidence == pytest.approx(0.6)
-    assert res.value == pytest.approx(0.6)  # the similarity a predicate compares
-
-
-def test_embedding_result_is_cosine_to_candidates() -> None:
-    sig = EmbeddingSignal(name="e", threshold=0.7, candidates=["a", "b"])
-    cands = numpy.array([[1.0, 0.0], [0.0, 1.0]], dtype=numpy.float32)
-    res = embedding_result(sig, numpy.array([3.0, 3.0], dtype=numpy.float32), cands)
-    assert res.matched and res.confidence == pytest.approx(0.7071, abs=1e-4)
-    res = embedding_result(sig, numpy.array([1.0, 3.0], dtype=numpy.float32), cands)
-    assert res.matched and res.confidence == pytest.approx(0.9487, abs=1e-4)
-    assert not embedding_result(sig, numpy.array([-1.0, -1.0], dtype=numpy.float32), cands).matched
 
 
 # -- domains --------------------------------------------------------------------------------

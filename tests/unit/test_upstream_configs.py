@@ -129,10 +129,6 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
         "global.stores.memory.enabled": "enabled: true",
         "global.stores.vector_store.enabled": "enabled: true",
         "global.model_catalog.modules.prompt_compression.enabled": "enabled: true",
-        "global.model_catalog.embeddings.semantic.embedding_config.top_k": "top_k: 1",
-        "global.model_catalog.embeddings.semantic.embedding_config.enable_soft_matching": (
-            "enable_soft_matching: true"
-        ),
     }
     for field, source in expected.items():
         (hit,) = [line for line in lines if f": {field}: " in line]
@@ -506,7 +502,6 @@ def test_recipe_and_entrypoint_rules_are_reported_in_one_run() -> None:
 REFUSED = [
     ("router:\n    skip_processing: {enabled: true}", "global.router.skip_processing.enabled"),
     ("router:\n    config_source: kubernetes", "global.router.config_source"),
-    ("services:\n    response_api: {enabled: true}", "global.services.response_api.store_backend"),
     (
         "services:\n    response_api: {redis: {address: 'r:1', cluster_mode: true}}",
         "global.services.response_api.redis.cluster_mode",
@@ -568,6 +563,8 @@ ACCEPTED = [
     "model_catalog:\n    modules:\n      prompt_compression: {enabled: true, max_tokens: 0}",
     "model_catalog:\n    embeddings:\n      semantic:\n        embedding_config:\n"
     "          enable_soft_matching: true\n          top_k: 1",
+    # upstream's default store: Redis, its address the host's own (localhost:6379)
+    "services:\n    response_api: {enabled: true}",
 ]
 
 
@@ -605,14 +602,19 @@ global:
 """
 
 
-def test_embedding_matching_options_are_refused_where_embeddings_are_used() -> None:
-    problems = _problems(PROVIDERS + EMBEDDING_ROUTING)
-    base = "global.model_catalog.embeddings.semantic.embedding_config"
-    for field in ("enable_soft_matching", "top_k", "prototype_scoring.enabled"):
-        (hit,) = [p for p in problems if f": {base}.{field}: " in p]
-        assert NOT_SUPPORTED in hit
-    supported = EMBEDDING_ROUTING.replace("true", "false").replace("top_k: 1", "top_k: 0")
-    assert _load(PROVIDERS + supported).routing is not None
+def test_embedding_matching_options_are_acted_on() -> None:
+    """Upstream's embedding_config loads (no refusal) and reaches the router's options."""
+    from vllm_sr.router.embedding_matching import EmbeddingMatching
+
+    loaded = _load(PROVIDERS + EMBEDDING_ROUTING)
+    matching = EmbeddingMatching.of(loaded.global_)
+    assert (matching.top_k, matching.soft_matching, matching.min_score) == (1, True, 0.5)
+    assert matching.prototypes.enabled and matching.prototypes.max_prototypes == 8
+    written = EMBEDDING_ROUTING.replace("true", "false").replace("top_k: 1", "top_k: 0")
+    written = written.replace("top_k: 0", "top_k: 0\n          min_score_threshold: 0.3")
+    matching = EmbeddingMatching.of(_load(PROVIDERS + written).global_)
+    assert (matching.top_k, matching.soft_matching, matching.min_score) == (0, False, 0.3)
+    assert not matching.prototypes.enabled
 
 
 def _looper_decision(kind: str, models: list[str]) -> str:

@@ -5,9 +5,10 @@
 
 vllm-sr computes its model-backed signals (embeddings, domains) with its own deployments
 (``model_catalog.deployments``), not with the model paths upstream names here, so the paths are
-accepted as deployment settings of an upstream host. What would change how a signal matches is
-checked by ``upstream_refusals``: the embedding matching options, and prompt compression (which
-rewrites the text every signal sees). Modules and knowledge bases that only feed signal
+accepted as deployment settings of an upstream host. ``embedding_config``'s matching options
+(soft matching, ``top_k``, ``prototype_scoring``) are acted on (``vllm_sr/router/
+embedding_matching.py``); prompt compression (which rewrites the text every signal sees) is
+refused by ``upstream_refusals``. Modules and knowledge bases that only feed signal
 families vllm-sr answers its own way (jailbreak, pii, fact_check, user_feedback, kb) or
 refuses (modality ...) are accepted: the family's own docs (or refusal) is what an operator
 sees.
@@ -22,20 +23,22 @@ from vllm_sr.config.routing_base import Strict
 
 class PrototypeScoring(Strict):
     enabled: bool | None = None
-    """Upstream: score against clustered prototypes of the examples (upstream default true).
-    vllm-sr scores against every example: only false is supported where embeddings are used."""
+    """Score against clustered prototypes of the examples (default true): examples at cosine >=
+    ``cluster_similarity_threshold`` keep one medoid, at most ``max_prototypes``. false: every
+    (deduplicated) example is a prototype."""
 
     cluster_similarity_threshold: float | None = None
-    """Upstream: cosine at which examples cluster (0.9)."""
+    """Cosine at which examples cluster (0.9)."""
 
     max_prototypes: int | None = None
-    """Upstream: most prototypes kept (8)."""
+    """Most prototypes kept (8)."""
 
     best_weight: float | None = None
-    """Upstream: weight of the best prototype's cosine (0.75)."""
+    """Weight of the best prototype's cosine in the score (0.75; the rest weighs the mean of
+    the top ``top_m``)."""
 
     top_m: int | None = None
-    """Upstream: prototypes averaged beside the best (2)."""
+    """Prototypes averaged into the support score (2)."""
 
     margin_threshold: float | None = None
     """Upstream: margin threshold."""
@@ -59,18 +62,17 @@ class EmbeddingConfig(Strict):
     """Upstream: 2D-Matryoshka layer."""
 
     enable_soft_matching: bool | None = None
-    """Upstream: when no rule reaches its threshold, every rule above min_score_threshold
-    matches (upstream default true). vllm-sr matches by threshold only: false is supported."""
+    """When no embedding signal reaches its threshold, every one whose score reaches
+    ``min_score_threshold`` matches (default true, as upstream)."""
 
     top_k: int | None = Field(default=None, ge=0)
-    """Upstream: embedding matches kept, best first (1; 0 = all). vllm-sr keeps every match:
-    0 is supported."""
+    """Matched embedding signals kept, best confidence first (default 1; 0 keeps all)."""
 
     min_score_threshold: float | None = None
-    """Upstream: the soft-matching floor (0.5)."""
+    """The soft-matching floor (0 or omitted: 0.5)."""
 
     prototype_scoring: PrototypeScoring = Field(default_factory=PrototypeScoring)
-    """Upstream: prototype scoring of examples."""
+    """How embedding signals' candidates become prototypes and are scored."""
 
 
 class EmbeddingEndpoint(Strict):

@@ -109,12 +109,17 @@ class RateLimit(Strict):
     """Upstream: rate limiters. vllm-sr limits nothing: only an empty list is supported."""
 
 
+DEFAULT_REDIS_ADDRESS = "localhost:6379"
+
+
 class ResponseAPIRedis(Strict):
     """Upstream's ``responsestore`` Redis settings (``ResponseAPIRedisConfig``). A zero where
     upstream has a default means that default, as upstream's Go zero values do."""
 
-    address: str | None = Field(default=None, min_length=1)
-    """``host:port`` of a standalone Redis (upstream), or vllm-sr's ``unix:///path/redis.sock``."""
+    address: str = Field(default=DEFAULT_REDIS_ADDRESS, min_length=1)
+    """``host:port`` of a standalone Redis (upstream), or vllm-sr's ``unix:///path/redis.sock``.
+    Omitted: ``localhost:6379``, the host's own Redis (upstream's ``vllm-sr serve`` fills an
+    omitted address with the Redis it starts beside the router)."""
 
     password: str | None = None
     """Redis AUTH password."""
@@ -170,8 +175,8 @@ class ResponseAPIRedis(Strict):
 
 class ResponseAPI(Strict):
     """Upstream's Responses API (``/v1/responses``) and its store. The block omitted: not
-    served (upstream's built-in default is enabled with a Redis store that has no address, which
-    fails to start, so upstream serves nothing either)."""
+    served (upstream's built-in default is enabled with a Redis store that has no address,
+    which only upstream's ``vllm-sr serve`` fills in, with the Redis container it starts)."""
 
     enabled: bool = True
     """Serve ``POST /v1/responses`` and ``GET``/``DELETE /v1/responses/{id}`` (and
@@ -179,7 +184,8 @@ class ResponseAPI(Strict):
 
     store_backend: Literal["memory", "redis", ""] = "redis"
     """Where stored responses live: ``memory`` (this process; lost on restart) or ``redis``
-    (upstream's default; needs ``redis.address``). ``""`` is memory, as upstream reads it."""
+    (upstream's default; at ``redis.address``, default ``localhost:6379``). ``""`` is memory, as
+    upstream reads it."""
 
     ttl_seconds: int = Field(default=86400, ge=0)
     """How long a stored response lives (0: upstream's store default, 30 days)."""

@@ -97,8 +97,9 @@ def _service_refusals(services: dict[str, Any]) -> list[Problem]:
 
 
 def _response_api_refusals(block: Any) -> list[Problem]:
-    """The Responses API is served with a memory or a standalone Redis store; a written block
-    that leaves ``enabled`` unset is on (upstream's default)."""
+    """The Responses API is served with a memory or a standalone Redis store (without
+    ``redis.address``: ``localhost:6379``); a written block that leaves ``enabled`` unset is on
+    (upstream's default)."""
     if not isinstance(block, dict) or block.get("enabled", True) is False:
         return []
     base: Path = ("global", "services", "response_api")
@@ -118,17 +119,6 @@ def _response_api_refusals(block: Any) -> list[Problem]:
                 (*base, "redis", "config_path"),
                 "an external Redis settings file for the Responses API store",
                 "the settings inline under response_api.redis",
-            )
-        )
-    if not redis.get("address") and not _is_true(redis.get("cluster_mode")):
-        # Upstream's store fails to start without one, and upstream then serves nothing.
-        problems.append(
-            refusal(
-                (*base, "store_backend"),
-                "the Responses API's redis store without redis.address (upstream's default "
-                "backend; its store then fails to start and /v1/responses is not served)",
-                "redis with redis.address (host:port or unix:///path), store_backend: "
-                "memory, or enabled: false",
             )
         )
     return problems
@@ -187,10 +177,6 @@ def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem
     return problems
 
 
-def _uses_embeddings(raw: dict[str, Any]) -> bool:
-    return any(as_list(as_dict(rt.get("signals")).get("embeddings")) for _, rt in routings(raw))
-
-
 def _catalog_refusals(raw: dict[str, Any], catalog: dict[str, Any]) -> list[Problem]:
     base: Path = ("global", "model_catalog")
     problems: list[Problem] = []
@@ -214,38 +200,6 @@ def _catalog_refusals(raw: dict[str, Any], catalog: dict[str, Any]) -> list[Prob
                 (*base, "modules", "classifiers", "preference", "use_contrastive"),
                 "preferences judged by an external LLM (use_contrastive: false)",
                 "true (contrastive prototype scores on the decision deployment)",
-            )
-        )
-    if not _uses_embeddings(raw):
-        return problems
-    # Only where embedding signals exist do these options change a routing result.
-    cfg_path: Path = (*base, "embeddings", "semantic", "embedding_config")
-    cfg = as_dict(
-        as_dict(as_dict(catalog.get("embeddings")).get("semantic")).get("embedding_config")
-    )
-    if _is_true(cfg.get("enable_soft_matching")):
-        problems.append(
-            refusal(
-                (*cfg_path, "enable_soft_matching"),
-                "soft matching of embedding signals",
-                "false (an embedding signal matches when its score reaches its threshold)",
-            )
-        )
-    top_k = cfg.get("top_k")
-    if isinstance(top_k, int) and top_k != 0:
-        problems.append(
-            refusal(
-                (*cfg_path, "top_k"),
-                f"top_k {top_k} (keeping only the best embedding matches)",
-                "0 (every embedding signal that matches is kept)",
-            )
-        )
-    if _is_true(as_dict(cfg.get("prototype_scoring")).get("enabled")):
-        problems.append(
-            refusal(
-                (*cfg_path, "prototype_scoring", "enabled"),
-                "prototype scoring of embedding candidates",
-                "false (aggregation_method over every candidate: max, mean or any)",
             )
         )
     return problems

@@ -17,12 +17,14 @@ from vllm_sr.config.routing import DomainSignal, EmbeddingSignal
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router import bundle
 from vllm_sr.router.bundle import BUNDLE_PATH as BUNDLE_PATH  # route.py reads it from here
+from vllm_sr.router.embedding_matching import EmbeddingMatching, embedding_score
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
-from vllm_sr.router.signals import SignalResult, domain_results, embedding_result, normalize_rows
+from vllm_sr.router.signals import SignalResult, domain_results, normalize_rows
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
+from vllm_sr.router.signals_prototypes import PrototypeBank
 from vllm_sr.worker import classify
 from vllm_sr.worker.classify import LabelKey
 
@@ -46,6 +48,8 @@ class DeploymentQuestions:
     referenced_domains: frozenset[str]
     families: EmbeddedFamilies | None = None  # the embedding-only families (decision deployment)
     heads: Heads | None = None  # signals its classification head answers
+    # embedding_config's scoring (prototype banks of the candidates)
+    matching: EmbeddingMatching = field(default_factory=EmbeddingMatching)
     # Embedded once per config generation: the candidates, the domains' examples, the
     # families' example banks.
     texts: list[str] = field(default_factory=list)
@@ -54,6 +58,7 @@ class DeploymentQuestions:
     # Normalised candidate embeddings per signal, and the domain centroids, once known.
     candidates: dict[str, numpy.ndarray] | None = None
     centroids: numpy.ndarray | None = None
+    banks: dict[str, PrototypeBank] = field(default_factory=dict)  # per embedding signal
 
     def __post_init__(self) -> None:
         for sig in self.embeddings:
@@ -150,8 +155,11 @@ class DeploymentQuestions:
                 f"{len(texts)} texts"
             )
         query = rows[0]
-        for sig in self.embeddings:
-            out[("embedding", sig.name)] = embedding_result(sig, query, self.candidates[sig.name])
+        if self.embeddings:
+            normed_query = normalize_rows(query)[0]
+            for sig in self.embeddings:
+                bank = self.banks[sig.name]
+                out[("embedding", sig.name)] = embedding_score(sig, bank, normed_query)
         if self.referenced_domains and self.centroids is not None:
             names = [name for name, _ in self.label_key]
             (row,) = classify.by_centroids(normalize_rows(query), self.centroids, names)
@@ -195,6 +203,9 @@ class DeploymentQuestions:
         if self.families is not None:
             self.families.take(normed[self._banks])
         self.candidates = {name: normed[sl] for name, sl in self.slices.items()}
+        self.banks = {
+            sig.name: self.matching.bank(sig, self.candidates[sig.name]) for sig in self.embeddings
+        }
 
 
 def domain_examples(dom: DomainSignal) -> list[str]:

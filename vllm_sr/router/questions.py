@@ -6,7 +6,9 @@ vllm_sr/worker/surfaces.py) with ONE task ``query``: the embeddings (base64 floa
 request text and, when a referenced family reads them, of its prior user turns (reask) and
 history (jailbreak ``include_history``). Everything else is computed here from those:
 
-- embedding signals: cosine to the candidates' embeddings;
+- embedding signals: the prototype score of the candidates' embeddings
+  (``embedding_matching``: upstream's scoring, soft matching and ``top_k``; every declared
+  embedding signal is evaluated once one is referenced, as upstream does);
 - domain signals (``method: centroids``, the default): the labelled classification the
   worker's ``/v1/classify`` does (the same code, ``vllm_sr.worker.classify``): each domain's
   centroid is the normalised mean of its examples' embeddings (description + examples), the
@@ -32,6 +34,7 @@ from typing import Any
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
 from vllm_sr.router.deployment_questions import DeploymentQuestions
+from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.message_text import QUESTION, message_text
 from vllm_sr.router.rules import SignalKey, leaves
 from vllm_sr.router.signals import KeywordMatcher, SignalResult, keyword_matcher
@@ -54,6 +57,7 @@ class QuestionPlan:
         *,
         kbs: list[Any] | None = None,
         modules: Any = None,
+        embedding: EmbeddingMatching | None = None,
     ) -> None:
         self.referenced: set[SignalKey] = with_dependencies(
             routing,
@@ -62,6 +66,12 @@ class QuestionPlan:
             else {key for dec in routing.decisions for key in leaves(dec.rules)},
         )
         sigs = routing.signals
+        # upstream's embedding_config (scoring, soft matching, top_k: embedding_matching)
+        self.embedding = embedding if embedding is not None else EmbeddingMatching()
+        if any(kind == "embedding" for kind, _ in self.referenced):
+            # Upstream evaluates the family's every rule once one is used: soft matching and
+            # top_k compare them all.
+            self.referenced |= {("embedding", e.name) for e in sigs.embeddings}
         self.keywords: dict[str, KeywordMatcher] = {
             s.name: keyword_matcher(s)
             for s in sigs.keywords
@@ -133,6 +143,7 @@ class QuestionPlan:
                 referenced,
                 fam,
                 head,
+                self.embedding,
             )
 
     def keyword_results(self, text: str) -> dict[SignalKey, SignalResult]:

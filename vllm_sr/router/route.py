@@ -15,9 +15,10 @@ language, metadata, authz, pii) with no exchange (authz on the loop; the others 
 CPU-bound step, ``cpu_signals``, on the loop or in a signal process: ``signal_dispatch``,
 docs/router.md "Signal processes"), and the model-backed ones
 (embeddings, domains, complexity, reask, preference, jailbreak, kb, user_feedback,
-fact_check) as one bundle per deployment. Then, as upstream orders them: partitions,
-complexity composers, projections. A chat evaluates only the signals its decisions reference
-(and what those read); ``/api/v1/eval`` evaluates every declared one (:meth:`Router.evaluate`).
+fact_check) as one bundle per deployment. Then, as upstream orders them: embedding soft
+matching, partitions, complexity composers, embedding top_k, projections. A chat evaluates
+only the signals its decisions reference (and what those read); ``/api/v1/eval`` evaluates
+every declared one (:meth:`Router.evaluate`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
 from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
 from vllm_sr.router.deterministic import DeterministicSignals
+from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
@@ -179,7 +181,14 @@ class Router:
         self.decision_deployment = decision_deployment
         self.kbs = _kbs_of(global_)
         self.modules = getattr(getattr(global_, "model_catalog", None), "modules", None)
-        self.plan = QuestionPlan(routing, decision_deployment, kbs=self.kbs, modules=self.modules)
+        self.embedding = EmbeddingMatching.of(global_)  # embedding_config's scoring and top_k
+        self.plan = QuestionPlan(
+            routing,
+            decision_deployment,
+            kbs=self.kbs,
+            modules=self.modules,
+            embedding=self.embedding,
+        )
         authz = authz or AuthzOptions()
         self.deterministic = DeterministicSignals(
             routing.signals,
@@ -219,6 +228,7 @@ class Router:
                 wanted=declared_keys(self.routing),
                 kbs=self.kbs,
                 modules=self.modules,
+                embedding=self.embedding,
             )
         return self._eval_plan
 
@@ -264,8 +274,10 @@ class Router:
         if plan.deployments and view.text.strip():
             await self._ask_all(plan, view, run)
         started = time.perf_counter()
+        plan.embedding.soft_match(run.results)
         apply_partitions(self.routing, run.results)
         apply_composers(self.routing.signals, run.results)
+        plan.embedding.keep_top_k(run.results)
         if apply_projections(self.routing, run.results):
             run.timings_ms["projection"] = (time.perf_counter() - started) * 1000.0
         return run

@@ -38,7 +38,7 @@ import numpy
 from vllm_sr.router.unknown import Unknown
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, KeywordSignal
+    from vllm_sr.config.routing import DomainSignal, KeywordSignal
 
 BM25_K1 = 1.2
 BM25_B = 0.75
@@ -320,38 +320,8 @@ def normalize_rows(matrix: numpy.ndarray) -> numpy.ndarray:
     return result
 
 
-def cosine_similarities(query: numpy.ndarray, candidates: numpy.ndarray) -> numpy.ndarray:
-    """Cosine of ``query`` with each row of ``candidates`` (rows already normalised)."""
-    q = normalize_rows(query)[0]
-    result: numpy.ndarray = candidates @ q
-    return result
-
-
-def aggregate(sims: numpy.ndarray, method: str, threshold: float) -> SignalResult:
-    """max: the best similarity; mean: the mean; any: matched when some candidate reaches the
-    threshold, confidence the first such candidate's similarity (config order). The value is
-    the similarity compared, unclamped."""
-    if sims.size == 0:
-        return SignalResult.miss()
-    if method == "any":
-        over = numpy.flatnonzero(sims >= threshold)
-        if over.size == 0:
-            best = float(sims.max())
-            return SignalResult(False, _clamp(best), best)
-        first = float(sims[over[0]])
-        return SignalResult(True, _clamp(first), first)
-    value = float(sims.mean()) if method == "mean" else float(sims.max())
-    return SignalResult(value >= threshold, _clamp(value), value)
-
-
 def _clamp(x: float) -> float:
     return min(1.0, max(0.0, x))
-
-
-def embedding_result(
-    sig: EmbeddingSignal, query: numpy.ndarray, candidates: numpy.ndarray
-) -> SignalResult:
-    return aggregate(cosine_similarities(query, candidates), sig.aggregation_method, sig.threshold)
 
 
 # -- domains --------------------------------------------------------------------------------

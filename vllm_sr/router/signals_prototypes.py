@@ -8,7 +8,8 @@ default) they are clustered greedily (the seed whose cluster of examples at cosi
 largest goes first, ties by the seed's text), each cluster keeps its medoid (the member with
 the best mean cosine to the cluster, ties by text), the medoids are ordered by cluster size,
 mean cosine, text, and at most 8 are kept. Scoring: with the prototypes' cosines to the query
-sorted best first, score = 0.75 * best + 0.25 * mean(top 2) (``best_weight``, ``top_m``).
+sorted best first, score = 0.75 * best + 0.25 * mean(top 2) (``best_weight``, ``top_m``; a
+``top_m`` of 0 averages every prototype, as an embedding signal's ``mean`` does).
 
 ``PrototypeBanks`` holds one config generation's named banks (embedded in one pass); where
 upstream runs a trained classifier, a bank margin becomes a probability through a logistic at
@@ -96,7 +97,7 @@ class PrototypeBank:
             return EMPTY
         sims = numpy.sort(self.prototypes @ query)[::-1].astype(numpy.float64)
         best = float(sims[0])
-        top = min(self.options.top_m, sims.size)
+        top = min(self.options.top_m, sims.size) if self.options.top_m > 0 else sims.size
         support = float(sims[:top].mean())
         weight = self.options.best_weight
         return BankScore(weight * best + (1.0 - weight) * support, best, support, int(sims.size))
