@@ -1,83 +1,53 @@
-"""The ``confidence`` looper's settings and scores: try the decision's modelRefs one after
-another in the escalation order and keep the first answer whose confidence, read from the
-answer's token logprobs, reaches ``threshold`` (else the last answer).
+"""The ``confidence`` looper's order and scores (its settings and their checks:
+vllm_sr/config/routing_looper.py).
 
-Settings (upstream's ``algorithm.confidence`` block): ``confidence_method`` one of
-``avg_logprob`` (exp of the mean token logprob), ``margin`` (the mean gap between the chosen
-token's and the runner-up's probability) and ``hybrid`` (their mean); ``threshold`` within
-0-1; ``escalation_order`` ``small_to_large`` (the modelRefs' order) or ``large_to_small``
-(reversed); ``on_error`` ``skip`` (a model that fails is passed over) or ``fail`` (the loop
-ends with that failure)."""
+Scores are 0-1: ``avg_logprob`` is the exponent of the mean token logprob (the geometric mean
+token probability); ``margin`` the mean gap between the chosen token's probability and the
+best other candidate's (from ``top_logprobs``); ``hybrid`` their weighted sum."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+import re
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
-from vllm_sr.config.routing_base import Path, Strict, as_dict, problem
+from vllm_sr.config.routing_base import as_dict
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-    from vllm_sr.config.problems import Problem
+    from vllm_sr.config.routing_looper import ConfidenceSettings
 
-METHODS = ("avg_logprob", "margin", "hybrid")
-ORDERS = ("small_to_large", "large_to_small")
-ON_ERROR = ("skip", "fail")
-FIELDS = ("confidence_method", "threshold", "escalation_order", "on_error")
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 
-class ConfidenceSettings(Strict):
-    confidence_method: Literal["avg_logprob", "margin", "hybrid"] = "avg_logprob"
-    """How an answer's confidence is read from its token logprobs."""
-
-    threshold: float = Field(default=0.7, ge=0.0, le=1.0)
-    """The confidence (0-1) at which an answer is kept."""
-
-    escalation_order: Literal["small_to_large", "large_to_small"] = "small_to_large"
-    """small_to_large: the modelRefs in their order; large_to_small: reversed."""
-
-    on_error: Literal["skip", "fail"] = "skip"
-    """skip: a model that fails is passed over; fail: the loop ends with its failure."""
+def parse_size(text: str | None) -> float | None:
+    """A modelCard's ``param_size`` ("8b", "70B", "1.5b", "350m") as a number; None if not."""
+    if not text:
+        return None
+    got = _SIZE.match(text)
+    return float(got.group(1)) * _SCALE[got.group(2).lower()] if got else None
 
 
-def confidence_problems(base: Path, block: Any) -> list[Problem]:
-    """Upstream's checks of ``algorithm.confidence``, each naming field, value and accepted."""
-    got = as_dict(block)
-    problems: list[Problem] = []
-    for key in got:
-        if key not in FIELDS:
-            problems.append(
-                problem((*base, key), f"unknown field {key!r}; accepted: {', '.join(FIELDS)}")
-            )
-    for key, accepted in (
-        ("confidence_method", METHODS),
-        ("escalation_order", ORDERS),
-        ("on_error", ON_ERROR),
-    ):
-        if key in got and got[key] not in accepted:
-            problems.append(
-                problem(
-                    (*base, key), f"{got[key]!r} is not accepted; accepted: {', '.join(accepted)}"
-                )
-            )
-    if "threshold" in got:
-        value = got["threshold"]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok or not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            problems.append(
-                problem(
-                    (*base, "threshold"),
-                    f"{value!r} is not accepted; accepted: a number within 0-1",
-                )
-            )
-    return problems
+def ordered(
+    models: Sequence[str],
+    settings: ConfidenceSettings,
+    size_of: Callable[[str], float | None],
+    price_of: Callable[[str], float | None],
+) -> list[str]:
+    """The escalation order: ``declared`` the modelRefs' order; ``size`` / ``small_to_large``
+    the smallest ``param_size`` first; ``cost`` the cheapest prompt price first. A model
+    without the fact goes after those with it; ties keep the modelRefs' order."""
+    if settings.escalation_order == "declared":
+        return list(models)
+    fact = price_of if settings.escalation_order == "cost" else size_of
 
+    def key(pair: tuple[int, str]) -> tuple[bool, float, int]:
+        value = fact(pair[1])
+        return (value is None, value or 0.0, pair[0])
 
-def ordered(models: Sequence[str], settings: ConfidenceSettings) -> list[str]:
-    return list(models) if settings.escalation_order == "small_to_large" else list(reversed(models))
+    return [m for _, m in sorted(enumerate(models), key=key)]
 
 
 def token_logprobs(answer: dict[str, Any]) -> list[dict[str, Any]]:
@@ -88,27 +58,31 @@ def token_logprobs(answer: dict[str, Any]) -> list[dict[str, Any]]:
     return [as_dict(t) for t in content] if isinstance(content, list) else []
 
 
-def score(tokens: Sequence[dict[str, Any]], method: str) -> float | None:
-    """The answer's confidence (0-1) by ``method``; None when it carries no logprobs."""
-    tokens = [t for t in tokens if isinstance(t.get("logprob"), (int, float))]
-    lps = [float(t["logprob"]) for t in tokens]
-    if not lps:
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def score(tokens: Sequence[dict[str, Any]], settings: ConfidenceSettings) -> float | None:
+    """The answer's confidence (0-1); None when it carries no logprobs."""
+    tokens = [t for t in tokens if _number(t.get("logprob"))]
+    if not tokens:
         return None
+    lps = [float(t["logprob"]) for t in tokens]
     avg = math.exp(sum(lps) / len(lps))
+    method = settings.confidence_method
     if method == "avg_logprob":
         return avg
     gaps = []
     for t, lp in zip(tokens, lps, strict=True):
-        rivals = sorted(
-            (
-                float(r["logprob"])
-                for r in t.get("top_logprobs") or []
-                if isinstance(r, dict)
-                and isinstance(r.get("logprob"), (int, float))
-                and r.get("token") != t.get("token")
-            ),
-            reverse=True,
-        )
-        gaps.append(math.exp(lp) - (math.exp(rivals[0]) if rivals else 0.0))
+        rivals = [
+            float(r["logprob"])
+            for r in t.get("top_logprobs") or []
+            if isinstance(r, dict)
+            and _number(r.get("logprob"))
+            and r.get("token") != t.get("token")
+        ]
+        gaps.append(math.exp(lp) - (math.exp(max(rivals)) if rivals else 0.0))
     margin = max(0.0, min(1.0, sum(gaps) / len(gaps)))
-    return margin if method == "margin" else (avg + margin) / 2
+    if method == "margin":
+        return margin
+    return settings.logprob_weight * avg + settings.margin_weight * margin

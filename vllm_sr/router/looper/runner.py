@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr.config.routing_looper import ConfidenceSettings
 from vllm_sr.errors import DeadlineExceeded, VllmSrError
-from vllm_sr.router.looper.confidence import ConfidenceSettings, ordered, score, token_logprobs
+from vllm_sr.router.looper.confidence import score, token_logprobs
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -96,9 +97,9 @@ async def run_confidence(
     monotonic: Callable[[], float],
     deadline: float | None = None,
 ) -> LoopResult:
-    """Ask ``models`` in the escalation order, each with logprobs on, until an answer's
-    confidence reaches the threshold (else the last answer is kept). ``deadline`` (on
-    ``monotonic``'s clock) bounds the whole loop: once it has passed, no further call starts
+    """Ask ``models`` (in the escalation order, :func:`.confidence.ordered`) one by one, each
+    with logprobs on, until an answer's confidence reaches the threshold (else the last
+    answer is kept). ``deadline`` (on ``monotonic``'s clock) bounds the whole loop: once it has passed, no further call starts
     and the best answer so far is kept (none: DeadlineExceeded). ``on_error: skip`` passes a
     failing model over; ``fail`` (or a failure of every model) raises its error."""
     started = monotonic()
@@ -109,7 +110,7 @@ async def run_confidence(
     inner.pop("stream_options", None)
     last_error: VllmSrError | None = None
     try:
-        for model in ordered(models, settings):
+        for model in models:
             if deadline is not None and monotonic() >= deadline:
                 if result.answer is None:
                     raise DeadlineExceeded("the looper's deadline passed before any answer")
@@ -122,7 +123,7 @@ async def run_confidence(
                 last_error = exc
                 continue
             result.add(model, answer)
-            confidence = score(token_logprobs(answer), settings.confidence_method)
+            confidence = score(token_logprobs(answer), settings)
             result.scores.append(confidence)
             result.answer, result.model = answer, model
             if confidence is not None and confidence >= settings.threshold:
