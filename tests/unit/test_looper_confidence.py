@@ -158,13 +158,13 @@ def run(models: list[str], answers: dict[str, Any], **kw: Any) -> Any:
     clock = kw.pop("clock", Clock())
     think = kw.pop("think", 0.0)
 
-    async def call(model: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def call(model: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         calls.append((model, body))
         clock.now += think
         got = answers[model]
         if isinstance(got, Exception):
             raise got
-        return json.loads(json.dumps(got))
+        return model, json.loads(json.dumps(got))
 
     settings = ConfidenceSettings(**kw.pop("settings", {}))
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -18,9 +18,9 @@ from vllm_sr.router.looper.confidence import score, token_logprobs
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    # (model, body) -> the model's whole answer (an OpenAI chat completion); raises
-    # VllmSrError when no backend of the model answered.
-    Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+    # (model, body) -> (the model that answered: the model, or the chat's fallback; its whole
+    # answer, an OpenAI chat completion); raises VllmSrError when nothing answered.
+    Call = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -97,11 +97,12 @@ async def run_confidence(
     monotonic: Callable[[], float],
     deadline: float | None = None,
 ) -> LoopResult:
-    """Ask ``models`` (in the escalation order, :func:`.confidence.ordered`) one by one, each
-    with logprobs on, until an answer's confidence reaches the threshold (else the last
-    answer is kept). ``deadline`` (on ``monotonic``'s clock) bounds the whole loop: once it has passed, no further call starts
-    and the best answer so far is kept (none: DeadlineExceeded). ``on_error: skip`` passes a
-    failing model over; ``fail`` (or a failure of every model) raises its error."""
+    """Ask ``models`` (in the escalation order, :func:`.confidence.ordered`) one by one,
+    each with logprobs on, until an answer's confidence reaches the threshold (else the last
+    answer is kept). ``deadline`` (on ``monotonic``'s clock) bounds the whole loop: once it
+    has passed, no further call starts and the best answer so far is kept (none:
+    DeadlineExceeded). ``on_error: skip`` passes a failing model over; ``fail`` (or a
+    failure of every model) raises its error."""
     started = monotonic()
     result = LoopResult("confidence")
     inner = {**body, "stream": False, "logprobs": True}
@@ -116,16 +117,16 @@ async def run_confidence(
                     raise DeadlineExceeded("the looper's deadline passed before any answer")
                 break
             try:
-                answer = await call(model, inner)
+                answered_by, answer = await call(model, inner)
             except VllmSrError as exc:
                 if settings.on_error == "fail":
                     raise
                 last_error = exc
                 continue
-            result.add(model, answer)
+            result.add(answered_by, answer)
             confidence = score(token_logprobs(answer), settings)
             result.scores.append(confidence)
-            result.answer, result.model = answer, model
+            result.answer, result.model = answer, answered_by
             if confidence is not None and confidence >= settings.threshold:
                 break
         if result.answer is None:
