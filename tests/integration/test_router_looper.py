@@ -2,8 +2,8 @@
 stand-in backends that return logprobs when asked (one with a think time), the official openai
 SDK as the client. The loop escalates from the small model to the big one when the small one
 is unsure, streams the final answer when asked, sums the usage, reports upstream's
-``x-vsr-looper-*`` headers and counts per algorithm; a backend that fails mid-loop is passed
-over (on_error: skip) or ends the loop (fail)."""
+``x-vsr-looper-*`` headers and counts per algorithm, and stops at the caller's deadline; a
+backend that fails mid-loop is passed over (on_error: skip) or ends the loop (fail)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.support.backends import StandInBackend
 from tests.support.router_app import AUTO, Served, serve_routes, start_router
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.router.chat import ChatRouter
+from vllm_sr.wire import DEADLINE_HEADER
 
 THINK_S = 0.05  # the big stand-in's think time
 
@@ -144,3 +145,16 @@ async def test_backend_failing_mid_loop(stack: Stack) -> None:
         await ask(stack, "strict please")
     assert err.value.status_code >= 500
     assert stack.chat.stats.looper_runs[("confidence", "error")] == 1
+
+
+async def test_callers_deadline_bounds_the_loop(stack: Stack) -> None:
+    stack.big.slow_s = 2.0  # the big model would answer long after the caller's deadline
+    raw: Any = await stack.client.chat.completions.with_raw_response.create(
+        model=AUTO,
+        messages=[{"role": "user", "content": "cascade please"}],
+        extra_headers={DEADLINE_HEADER: "300"},
+    )
+    # the unsure small answer is the best the loop got within the deadline
+    assert raw.parse().choices[0].message.content == "small got: cascade please"
+    assert raw.headers["x-vsr-looper-models-used"] == "small"
+    assert int(raw.headers["x-vsr-looper-latency-ms"]) < 2000
