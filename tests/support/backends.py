@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import ssl
 import time
 import zlib
@@ -73,6 +74,9 @@ class StandInBackend:
         self.slow_s = 1.0
         self.redirect_to = ""
         self.hold: asyncio.Event | None = None  # set: chats wait on it before answering
+        # A chat that asks for ``logprobs`` gets, for each word of its reply, this token
+        # probability (and ``top_logprobs`` a runner-up sharing what is left).
+        self.token_prob = 0.5
         self.inflight = 0
         self.max_inflight = 0
         self.app = web.Application()
@@ -147,22 +151,37 @@ class StandInBackend:
         reply = f"{self.name} got: {text}"
         if body.get("stream"):
             return await self._stream(request, body["model"], reply)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": reply},
+            "finish_reason": "stop",
+        }
+        if body.get("logprobs") is True:
+            choice["logprobs"] = {"content": self._logprobs(reply, body.get("top_logprobs"))}
         return web.json_response(
             {
                 "id": "chatcmpl-standin",
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": reply},
-                        "finish_reason": "stop",
-                    }
-                ],
+                "choices": [choice],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
         )
+
+    def _logprobs(self, reply: str, top: Any) -> list[dict[str, Any]]:
+        lp = math.log(self.token_prob)
+        rival = math.log(max(1e-9, 1.0 - self.token_prob) / 2)
+        out = []
+        for word in reply.split(" "):
+            entry: dict[str, Any] = {"token": word, "logprob": lp}
+            if isinstance(top, int) and top > 0:
+                entry["top_logprobs"] = [
+                    {"token": word, "logprob": lp},
+                    {"token": "~", "logprob": rival},
+                ][:top]
+            out.append(entry)
+        return out
 
     async def _stream(self, request: web.Request, model: str, reply: str) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

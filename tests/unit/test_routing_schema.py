@@ -29,7 +29,12 @@ from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES
 from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.routing_selection import RUN_SELECTORS, parse_settings
-from vllm_sr.config.routing_support import DEFAULT_LOOPER_ENDPOINT, LOOPER_TYPES, looper_problems
+from vllm_sr.config.routing_support import (
+    DEFAULT_LOOPER_ENDPOINT,
+    LOOPER_TYPES,
+    RUN_LOOPERS,
+    looper_problems,
+)
 
 # upstream config/config.yaml's providers, minus what vllm-sr refuses (see the refusal test)
 PROVIDERS = textwrap.dedent(
@@ -346,13 +351,19 @@ def test_algorithm_fragments(rel: str) -> None:
         algorithm, status = effective_algorithm(parsed, no_endpoint)
         assert algorithm == kind
         assert status in ("execution_required", "planned_final")
-        with pytest.raises(ValueError, match=NOT_SUPPORTED):
-            effective_algorithm(parsed, None)  # upstream's default endpoint: it would run
         assert looper_would_run(decision, "http://looper:8899/v1")
         refused = looper_problems({"decisions": [decision]}, "http://looper:8899/v1")
-        assert [format_path(p.path) for p in refused] == ["routing.decisions[0].algorithm.type"]
-        assert NOT_SUPPORTED in refused[0].message
-        assert "'http://looper:8899/v1'" in refused[0].message
+        if kind in RUN_LOOPERS:  # vllm-sr runs it itself (vllm_sr/router/looper)
+            assert effective_algorithm(parsed, None) == (kind, "execution_required")
+            assert refused == []
+        else:
+            with pytest.raises(ValueError, match=NOT_SUPPORTED):
+                effective_algorithm(parsed, None)  # upstream's default endpoint: it would run
+            assert [format_path(p.path) for p in refused] == [
+                "routing.decisions[0].algorithm.type"
+            ]
+            assert NOT_SUPPORTED in refused[0].message
+            assert "'http://looper:8899/v1'" in refused[0].message
         assert not looper_would_run(decision, "")
         assert looper_problems({"decisions": [decision]}, "") == []
     else:

@@ -133,10 +133,10 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
     for field, source in expected.items():
         (hit,) = [line for line in lines if f": {field}: " in line]
         assert text[line_no(hit) - 1].strip() == source, (field, hit)
-    # the five looper decisions (upstream would call its looper endpoint) are among them
+    # the looper decisions vllm-sr does not run (upstream would call its looper endpoint) are
+    # among them; its confidence decision is refused only for token_filter: tool_call_args
     algorithms = [line for line in lines if ".algorithm.type: " in line]
     assert {text[line_no(hit) - 1].strip().removeprefix("type: ") for hit in algorithms} >= {
-        "confidence",
         "ratings",
         "remom",
         "fusion",
@@ -645,21 +645,19 @@ def test_looper_decisions_follow_the_looper_endpoint() -> None:
     }
     refused = [p for p in semantic_problems(raw) if NOT_SUPPORTED in p.message]
     # Omitted, the endpoint is upstream's default: confidence with two models and remom with
-    # one run as loopers there; ratings with one model and static do not. One refusal each.
-    assert [p.path for p in refused] == [
-        ("routing", "decisions", 0, "algorithm", "type"),
-        ("routing", "decisions", 2, "algorithm", "type"),
-    ]
+    # one run as loopers there; ratings with one model and static do not. vllm-sr runs the
+    # confidence looper itself (vllm_sr/router/looper) and refuses remom.
+    assert [p.path for p in refused] == [("routing", "decisions", 2, "algorithm", "type")]
     assert DEFAULT_LOOPER_ENDPOINT in refused[0].message
     raw["global"] = {"integrations": {"looper": {"endpoint": ""}}}
     assert not [p for p in semantic_problems(raw) if NOT_SUPPORTED in p.message]
 
 
 def test_looper_refusal_in_a_file_names_its_line() -> None:
-    text = PROVIDERS + _looper_decision("confidence", ["small", "big"])
+    text = PROVIDERS + _looper_decision("ratings", ["small", "big"])
     problems = _problems(text)
     hit = [p for p in problems if "looper" in p and NOT_SUPPORTED in p]
-    line = text.splitlines().index("        type: confidence") + 1
+    line = text.splitlines().index("        type: ratings") + 1
     assert hit and hit[0].startswith(f"config.yaml:{line}: routing.decisions[0].algorithm.type:")
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
+from vllm_sr.config.routing_looper import confidence_problems
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
 from vllm_sr.config.routing_selection import RUN_SELECTORS, selector_block_problems
 
@@ -106,13 +107,15 @@ BLOCK_TYPES = (
 )
 # Loopers that upstream runs with a single modelRef; the others need more than one.
 SINGLE_REF_LOOPERS = ("remom", "fusion", "workflows")
+# Loopers vllm-sr runs itself when upstream would run them (vllm_sr/router/looper).
+RUN_LOOPERS = ("confidence",)
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
-    "static (or no algorithm), latency_aware, multi_factor; the looper types "
+    "static (or no algorithm), latency_aware, multi_factor, confidence; the looper types "
     + ", ".join(LOOPER_TYPES)
     + " run as static "
     'with global.integrations.looper.endpoint: "" (as upstream does without a looper endpoint)'
@@ -198,6 +201,8 @@ def effective_algorithm(decision: Any, global_: Any = None) -> tuple[str, str]:
     if kind not in LOOPER_TYPES:
         raise ValueError(f"algorithm {kind!r} is not supported by vllm-sr")
     if looper_would_run(decision, looper_endpoint_of(global_)):
+        if kind in RUN_LOOPERS:
+            return kind, "execution_required"  # vllm-sr runs it (vllm_sr/router/looper)
         raise ValueError(f"algorithm {kind!r} with a looper endpoint is not supported by vllm-sr")
     return kind, "planned_final" if _planned_final(decision) else "execution_required"
 
@@ -367,18 +372,25 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
 
 def looper_problems(routing: Any, looper_endpoint: str, base: Path = ("routing",)) -> list[Problem]:
     """A looper decision that upstream would run (a looper endpoint is configured and it has
-    enough models) is refused at its algorithm type: vllm-sr runs no looper."""
+    enough models): vllm-sr runs ``confidence`` itself (its block checked as upstream checks
+    it); the other loopers are refused at their algorithm type."""
     problems = []
     for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
         if looper_would_run(as_dict(dec), looper_endpoint):
             kind = _algorithm_type(dec)
+            if kind == "confidence":
+                algo = as_dict(as_dict(dec).get("algorithm"))
+                problems += confidence_problems(
+                    (*base, "decisions", i, "algorithm", "confidence"), algo.get("confidence")
+                )
+                continue
             problems.append(
                 refusal(
                     (*base, "decisions", i, "algorithm", "type"),
                     f"the {kind} looper (multi-call, through the looper endpoint "
                     f"{looper_endpoint!r} of global.integrations.looper.endpoint)",
-                    'static; or set global.integrations.looper.endpoint: "" and vllm-sr runs it '
-                    "as static, as upstream does without a looper endpoint",
+                    'static, confidence; or set global.integrations.looper.endpoint: "" and '
+                    "vllm-sr runs it as static, as upstream does without a looper endpoint",
                 )
             )
     return problems

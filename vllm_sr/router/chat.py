@@ -75,6 +75,7 @@ from vllm_sr.router.chat_plugins import ChatPlugins, Replay
 from vllm_sr.router.learning.runtime import RouterLearning
 from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.learning.state import LearningState
+from vllm_sr.router.looper.dispatch import LooperDecisions, run_looper
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
@@ -127,6 +128,7 @@ class ChatRouter(ChatPlugins):
         replay: ReplayLog | None = None,
         tool_embeddings: ToolEmbeddings | None = None,
         learning: RouterLearning | None = None,
+        global_: GlobalSection | None = None,
     ) -> None:
         self.router = router  # the default recipe's
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
@@ -146,6 +148,11 @@ class ChatRouter(ChatPlugins):
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
         }
         self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
+        # recipe -> the decisions whose looper vllm-sr runs (vllm_sr/router/looper)
+        self.loopers = {
+            name: LooperDecisions(r.routing, global_, r.providers)
+            for name, r in self.recipes.items()
+        }
 
     @property
     def stats(self) -> RouterStats:
@@ -203,6 +210,23 @@ class ChatRouter(ChatPlugins):
             if plugins.fast_response is not None:
                 fast = self.fast_answer(result, plugins.fast_response.message, stream)
                 return await replay.done(fast, "fast_response", None)
+            loopers = self.loopers.get(result.recipe)
+            looping = loopers.settings(result) if loopers is not None else None
+            if loopers is not None and looping is not None:  # never cached; replayed once
+                outgoing = await self.select_tools(body, plugins, query)
+                final, model = await run_looper(
+                    self,
+                    loopers,
+                    looping,
+                    result,
+                    plugins,
+                    outgoing,
+                    request,
+                    deadline,
+                    debug,
+                    self.stats,
+                )
+                return await replay.done(final, "looper", model)
             plan = self.cache_plan(result, plugins, body, request.headers, query)
             if plan is not None and self.cache is not None:
                 hit = await self.cache.lookup(plan)
@@ -425,6 +449,7 @@ def build_chat_router(
             learning_state,
             global_.router.learning.state_store if global_ else None,
         ),
+        global_=global_,
     )
     conf = _replay_conf(global_)
     chat.replay_enabled = bool(conf is not None and conf.enabled)

@@ -173,8 +173,9 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             **({"selected_model": final} if final else {}),
             "selection_status": status,
             "selection_method": kind,
-            "selection_reason": f"{kind} is a multi-call algorithm; with no looper endpoint "
-            "vllm-sr (as upstream) sends the chat to static's choice",
+            "selection_reason": f"{kind} is a multi-call algorithm: run as a looper, its model "
+            "is known only once its calls are made; with no looper endpoint vllm-sr (as "
+            "upstream) sends the chat to static's choice",
         }
     if changes_at_execution(router.learning, getattr(decision, "adaptations", None)):
         return {

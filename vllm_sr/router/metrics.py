@@ -77,6 +77,24 @@ class RouterCollector(Collector):
             {(m, r): n for (m, r), n in stats.backend_fallbacks.items()},
         )
         yield _counter(
+            "vllm_sr_router_looper_runs",
+            "Looper decisions run by vllm-sr, by algorithm and outcome (ok, error)",
+            ["algorithm", "outcome"],
+            {(a, o): n for (a, o), n in stats.looper_runs.items()},
+        )
+        yield _counter(
+            "vllm_sr_router_looper_calls",
+            "Loopers' internal chat calls, by algorithm and the model that answered",
+            ["algorithm", "model"],
+            {(a, m): n for (a, m), n in stats.looper_calls.items()},
+        )
+        yield _counter(
+            "vllm_sr_router_looper_iterations",
+            "Loopers' iterations (answers received), by algorithm",
+            ["algorithm"],
+            {(a,): n for a, n in stats.looper_iterations.items()},
+        )
+        yield _counter(
             "vllm_sr_router_learning_actions",
             "Router Learning's actions on routed chats, by decision, method (adaptation, "
             "protection) and action (hold_current, allow_switch, propose_switch, ...)",

@@ -118,6 +118,11 @@ class RouterStats:
     direct: Counter[str] = field(default_factory=Counter)  # chats naming a model directly
     # (model, reason): a model that failed before its first byte (router/fallback.py)
     backend_fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # loopers (vllm_sr/router/looper): (algorithm, ok|error) runs, (algorithm, model) internal
+    # calls, iterations per algorithm
+    looper_runs: Counter[tuple[str, str]] = field(default_factory=Counter)
+    looper_calls: Counter[tuple[str, str]] = field(default_factory=Counter)
+    looper_iterations: Counter[str] = field(default_factory=Counter)
 
     def record(self, result: RouteResult) -> None:
         self.decisions[(result.decision or NO_DECISION, result.model)] += 1
@@ -143,6 +148,14 @@ class RouterStats:
             "backend_fallbacks": [
                 {"model": m, "reason": r, "count": n}
                 for (m, r), n in sorted(self.backend_fallbacks.items())
+            ],
+            "looper_runs": [
+                {"algorithm": a, "outcome": o, "count": n}
+                for (a, o), n in sorted(self.looper_runs.items())
+            ],
+            "looper_calls": [
+                {"algorithm": a, "model": m, "count": n}
+                for (a, m), n in sorted(self.looper_calls.items())
             ],
         }
 

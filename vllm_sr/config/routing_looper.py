@@ -1,0 +1,192 @@
+"""The ``confidence`` looper's settings and the checks of its block, as upstream's
+``ValidateConfidenceAlgorithmConfig`` makes them (the loop and its scores:
+vllm_sr/router/looper). Each error names the field, the value and what is accepted.
+
+Upstream's fields: ``confidence_method`` (avg_logprob default, margin, hybrid, self_verify,
+automix_entailment), ``threshold`` (0-1), ``hybrid_weights.{logprob_weight,margin_weight}``
+(0-1 each, 0 meaning 0.5, summing to 1; only with hybrid), ``on_error`` (skip default, fail),
+``escalation_order`` (size, small_to_large, declared, cost, automix), ``cost_quality_tradeoff``
+(0-1), ``token_filter`` (all, tool_call_args), ``verifier_server_url`` /
+``verifier_timeout_seconds`` / ``max_response_bytes`` (only with automix_entailment).
+
+What vllm-sr runs: the methods avg_logprob, margin, hybrid; the orders size and small_to_large
+(smallest modelCard ``param_size`` first, unknown sizes last, else the modelRefs' order),
+declared (the modelRefs' order) and cost (cheapest prompt price first); token_filter all.
+self_verify, automix_entailment, the automix order and tool_call_args are refused by name."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from vllm_sr.config.routing_base import Path, Strict, as_dict, problem, refusal
+
+if TYPE_CHECKING:
+    from vllm_sr.config.problems import Problem
+
+METHODS = ("avg_logprob", "margin", "hybrid", "self_verify", "automix_entailment")
+RUN_METHODS = ("avg_logprob", "margin", "hybrid")
+ORDERS = ("size", "small_to_large", "declared", "cost", "automix")
+RUN_ORDERS = ("size", "small_to_large", "declared", "cost")
+ON_ERROR = ("skip", "fail")
+TOKEN_FILTERS = ("all", "tool_call_args")
+FIELDS = (
+    "confidence_method",
+    "threshold",
+    "hybrid_weights",
+    "on_error",
+    "escalation_order",
+    "cost_quality_tradeoff",
+    "token_filter",
+    "verifier_server_url",
+    "verifier_timeout_seconds",
+    "max_response_bytes",
+)
+WEIGHT_FIELDS = ("logprob_weight", "margin_weight")
+DEFAULT_HYBRID_WEIGHT = 0.5
+
+
+class ConfidenceSettings(Strict):
+    confidence_method: Literal["avg_logprob", "margin", "hybrid"] = "avg_logprob"
+    """How an answer's confidence (0-1) is read from its token logprobs."""
+
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    """The confidence at which an answer is kept (0: the first answer is kept)."""
+
+    logprob_weight: float = DEFAULT_HYBRID_WEIGHT
+    """hybrid: the weight of the average token probability."""
+
+    margin_weight: float = DEFAULT_HYBRID_WEIGHT
+    """hybrid: the weight of the top-1 / top-2 margin."""
+
+    escalation_order: Literal["size", "small_to_large", "declared", "cost"] = "size"
+    """The order the modelRefs are tried in."""
+
+    on_error: Literal["skip", "fail"] = "skip"
+    """skip: a model that fails is passed over; fail: the loop ends with its failure."""
+
+    @classmethod
+    def from_block(cls, block: Any) -> ConfidenceSettings:
+        """The settings of a block :func:`confidence_problems` accepted."""
+        got = {k: v for k, v in as_dict(block).items() if v not in (None, "")}
+        weights = as_dict(got.pop("hybrid_weights", None))
+        for key in ("cost_quality_tradeoff", "token_filter", "verifier_server_url"):
+            got.pop(key, None)
+        got.pop("verifier_timeout_seconds", None)
+        got.pop("max_response_bytes", None)
+        for key in WEIGHT_FIELDS:
+            got[key] = float(weights.get(key) or DEFAULT_HYBRID_WEIGHT)
+        return cls(**got)
+
+
+def _unit(base: Path, key: str, value: Any) -> list[Problem]:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and math.isfinite(value) and 0.0 <= value <= 1.0:
+        return []
+    return [problem((*base, key), f"{value!r} is not accepted; accepted: a number within 0-1")]
+
+
+def _one_of(base: Path, key: str, value: Any, accepted: tuple[str, ...]) -> list[Problem]:
+    if value in ("", None, *accepted):
+        return []
+    return [problem((*base, key), f"{value!r} is not accepted; accepted: {', '.join(accepted)}")]
+
+
+def confidence_problems(base: Path, block: Any) -> list[Problem]:
+    """Upstream's checks of ``algorithm.confidence``, then vllm-sr's refusals by name."""
+    got = as_dict(block)
+    problems: list[Problem] = []
+    for key in got:
+        if key not in FIELDS:
+            problems.append(
+                problem((*base, key), f"unknown field {key!r}; accepted: {', '.join(FIELDS)}")
+            )
+    method = got.get("confidence_method") or "avg_logprob"
+    problems += _one_of(base, "confidence_method", got.get("confidence_method"), METHODS)
+    problems += _one_of(base, "on_error", got.get("on_error"), ON_ERROR)
+    problems += _one_of(base, "escalation_order", got.get("escalation_order"), ORDERS)
+    problems += _one_of(base, "token_filter", got.get("token_filter"), TOKEN_FILTERS)
+    for key in ("threshold", "cost_quality_tradeoff"):
+        if got.get(key) is not None:
+            problems += _unit(base, key, got[key])
+    if got.get("hybrid_weights") is not None:
+        problems += _weights_problems((*base, "hybrid_weights"), method, got["hybrid_weights"])
+    for key in ("verifier_timeout_seconds", "max_response_bytes"):
+        value = got.get(key)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            problems.append(
+                problem((*base, key), f"{value!r} is not accepted; accepted: a whole number >= 0")
+            )
+    if method != "automix_entailment":
+        for key in ("verifier_server_url", "verifier_timeout_seconds", "max_response_bytes"):
+            if got.get(key) not in (None, "", 0):
+                problems.append(
+                    problem(
+                        (*base, key),
+                        f"{got[key]!r} is not accepted with confidence_method {method!r}; "
+                        "accepted: only with confidence_method automix_entailment",
+                    )
+                )
+    if problems:
+        return problems
+    if method not in RUN_METHODS:
+        problems.append(
+            refusal(
+                (*base, "confidence_method"),
+                f"confidence_method {method!r} (a verifier call per answer)",
+                ", ".join(RUN_METHODS),
+            )
+        )
+    if got.get("escalation_order") == "automix":
+        problems.append(
+            refusal(
+                (*base, "escalation_order"),
+                "escalation_order 'automix' (upstream's POMDP ordering)",
+                ", ".join(RUN_ORDERS),
+            )
+        )
+    if got.get("token_filter") == "tool_call_args":
+        problems.append(refusal((*base, "token_filter"), "token_filter 'tool_call_args'", "all"))
+    return problems
+
+
+def _weights_problems(base: Path, method: str, block: Any) -> list[Problem]:
+    if not isinstance(block, dict):
+        return [
+            problem(
+                base,
+                f"{block!r} is not accepted; accepted: a mapping of {', '.join(WEIGHT_FIELDS)}",
+            )
+        ]
+    if method != "hybrid":
+        return [
+            problem(
+                base,
+                f"is not accepted with confidence_method {method!r}; accepted: only with "
+                "confidence_method hybrid",
+            )
+        ]
+    problems = [
+        problem((*base, k), f"unknown field {k!r}; accepted: {', '.join(WEIGHT_FIELDS)}")
+        for k in block
+        if k not in WEIGHT_FIELDS
+    ]
+    for key in WEIGHT_FIELDS:
+        if block.get(key) is not None:
+            problems += _unit(base, key, block[key])
+    if problems:
+        return problems
+    effective = [float(block.get(k) or DEFAULT_HYBRID_WEIGHT) for k in WEIGHT_FIELDS]
+    if abs(sum(effective) - 1.0) > 1e-9:
+        problems.append(
+            problem(
+                base,
+                f"logprob_weight={effective[0]:g} and margin_weight={effective[1]:g} are not "
+                "accepted; accepted: effective weights (0 meaning 0.5) that sum to 1",
+            )
+        )
+    return problems

@@ -1,0 +1,1 @@
+"""Loopers: decisions that answer with several internal calls (upstream's ``pkg/looper``)."""

@@ -1,0 +1,88 @@
+"""The ``confidence`` looper's order and scores (its settings and their checks:
+vllm_sr/config/routing_looper.py).
+
+Scores are 0-1: ``avg_logprob`` is the exponent of the mean token logprob (the geometric mean
+token probability); ``margin`` the mean gap between the chosen token's probability and the
+best other candidate's (from ``top_logprobs``); ``hybrid`` their weighted sum."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from vllm_sr.config.routing_base import as_dict
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from vllm_sr.config.routing_looper import ConfidenceSettings
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def parse_size(text: str | None) -> float | None:
+    """A modelCard's ``param_size`` ("8b", "70B", "1.5b", "350m") as a number; None if not."""
+    if not text:
+        return None
+    got = _SIZE.match(text)
+    return float(got.group(1)) * _SCALE[got.group(2).lower()] if got else None
+
+
+def ordered(
+    models: Sequence[str],
+    settings: ConfidenceSettings,
+    size_of: Callable[[str], float | None],
+    price_of: Callable[[str], float | None],
+) -> list[str]:
+    """The escalation order: ``declared`` the modelRefs' order; ``size`` / ``small_to_large``
+    the smallest ``param_size`` first; ``cost`` the cheapest prompt price first. A model
+    without the fact goes after those with it; ties keep the modelRefs' order."""
+    if settings.escalation_order == "declared":
+        return list(models)
+    fact = price_of if settings.escalation_order == "cost" else size_of
+
+    def key(pair: tuple[int, str]) -> tuple[bool, float, int]:
+        value = fact(pair[1])
+        return (value is None, value or 0.0, pair[0])
+
+    return [m for _, m in sorted(enumerate(models), key=key)]
+
+
+def token_logprobs(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first choice's ``logprobs.content`` entries of an OpenAI chat answer ([] if none)."""
+    choices = answer.get("choices") or [{}]
+    logprobs = as_dict(as_dict(choices[0]).get("logprobs"))
+    content = logprobs.get("content")
+    return [as_dict(t) for t in content] if isinstance(content, list) else []
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def score(tokens: Sequence[dict[str, Any]], settings: ConfidenceSettings) -> float | None:
+    """The answer's confidence (0-1); None when it carries no logprobs."""
+    tokens = [t for t in tokens if _number(t.get("logprob"))]
+    if not tokens:
+        return None
+    lps = [float(t["logprob"]) for t in tokens]
+    avg = math.exp(sum(lps) / len(lps))
+    method = settings.confidence_method
+    if method == "avg_logprob":
+        return avg
+    gaps = []
+    for t, lp in zip(tokens, lps, strict=True):
+        rivals = [
+            float(r["logprob"])
+            for r in t.get("top_logprobs") or []
+            if isinstance(r, dict)
+            and _number(r.get("logprob"))
+            and r.get("token") != t.get("token")
+        ]
+        gaps.append(math.exp(lp) - (math.exp(max(rivals)) if rivals else 0.0))
+    margin = max(0.0, min(1.0, sum(gaps) / len(gaps)))
+    if method == "margin":
+        return margin
+    return settings.logprob_weight * avg + settings.margin_weight * margin

@@ -1,0 +1,140 @@
+"""The looper runner: vllm-sr runs a looper decision itself, each internal call through
+``call`` (the chat path's own backends, retries, ejection and fallback; never cached nor
+replayed as a chat of its own), within the caller's deadline. What it keeps: the final answer,
+the models used, the iterations and the summed usage, as upstream's ``x-vsr-looper-*``
+headers report them. The final answer goes back whole, or as an SSE stream when the caller
+asked for one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm_sr.config.routing_looper import ConfidenceSettings
+from vllm_sr.errors import DeadlineExceeded, VllmSrError
+from vllm_sr.router.looper.confidence import score, token_logprobs
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    # (model, body) -> (the model that answered: the model, or the chat's fallback; its whole
+    # answer, an OpenAI chat completion); raises VllmSrError when nothing answered.
+    Call = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
+
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+@dataclass
+class LoopResult:
+    algorithm: str
+    answer: dict[str, Any] | None = None
+    model: str | None = None
+    models_used: list[str] = field(default_factory=list)
+    iterations: int = 0
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
+    latency_s: float = 0.0
+    scores: list[float | None] = field(default_factory=list)
+
+    def add(self, model: str, answer: dict[str, Any]) -> None:
+        self.iterations += 1
+        self.models_used.append(model)
+        usage = answer.get("usage")
+        got: dict[str, Any] = usage if isinstance(usage, dict) else {}
+        for key in USAGE_KEYS:
+            value = got.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.usage[key] += value
+
+    def headers(self) -> dict[str, str]:
+        """Upstream's ``x-vsr-looper-*`` headers."""
+        return {
+            "x-vsr-looper-model": self.model or "",
+            "x-vsr-looper-models-used": ",".join(self.models_used),
+            "x-vsr-looper-iterations": str(self.iterations),
+            "x-vsr-looper-algorithm": self.algorithm,
+            "x-vsr-looper-latency-ms": str(round(self.latency_s * 1000)),
+            "x-vsr-looper-prompt-tokens": str(self.usage["prompt_tokens"]),
+            "x-vsr-looper-completion-tokens": str(self.usage["completion_tokens"]),
+            "x-vsr-looper-total-tokens": str(self.usage["total_tokens"]),
+        }
+
+    def final_body(self) -> dict[str, Any]:
+        """The final answer with the loop's summed usage."""
+        assert self.answer is not None
+        return {**self.answer, "usage": dict(self.usage)}
+
+    def final_sse(self) -> bytes:
+        """The final answer as an OpenAI chat stream: a role chunk, the content, the finish
+        reason, the summed usage, ``[DONE]``."""
+        body = self.final_body()
+        choice = (body.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        base = {
+            "id": body.get("id", "chatcmpl-looper"),
+            "object": "chat.completion.chunk",
+            "created": body.get("created", 0),
+            "model": body.get("model", self.model),
+        }
+        deltas: list[tuple[dict[str, Any], str | None]] = [
+            ({"role": "assistant", "content": ""}, None),
+            ({"content": message.get("content") or ""}, None),
+            ({}, choice.get("finish_reason") or "stop"),
+        ]
+        parts = [
+            {**base, "choices": [{"index": 0, "delta": d, "finish_reason": f}]} for d, f in deltas
+        ]
+        parts.append({**base, "choices": [], "usage": body["usage"]})
+        out = b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in parts)
+        return out + b"data: [DONE]\n\n"
+
+
+async def run_confidence(
+    call: Call,
+    models: Sequence[str],
+    body: dict[str, Any],
+    settings: ConfidenceSettings,
+    monotonic: Callable[[], float],
+    deadline: float | None = None,
+) -> LoopResult:
+    """Ask ``models`` (in the escalation order, :func:`.confidence.ordered`) one by one,
+    each with logprobs on, until an answer's confidence reaches the threshold (else the last
+    answer is kept). ``deadline`` (on ``monotonic``'s clock) bounds the whole loop: once it
+    has passed, no further call starts and the best answer so far is kept (none:
+    DeadlineExceeded). ``on_error: skip`` passes a failing model over; ``fail`` (or a
+    failure of every model) raises its error."""
+    started = monotonic()
+    result = LoopResult("confidence")
+    inner = {**body, "stream": False, "logprobs": True}
+    if settings.confidence_method != "avg_logprob":
+        inner.setdefault("top_logprobs", 2)
+    inner.pop("stream_options", None)
+    last_error: VllmSrError | None = None
+    try:
+        for model in models:
+            if deadline is not None and monotonic() >= deadline:
+                if result.answer is None:
+                    raise DeadlineExceeded("the looper's deadline passed before any answer")
+                break
+            try:
+                answered_by, answer = await call(model, inner)
+            except VllmSrError as exc:
+                if settings.on_error == "fail":
+                    raise
+                last_error = exc
+                continue
+            result.add(answered_by, answer)
+            confidence = score(token_logprobs(answer), settings)
+            result.scores.append(confidence)
+            result.answer, result.model = answer, answered_by
+            if confidence is not None and confidence >= settings.threshold:
+                break
+        if result.answer is None:
+            raise last_error or DeadlineExceeded("no model answered the looper")
+        if "logprobs" not in body:
+            for choice in result.answer.get("choices") or []:
+                if isinstance(choice, dict):
+                    choice.pop("logprobs", None)
+        return result
+    finally:
+        result.latency_s = monotonic() - started
