@@ -112,8 +112,9 @@ BLEND = "vllm-sr/mom-v1-blend"  # mom-v1's entrypoint whose decisions run multi_
 async def test_mom_v1_serves_its_selectors_with_loopers_run_as_static(tmp_path: Path) -> None:
     """Upstream's built-in default with one change, `global.integrations.looper.endpoint: ""`
     (upstream's own switch for running its looper decisions as static; vllm-sr runs only the
-    confidence looper and refuses mom-v1's remom, fusion and workflows ones): it loads, and a chat goes where eval's selector dry run says, with the same
-    `x-vsr-selected-algorithm` as eval's `selection_method`."""
+    confidence looper and refuses mom-v1's remom, fusion and workflows ones): it loads, and a
+    chat goes where eval's selector dry run says, with the same `x-vsr-selected-algorithm` as
+    eval's `selection_method`."""
     backend = await StandInBackend("llm").start()
     doc = pointed_at("mom-v1", backend.endpoint)
     doc.setdefault("global", {}).setdefault("integrations", {})["looper"] = {"endpoint": ""}
