@@ -10,10 +10,12 @@ them all."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
+
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -22,7 +24,7 @@ NOT_SUPPORTED = "not supported by vllm-sr"
 
 Path = tuple[str | int, ...]
 
-BackendSettings = dict[str, Any]
+BackendSettings = JsonObject
 """Connection settings of an upstream backend vllm-sr never connects to (kept as written)."""
 
 Description = Field(default=None, max_length=4000)
@@ -45,11 +47,14 @@ def raise_first(problems: list[Problem]) -> None:
         raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
 
 
-def as_list(value: Any) -> list[Any]:
+def as_list(value: object) -> list[object]:
+    """``value`` when it is a list, else an empty one."""
     return value if isinstance(value, list) else []
 
 
-def as_dict(value: Any) -> dict[str, Any]:
+def as_dict(value: object) -> JsonObject:
+    """``value`` itself when it is a mapping (a YAML mapping's keys are strings), else an
+    empty one."""
     return value if isinstance(value, dict) else {}
 
 
@@ -64,7 +69,7 @@ def refusal(path: Path, what: str, supported: str) -> Problem:
     return problem(path, f"{what} is {NOT_SUPPORTED}; supported: {supported}")
 
 
-def duplicates(items: list[Any], base: Path, what: str, key: str = "name") -> list[Problem]:
+def duplicates(items: list[object], base: Path, what: str, key: str = "name") -> list[Problem]:
     """A problem at each item whose ``key`` repeats an earlier item's."""
     seen: dict[str, int] = {}
     problems = []

@@ -13,7 +13,7 @@ per backend type)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -273,7 +273,7 @@ class ProviderDefaults(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _one_name(cls, data: Any) -> Any:
+    def _one_name(cls, data: object) -> object:
         message = both_names_error(data, PROVIDER_DEFAULTS)
         if message is not None:  # the raw rules report it at its path (both_names_problems)
             raise PydanticCustomError(SEMANTIC_ERROR, message)
