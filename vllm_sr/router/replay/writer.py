@@ -25,7 +25,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
@@ -180,7 +180,7 @@ class ReplayWriter:
         the store is down."""
         return await self._ask(self.store.append_outcome(record_id, outcome))
 
-    async def _ask(self, query: Coroutine[Any, Any, _T]) -> _T:
+    async def _ask(self, query: Coroutine[object, object, _T]) -> _T:
         if self.state == "new":
             await self._connect()
         if self.state != "up":
