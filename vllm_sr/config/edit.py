@@ -24,8 +24,7 @@ _THREADS_AFTER = ("provider", "artifact", "revision", "engine_args", "timeout_ms
 
 def _replica_map(r: Replica) -> CommentedMap:
     m = CommentedMap()
-    for key in ("device", "endpoint", "model"):
-        value = getattr(r, key)
+    for key, value in (("device", r.device), ("endpoint", r.endpoint), ("model", r.model)):
         if value is not None:
             m[key] = value
     return m

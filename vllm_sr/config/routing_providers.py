@@ -197,11 +197,11 @@ class ProviderReliability(Strict):
         """``retry_on`` as its words (none when unset)."""
         return retry_on_words(self.retry_on or "")
 
-    def seconds(self, field: str, default: float) -> float:
-        """A duration field in seconds, ``default`` when unset."""
-        value = getattr(self, field)
-        parsed = None if value is None else go_duration_s(value)
-        return default if parsed is None else parsed
+
+def seconds_or(value: str | None, default: float) -> float:
+    """A reliability duration (``"30s"``) in seconds, ``default`` when unset."""
+    parsed = None if value is None else go_duration_s(value)
+    return default if parsed is None else parsed
 
 
 class ProviderModel(Strict):

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from vllm_sr.clock import Clock
 from vllm_sr.cluster.health import HealthProbe
 from vllm_sr.config.routing import BackendRef, ProviderModel
+from vllm_sr.config.routing_providers import seconds_or
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 
@@ -103,13 +104,13 @@ class Backend:
             )
         rel = model.reliability
         every_s = (
-            HEALTH_EVERY_S if rel is None else rel.seconds("health_check_interval", HEALTH_EVERY_S)
+            HEALTH_EVERY_S if rel is None else seconds_or(rel.health_check_interval, HEALTH_EVERY_S)
         )
         self.health = health_probe(clock, every_s)
         self.health_timeout_s = (
             HEALTH_TIMEOUT_S
             if rel is None
-            else rel.seconds("health_check_timeout", HEALTH_TIMEOUT_S)
+            else seconds_or(rel.health_check_timeout, HEALTH_TIMEOUT_S)
         )
         self.health_path = None if rel is None else rel.health_check_path
         # With ejection on (consecutive_5xx), a 5xx answer counts toward it instead of marking

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.errors import VllmSrError
 from vllm_sr.router.replay.store import (
     ReadResult,
     Record,
@@ -93,7 +94,8 @@ class ReplayWriter:
             self.backoff.reset()
 
     def _down(self, exc: BaseException, reason: str | None) -> None:
-        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        own = exc.message if isinstance(exc, VllmSrError) else None
+        message = own or f"{type(exc).__name__}: {exc}"
         was = self.state
         self.state = "down"
         self.last_error = message
