@@ -23,7 +23,7 @@ from vllm_sr.config.problems import Problem
 from vllm_sr.config.recipes import normalized_names, recipe_problems, recipe_routing_problems
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES
 from vllm_sr.config.routing_base import as_dict, as_list
-from vllm_sr.config.routing_rules import check_routing, routing_problems
+from vllm_sr.config.routing_rules import routing_against, routing_problems
 from vllm_sr.config.schema import (
     DEFAULT_AUTO_MODEL_NAME,
     DEFAULT_DEPLOYMENT,
@@ -329,7 +329,7 @@ def _recipe_problems(raw: JsonObject) -> list[Problem]:
     providers = raw.get("providers")
 
     def check(routing: JsonObject) -> list[Problem]:
-        return check_routing(providers, routing, {str(n) for n in deployments}, decision)
+        return routing_against(providers, routing, {str(n) for n in deployments}, decision)
 
     problems = recipe_problems(raw, _raw_auto_names(as_dict(glob.get("router"))), slugs)
     return problems + recipe_routing_problems(raw, check)

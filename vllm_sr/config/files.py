@@ -23,7 +23,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from vllm_sr.config.problems import REFUSED_VALUE, SEMANTIC_ERROR, Problem, format_path
-from vllm_sr.config.schema import RULES_RUN_BY_CALLER, RootConfig, semantic_problems
+from vllm_sr.config.routing_base import RULES_RUN_BY_CALLER
+from vllm_sr.config.schema import RootConfig, semantic_problems
 from vllm_sr.errors import ConfigError
 from vllm_sr.jsontypes import JsonObject
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from vllm_sr.config.learning_rules import CandidateSetField
-from vllm_sr.config.routing_base import Strict, raise_first
+from vllm_sr.config.routing_base import Strict, raise_first, rules_run_by_caller
 from vllm_sr.config.routing_projections import Projections
 from vllm_sr.config.routing_providers import (
     BackendRef,
@@ -331,8 +331,9 @@ class Routing(Strict):
     """The decisions, each a rule tree over signals and the models to use."""
 
     @model_validator(mode="after")
-    def _rules(self) -> Routing:
-        raise_first(routing_local_problems(self.model_dump(by_alias=True, exclude_none=True)))
+    def _rules(self, info: ValidationInfo[object]) -> Routing:
+        if not rules_run_by_caller(info):
+            raise_first(routing_local_problems(self.model_dump(by_alias=True, exclude_none=True)))
         return self
 
     def lora_base(self, name: str) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 from vllm_sr.jsontypes import JsonObject
@@ -36,6 +36,16 @@ class Strict(BaseModel):
     (``modelRefs``) also accept their Python names."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+
+RULES_RUN_BY_CALLER = "vllm_sr.config.rules_run_by_caller"
+"""Validation context key: the caller (``files.collect_problems``, the one loader) runs every
+rule on the raw mapping itself, each once, so the models' own runs of them are skipped."""
+
+
+def rules_run_by_caller(info: ValidationInfo[object]) -> bool:
+    """Whether this validation's caller runs the rules itself (see RULES_RUN_BY_CALLER)."""
+    return bool(as_dict(info.context).get(RULES_RUN_BY_CALLER))
 
 
 def raise_first(problems: list[Problem]) -> None:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from vllm_sr.config.deployment import EjectionPercent
 from vllm_sr.config.problems import SEMANTIC_ERROR
 from vllm_sr.config.renames import PROVIDER_DEFAULTS, both_names_error, current_name
-from vllm_sr.config.routing_base import Strict, raise_first
+from vllm_sr.config.routing_base import Strict, raise_first, rules_run_by_caller
 from vllm_sr.config.routing_provider_rules import (
     ENDPOINT_RE,
     go_duration_s,
@@ -288,8 +288,9 @@ class Providers(Strict):
     """The LLMs chat requests can go to, each with its OpenAI-compatible backends."""
 
     @model_validator(mode="after")
-    def _rules(self) -> Providers:
-        raise_first(providers_problems(self.model_dump(by_alias=True, exclude_none=True)))
+    def _rules(self, info: ValidationInfo[object]) -> Providers:
+        if not rules_run_by_caller(info):
+            raise_first(providers_problems(self.model_dump(by_alias=True, exclude_none=True)))
         return self
 
     def model(self, name: str) -> ProviderModel | None:

@@ -154,7 +154,15 @@ def check_routing(
     problems = providers_problems(providers) if providers is not None else []
     if routing is None:
         return problems
-    problems += routing_local_problems(routing)
+    return problems + routing_against(providers, routing, deployments, decision_deployment)
+
+
+def routing_against(
+    providers: object, routing: object, deployments: set[str], decision_deployment: str
+) -> list[Problem]:
+    """:func:`check_routing` less ``providers``' own rules (a recipe's routing checked
+    against the top level's providers, whose rules run once for the file); raw mappings."""
+    problems = routing_local_problems(routing)
     rt = as_dict(routing)
     signals = as_dict(rt.get("signals"))
     model_names = [

@@ -44,7 +44,7 @@ from vllm_sr.config.recipes import (
     normalized_names,
 )
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
-from vllm_sr.config.routing_base import as_dict
+from vllm_sr.config.routing_base import as_dict, rules_run_by_caller
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
@@ -89,9 +89,6 @@ __all__ = [
 
 DEFAULT_DEPLOYMENT = "primary"
 DEFAULT_AUTO_MODEL_NAME = "MoM"
-
-# Validation context key: the caller runs ``semantic_problems`` on the raw mapping itself.
-RULES_RUN_BY_CALLER = "vllm_sr.config.rules_run_by_caller"
 
 
 class _Strict(BaseModel):
@@ -255,7 +252,7 @@ class RootConfig(_Strict):
         raw = self.model_dump(by_alias=True, exclude_none=True)
         # A loader that runs the rules on the raw mapping itself (``files.collect_problems``,
         # to report them with every field error in one run) says so, so they run once.
-        if not as_dict(info.context).get(RULES_RUN_BY_CALLER):
+        if not rules_run_by_caller(info):
             problems = semantic_problems(raw)
             if problems:
                 raise PydanticCustomError(
