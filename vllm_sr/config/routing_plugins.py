@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from vllm_sr.config.routing_base import Path, Strict, as_dict, problem, refusal
+from vllm_sr.config.routing_base import Path, Strict, problem, refusal
 from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
+    from vllm_sr.config.routing import Plugin
 
 PLUGIN_ALIASES = {
     "semantic-cache": "response_cache",
@@ -332,16 +333,19 @@ class DecisionPlugins:
     names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
 
 
-def decision_plugins(plugins: Sequence[BaseModel | JsonObject] | None) -> DecisionPlugins:
+def decision_plugins(plugins: Sequence[Plugin | JsonObject] | None) -> DecisionPlugins:
     """A decision's ``plugins`` list (its Plugin models or raw mappings, validated at load)
     -> the typed plugins (a type given twice: the last one)."""
     configs: JsonObject = {}
     names: list[str] = []
     for entry in plugins or []:
-        raw = entry.model_dump() if isinstance(entry, BaseModel) else as_dict(entry)
-        kind = canonical_type(raw.get("type"))
+        if isinstance(entry, dict):
+            written, configuration = entry.get("type"), entry.get("configuration")
+        else:
+            written, configuration = entry.type, entry.configuration
+        kind = canonical_type(written)
         names.append(kind)
-        configs[kind] = raw.get("configuration") or {}
+        configs[kind] = configuration or {}
 
     def typed(kind: str, model: type[_P]) -> _P | None:
         return model.model_validate(configs[kind]) if kind in configs else None
