@@ -353,3 +353,37 @@ def test_a_load_runs_the_config_rules_once(monkeypatch: pytest.MonkeyPatch) -> N
     assert config is not None and problems == [] and len(calls) == 1
     RootConfig.model_validate({"global": {"router": {"enabled": False}}})
     assert len(calls) == 2
+
+
+def test_a_load_runs_each_section_rule_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The section models' own rules (Routing: routing_local_problems, Providers:
+    providers_problems) are part of the raw pass too: a load runs each once per routing (the
+    top level's and each recipe's) and once for providers, not again per recipe."""
+    from collections import Counter
+
+    from vllm_sr.config import routing, routing_providers, routing_rules
+    from vllm_sr.config.problems import Problem
+
+    calls: Counter[str] = Counter()
+
+    def counting(module: object, name: str) -> None:
+        real = getattr(module, name)
+
+        def counted(raw: object) -> list[Problem]:
+            calls[name] += 1
+            result: list[Problem] = real(raw)
+            return result
+
+        monkeypatch.setattr(module, name, counted)
+
+    for module in (routing, routing_rules):
+        counting(module, "routing_local_problems")
+    for module in (routing_providers, routing_rules):
+        counting(module, "providers_problems")
+    text = (Path(__file__).parents[1] / "fixtures/upstream/recipes/mom-v1/config.yaml").read_text()
+    doc = files.to_plain(files.parse_document(text))
+    assert isinstance(doc, dict)
+    recipes = len(doc["recipes"])
+    _, problems = files.collect_problems(doc)
+    assert recipes == 5 and problems  # the file has refused loopers: every rule reported them
+    assert calls == {"routing_local_problems": 1 + recipes, "providers_problems": 1}

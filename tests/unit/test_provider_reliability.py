@@ -16,6 +16,7 @@ from vllm_sr.config.problems import format_path
 from vllm_sr.config.routing import Providers
 from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_provider_rules import go_duration_s, providers_problems
+from vllm_sr.config.routing_providers import seconds_or
 from vllm_sr.router.backend_outlier import MAX_EJECTION_S, OutlierDetector
 from vllm_sr.router.backend_proxy import AttemptFailed
 from vllm_sr.router.backend_retry import RetryPolicy, covering_words
@@ -59,12 +60,12 @@ def test_every_upstream_field_is_accepted_and_read() -> None:
     rel = Providers.model_validate(doc(**BALANCE)).models[0].reliability
     assert rel is not None
     assert rel.retry_on_words == ["connect-failure", "refused-stream"]
-    assert rel.seconds("base_ejection_time", 1.0) == 30.0
-    assert rel.seconds("health_check_interval", 1.0) == 10.0
-    assert rel.seconds("health_check_timeout", 1.0) == 2.0
+    assert seconds_or(rel.base_ejection_time, 1.0) == 30.0
+    assert seconds_or(rel.health_check_interval, 1.0) == 10.0
+    assert seconds_or(rel.health_check_timeout, 1.0) == 2.0
     defaults = Providers.model_validate(doc()).models[0].reliability
     assert defaults is not None and defaults.max_ejection_percent == 50  # upstream's default
-    assert defaults.consecutive_5xx == 0 and defaults.seconds("base_ejection_time", 7.0) == 7.0
+    assert defaults.consecutive_5xx == 0 and seconds_or(defaults.base_ejection_time, 7.0) == 7.0
 
 
 @pytest.mark.parametrize(

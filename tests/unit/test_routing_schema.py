@@ -359,9 +359,7 @@ def test_algorithm_fragments(rel: str) -> None:
         else:
             with pytest.raises(ValueError, match=NOT_SUPPORTED):
                 effective_algorithm(parsed, None)  # upstream's default endpoint: it would run
-            assert [format_path(p.path) for p in refused] == [
-                "routing.decisions[0].algorithm.type"
-            ]
+            assert [format_path(p.path) for p in refused] == ["routing.decisions[0].algorithm.type"]
             assert NOT_SUPPORTED in refused[0].message
             assert "'http://looper:8899/v1'" in refused[0].message
         assert not looper_would_run(decision, "")

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Any
 
 from vllm_sr.config import signal_families, signal_metadata
 from vllm_sr.config.routing_base import Path, as_dict, as_list
 from vllm_sr.config.routing_plugins import canonical_type
 from vllm_sr.config.routing_signals import KeywordSignal, Signals
 from vllm_sr.config.routing_support import SUPPORTED_SIGNAL_LISTS
+from vllm_sr.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,14 @@ def _frontend_lists() -> frozenset[str]:
 FRONTEND_SIGNAL_LISTS = _frontend_lists()
 
 
-def router_mode(raw: dict[str, Any]) -> bool:
+def router_mode(raw: JsonObject) -> bool:
     """The file serves routed chats: ``providers`` present and ``global.router.enabled`` not
     false (Engine mode, ``-e``, writes false)."""
     router = as_dict(as_dict(raw.get("global")).get("router"))
     return raw.get("providers") is not None and router.get("enabled") is not False
 
 
-def deployment_needs(raw: dict[str, Any]) -> list[Need]:
+def deployment_needs(raw: JsonObject) -> list[Need]:
     """Every signal and decision plugin, in the top-level routing and each recipe's, that a
     deployment answers, in file order."""
     needs = _routing_needs(raw.get("routing"), ("routing",))
@@ -66,7 +66,7 @@ def deployment_needs(raw: dict[str, Any]) -> list[Need]:
     return needs
 
 
-def _routing_needs(routing: Any, base: Path) -> list[Need]:
+def _routing_needs(routing: object, base: Path) -> list[Need]:
     rt = as_dict(routing)
     signals = as_dict(rt.get("signals"))
     needs = []
@@ -98,6 +98,6 @@ def _routing_needs(routing: Any, base: Path) -> list[Need]:
     return needs
 
 
-def _name(entry: dict[str, Any]) -> str:
+def _name(entry: JsonObject) -> str:
     name = entry.get("name")
     return repr(name) if isinstance(name, str) else "(unnamed)"

@@ -7,8 +7,6 @@ write (the flag edits); this module knows *how* to write it into the operator's 
 
 from __future__ import annotations
 
-from typing import Any
-
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import CommentMark
 from ruamel.yaml.tokens import CommentToken
@@ -26,27 +24,27 @@ _THREADS_AFTER = ("provider", "artifact", "revision", "engine_args", "timeout_ms
 
 def _replica_map(r: Replica) -> CommentedMap:
     m = CommentedMap()
-    for key in ("device", "endpoint", "model"):
-        value = getattr(r, key)
+    for key, value in (("device", r.device), ("endpoint", r.endpoint), ("model", r.model)):
         if value is not None:
             m[key] = value
     return m
 
 
-def _same(item: Any, r: Replica) -> bool:
+def _same(item: object, r: Replica) -> bool:
     return isinstance(item, dict) and {k: v for k, v in item.items()} == dict(_replica_map(r))
 
 
-def _last_comment(item: Any) -> tuple[list[Any], Any] | None:
+def _last_comment(item: object) -> tuple[list[object], CommentToken] | None:
+    """The comment entry of a mapping's last key and its end-of-line token (None: none)."""
     if not isinstance(item, CommentedMap) or not item:
         return None
     entry = item.ca.items.get(list(item.keys())[-1])
-    if not entry or len(entry) < 3 or entry[2] is None:
+    if not entry or len(entry) < 3 or not isinstance(entry[2], CommentToken):
         return None
     return entry, entry[2]
 
 
-def _take_trailer(item: Any) -> str:
+def _take_trailer(item: object) -> str:
     """Split the comment block that follows ``item`` off its end-of-line comment."""
     found = _last_comment(item)
     if found is None:
@@ -60,7 +58,7 @@ def _take_trailer(item: Any) -> str:
     return rest
 
 
-def _give_trailer(item: Any, trailer: str) -> None:
+def _give_trailer(item: object, trailer: str) -> None:
     found = _last_comment(item)
     if found is not None:
         found[1].value = found[1].value.rstrip("\n") + "\n" + trailer
@@ -110,7 +108,7 @@ def write_replicas(dep_doc: CommentedMap, replicas: list[Replica]) -> None:
     dep_doc.insert(min(pos, len(dep_doc)), "replicas", seq)
 
 
-def set_key(mapping: CommentedMap, key: str, value: Any) -> None:
+def set_key(mapping: CommentedMap, key: str, value: object) -> None:
     """Set ``key`` only when its value differs (an unchanged file stays byte-identical)."""
     if mapping.get(key) != value:
         mapping[key] = value
@@ -137,7 +135,7 @@ def child(mapping: CommentedMap, key: str) -> CommentedMap:
     return node
 
 
-def deployment_doc(doc: Any, name: str) -> CommentedMap:
+def deployment_doc(doc: CommentedMap, name: str) -> CommentedMap:
     """The deployment's mapping in the document. A file that declares no deployment (none, or
     ``{}``) gets the embedded default written out first (as the schema fills it in), so a flag
     can edit it like any declared one."""

@@ -10,8 +10,6 @@ module imports the schema's models and constants, so it is imported lazily from 
 
 from __future__ import annotations
 
-from typing import Any
-
 from vllm_sr.config.deployment import (
     DEFAULT_BASE_EJECTION_MS,
     DEVICE_RE,
@@ -25,16 +23,17 @@ from vllm_sr.config.problems import Problem
 from vllm_sr.config.recipes import normalized_names, recipe_problems, recipe_routing_problems
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES
 from vllm_sr.config.routing_base import as_dict, as_list
-from vllm_sr.config.routing_rules import check_routing, routing_problems
+from vllm_sr.config.routing_rules import routing_against, routing_problems
 from vllm_sr.config.schema import (
     DEFAULT_AUTO_MODEL_NAME,
     DEFAULT_DEPLOYMENT,
     embedded_default_deployments,
 )
 from vllm_sr.config.upstream_refusals import global_refusals
+from vllm_sr.jsontypes import JsonObject
 
 
-def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
+def _deployment_problems(name: str, dep: JsonObject) -> list[Problem]:
     base: tuple[str | int, ...] = ("global", "model_catalog", "deployments", name)
     problems: list[Problem] = []
     if not NAME_RE.match(name):
@@ -73,7 +72,7 @@ def _deployment_problems(name: str, dep: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _public_name_problems(deployments: dict[Any, Any]) -> list[Problem]:
+def _public_name_problems(deployments: JsonObject) -> list[Problem]:
     """A public_name is one more name for one deployment: it may not be another deployment's
     name nor another deployment's public_name."""
     problems: list[Problem] = []
@@ -103,7 +102,7 @@ def _public_name_problems(deployments: dict[Any, Any]) -> list[Problem]:
     return problems
 
 
-def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[Problem]:
+def _threads_problems(base: tuple[str | int, ...], dep: JsonObject) -> list[Problem]:
     """``threads`` sizes vllm-sr's own CPU workers; a GPU worker or an attached runtime has
     nothing it could apply to, so it is refused rather than silently ignored."""
     threads = dep.get("threads")
@@ -138,7 +137,7 @@ def _threads_problems(base: tuple[str | int, ...], dep: dict[str, Any]) -> list[
     return []
 
 
-def _outlier_problems(base: tuple[str | int, ...], od: Any) -> list[Problem]:
+def _outlier_problems(base: tuple[str | int, ...], od: object) -> list[Problem]:
     if not isinstance(od, dict):
         return []
     top, low = od.get("max_ejection_ms"), od.get("base_ejection_ms", DEFAULT_BASE_EJECTION_MS)
@@ -149,7 +148,7 @@ def _outlier_problems(base: tuple[str | int, ...], od: Any) -> list[Problem]:
     return []
 
 
-def _replica_problems(base: tuple[str | int, ...], replicas: Any) -> list[Problem]:
+def _replica_problems(base: tuple[str | int, ...], replicas: object) -> list[Problem]:
     if not isinstance(replicas, list):
         return []
     problems: list[Problem] = []
@@ -201,7 +200,7 @@ def _replica_problems(base: tuple[str | int, ...], replicas: Any) -> list[Proble
     return problems
 
 
-def semantic_problems(raw: Any) -> list[Problem]:
+def semantic_problems(raw: object) -> list[Problem]:
     """The product page's cross-field rules, Router mode's, the recipes' and the refusals of
     upstream settings vllm-sr does not act on, on the raw mapping (tolerates wrong types:
     those are reported by the field validation)."""
@@ -249,7 +248,7 @@ def semantic_problems(raw: Any) -> list[Problem]:
 
 
 def _no_deployment_problems(
-    raw: dict[str, Any], decision_model: Any, found: list[Problem]
+    raw: JsonObject, decision_model: object, found: list[Problem]
 ) -> list[Problem]:
     """``deployments: {}`` runs no worker: accepted in Router mode when nothing in the routing
     asks a deployment (``deployment_needs``); else each thing that does is named."""
@@ -290,7 +289,7 @@ def _no_deployment_problems(
     return problems
 
 
-def _with_default_deployments(raw: dict[str, Any]) -> dict[str, Any]:
+def _with_default_deployments(raw: JsonObject) -> JsonObject:
     """``raw`` with the embedded default's deployment declared (the routing rules check
     signals' deployments against what will run)."""
     glob = dict(as_dict(raw.get("global")))
@@ -303,7 +302,7 @@ def _with_default_deployments(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "global": glob}
 
 
-def _raw_auto_names(router: dict[str, Any]) -> list[str]:
+def _raw_auto_names(router: JsonObject) -> list[str]:
     names = router.get("auto_model_names")
     if isinstance(names, list):
         return normalized_names([n for n in names if isinstance(n, str)])
@@ -312,7 +311,7 @@ def _raw_auto_names(router: dict[str, Any]) -> list[str]:
     return normalized_names([*DEFAULT_AUTO_MODEL_NAMES, single])
 
 
-def _recipe_problems(raw: dict[str, Any]) -> list[Problem]:
+def _recipe_problems(raw: JsonObject) -> list[Problem]:
     if not raw.get("recipes") and not raw.get("entrypoints"):
         return []
     glob = as_dict(raw.get("global"))
@@ -329,8 +328,8 @@ def _recipe_problems(raw: dict[str, Any]) -> list[Problem]:
     decision = target if isinstance(target, str) else next(iter(deployments), "")
     providers = raw.get("providers")
 
-    def check(routing: dict[str, Any]) -> list[Problem]:
-        return check_routing(providers, routing, {str(n) for n in deployments}, decision)
+    def check(routing: JsonObject) -> list[Problem]:
+        return routing_against(providers, routing, {str(n) for n in deployments}, decision)
 
     problems = recipe_problems(raw, _raw_auto_names(as_dict(glob.get("router"))), slugs)
     return problems + recipe_routing_problems(raw, check)

@@ -14,17 +14,19 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from vllm_sr.config.problems import REFUSED_VALUE, SEMANTIC_ERROR, Problem, format_path
-from vllm_sr.config.schema import RULES_RUN_BY_CALLER, RootConfig, semantic_problems
+from vllm_sr.config.routing_base import RULES_RUN_BY_CALLER
+from vllm_sr.config.schema import RootConfig, semantic_problems
 from vllm_sr.errors import ConfigError
+from vllm_sr.jsontypes import JsonObject
 
 DEFAULT_CONFIG_PATH = Path("/etc/vllm-sr/config.yaml")
 
@@ -56,10 +58,10 @@ def _yaml() -> YAML:
     return y
 
 
-def parse_document(text: str, source: str = "config.yaml") -> Any:
+def parse_document(text: str, source: str = "config.yaml") -> object:
     """YAML text -> round-trip document; a syntax error becomes a one-problem ConfigError."""
     try:
-        doc = _yaml().load(text)
+        loaded = _yaml().load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -68,10 +70,11 @@ def parse_document(text: str, source: str = "config.yaml") -> Any:
     except Exception as exc:  # ruamel raises a handful of non-marked errors (duplicate keys)
         problem = f"{source}: YAML: {exc}"
         raise ConfigError(problem, [problem]) from exc
+    doc: object = loaded
     return doc
 
 
-def to_plain(node: Any) -> Any:
+def to_plain(node: object) -> object:
     """Round-trip document -> plain dicts/lists (what pydantic validates)."""
     if isinstance(node, dict):
         return {str(k) if not isinstance(k, str) else k: to_plain(v) for k, v in node.items()}
@@ -80,24 +83,23 @@ def to_plain(node: Any) -> Any:
     return node
 
 
-def line_of(doc: Any, path: tuple[str | int, ...]) -> int | None:
+def line_of(doc: object, path: tuple[str | int, ...]) -> int | None:
     """1-based line of the deepest node of ``path`` that exists in ``doc``."""
     line: int | None = None
     node = doc
     for part in path:
-        lc = getattr(node, "lc", None)
         try:
             if isinstance(node, CommentedMap) and part in node:
-                line = lc.key(part)[0] + 1 if lc is not None else line
+                line = node.lc.key(part)[0] + 1
                 node = node[part]
             elif isinstance(node, CommentedSeq) and isinstance(part, int) and part < len(node):
-                line = lc.item(part)[0] + 1 if lc is not None else line
+                line = node.lc.item(part)[0] + 1
                 node = node[part]
             else:
                 break
         except (KeyError, IndexError, TypeError):
             break
-    if line is None and isinstance(doc, CommentedMap) and getattr(doc, "lc", None) is not None:
+    if line is None and isinstance(doc, CommentedMap):
         line = doc.lc.line + 1
     return line
 
@@ -136,9 +138,9 @@ def _accepted(err: ErrorDetails, loc: tuple[str | int, ...]) -> str:
     return simple.get(kind, err["msg"])
 
 
-def _model_at(loc: tuple[str | int, ...]) -> Any:
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     """The schema model whose key ``loc`` ends in (None: a place the schema holds no model)."""
-    model: Any = RootConfig
+    model: type[BaseModel] | None = RootConfig
     for part in loc[:-1]:
         if isinstance(part, int) or model is None:
             continue
@@ -149,8 +151,8 @@ def _model_at(loc: tuple[str | int, ...]) -> Any:
     return model
 
 
-def _field_of(model: Any, key: str | int) -> Any:
-    fields = getattr(model, "model_fields", {})
+def _field_of(model: type[BaseModel] | None, key: str | int) -> FieldInfo | None:
+    fields = model.model_fields if model is not None else {}
     return next((f for n, f in fields.items() if key in (n, f.alias)), None)
 
 
@@ -175,10 +177,8 @@ def _number_word(loc: tuple[str | int, ...]) -> str:
     return "an integer" if all(k is int for k in kinds) else "a number"
 
 
-def _model_of(annotation: Any) -> Any:
+def _model_of(annotation: object) -> type[BaseModel] | None:
     from typing import get_args
-
-    from pydantic import BaseModel
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
@@ -203,7 +203,7 @@ def _problem_from_error(err: ErrorDetails) -> Problem:
     return Problem(loc, f"{shown} is not accepted; accepted: {_accepted(err, loc)}")
 
 
-def collect_problems(data: Any) -> tuple[RootConfig | None, list[Problem]]:
+def collect_problems(data: object) -> tuple[RootConfig | None, list[Problem]]:
     """Validate a plain mapping; every problem, field errors and rule errors alike. The rules
     (``semantic_problems``) run once, here on the raw mapping, so that a file with field errors
     gets its rule errors too; the model's own run of them is switched off for this call."""
@@ -222,7 +222,7 @@ def collect_problems(data: Any) -> tuple[RootConfig | None, list[Problem]]:
     return (config if not problems else None), problems
 
 
-def render_problem(source: str, doc: Any, problem: Problem) -> str:
+def render_problem(source: str, doc: object, problem: Problem) -> str:
     line = line_of(doc, problem.path)
     where = f"{source}:{line}" if line is not None else source
     return f"{where}: {format_path(problem.path)}: {problem.message}"
@@ -260,7 +260,7 @@ def load_config(path: Path | str = DEFAULT_CONFIG_PATH) -> RootConfig:
     return parse_config(text, str(path))
 
 
-def dump_document(doc: Any) -> str:
+def dump_document(doc: object) -> str:
     buf = io.StringIO()
     _yaml().dump(doc, buf)
     return buf.getvalue()
@@ -310,10 +310,10 @@ def directory_lock(directory: Path, exclusive: bool = True) -> Iterator[None]:
         os.close(fd)
 
 
-def effective_dict(config: RootConfig) -> dict[str, Any]:
+def effective_dict(config: RootConfig) -> JsonObject:
     """The config with every default filled in (``config show``); the one-worker shorthand is
     shown as the canonical one-item ``replicas`` it means."""
-    data: dict[str, Any] = config.model_dump(by_alias=True, mode="json")
+    data = config.model_dump(by_alias=True, mode="json")
     for name, dep in config.deployments.items():
         out = data["global"]["model_catalog"]["deployments"][name]
         for key in ("device", "endpoint", "model"):

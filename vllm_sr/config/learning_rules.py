@@ -8,12 +8,13 @@ upstream's words). The effective-mode rules that read these values at request ti
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, problem
+from vllm_sr.jsontypes import JsonObject
 
 Path = tuple[str | int, ...]
 
@@ -44,7 +45,7 @@ def _quoted(values: tuple[str, ...]) -> str:
     return ", ".join(repr(v) for v in values)
 
 
-def _one_of(path: Path, value: Any, accepted: tuple[str, ...]) -> list[Problem]:
+def _one_of(path: Path, value: object, accepted: tuple[str, ...]) -> list[Problem]:
     """A problem when ``value`` is written and is not one of ``accepted`` (blank counts as
     omitted, as upstream trims it)."""
     if value is None or (isinstance(value, str) and value.strip() in ("", *accepted)):
@@ -52,7 +53,7 @@ def _one_of(path: Path, value: Any, accepted: tuple[str, ...]) -> list[Problem]:
     return [problem(path, f"{value!r} is not accepted; accepted: {_quoted(accepted)}")]
 
 
-def learning_problems(learning: Any) -> list[Problem]:
+def learning_problems(learning: object) -> list[Problem]:
     """Problems of ``global.router.learning`` (checked whether or not it is enabled, as
     upstream does)."""
     cfg = as_dict(learning)
@@ -78,7 +79,7 @@ def learning_problems(learning: Any) -> list[Problem]:
     return problems + _store_problems(as_dict(cfg.get("state_store")))
 
 
-def _store_problems(store: dict[str, Any]) -> list[Problem]:
+def _store_problems(store: JsonObject) -> list[Problem]:
     path: Path = (*LEARNING, "state_store", "backend")
     backend = store.get("backend")
     problems = _one_of(path, backend, BACKENDS)
@@ -95,13 +96,14 @@ def _store_problems(store: dict[str, Any]) -> list[Problem]:
     ]
 
 
-def adaptations_problems(path: Path, adaptations: Any) -> list[Problem]:
+def adaptations_problems(path: Path, adaptations: object) -> list[Problem]:
     """Problems of one decision's ``adaptations``: modes, upstream's boundary (a component may
     not be more active than the decision: nothing but bypass under bypass, no apply under
     observe) and the candidate set."""
     cfg = as_dict(adaptations)
     problems = _one_of((*path, "mode"), cfg.get("mode"), MODES)
-    mode = cfg.get("mode") if isinstance(cfg.get("mode"), str) and cfg["mode"].strip() else "apply"
+    given = cfg.get("mode")
+    mode = given if isinstance(given, str) and given.strip() else "apply"
     for part in ("adaptation", "protection"):
         comp = as_dict(cfg.get(part))
         comp_mode = comp.get("mode")

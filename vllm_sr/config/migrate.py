@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
@@ -55,7 +54,7 @@ class Migration:
         )
 
 
-def _mapping_at(doc: Any, section: tuple[str, ...]) -> CommentedMap | None:
+def _mapping_at(doc: object, section: tuple[str, ...]) -> CommentedMap | None:
     node = doc
     for key in section:
         if not isinstance(node, CommentedMap) or key not in node:

@@ -16,13 +16,14 @@ file is reported in one run, each at its YAML path.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
 
 from pydantic import Field
 
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_base import Strict, as_dict, as_list
+from vllm_sr.jsontypes import JsonObject
 
 DEFAULT_RECIPE = "default"
 # Go durations as upstream's listeners write them: 300s, 1m30s, 500ms.
@@ -69,13 +70,13 @@ class Recipe(Strict):
     the recipe; ``strategy`` defaults to the top-level one)."""
 
 
-def routing_has_profile(routing: Any) -> bool:
+def routing_has_profile(routing: object) -> bool:
     """True when a raw top-level ``routing`` declares signals, projections or decisions."""
     rt = as_dict(routing)
     return any(bool(rt.get(key)) for key in PROFILE_KEYS)
 
 
-def recipe_problems(raw: dict[str, Any], auto_names: list[str], slugs: list[str]) -> list[Problem]:
+def recipe_problems(raw: JsonObject, auto_names: list[str], slugs: list[str]) -> list[Problem]:
     """Every rule of ``recipes`` and ``entrypoints`` on the raw file: names, the shared model
     catalog, entrypoint names that already mean something, and unknown recipes."""
     problems: list[Problem] = []
@@ -116,7 +117,7 @@ def recipe_problems(raw: dict[str, Any], auto_names: list[str], slugs: list[str]
     return problems
 
 
-def _taken_names(raw: dict[str, Any], auto_names: list[str], slugs: list[str]) -> dict[str, str]:
+def _taken_names(raw: JsonObject, auto_names: list[str], slugs: list[str]) -> dict[str, str]:
     """Names an entrypoint may not reuse, with what each already means."""
     taken: dict[str, str] = {}
     for name in slugs:
@@ -125,18 +126,18 @@ def _taken_names(raw: dict[str, Any], auto_names: list[str], slugs: list[str]) -
         taken[name] = "an auto alias (global.router.auto_model_names)"
     for card in as_list(as_dict(raw.get("routing")).get("modelCards")):
         for lora in as_list(as_dict(card).get("loras")):
-            if isinstance(as_dict(lora).get("name"), str):
-                taken[lora["name"]] = "a LoRA adapter (routing.modelCards[].loras)"
-        if isinstance(as_dict(card).get("name"), str):
-            taken[card["name"]] = "a configured model (routing.modelCards)"
+            if isinstance(lora_name := as_dict(lora).get("name"), str):
+                taken[lora_name] = "a LoRA adapter (routing.modelCards[].loras)"
+        if isinstance(card_name := as_dict(card).get("name"), str):
+            taken[card_name] = "a configured model (routing.modelCards)"
     for model in as_list(as_dict(raw.get("providers")).get("models")):
-        if isinstance(as_dict(model).get("name"), str):
-            taken[model["name"]] = "a configured model (providers.models)"
+        if isinstance(model_name := as_dict(model).get("name"), str):
+            taken[model_name] = "a configured model (providers.models)"
     return taken
 
 
 def _entrypoint_problems(
-    raw: dict[str, Any], recipes: list[str], auto_names: list[str], slugs: list[str]
+    raw: JsonObject, recipes: list[str], auto_names: list[str], slugs: list[str]
 ) -> list[Problem]:
     problems: list[Problem] = []
     taken = _taken_names(raw, auto_names, slugs)
@@ -179,7 +180,9 @@ def _entrypoint_problems(
     return problems
 
 
-def recipe_routing_problems(raw: dict[str, Any], check: Any) -> list[Problem]:
+def recipe_routing_problems(
+    raw: JsonObject, check: Callable[[JsonObject], list[Problem]]
+) -> list[Problem]:
     """``check(routing_raw) -> list[Problem]`` (the top-level routing's rules, whose paths
     start with ``routing``) on each recipe's routing, re-rooted at ``recipes[i].routing``.
     Problems about ``providers`` are the top level's and are not repeated."""

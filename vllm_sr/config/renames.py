@@ -14,7 +14,7 @@ records, ``backend_refs[].type`` into catalog provider ids) is not a rename and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_base import Path, as_dict, problem
 
@@ -52,7 +52,7 @@ def _renames_in(section: tuple[str, ...]) -> list[Rename]:
     return [r for r in RENAMES if r.section == section]
 
 
-def given(mapping: Any, section: tuple[str, ...], new: str) -> tuple[str, Any] | None:
+def given(mapping: object, section: tuple[str, ...], new: str) -> tuple[str, object] | None:
     """(the key the file uses, its value) for the field whose v0.4 name is ``new`` in the raw
     mapping at ``section``, whichever name it is written with; None when neither is."""
     m = as_dict(mapping)
@@ -64,14 +64,14 @@ def given(mapping: Any, section: tuple[str, ...], new: str) -> tuple[str, Any] |
     return None
 
 
-def both_names_problems(mapping: Any, at: Path) -> list[Problem]:
+def both_names_problems(mapping: object, at: Path) -> list[Problem]:
     """A problem at each old name whose new name is given too, in the raw mapping found at
     path ``at`` from the file's root (checked: every section of the table under ``at``)."""
     problems: list[Problem] = []
     for r in RENAMES:
         if r.section[: len(at)] != at:
             continue
-        node: Any = mapping
+        node: object = mapping
         for key in r.section[len(at) :]:
             node = as_dict(node).get(key)
         node = as_dict(node)
@@ -87,7 +87,7 @@ def both_names_problems(mapping: Any, at: Path) -> list[Problem]:
     return problems
 
 
-def both_names_error(data: Any, section: tuple[str, ...]) -> str | None:
+def both_names_error(data: object, section: tuple[str, ...]) -> str | None:
     """For a model validator: the message when the mapping at ``section`` gives a field under
     both names (None when it does not)."""
     m = as_dict(data)

@@ -169,7 +169,10 @@ class RouterReplay(Strict):
         redis, milvus, qdrant: upstream's order), else memory."""
         if self.store_backend is not None:
             return self.store_backend
-        for name in ("postgres", "redis", "milvus", "qdrant"):
-            if getattr(self, name) is not None:
-                return name
-        return "memory"
+        written = (
+            ("postgres", self.postgres),
+            ("redis", self.redis),
+            ("milvus", self.milvus),
+            ("qdrant", self.qdrant),
+        )
+        return next((name for name, block in written if block is not None), "memory")

@@ -18,12 +18,12 @@ The models run the rules that need nothing outside their own section and raise t
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from vllm_sr.config.learning_rules import CandidateSetField
-from vllm_sr.config.routing_base import Strict, raise_first
+from vllm_sr.config.routing_base import Strict, raise_first, rules_run_by_caller
 from vllm_sr.config.routing_projections import Projections
 from vllm_sr.config.routing_providers import (
     BackendRef,
@@ -46,6 +46,7 @@ from vllm_sr.config.routing_signals import (
 )
 from vllm_sr.config.routing_support import effective_algorithm, looper_would_run
 from vllm_sr.config.routing_tree import Predicate, RuleLeaf, RuleNode
+from vllm_sr.jsontypes import JsonObject
 
 __all__ = [
     "DEFAULT_BM25_THRESHOLD",
@@ -153,37 +154,37 @@ class Algorithm(Strict):
     on_error: str | None = Field(default=None, max_length=32)
     """Upstream: what a failing selector does."""
 
-    confidence: dict[str, Any] | None = None
+    confidence: JsonObject | None = None
     """The confidence looper's settings."""
 
-    ratings: dict[str, Any] | None = None
+    ratings: JsonObject | None = None
     """The ratings looper's settings."""
 
-    remom: dict[str, Any] | None = None
+    remom: JsonObject | None = None
     """The remom looper's settings."""
 
-    fusion: dict[str, Any] | None = None
+    fusion: JsonObject | None = None
     """The fusion looper's settings."""
 
-    workflows: dict[str, Any] | None = None
+    workflows: JsonObject | None = None
     """The workflows looper's settings."""
 
-    router_dc: dict[str, Any] | None = None
+    router_dc: JsonObject | None = None
     """Upstream's router_dc selector (refused)."""
 
-    automix: dict[str, Any] | None = None
+    automix: JsonObject | None = None
     """Upstream's automix selector (refused)."""
 
-    hybrid: dict[str, Any] | None = None
+    hybrid: JsonObject | None = None
     """Upstream's hybrid selector (refused)."""
 
-    latency_aware: dict[str, Any] | None = None
+    latency_aware: JsonObject | None = None
     """The latency_aware selector's settings (routing_selection.LatencyAwareSettings)."""
 
-    multi_factor: dict[str, Any] | None = None
+    multi_factor: JsonObject | None = None
     """The multi_factor selector's settings (routing_selection.MultiFactorSettings)."""
 
-    prompt: dict[str, Any] | None = None
+    prompt: JsonObject | None = None
     """Upstream's prompt selector (refused)."""
 
 
@@ -191,7 +192,7 @@ class Plugin(Strict):
     type: str = Field(min_length=1, max_length=64)
     """The plugin (every type is refused by vllm-sr for now)."""
 
-    configuration: dict[str, Any] | None = None
+    configuration: JsonObject | None = None
     """The plugin's settings."""
 
 
@@ -280,16 +281,16 @@ class Decision(Strict):
     emits: list[Emit] = Field(default_factory=list, max_length=16)
     """Declarative directives (retention)."""
 
-    annotations: dict[str, Any] | None = None
+    annotations: JsonObject | None = None
     """Metadata with no effect (at most 32 keys, 4 KiB as JSON, as upstream)."""
 
     output_contract: str | None = Field(default=None, max_length=20000)
     """Upstream: looper prompt text (metadata when loopers run as static)."""
 
-    output_contract_spec: dict[str, Any] | None = None
+    output_contract_spec: JsonObject | None = None
     """Upstream: looper output handling (metadata when loopers run as static)."""
 
-    candidate_iterations: list[dict[str, Any]] = Field(
+    candidate_iterations: list[JsonObject] = Field(
         default_factory=list, alias="candidateIterations", max_length=64
     )
     """Upstream DSL metadata (FOR ... IN blocks)."""
@@ -301,7 +302,7 @@ class Decision(Strict):
 
     @field_validator("annotations")
     @classmethod
-    def _small(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _small(cls, value: JsonObject | None) -> JsonObject | None:
         if value is None:
             return value
         if len(value) > 32:
@@ -330,8 +331,9 @@ class Routing(Strict):
     """The decisions, each a rule tree over signals and the models to use."""
 
     @model_validator(mode="after")
-    def _rules(self) -> Routing:
-        raise_first(routing_local_problems(self.model_dump(by_alias=True, exclude_none=True)))
+    def _rules(self, info: ValidationInfo[object]) -> Routing:
+        if not rules_run_by_caller(info):
+            raise_first(routing_local_problems(self.model_dump(by_alias=True, exclude_none=True)))
         return self
 
     def lora_base(self, name: str) -> str | None:

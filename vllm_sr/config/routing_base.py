@@ -10,10 +10,12 @@ them all."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
+
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -22,7 +24,7 @@ NOT_SUPPORTED = "not supported by vllm-sr"
 
 Path = tuple[str | int, ...]
 
-BackendSettings = dict[str, Any]
+BackendSettings = JsonObject
 """Connection settings of an upstream backend vllm-sr never connects to (kept as written)."""
 
 Description = Field(default=None, max_length=4000)
@@ -36,6 +38,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
 
 
+RULES_RUN_BY_CALLER = "vllm_sr.config.rules_run_by_caller"
+"""Validation context key: the caller (``files.collect_problems``, the one loader) runs every
+rule on the raw mapping itself, each once, so the models' own runs of them are skipped."""
+
+
+def rules_run_by_caller(info: ValidationInfo[object]) -> bool:
+    """Whether this validation's caller runs the rules itself (see RULES_RUN_BY_CALLER)."""
+    return bool(as_dict(info.context).get(RULES_RUN_BY_CALLER))
+
+
 def raise_first(problems: list[Problem]) -> None:
     """Raise a section's rule problems from a model validator as SEMANTIC_ERROR: files.py
     skips those and reports the same problems, with exact paths, through the raw rules."""
@@ -45,11 +57,14 @@ def raise_first(problems: list[Problem]) -> None:
         raise PydanticCustomError(SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems))
 
 
-def as_list(value: Any) -> list[Any]:
+def as_list(value: object) -> list[object]:
+    """``value`` when it is a list, else an empty one."""
     return value if isinstance(value, list) else []
 
 
-def as_dict(value: Any) -> dict[str, Any]:
+def as_dict(value: object) -> JsonObject:
+    """``value`` itself when it is a mapping (a YAML mapping's keys are strings), else an
+    empty one."""
     return value if isinstance(value, dict) else {}
 
 
@@ -64,7 +79,7 @@ def refusal(path: Path, what: str, supported: str) -> Problem:
     return problem(path, f"{what} is {NOT_SUPPORTED}; supported: {supported}")
 
 
-def duplicates(items: list[Any], base: Path, what: str, key: str = "name") -> list[Problem]:
+def duplicates(items: list[object], base: Path, what: str, key: str = "name") -> list[Problem]:
     """A problem at each item whose ``key`` repeats an earlier item's."""
     seen: dict[str, int] = {}
     problems = []

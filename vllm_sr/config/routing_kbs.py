@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import Path as YamlPath
@@ -75,7 +74,7 @@ def default_kbs() -> list[KnowledgeBase]:
     return [KnowledgeBase.model_validate(privacy), KnowledgeBase.model_validate(mmlu)]
 
 
-def knowledge_bases(declared: list[Any] | None) -> list[KnowledgeBase]:
+def knowledge_bases(declared: list[object] | None) -> list[KnowledgeBase]:
     """The declared knowledge bases, then each default that none of them names."""
     out = [
         kb if isinstance(kb, KnowledgeBase) else KnowledgeBase.model_validate(kb)
@@ -116,7 +115,7 @@ def manifest_labels(kb: KnowledgeBase) -> dict[str, list[str]]:
         ) from None
 
 
-def kb_problems(routing: Any, catalog: Any, base: YamlPath = ("routing",)) -> list[Problem]:
+def kb_problems(routing: object, catalog: object, base: YamlPath = ("routing",)) -> list[Problem]:
     """Each kb signal names a knowledge base (declared or a default) whose manifest reads,
     and a label (target.kind label) or group (kind group) of it."""
     rules = as_list(as_dict(as_dict(routing).get("signals")).get("kb"))

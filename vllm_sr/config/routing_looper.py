@@ -17,7 +17,7 @@ self_verify, automix_entailment, the automix order and tool_call_args are refuse
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
@@ -68,7 +68,7 @@ class ConfidenceSettings(Strict):
     """skip: a model that fails is passed over; fail: the loop ends with its failure."""
 
     @classmethod
-    def from_block(cls, block: Any) -> ConfidenceSettings:
+    def from_block(cls, block: object) -> ConfidenceSettings:
         """The settings of a block :func:`confidence_problems` accepted."""
         got = {k: v for k, v in as_dict(block).items() if v not in (None, "")}
         weights = as_dict(got.pop("hybrid_weights", None))
@@ -77,24 +77,35 @@ class ConfidenceSettings(Strict):
         got.pop("verifier_timeout_seconds", None)
         got.pop("max_response_bytes", None)
         for key in WEIGHT_FIELDS:
-            got[key] = float(weights.get(key) or DEFAULT_HYBRID_WEIGHT)
+            weight = weights.get(key)
+            ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight
+            got[key] = (
+                float(weight) if ok and isinstance(weight, (int, float)) else DEFAULT_HYBRID_WEIGHT
+            )
         return cls(**got)
 
 
-def _unit(base: Path, key: str, value: Any) -> list[Problem]:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and math.isfinite(value) and 0.0 <= value <= 1.0:
+def _number(value: object) -> float | None:
+    """``value`` as a float when it is a JSON number (not a bool), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _unit(base: Path, key: str, value: object) -> list[Problem]:
+    number = _number(value)
+    if number is not None and math.isfinite(number) and 0.0 <= number <= 1.0:
         return []
     return [problem((*base, key), f"{value!r} is not accepted; accepted: a number within 0-1")]
 
 
-def _one_of(base: Path, key: str, value: Any, accepted: tuple[str, ...]) -> list[Problem]:
+def _one_of(base: Path, key: str, value: object, accepted: tuple[str, ...]) -> list[Problem]:
     if value in ("", None, *accepted):
         return []
     return [problem((*base, key), f"{value!r} is not accepted; accepted: {', '.join(accepted)}")]
 
 
-def confidence_problems(base: Path, block: Any) -> list[Problem]:
+def confidence_problems(base: Path, block: object) -> list[Problem]:
     """Upstream's checks of ``algorithm.confidence``, then vllm-sr's refusals by name."""
     got = as_dict(block)
     problems: list[Problem] = []
@@ -103,7 +114,7 @@ def confidence_problems(base: Path, block: Any) -> list[Problem]:
             problems.append(
                 problem((*base, key), f"unknown field {key!r}; accepted: {', '.join(FIELDS)}")
             )
-    method = got.get("confidence_method") or "avg_logprob"
+    method = str(got.get("confidence_method") or "avg_logprob")
     problems += _one_of(base, "confidence_method", got.get("confidence_method"), METHODS)
     problems += _one_of(base, "on_error", got.get("on_error"), ON_ERROR)
     problems += _one_of(base, "escalation_order", got.get("escalation_order"), ORDERS)
@@ -154,7 +165,7 @@ def confidence_problems(base: Path, block: Any) -> list[Problem]:
     return problems
 
 
-def _weights_problems(base: Path, method: str, block: Any) -> list[Problem]:
+def _weights_problems(base: Path, method: str, block: object) -> list[Problem]:
     if not isinstance(block, dict):
         return [
             problem(

@@ -9,15 +9,18 @@ Aliases: ``semantic-cache``, ``semantic_cache`` and ``response-cache`` name ``re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
-from vllm_sr.config.routing_base import Path, Strict, as_dict, problem, refusal
+from vllm_sr.config.routing_base import Path, Strict, problem, refusal
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
+    from vllm_sr.config.routing import Plugin
 
 PLUGIN_ALIASES = {
     "semantic-cache": "response_cache",
@@ -27,7 +30,7 @@ PLUGIN_ALIASES = {
 CACHE_DIRECTIVES = ("no-cache", "no-store", "bypass", "max-age", "ttl")
 
 
-def canonical_type(kind: Any) -> str:
+def canonical_type(kind: object) -> str:
     """A plugin type after upstream's aliasing (trimmed, lower-cased)."""
     name = str(kind).strip().lower()
     return PLUGIN_ALIASES.get(name, name)
@@ -203,7 +206,7 @@ class ToolsPlugin(Strict):
     strategy: str | None = None
     """Upstream: the tools database's retrieval strategy (metadata)."""
 
-    dynamic_retrieval: dict[str, Any] | None = None
+    dynamic_retrieval: JsonObject | None = None
     """Upstream: the tools database's history-aware retrieval (metadata)."""
 
 
@@ -235,7 +238,7 @@ class ToolSelectionPlugin(Strict):
     similarity_threshold: float | None = Field(default=None, ge=0, le=1)
     """add mode (refused)."""
 
-    advanced_filtering: dict[str, Any] | None = None
+    advanced_filtering: JsonObject | None = None
     """add mode (refused)."""
 
     strategy: str | None = None
@@ -280,7 +283,7 @@ PLUGIN_MODELS: dict[str, type[Strict]] = {
 SUPPORTED_PLUGIN_TYPES = tuple(PLUGIN_MODELS)
 
 
-def plugin_problems(path: Path, kind: str, configuration: Any) -> list[Problem]:
+def plugin_problems(path: Path, kind: str, configuration: object) -> list[Problem]:
     """One supported plugin's ``configuration`` checked against its model; each error at its
     YAML path, naming the value and what is accepted."""
     model = PLUGIN_MODELS[kind]
@@ -312,6 +315,9 @@ def plugin_problems(path: Path, kind: str, configuration: Any) -> list[Problem]:
     return []
 
 
+_P = TypeVar("_P", bound=Strict)
+
+
 @dataclass(frozen=True)
 class DecisionPlugins:
     """A decision's plugins as the router runs them (None: not configured)."""
@@ -327,14 +333,31 @@ class DecisionPlugins:
     names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
 
 
-def decision_plugins(plugins: Any) -> DecisionPlugins:
-    """A decision's ``plugins`` list (validated at load) -> the typed plugins."""
-    typed: dict[str, Any] = {}
+def decision_plugins(plugins: Sequence[Plugin | JsonObject] | None) -> DecisionPlugins:
+    """A decision's ``plugins`` list (its Plugin models or raw mappings, validated at load)
+    -> the typed plugins (a type given twice: the last one)."""
+    configs: JsonObject = {}
     names: list[str] = []
     for entry in plugins or []:
-        raw = entry.model_dump() if hasattr(entry, "model_dump") else as_dict(entry)
-        kind = canonical_type(raw.get("type"))
+        if isinstance(entry, dict):
+            written, configuration = entry.get("type"), entry.get("configuration")
+        else:
+            written, configuration = entry.type, entry.configuration
+        kind = canonical_type(written)
         names.append(kind)
-        if kind in PLUGIN_MODELS:
-            typed[kind] = PLUGIN_MODELS[kind].model_validate(raw.get("configuration") or {})
-    return DecisionPlugins(**typed, names=tuple(names))
+        configs[kind] = configuration or {}
+
+    def typed(kind: str, model: type[_P]) -> _P | None:
+        return model.model_validate(configs[kind]) if kind in configs else None
+
+    return DecisionPlugins(
+        response_cache=typed("response_cache", ResponseCachePlugin),
+        system_prompt=typed("system_prompt", SystemPromptPlugin),
+        header_mutation=typed("header_mutation", HeaderMutationPlugin),
+        request_params=typed("request_params", RequestParamsPlugin),
+        fast_response=typed("fast_response", FastResponsePlugin),
+        router_replay=typed("router_replay", RouterReplayPlugin),
+        tools=typed("tools", ToolsPlugin),
+        tool_selection=typed("tool_selection", ToolSelectionPlugin),
+        names=tuple(names),
+    )

@@ -8,10 +8,11 @@ rejects, malformed backend refs, and the refusals of what vllm-sr does not act o
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.renames import PROVIDER_DEFAULTS, both_names_problems, given
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem, refusal
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -56,7 +57,7 @@ ENVOY_RETRY_ON = (
 )
 
 
-def providers_problems(providers: Any) -> list[Problem]:
+def providers_problems(providers: object) -> list[Problem]:
     """Rules inside ``providers:``: duplicate model names, the default model (either name)
     and reasoning_family unknown, a renamed field given under both names, reasoning families
     upstream rejects, malformed backend refs, and the refusals."""
@@ -68,7 +69,7 @@ def providers_problems(providers: Any) -> list[Problem]:
     problems += _family_problems(families)
     for i, model in enumerate(models):
         problems += _model_problems((*base, i), as_dict(model), families)
-    names = [m["name"] for m in models if isinstance(as_dict(m).get("name"), str)]
+    names = [n for m in models if isinstance(n := as_dict(m).get("name"), str)]
     key, default = given(prov.get("defaults"), PROVIDER_DEFAULTS, "model") or ("model", None)
     if isinstance(default, str) and names and default not in names:
         problems.append(
@@ -80,7 +81,7 @@ def providers_problems(providers: Any) -> list[Problem]:
     return problems + both_names_problems(prov, ("providers",))
 
 
-def _family_problems(families: dict[str, Any]) -> list[Problem]:
+def _family_problems(families: JsonObject) -> list[Problem]:
     problems = []
     for name, fam in families.items():
         fam = as_dict(fam)
@@ -98,7 +99,7 @@ def _family_problems(families: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _model_problems(path: Path, model: dict[str, Any], families: dict[str, Any]) -> list[Problem]:
+def _model_problems(path: Path, model: JsonObject, families: JsonObject) -> list[Problem]:
     problems: list[Problem] = []
     family = model.get("reasoning_family")
     if isinstance(family, str) and family not in families:
@@ -130,7 +131,7 @@ def _model_problems(path: Path, model: dict[str, Any], families: dict[str, Any])
     return problems
 
 
-def _reliability_problems(path: Path, rel: dict[str, Any]) -> list[Problem]:
+def _reliability_problems(path: Path, rel: JsonObject) -> list[Problem]:
     """Upstream's checks (retry_count 0-5 with retry_on, Go durations, a path starting with
     /), each naming the field, the value and what is accepted; and the retry_on words vllm-sr
     cannot honour, refused by name."""
@@ -198,7 +199,7 @@ def go_duration_s(text: str) -> float | None:
     return sum(float(n) * GO_UNITS_S[unit] for n, unit in GO_PART_RE.findall(text))
 
 
-def _backend_ref_problems(path: Path, ref: dict[str, Any]) -> list[Problem]:
+def _backend_ref_problems(path: Path, ref: JsonObject) -> list[Problem]:
     problems = []
     endpoint, base_url = ref.get("endpoint"), ref.get("base_url")
     if endpoint is None and base_url is None:

@@ -13,15 +13,15 @@ per backend type)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from vllm_sr.config.deployment import EjectionPercent
 from vllm_sr.config.problems import SEMANTIC_ERROR
 from vllm_sr.config.renames import PROVIDER_DEFAULTS, both_names_error, current_name
-from vllm_sr.config.routing_base import Strict, raise_first
+from vllm_sr.config.routing_base import Strict, raise_first, rules_run_by_caller
 from vllm_sr.config.routing_provider_rules import (
     ENDPOINT_RE,
     go_duration_s,
@@ -197,11 +197,11 @@ class ProviderReliability(Strict):
         """``retry_on`` as its words (none when unset)."""
         return retry_on_words(self.retry_on or "")
 
-    def seconds(self, field: str, default: float) -> float:
-        """A duration field in seconds, ``default`` when unset."""
-        value = getattr(self, field)
-        parsed = None if value is None else go_duration_s(value)
-        return default if parsed is None else parsed
+
+def seconds_or(value: str | None, default: float) -> float:
+    """A reliability duration (``"30s"``) in seconds, ``default`` when unset."""
+    parsed = None if value is None else go_duration_s(value)
+    return default if parsed is None else parsed
 
 
 class ProviderModel(Strict):
@@ -273,7 +273,7 @@ class ProviderDefaults(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _one_name(cls, data: Any) -> Any:
+    def _one_name(cls, data: object) -> object:
         message = both_names_error(data, PROVIDER_DEFAULTS)
         if message is not None:  # the raw rules report it at its path (both_names_problems)
             raise PydanticCustomError(SEMANTIC_ERROR, message)
@@ -288,8 +288,9 @@ class Providers(Strict):
     """The LLMs chat requests can go to, each with its OpenAI-compatible backends."""
 
     @model_validator(mode="after")
-    def _rules(self) -> Providers:
-        raise_first(providers_problems(self.model_dump(by_alias=True, exclude_none=True)))
+    def _rules(self, info: ValidationInfo[object]) -> Providers:
+        if not rules_run_by_caller(info):
+            raise_first(providers_problems(self.model_dump(by_alias=True, exclude_none=True)))
         return self
 
     def model(self, name: str) -> ProviderModel | None:

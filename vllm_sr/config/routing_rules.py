@@ -7,7 +7,9 @@ not act on live in ``routing_support`` and run from here."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
 
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
 from vllm_sr.config.routing_kbs import kb_problems
@@ -19,6 +21,7 @@ from vllm_sr.config.routing_support import (
     looper_problems,
     support_problems,
 )
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -44,7 +47,7 @@ def format_index(base: Path, i: int) -> str:
     return f"{base[-1]}[{i}]"
 
 
-def routing_local_problems(routing: Any) -> list[Problem]:
+def routing_local_problems(routing: object) -> list[Problem]:
     """Rules inside ``routing:`` alone: duplicate names, regex keywords that do not compile,
     domains with no example text, NOT with other than one condition, rule trees too deep, and
     the refusals (``routing_support``)."""
@@ -81,7 +84,7 @@ def routing_local_problems(routing: Any) -> list[Problem]:
     return problems + support_problems(rt)
 
 
-def _regex_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
+def _regex_problems(path: Path, sig: JsonObject) -> list[Problem]:
     if sig.get("method") != "regex":
         return []
     problems = []
@@ -101,7 +104,7 @@ def _regex_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _tree_problems(path: Path, node: Any, depth: int) -> list[Problem]:
+def _tree_problems(path: Path, node: object, depth: int) -> list[Problem]:
     node = as_dict(node)
     if "operator" not in node:
         return []
@@ -122,7 +125,7 @@ def _tree_problems(path: Path, node: Any, depth: int) -> list[Problem]:
     return problems
 
 
-def rule_leaves(node: Any, path: Path) -> list[tuple[Path, str, str]]:
+def rule_leaves(node: object, path: Path) -> list[tuple[Path, str, str]]:
     """Every {type, name} leaf of a raw rule tree with its YAML path (type lowercased)."""
     node = as_dict(node)
     if "operator" not in node:
@@ -137,32 +140,40 @@ def rule_leaves(node: Any, path: Path) -> list[tuple[Path, str, str]]:
 
 
 def check_routing(
-    providers: Any, routing: Any, deployments: set[str], decision_deployment: str
+    providers: object, routing: object, deployments: set[str], decision_deployment: str
 ) -> list[Problem]:
     """Every Router-mode rule: the sections' own rules, plus a decision naming an unknown
     signal, model or LoRA, a provider model that is not a model card (when cards are
     declared), and a signal on a deployment that does not exist. ``providers`` and ``routing``
     are raw mappings or the models above (wrong types are tolerated: the field validation
     reports those)."""
-    if hasattr(providers, "model_dump"):
+    if isinstance(providers, BaseModel):
         providers = providers.model_dump(by_alias=True, exclude_none=True)
-    if hasattr(routing, "model_dump"):
+    if isinstance(routing, BaseModel):
         routing = routing.model_dump(by_alias=True, exclude_none=True)
     problems = providers_problems(providers) if providers is not None else []
     if routing is None:
         return problems
-    problems += routing_local_problems(routing)
+    return problems + routing_against(providers, routing, deployments, decision_deployment)
+
+
+def routing_against(
+    providers: object, routing: object, deployments: set[str], decision_deployment: str
+) -> list[Problem]:
+    """:func:`check_routing` less ``providers``' own rules (a recipe's routing checked
+    against the top level's providers, whose rules run once for the file); raw mappings."""
+    problems = routing_local_problems(routing)
     rt = as_dict(routing)
     signals = as_dict(rt.get("signals"))
     model_names = [
-        m["name"]
+        name
         for m in as_list(as_dict(providers).get("models"))
-        if isinstance(as_dict(m).get("name"), str)
+        if isinstance(name := as_dict(m).get("name"), str)
     ]
     cards = {
-        c["name"]: c
+        name: c
         for c in as_list(rt.get("modelCards"))
-        if isinstance(as_dict(c).get("name"), str)
+        if isinstance(name := as_dict(c).get("name"), str)
     }
     problems += _card_problems(cards, as_list(as_dict(providers).get("models")))
     for i, dec in enumerate(as_list(rt.get("decisions"))):
@@ -176,13 +187,13 @@ def check_routing(
     return problems
 
 
-def _leaf_name_problems(signals: dict[str, Any], dec: dict[str, Any], path: Path) -> list[Problem]:
+def _leaf_name_problems(signals: JsonObject, dec: JsonObject, path: Path) -> list[Problem]:
     problems = []
     for leaf_path, kind, name in rule_leaves(dec.get("rules"), path):
         if kind not in SIGNAL_LIST:
             continue  # refused by routing_support
         lst, key = SIGNAL_LIST[kind], LEAF_KEY.get(kind, "name")
-        known = {s[key] for s in as_list(signals.get(lst)) if isinstance(as_dict(s).get(key), str)}
+        known = {n for s in as_list(signals.get(lst)) if isinstance(n := as_dict(s).get(key), str)}
         if name not in known:
             names = ", ".join(sorted(known)) or f"(no {lst} signals)"
             what = "role" if kind == "authz" else f"{kind} signal"
@@ -197,7 +208,7 @@ def _leaf_name_problems(signals: dict[str, Any], dec: dict[str, Any], path: Path
 
 
 def _model_ref_problems(
-    path: Path, ref: dict[str, Any], model_names: list[str], cards: dict[str, Any]
+    path: Path, ref: JsonObject, model_names: list[str], cards: JsonObject
 ) -> list[Problem]:
     problems = []
     model = ref.get("model")
@@ -227,7 +238,7 @@ def _model_ref_problems(
     return problems
 
 
-def _card_problems(cards: dict[str, Any], models: list[Any]) -> list[Problem]:
+def _card_problems(cards: JsonObject, models: list[object]) -> list[Problem]:
     if not cards:
         return []
     problems = []
@@ -245,7 +256,7 @@ def _card_problems(cards: dict[str, Any], models: list[Any]) -> list[Problem]:
 
 
 def _deployment_problems(
-    signals: dict[str, Any], deployments: set[str], decision_deployment: str
+    signals: JsonObject, deployments: set[str], decision_deployment: str
 ) -> list[Problem]:
     problems = []
     accepted = ", ".join(sorted(deployments)) or "(none declared)"
@@ -270,7 +281,7 @@ def _deployment_problems(
     return problems
 
 
-def routing_problems(raw: Any) -> list[Problem]:
+def routing_problems(raw: object) -> list[Problem]:
     """:func:`check_routing` on a whole raw config mapping (for ``schema.semantic_problems``),
     plus auto model names that collide with a provider model's name, and looper decisions
     (top level and recipes) that upstream would run given ``global.integrations.looper``."""

@@ -21,11 +21,12 @@ Unknown keys are refused with the accepted ones named (upstream's later ``object
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeGuard
 
 from pydantic import Field
 
 from vllm_sr.config.routing_base import Path, Strict, as_dict, problem
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -107,7 +108,7 @@ class MultiFactorSettings(Strict):
         return self.latency_percentile or DEFAULT_LATENCY_PERCENTILE
 
 
-def parse_settings(kind: str, block: Any) -> LatencyAwareSettings | MultiFactorSettings:
+def parse_settings(kind: str, block: object) -> LatencyAwareSettings | MultiFactorSettings:
     """The typed settings of a checked block (``selector_block_problems`` found none)."""
     if kind == LATENCY_AWARE:
         return LatencyAwareSettings.model_validate(as_dict(block))
@@ -122,15 +123,15 @@ def parse_settings(kind: str, block: Any) -> LatencyAwareSettings | MultiFactorS
 # -- the raw rules ---------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-def _unknown(path: Path, block: dict[str, Any], accepted: tuple[str, ...]) -> list[Problem]:
+def _unknown(path: Path, block: JsonObject, accepted: tuple[str, ...]) -> list[Problem]:
     return [
         problem(
             (*path, key),
@@ -141,7 +142,7 @@ def _unknown(path: Path, block: dict[str, Any], accepted: tuple[str, ...]) -> li
     ]
 
 
-def _percentile(path: Path, value: Any, allow_zero: str) -> list[Problem]:
+def _percentile(path: Path, value: object, allow_zero: str) -> list[Problem]:
     if value is None or (_is_int(value) and 0 <= value <= 100):
         return []
     return [
@@ -149,15 +150,15 @@ def _percentile(path: Path, value: Any, allow_zero: str) -> list[Problem]:
     ]
 
 
-def _non_negative(path: Path, value: Any, what: str, integer: bool = False) -> list[Problem]:
+def _non_negative(path: Path, value: object, what: str, integer: bool = False) -> list[Problem]:
     ok = _is_int(value) if integer else _is_number(value)
-    if value is None or (ok and value >= 0):
+    if value is None or (ok and isinstance(value, (int, float)) and value >= 0):
         return []
     kind = "an integer" if integer else "a finite number"
     return [problem(path, f"{value!r}; accepted: {kind} >= 0 ({what})")]
 
 
-def selector_block_problems(path: Path, kind: str, algo: dict[str, Any]) -> list[Problem]:
+def selector_block_problems(path: Path, kind: str, algo: JsonObject) -> list[Problem]:
     """Upstream's checks of a latency_aware / multi_factor decision's block; ``path`` is the
     decision's ``algorithm``."""
     block = algo.get(kind)
@@ -182,7 +183,7 @@ def selector_block_problems(path: Path, kind: str, algo: dict[str, Any]) -> list
     return _multi_factor_problems(base, block)
 
 
-def _latency_aware_problems(base: Path, block: dict[str, Any]) -> list[Problem]:
+def _latency_aware_problems(base: Path, block: JsonObject) -> list[Problem]:
     problems = _unknown(base, block, tuple(LatencyAwareSettings.model_fields))
     for key in ("tpot_percentile", "ttft_percentile"):
         problems += _percentile((*base, key), block.get(key), "0 or absent: not used")
@@ -198,7 +199,7 @@ def _latency_aware_problems(base: Path, block: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _multi_factor_problems(base: Path, block: dict[str, Any]) -> list[Problem]:
+def _multi_factor_problems(base: Path, block: JsonObject) -> list[Problem]:
     problems = _unknown(base, block, tuple(MultiFactorSettings.model_fields))
     weights = block.get("weights")
     if weights is not None and not isinstance(weights, dict):

@@ -104,7 +104,7 @@ class KeywordSignal(Strict):
 
     @field_validator("bm25_threshold", "ngram_threshold", "ngram_arity", mode="before")
     @classmethod
-    def _zero_is_default(cls, value: object, info: ValidationInfo) -> object:
+    def _zero_is_default(cls, value: object, info: ValidationInfo[object]) -> object:
         """Upstream reads 0 (or omitted) as the default."""
         defaults = {
             "bm25_threshold": DEFAULT_BM25_THRESHOLD,

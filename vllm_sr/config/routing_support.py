@@ -11,16 +11,19 @@ itself runs them as ``static``: with no looper endpoint configured, or with too 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_looper import confidence_problems
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
 from vllm_sr.config.routing_selection import RUN_SELECTORS, selector_block_problems
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
+    from vllm_sr.config.routing import Decision
+    from vllm_sr.config.schema import GlobalSection
 
 # routing.signals lists vllm-sr evaluates, and the rule-leaf types that name them.
 SUPPORTED_SIGNAL_LISTS = (
@@ -125,56 +128,56 @@ ALGORITHMS_SUPPORTED = (
 # -- the helpers the router uses -------------------------------------------------------------
 
 
-def looper_endpoint_of(global_: Any) -> str:
-    """``global.integrations.looper.endpoint`` of a raw ``global`` mapping or a model (upstream's
-    default when the file does not set it; "" when it is set empty)."""
+def looper_endpoint_of(global_: GlobalSection | JsonObject | None) -> str:
+    """``global.integrations.looper.endpoint`` of a raw ``global`` mapping or its model
+    (upstream's default when the file does not set it; "" when it is set empty)."""
     if global_ is None:
         return DEFAULT_LOOPER_ENDPOINT
-    if isinstance(global_, dict):
-        looper = as_dict(as_dict(global_.get("integrations")).get("looper"))
-        value = looper.get("endpoint", DEFAULT_LOOPER_ENDPOINT)
-    else:
-        looper_model = getattr(getattr(global_, "integrations", None), "looper", None)
-        value = getattr(looper_model, "endpoint", DEFAULT_LOOPER_ENDPOINT)
+    if not isinstance(global_, dict):
+        return global_.integrations.looper.endpoint
+    looper = as_dict(as_dict(global_.get("integrations")).get("looper"))
+    value = looper.get("endpoint", DEFAULT_LOOPER_ENDPOINT)
     return value if isinstance(value, str) else DEFAULT_LOOPER_ENDPOINT
 
 
-def _get(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+def _raw(decision: Decision | JsonObject) -> JsonObject:
+    """A decision as its raw mapping (a model as written: aliases, no unset defaults)."""
+    if isinstance(decision, dict):
+        return decision
+    return decision.model_dump(by_alias=True, exclude_none=True)
 
 
-def _algorithm_type(decision: Any) -> str:
-    algo = _get(decision, "algorithm")
-    kind = _get(algo, "type") if algo is not None else None
+def _algorithm_type(decision: JsonObject) -> str:
+    kind = as_dict(decision.get("algorithm")).get("type")
     return kind if isinstance(kind, str) and kind else STATIC
 
 
-def _ref_count(decision: Any) -> int:
-    refs = _get(decision, "modelRefs") if isinstance(decision, dict) else None
+def _ref_count(decision: JsonObject) -> int:
+    refs = decision.get("modelRefs")
     if refs is None:
-        refs = _get(decision, "model_refs")
+        refs = decision.get("model_refs")
     return len(refs) if isinstance(refs, list) else 0
 
 
-def looper_would_run(decision: Any, looper_endpoint: str) -> bool:
+def looper_would_run(decision: Decision | JsonObject, looper_endpoint: str) -> bool:
     """Upstream would run this decision's looper: a looper type, a non-empty endpoint and
     enough models (remom, fusion, workflows: one modelRef, or fusion.analysis_models;
     confidence, ratings: more than one modelRef). The config rules refuse such decisions
     (:func:`looper_problems`).
     ``decision`` is a Decision or its raw mapping."""
-    kind = _algorithm_type(decision)
+    raw = _raw(decision)
+    kind = _algorithm_type(raw)
     if kind not in LOOPER_TYPES or not looper_endpoint:
         return False
-    algo = _get(decision, "algorithm")
-    if kind == "fusion" and as_list(as_dict(_get(algo, "fusion")).get("analysis_models")):
+    algo = as_dict(raw.get("algorithm"))
+    if kind == "fusion" and as_list(as_dict(algo.get("fusion")).get("analysis_models")):
         return True  # fusion's own analysis models: it runs with no modelRefs
-    return _ref_count(decision) >= (1 if kind in SINGLE_REF_LOOPERS else 2)
+    return _ref_count(raw) >= (1 if kind in SINGLE_REF_LOOPERS else 2)
 
 
-def _planned_final(decision: Any) -> bool:
-    algo = _get(decision, "algorithm")
+def _planned_final(decision: JsonObject) -> bool:
     kind = _algorithm_type(decision)
-    block = as_dict(_get(algo, kind)) if algo is not None else {}
+    block = as_dict(as_dict(decision.get("algorithm")).get(kind))
     if kind == "fusion":
         return bool(block.get("model"))
     if kind == "workflows":
@@ -184,7 +187,9 @@ def _planned_final(decision: Any) -> bool:
     return False
 
 
-def effective_algorithm(decision: Any, global_: Any = None) -> tuple[str, str]:
+def effective_algorithm(
+    decision: Decision | JsonObject, global_: GlobalSection | JsonObject | None = None
+) -> tuple[str, str]:
     """(algorithm, selection status) of a matched decision, as upstream's eval reports them
     when the looper does not run: ``("static", "selected")`` for static or no algorithm,
     ``(type, "selected")`` for latency_aware and multi_factor (vllm_sr/router/selection); for a
@@ -195,22 +200,23 @@ def effective_algorithm(decision: Any, global_: Any = None) -> tuple[str, str]:
     ``global_`` the raw ``global`` mapping or its model (for the looper endpoint). Raises
     ValueError for a decision the config rules refuse (another selector, or a looper that
     upstream would run)."""
-    kind = _algorithm_type(decision)
+    raw = _raw(decision)
+    kind = _algorithm_type(raw)
     if kind == STATIC or kind in RUN_SELECTORS:
         return kind, "selected"
     if kind not in LOOPER_TYPES:
         raise ValueError(f"algorithm {kind!r} is not supported by vllm-sr")
-    if looper_would_run(decision, looper_endpoint_of(global_)):
+    if looper_would_run(raw, looper_endpoint_of(global_)):
         if kind in RUN_LOOPERS:
             return kind, "execution_required"  # vllm-sr runs it (vllm_sr/router/looper)
         raise ValueError(f"algorithm {kind!r} with a looper endpoint is not supported by vllm-sr")
-    return kind, "planned_final" if _planned_final(decision) else "execution_required"
+    return kind, "planned_final" if _planned_final(raw) else "execution_required"
 
 
 # -- refusals and upstream's algorithm rules on raw mappings ---------------------------------
 
 
-def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
+def support_problems(routing: object, base: Path = ("routing",)) -> list[Problem]:
     """Every refusal inside one raw ``routing`` mapping (no global context), plus upstream's
     load-time algorithm rules (unknown type, stray blocks)."""
     rt = as_dict(routing)
@@ -249,7 +255,7 @@ def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
     return problems
 
 
-def _decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
+def _decision_problems(path: Path, dec: JsonObject) -> list[Problem]:
     problems = _leaf_problems((*path, "rules"), dec.get("rules"))
     problems += _algorithm_problems((*path, "algorithm"), dec.get("algorithm"))
     seen: dict[str, int] = {}
@@ -307,7 +313,7 @@ def _decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _leaf_problems(path: Path, node: Any) -> list[Problem]:
+def _leaf_problems(path: Path, node: object) -> list[Problem]:
     node = as_dict(node)
     if "operator" in node or "type" not in node:
         problems = []
@@ -331,7 +337,7 @@ def _leaf_problems(path: Path, node: Any) -> list[Problem]:
     return problems
 
 
-def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
+def _algorithm_problems(path: Path, algo: object) -> list[Problem]:
     algo = as_dict(algo)
     kind = algo.get("type")
     if not isinstance(kind, str):
@@ -370,14 +376,16 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
     return problems
 
 
-def looper_problems(routing: Any, looper_endpoint: str, base: Path = ("routing",)) -> list[Problem]:
+def looper_problems(
+    routing: object, looper_endpoint: str, base: Path = ("routing",)
+) -> list[Problem]:
     """A looper decision that upstream would run (a looper endpoint is configured and it has
     enough models): vllm-sr runs ``confidence`` itself (its block checked as upstream checks
     it); the other loopers are refused at their algorithm type."""
     problems = []
     for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
         if looper_would_run(as_dict(dec), looper_endpoint):
-            kind = _algorithm_type(dec)
+            kind = _algorithm_type(as_dict(dec))
             if kind == "confidence":
                 algo = as_dict(as_dict(dec).get("algorithm"))
                 problems += confidence_problems(

@@ -16,8 +16,6 @@ deployments the embedded default runs (:func:`embedded_default_deployments`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -46,6 +44,7 @@ from vllm_sr.config.recipes import (
     normalized_names,
 )
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
+from vllm_sr.config.routing_base import as_dict, rules_run_by_caller
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
@@ -57,6 +56,7 @@ from vllm_sr.config.upstream_global import (
 from vllm_sr.config.upstream_learning import ModelSelection, RouterLearning
 from vllm_sr.config.upstream_modules import Modules
 from vllm_sr.config.upstream_stores import Stores
+from vllm_sr.jsontypes import JsonObject
 
 # A deployment's models and constants live in ``deployment``; the ones placement, kube, the
 # pool and the supervisor import from here are re-exported.
@@ -89,9 +89,6 @@ __all__ = [
 
 DEFAULT_DEPLOYMENT = "primary"
 DEFAULT_AUTO_MODEL_NAME = "MoM"
-
-# Validation context key: the caller runs ``semantic_problems`` on the raw mapping itself.
-RULES_RUN_BY_CALLER = "vllm_sr.config.rules_run_by_caller"
 
 
 class _Strict(BaseModel):
@@ -251,11 +248,11 @@ class RootConfig(_Strict):
     _embedded_default: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
-    def _rules(self, info: ValidationInfo) -> RootConfig:
+    def _rules(self, info: ValidationInfo[object]) -> RootConfig:
         raw = self.model_dump(by_alias=True, exclude_none=True)
         # A loader that runs the rules on the raw mapping itself (``files.collect_problems``,
         # to report them with every field error in one run) says so, so they run once.
-        if not (info.context or {}).get(RULES_RUN_BY_CALLER):
+        if not rules_run_by_caller(info):
             problems = semantic_problems(raw)
             if problems:
                 raise PydanticCustomError(
@@ -329,13 +326,13 @@ class RootConfig(_Strict):
         return None if recipe is None else self.recipes_by_name().get(recipe)
 
 
-def _needs_no_worker(raw: dict[str, Any]) -> bool:
+def _needs_no_worker(raw: JsonObject) -> bool:
     """No deployment declared, and none is needed: Router mode, no decision model named, and
     nothing in the routing that a deployment answers (``deployment_needs``)."""
     from vllm_sr.config.deployment_needs import deployment_needs, router_mode
 
-    catalog = raw.get("global", {}).get("model_catalog", {})
-    named = catalog.get("system", {}).get("decision_model") is not None
+    catalog = as_dict(as_dict(raw.get("global")).get("model_catalog"))
+    named = as_dict(catalog.get("system")).get("decision_model") is not None
     return router_mode(raw) and not named and not deployment_needs(raw)
 
 
@@ -347,7 +344,7 @@ def _with_strategy(routing: Routing, inherited: str) -> Routing:
     return copy
 
 
-def semantic_problems(raw: Any) -> list[Problem]:
+def semantic_problems(raw: object) -> list[Problem]:
     """Every cross-field rule and refusal of a raw config mapping (``file_rules``, which
     builds on this module's models and constants)."""
     from vllm_sr.config.file_rules import semantic_problems as rules

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import tomlkit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tomlkit.exceptions import ParseError
 
 from vllm_sr.errors import ConfigError
+from vllm_sr.jsontypes import JsonObject
 
 DEFAULT_SERVICE_CONFIG_PATH = Path("/etc/vllm-sr/vllm-sr.toml")
 _LISTEN_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
@@ -116,14 +117,14 @@ def _problems(exc: ValidationError, source: str) -> list[str]:
 
 
 def load_service_settings(
-    path: Path | str | None = None, overrides: dict[str, Any] | None = None
+    path: Path | str | None = None, overrides: JsonObject | None = None
 ) -> ServiceSettings:
     """Settings from the TOML file (``None`` = the default path, which may be missing: then all
     defaults), then ``overrides`` (flag values; ``None`` values are ignored). An explicitly
     given path that does not exist is an error."""
     explicit = path is not None
     p = Path(path) if path is not None else DEFAULT_SERVICE_CONFIG_PATH
-    data: dict[str, Any] = {}
+    data: JsonObject = {}
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

@@ -17,30 +17,31 @@ Works on the raw mapping (wrong types tolerated: field validation reports those)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from vllm_sr.config.learning_rules import learning_problems
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, as_list, refusal
+from vllm_sr.jsontypes import JsonObject
 
 Path = tuple[str | int, ...]
 
 
-def routings(raw: dict[str, Any]) -> Iterator[tuple[Path, dict[str, Any]]]:
+def routings(raw: JsonObject) -> Iterator[tuple[Path, JsonObject]]:
     """Every routing profile of the file with its path: the top level's, then each recipe's."""
-    if isinstance(raw.get("routing"), dict):
-        yield ("routing",), raw["routing"]
+    top = raw.get("routing")
+    if isinstance(top, dict):
+        yield ("routing",), top
     for i, rec in enumerate(as_list(raw.get("recipes"))):
         routing = as_dict(rec).get("routing")
         if isinstance(routing, dict):
             yield ("recipes", i, "routing"), routing
 
 
-def _is_true(value: Any) -> bool:
+def _is_true(value: object) -> bool:
     return value is True
 
 
-def global_refusals(raw: Any) -> list[Problem]:
+def global_refusals(raw: object) -> list[Problem]:
     """Every refused ``global`` setting of a raw config mapping."""
     if not isinstance(raw, dict):
         return []
@@ -51,7 +52,7 @@ def global_refusals(raw: Any) -> list[Problem]:
     return problems + _catalog_refusals(raw, as_dict(glob.get("model_catalog")))
 
 
-def _router_refusals(router: dict[str, Any]) -> list[Problem]:
+def _router_refusals(router: JsonObject) -> list[Problem]:
     base: Path = ("global", "router")
     problems: list[Problem] = []
     source = router.get("config_source")
@@ -74,7 +75,7 @@ def _router_refusals(router: dict[str, Any]) -> list[Problem]:
     return problems + learning_problems(router.get("learning"))
 
 
-def _service_refusals(services: dict[str, Any]) -> list[Problem]:
+def _service_refusals(services: JsonObject) -> list[Problem]:
     base: Path = ("global", "services")
     problems: list[Problem] = []
     problems += _response_api_refusals(services.get("response_api"))
@@ -96,7 +97,7 @@ def _service_refusals(services: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _response_api_refusals(block: Any) -> list[Problem]:
+def _response_api_refusals(block: object) -> list[Problem]:
     """The Responses API is served with a memory or a standalone Redis store (without
     ``redis.address``: ``localhost:6379``); a written block that leaves ``enabled`` unset is on
     (upstream's default)."""
@@ -124,11 +125,11 @@ def _response_api_refusals(block: Any) -> list[Problem]:
     return problems
 
 
-def _has_decisions(raw: dict[str, Any]) -> bool:
+def _has_decisions(raw: JsonObject) -> bool:
     return any(as_list(rt.get("decisions")) for _, rt in routings(raw))
 
 
-def _replay_refusals(replay: dict[str, Any], base: Path) -> list[Problem]:
+def _replay_refusals(replay: JsonObject, base: Path) -> list[Problem]:
     """router_replay's store: memory, redis and postgres are kept; milvus and qdrant refused
     (written, or inferred from their block alone as upstream infers the store)."""
     backend = replay.get("store_backend")
@@ -149,7 +150,7 @@ def _replay_refusals(replay: dict[str, Any], base: Path) -> list[Problem]:
     return []
 
 
-def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem]:
+def _store_refusals(raw: JsonObject, stores: JsonObject) -> list[Problem]:
     base: Path = ("global", "stores")
     problems: list[Problem] = []
     for key, what in (("memory", "agentic memory"), ("vector_store", "the vector store")):
@@ -177,7 +178,7 @@ def _store_refusals(raw: dict[str, Any], stores: dict[str, Any]) -> list[Problem
     return problems
 
 
-def _catalog_refusals(raw: dict[str, Any], catalog: dict[str, Any]) -> list[Problem]:
+def _catalog_refusals(raw: JsonObject, catalog: JsonObject) -> list[Problem]:
     base: Path = ("global", "model_catalog")
     problems: list[Problem] = []
     comp = as_dict(as_dict(catalog.get("modules")).get("prompt_compression"))

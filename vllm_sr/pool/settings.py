@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 
 # The ignore: mypy reads pydantic's own ``__init__(**data: Any)`` into every model class.
-class PoolSettings(BaseModel):  # type: ignore[explicit-any]
+class PoolSettings(BaseModel):
     """Per-deployment pool settings (from config.yaml's deployment entry)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

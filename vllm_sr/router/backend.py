@@ -23,11 +23,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from vllm_sr.clock import Clock
 from vllm_sr.cluster.health import HealthProbe
 from vllm_sr.config.routing import BackendRef, ProviderModel
+from vllm_sr.config.routing_providers import seconds_or
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 
 log = logging.getLogger("vllm_sr.router.backends")
@@ -67,7 +68,7 @@ def credential_header(ref: BackendRef) -> tuple[str, str]:
     return ref.auth_header or header, ref.auth_prefix or prefix
 
 
-def pricing_of(model: ProviderModel) -> dict[str, Any] | None:
+def pricing_of(model: ProviderModel) -> JsonObject | None:
     """The model's prices as reported (currency USD unless given), or None when it has none
     (upstream's rule: any price, or a currency alone)."""
     if model.pricing is None or not model.pricing.configured:
@@ -103,13 +104,13 @@ class Backend:
             )
         rel = model.reliability
         every_s = (
-            HEALTH_EVERY_S if rel is None else rel.seconds("health_check_interval", HEALTH_EVERY_S)
+            HEALTH_EVERY_S if rel is None else seconds_or(rel.health_check_interval, HEALTH_EVERY_S)
         )
         self.health = health_probe(clock, every_s)
         self.health_timeout_s = (
             HEALTH_TIMEOUT_S
             if rel is None
-            else rel.seconds("health_check_timeout", HEALTH_TIMEOUT_S)
+            else seconds_or(rel.health_check_timeout, HEALTH_TIMEOUT_S)
         )
         self.health_path = None if rel is None else rel.health_check_path
         # With ejection on (consecutive_5xx), a 5xx answer counts toward it instead of marking
@@ -142,7 +143,7 @@ class Backend:
         if not ok:
             self.errors += 1
 
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> JsonObject:
         p50, p99 = self.latency.percentiles(0.5, 0.99)
         return {
             "model": self.model,

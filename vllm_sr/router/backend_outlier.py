@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from vllm_sr.clock import Clock
 from vllm_sr.cluster.ejection import EjectionRules, Streak, decide
 from vllm_sr.config.routing import ProviderModel
+from vllm_sr.config.routing_providers import seconds_or
 
 DEFAULT_BASE_EJECTION_S = 30.0
 DEFAULT_MAX_EJECTION_PERCENT = 50
@@ -73,7 +74,7 @@ class OutlierDetector:
             clock,
             len(model.backend_refs),
             rel.consecutive_5xx,
-            rel.seconds("base_ejection_time", DEFAULT_BASE_EJECTION_S),
+            seconds_or(rel.base_ejection_time, DEFAULT_BASE_EJECTION_S),
             rel.max_ejection_percent,
         )
 

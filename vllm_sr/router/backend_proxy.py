@@ -22,10 +22,11 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from vllm_sr.errors import DeadlineExceeded, VllmSrError
 from vllm_sr.httpserver import Request, Response, StreamResponse
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool.client import StreamedAnswer
 from vllm_sr.router.backend import Backend
 from vllm_sr.router.backend_client import (
@@ -100,7 +101,7 @@ class BackendProxy:
     async def proxy(
         self,
         backend: Backend,
-        body: dict[str, Any],
+        body: JsonObject,
         request: Request,
         headers: Mapping[str, str],
         *,

@@ -28,12 +28,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.cluster.picking import weighted_pick
 from vllm_sr.config.routing import Providers
 from vllm_sr.httpserver import Request, Response, StreamResponse
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.backend import HEALTH_EVERY_S, Backend, pricing_of
 from vllm_sr.router.backend_client import BROKEN, MAX_CONNECTIONS, BackendClients
 from vllm_sr.router.backend_outlier import OutlierDetector
@@ -69,7 +69,7 @@ class BackendSet:
             m.name: [Backend(m, ref, i, clock) for i, ref in enumerate(m.backend_refs)]
             for m in providers.models
         }
-        self.pricing: dict[str, dict[str, Any] | None] = {
+        self.pricing: dict[str, JsonObject | None] = {
             m.name: pricing_of(m) for m in providers.models
         }
         self._least_request = {
@@ -185,7 +185,7 @@ class BackendSet:
         backend.health.record_failure(reason)
         self._wake.set()
 
-    def inventory(self) -> list[dict[str, Any]]:
+    def inventory(self) -> list[JsonObject]:
         """Every backend's entry, each with its model's ``pricing`` (None: none configured)."""
         return [
             {
@@ -201,7 +201,7 @@ class BackendSet:
     async def proxy(
         self,
         backend: Backend,
-        body: dict[str, Any],
+        body: JsonObject,
         request: Request,
         headers: Mapping[str, str],
         *,

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from vllm_sr.router.route import RouteResult
 
 if TYPE_CHECKING:
+    from vllm_sr.config.routing import ModelRef
     from vllm_sr.router.backend import Backend
     from vllm_sr.router.backend_proxy import AttemptFailed
     from vllm_sr.router.backends import BackendSet
@@ -36,9 +37,9 @@ H_BACKEND_RETRIES = "x-vsr-backend-retries"
 
 def candidates(
     result: RouteResult, default_model: str, healthy: Callable[[str], bool]
-) -> list[tuple[str, Any]]:
+) -> list[tuple[str, ModelRef | None]]:
     """(model, modelRef) in the order they are tried: the chosen one first."""
-    out: list[tuple[str, Any]] = [(result.model, result.model_ref)]
+    out: list[tuple[str, ModelRef | None]] = [(result.model, result.model_ref)]
     if not result.routed or result.decision is None:
         return out
     seen = {result.model}
@@ -61,7 +62,7 @@ class Attempts:
     not tried yet, then the next model; all while ``deadline`` (a clock time) lasts."""
 
     def __init__(
-        self, order: list[tuple[str, Any]], backends: BackendSet, deadline: float | None
+        self, order: list[tuple[str, ModelRef | None]], backends: BackendSet, deadline: float | None
     ) -> None:
         self.order = order
         self.backends = backends
@@ -85,7 +86,7 @@ class Attempts:
         left = self.remaining()
         return left is None or left > 0
 
-    def next(self) -> tuple[int, str, Any, Backend] | None:
+    def next(self) -> tuple[int, str, ModelRef | None, Backend] | None:
         """(index in order, model, modelRef, backend) to try now; None when nothing is left
         or the deadline ran out after a failure."""
         if self._i >= len(self.order) or (self.last is not None and not self._time_left()):

@@ -52,8 +52,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
+
+from vllm_sr.jsontypes import JsonObject
 
 DEFAULT_EFFORT = "medium"
 ABSENT_CLIENT_EFFORT = "low"  # what a disabled reasoning_effort family passes on when none was sent
@@ -230,14 +232,14 @@ def _weight(ref: _Weighted) -> int:
 
 
 def apply_reasoning(
-    body: Mapping[str, Any],
+    body: Mapping[str, object],
     model_ref: ModelRefLike | None,
     model: ProviderModelLike,
     defaults: ProviderDefaultsLike,
     backend: BackendRefLike | None,
     *,
     decision_refs: Sequence[ModelRefLike] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The body to send for a chat whose decision matched. ``model_ref``: the decision's chosen
     modelRef (None: the decision had none, reasoning off); ``model``: the providers model that
     serves it (a LoRA's base); ``backend``: the ref of the backend it goes to;
@@ -290,13 +292,13 @@ class _Kwargs:
     """``chat_template_kwargs`` being edited: a copy of the client's object (anything else
     counts as empty), written back only when changed; emptied by a removal, it is dropped."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: JsonObject) -> None:
         self._body = body
         current = body.get(CHAT_TEMPLATE_KWARGS)
-        self._kwargs: dict[str, Any] = dict(current) if isinstance(current, dict) else {}
+        self._kwargs: JsonObject = dict(current) if isinstance(current, dict) else {}
         self._dirty = False
 
-    def set(self, key: str, value: Any) -> None:
+    def set(self, key: str, value: object) -> None:
         self._kwargs[key] = value
         self._dirty = True
 

@@ -3,7 +3,7 @@ from the messages, recipe-scoped keys, and the models' prices."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from vllm_sr.router.learning.protection import Conversation
@@ -19,7 +19,7 @@ def scoped(recipe: str, name: str) -> str:
     return name if recipe == "default" else f"{quote(recipe, safe='')}::{name}"
 
 
-def conversation_facts(messages: Any) -> Conversation:
+def conversation_facts(messages: object) -> Conversation:
     """The turn number, tool-loop state and history size (characters / 4 as tokens) from the
     chat's messages."""
     msgs = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []

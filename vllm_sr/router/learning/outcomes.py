@@ -19,15 +19,16 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import Conflict, InvalidRequest, NotFound
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.learning.adaptation import VERDICTS
 from vllm_sr.router.learning.facts import scoped
-from vllm_sr.router.replay.store import iso
+from vllm_sr.router.replay.store import Record, iso
 
 if TYPE_CHECKING:
     from vllm_sr.router.chat import ChatRouter
@@ -168,7 +169,7 @@ class IdempotencyKeys:
             del self._applied[key]
 
 
-async def ingest(chat: ChatRouter, outcome: Outcome) -> dict[str, Any]:
+async def ingest(chat: ChatRouter, outcome: Outcome) -> JsonObject:
     """Apply one verdict (upstream's UpdateOutcome): ``{"updated", "recorded",
     "duplicate"}``. Raises LearningOff, ReplayNotFound, OwnershipMismatch, or
     StoreUnavailable (the replay store is down; retrying helps)."""
@@ -208,10 +209,10 @@ async def ingest(chat: ChatRouter, outcome: Outcome) -> dict[str, Any]:
         keys.finish(outcome.key, applied)
 
 
-def _entry(chat: ChatRouter, outcome: Outcome, target_ref: str) -> dict[str, Any]:
+def _entry(chat: ChatRouter, outcome: Outcome, target_ref: str) -> JsonObject:
     """The verdict as the record's ``outcomes`` keep it (upstream's Outcome fields; empty
     ones left out as upstream's JSON omits them)."""
-    entry: dict[str, Any] = {
+    entry: JsonObject = {
         "timestamp": iso(chat.replay.clock.time()),
         "source": outcome.source,
         "target": outcome.target,
@@ -225,7 +226,7 @@ def _entry(chat: ChatRouter, outcome: Outcome, target_ref: str) -> dict[str, Any
     return {k: v for k, v in entry.items() if v or k in keep}
 
 
-def _owned_model(outcome: Outcome, record: dict[str, Any]) -> str:
+def _owned_model(outcome: Outcome, record: Record) -> str:
     """The model the record says was chosen; a verdict naming another is refused."""
     model = str(record.get("selected_model") or "").strip()
     if not model:
@@ -241,7 +242,7 @@ def _owned_model(outcome: Outcome, record: dict[str, Any]) -> str:
     return model
 
 
-def _decision_of(chat: ChatRouter, outcome: Outcome, record: dict[str, Any]) -> tuple[str, int]:
+def _decision_of(chat: ChatRouter, outcome: Outcome, record: Record) -> tuple[str, int]:
     """The experience's (decision key, tier): metadata ``decision`` / ``recipe`` /
     ``decision_tier`` when given, else the record's decision and recipe, and the decision's
     tier in the running config (0 when it is gone)."""
@@ -253,5 +254,5 @@ def _decision_of(chat: ChatRouter, outcome: Outcome, record: dict[str, Any]) -> 
         tier = int(raw_tier)
     else:
         found = chat.decisions.get((recipe, decision))
-        tier = int(getattr(found, "tier", 0) or 0)
+        tier = found.tier if found is not None else 0
     return scoped(recipe, decision) if decision else "", tier

@@ -11,9 +11,10 @@ import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.learning_rules import CandidateSet
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.learning import adaptation as adapt
 from vllm_sr.router.learning import protection as protect
 from vllm_sr.router.learning.facts import cache_pressure, conversation_facts, prices, scoped
@@ -28,6 +29,8 @@ from vllm_sr.router.learning.settings import (
 from vllm_sr.router.learning.state import LearningState
 
 if TYPE_CHECKING:
+    from vllm_sr.config.routing import Decision
+    from vllm_sr.config.upstream_learning import LearningStateStore
     from vllm_sr.router.route import Router, RouteResult
 
 log = logging.getLogger("vllm_sr.router.learning")
@@ -54,7 +57,7 @@ class Turn:
 @dataclass(frozen=True)
 class _RouterFacts:
     router: Router
-    decisions: dict[str, Any]
+    decisions: dict[str, Decision]
     costs: dict[str, float]  # prompt + completion price per model
     pressure: dict[str, float]  # cache checkout price share per model
 
@@ -77,7 +80,7 @@ class RouterLearning:
         self,
         settings: LearningSettings,
         state: LearningState | None = None,
-        store: Any = None,
+        store: LearningStateStore | None = None,
     ) -> None:
         """``store``: ``global.router.learning.state_store`` (redis shares the conversations)."""
         self.settings = settings
@@ -90,7 +93,7 @@ class RouterLearning:
     def enabled(self) -> bool:
         return self.settings.enabled
 
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> JsonObject:
         """Conversations tracked here, the store, its failures and the actions by decision."""
         st = self.state
         return {
@@ -120,7 +123,7 @@ class RouterLearning:
         self,
         router: Router,
         result: RouteResult,
-        body: Mapping[str, Any],
+        body: Mapping[str, object],
         headers: Mapping[str, str],
     ) -> Turn | None:
         """The routed chat's learning, None when learning does not touch it (off, a named
@@ -161,7 +164,7 @@ class RouterLearning:
         self,
         router: Router,
         result: RouteResult,
-        decision: Any,
+        decision: Decision,
         cfg: DecisionLearning,
         sampling: bool,
         policies: Policies,
@@ -183,7 +186,7 @@ class RouterLearning:
         self,
         router: Router,
         result: RouteResult,
-        decision: Any,
+        decision: Decision,
         cfg: DecisionLearning,
         req: _Request,
         key: str,
@@ -269,7 +272,7 @@ class RouterLearning:
 
     # -- the parts ------------------------------------------------------------------------
 
-    def _read(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> _Request:
+    def _read(self, body: Mapping[str, object], headers: Mapping[str, str]) -> _Request:
         s = self.settings
         session = headers.get(s.session_header.lower(), "").strip()
         conversation = headers.get(s.conversation_header.lower(), "").strip()
@@ -306,7 +309,7 @@ class RouterLearning:
         self,
         router: Router,
         result: RouteResult,
-        decision: Any,
+        decision: Decision,
         cfg: DecisionLearning,
         sampling: bool,
     ) -> tuple[adapt.AdaptationResult, list[str]]:
@@ -333,7 +336,7 @@ class RouterLearning:
         ]
 
     def _candidate_set(
-        self, router: Router, result: RouteResult, decision: Any, candidate_set: CandidateSet
+        self, router: Router, result: RouteResult, decision: Decision, candidate_set: CandidateSet
     ) -> list[str]:
         """decision: its modelRefs; tier: every decision's of the same tier (tier > 0);
         global: the default model, every decision's, every provider model. Only models with a

@@ -5,9 +5,19 @@ beyond it, and ``bypass`` turns both off)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from vllm_sr.config.learning_rules import DEFAULT_CANDIDATE_SET, CandidateSet, candidate_set_of
+from vllm_sr.config.routing import Adaptations
+from vllm_sr.config.routing import LearningAdaptation as DecisionAdaptation
+from vllm_sr.config.routing import LearningProtection as DecisionProtection
+from vllm_sr.config.upstream_learning import (
+    LearningAdaptation,
+    LearningIdentity,
+    LearningIdentityHeaders,
+    LearningProtection,
+    LearningTuning,
+    RouterLearning,
+)
 
 APPLY, OBSERVE, BYPASS = "apply", "observe", "bypass"
 SESSION_HEADER = "x-session-id"
@@ -39,27 +49,25 @@ class LearningSettings:
     state_ttl_s: float = DEFAULT_STATE_TTL_S
 
     @classmethod
-    def from_config(cls, learning: Any) -> LearningSettings:
-        """From ``global.router.learning`` (a ``RouterLearning`` or None)."""
+    def from_config(cls, learning: RouterLearning | None) -> LearningSettings:
+        """From ``global.router.learning`` (None: off)."""
         if learning is None or not learning.enabled:
             return cls()
-        adaptation = learning.adaptation
-        protection = learning.protection
-        headers = _get(_get(protection, "identity"), "headers")
-        tuning = _get(protection, "tuning")
-        store = learning.state_store
+        adaptation = learning.adaptation or LearningAdaptation()
+        protection = learning.protection or LearningProtection()
+        headers = (protection.identity or LearningIdentity()).headers or LearningIdentityHeaders()
+        ttl = learning.state_store.ttl_seconds if learning.state_store else None
         return cls(
             enabled=True,
-            adaptation=_get(adaptation, "enabled") is not False,
-            candidate_set=candidate_set_of(_get(adaptation, "candidate_set"))
-            or DEFAULT_CANDIDATE_SET,
-            strategy=_text(_get(adaptation, "strategy")) or "routing_sampling",
-            protection=_get(protection, "enabled") is not False,
-            scope=_text(_get(protection, "scope")) or "conversation",
-            session_header=_text(_get(headers, "session")) or SESSION_HEADER,
-            conversation_header=_text(_get(headers, "conversation")) or CONVERSATION_HEADER,
-            tuning=_tuning(Tuning(), tuning),
-            state_ttl_s=float(_get(store, "ttl_seconds") or 0) or DEFAULT_STATE_TTL_S,
+            adaptation=adaptation.enabled is not False,
+            candidate_set=candidate_set_of(adaptation.candidate_set) or DEFAULT_CANDIDATE_SET,
+            strategy=_text(adaptation.strategy) or "routing_sampling",
+            protection=protection.enabled is not False,
+            scope=_text(protection.scope) or "conversation",
+            session_header=_text(headers.session) or SESSION_HEADER,
+            conversation_header=_text(headers.conversation) or CONVERSATION_HEADER,
+            tuning=_tuning(Tuning(), protection.tuning),
+            state_ttl_s=float(ttl or 0) or DEFAULT_STATE_TTL_S,
         )
 
 
@@ -73,28 +81,27 @@ class DecisionLearning:
     tuning: Tuning
 
 
-def for_decision(settings: LearningSettings, adaptations: Any) -> DecisionLearning:
+def for_decision(settings: LearningSettings, adaptations: Adaptations | None) -> DecisionLearning:
     """Upstream's ``AdaptationMode``, ``ProtectionMode``, ``AdaptationCandidateSet`` and
     ``ApplyProtectionTuning`` for a decision's ``adaptations`` (None: apply everywhere)."""
-    mode = _text(_get(adaptations, "mode")) or APPLY
-    adaptation = _get(adaptations, "adaptation")
-    protection = _get(adaptations, "protection")
+    given = adaptations or Adaptations()
+    mode = _text(given.mode) or APPLY
+    adaptation = given.adaptation or DecisionAdaptation()
+    protection = given.protection or DecisionProtection()
     tuning = settings.tuning
-    weight = _get(protection, "stability_weight")
-    margin = _get(protection, "switch_margin")
-    if weight is not None:
-        tuning = replace(tuning, stability_weight=float(weight))
-    if margin is not None:
-        tuning = replace(tuning, switch_margin=float(margin))
+    if protection.stability_weight is not None:
+        tuning = replace(tuning, stability_weight=float(protection.stability_weight))
+    if protection.switch_margin is not None:
+        tuning = replace(tuning, switch_margin=float(protection.switch_margin))
     return DecisionLearning(
-        adaptation_mode=_component_mode(mode, _text(_get(adaptation, "mode"))),
-        protection_mode=_component_mode(mode, _text(_get(protection, "mode"))),
-        candidate_set=candidate_set_of(_get(adaptation, "candidate_set")) or settings.candidate_set,
+        adaptation_mode=_component_mode(mode, _text(adaptation.mode)),
+        protection_mode=_component_mode(mode, _text(protection.mode)),
+        candidate_set=candidate_set_of(adaptation.candidate_set) or settings.candidate_set,
         tuning=tuning,
     )
 
 
-def changes_at_execution(settings: LearningSettings, adaptations: Any) -> bool:
+def changes_at_execution(settings: LearningSettings, adaptations: Adaptations | None) -> bool:
     """Whether learning may change a decision's model when a chat runs (upstream's eval then
     answers ``execution_required``): learning on, and adaptation or protection on in apply
     mode for the decision."""
@@ -114,7 +121,7 @@ def _component_mode(decision_mode: str, component: str) -> str:
     return component
 
 
-def _tuning(base: Tuning, tuning: Any) -> Tuning:
+def _tuning(base: Tuning, tuning: LearningTuning | None) -> Tuning:
     if tuning is None:
         return base
     idle = tuning.idle_timeout_seconds
@@ -129,9 +136,5 @@ def _tuning(base: Tuning, tuning: Any) -> Tuning:
     )
 
 
-def _get(obj: Any, key: str) -> Any:
-    return None if obj is None else getattr(obj, key, None)
-
-
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.strip() if isinstance(value, str) else ""

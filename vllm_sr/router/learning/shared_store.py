@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router.redis_client import redis_client
+
+if TYPE_CHECKING:
+    from vllm_sr.config.upstream_learning import LearningStateStore
 
 log = logging.getLogger("vllm_sr.router.learning")
 
@@ -28,7 +32,7 @@ DEFAULT_TTL_S = 24 * 3600
 class SharedConversations:
     def __init__(
         self,
-        address: str,
+        address: str | None,
         *,
         password: str | None = None,
         database: int = 0,
@@ -44,8 +48,11 @@ class SharedConversations:
         self.client = redis_client(address, db=database, password=password, timeout_s=timeout)
 
     @classmethod
-    def from_config(cls, store: Any) -> SharedConversations:
-        redis = store.redis
+    def from_config(cls, store: LearningStateStore) -> SharedConversations:
+        """From a ``state_store`` whose backend is redis (validation requires its address)."""
+        from vllm_sr.config.upstream_learning import LearningRedis
+
+        redis = store.redis or LearningRedis()
         timeout_ms = store.timeout_ms
         return cls(
             redis.address,
@@ -56,7 +63,7 @@ class SharedConversations:
             ttl_s=store.ttl_seconds or None,
         )
 
-    async def load(self, key: str) -> dict[str, Any] | None:
+    async def load(self, key: str) -> JsonObject | None:
         """The conversation's stored state, None when absent, unreadable or the store failed."""
         try:
             raw = await self.client.get(self.prefix + key)
@@ -69,9 +76,9 @@ class SharedConversations:
             doc = json.loads(raw)
         except ValueError:
             return None
-        return doc if isinstance(doc, dict) else None
+        return json_object(doc)
 
-    async def save(self, key: str, doc: dict[str, Any]) -> None:
+    async def save(self, key: str, doc: JsonObject) -> None:
         try:
             await self.client.set(self.prefix + key, json.dumps(doc), px=self.ttl_ms)
         except (RedisError, OSError) as exc:

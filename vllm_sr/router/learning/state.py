@@ -8,13 +8,16 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.learning.adaptation import ExperienceStore
 from vllm_sr.router.learning.memory import ConversationMemory
 from vllm_sr.router.learning.outcomes import IdempotencyKeys
 from vllm_sr.router.learning.shared_store import SharedConversations
+
+if TYPE_CHECKING:
+    from vllm_sr.config.upstream_learning import LearningStateStore
 
 
 def _time_seed() -> int:
@@ -33,7 +36,7 @@ class LearningState:
     # (decision, method, action) -> requests
     actions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     shared: SharedConversations | None = field(init=False, default=None)
-    _shared_conf: Any = field(init=False, default=None)
+    _shared_conf: LearningStateStore | None = field(init=False, default=None)
     _retired: list[SharedConversations] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -41,11 +44,11 @@ class LearningState:
         self.experience = ExperienceStore(self.clock)
         self.outcome_keys = IdempotencyKeys(self.clock)
 
-    def use_store(self, store: Any) -> None:
+    def use_store(self, store: LearningStateStore | None) -> None:
         """The generation's ``state_store`` (None: local only): the redis client is kept while
         its settings are, else replaced (the old one closed by :meth:`close_retired`)."""
-        backend = getattr(store, "backend", None)
-        conf = store if isinstance(backend, str) and backend.strip() == "redis" else None
+        backend = store.backend if store is not None else None
+        conf = store if backend is not None and backend.strip() == "redis" else None
         if conf == self._shared_conf:
             return
         if self.shared is not None:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.cache.answer import replay_sse
 
 H_FAST = "x-vsr-fast-response"
 
 
-def fast_document(message: str, now: float | None = None) -> dict[str, Any]:
+def fast_document(message: str, now: float | None = None) -> JsonObject:
     created = int(time.time() if now is None else now)
     return {
         "id": f"chatcmpl-fast-{created}",

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.routing_plugins import RouterReplayPlugin
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.replay import build_writer
 from vllm_sr.router.replay.store import MemoryReplayStore, Record, ReplayQuery, iso
 from vllm_sr.router.replay.writer import ReplayWriter
+
+if TYPE_CHECKING:
+    from vllm_sr.config.router_replay import RouterReplay
+    from vllm_sr.router.backend_proxy import AnswerTap
 
 H_REPLAY_ID = "x-vsr-replay-id"
 GLOBAL_DEFAULT = RouterReplayPlugin(enabled=True)  # upstream's plugin defaults
@@ -67,7 +72,7 @@ class ReplayTap:
 class TeeTap:
     """Several taps as one."""
 
-    def __init__(self, *taps: Any) -> None:
+    def __init__(self, *taps: AnswerTap | None) -> None:
         self.taps = [t for t in taps if t is not None]
 
     def whole(self, status: int, body: bytes) -> None:
@@ -83,6 +88,27 @@ class TeeTap:
             t.finish()
 
 
+class ChatFacts(TypedDict):
+    """What :meth:`ReplayLog.build` records of one chat (its keyword arguments)."""
+
+    replay_id: str
+    decision: str
+    recipe: str
+    original_model: str | None
+    selected_model: str
+    answered_by: str | None
+    matched_signals: tuple[str, ...]
+    body: bytes
+    stream: bool
+    status: int
+    latency_ms: float
+    path: str
+    response: ReplayTap | None
+    fallbacks: NotRequired[list[tuple[str, str]] | None]
+    response_body: NotRequired[bytes | None]
+    session: NotRequired[Mapping[str, object] | None]
+
+
 class ReplayLog:
     """Builds each record and hands it to the writer (kept across config reloads while the
     store settings stay the same, like the counters)."""
@@ -92,7 +118,7 @@ class ReplayLog:
         self.clock = clock
 
     @classmethod
-    def from_config(cls, conf: Any, clock: Clock = SYSTEM_CLOCK) -> ReplayLog:
+    def from_config(cls, conf: RouterReplay | None, clock: Clock = SYSTEM_CLOCK) -> ReplayLog:
         """For ``global.services.router_replay`` (None: the memory store, no TTL)."""
         return cls(build_writer(conf, clock), clock)
 
@@ -118,7 +144,7 @@ class ReplayLog:
         response: ReplayTap | None,
         fallbacks: list[tuple[str, str]] | None = None,
         response_body: bytes | None = None,
-        session: Mapping[str, Any] | None = None,
+        session: Mapping[str, object] | None = None,
     ) -> Record:
         """One record, upstream's field names where upstream has the field (``timestamp`` is
         when the chat arrived; ``duration_ms`` until its answer was complete)."""
@@ -151,7 +177,7 @@ class ReplayLog:
             rec["response_bytes"] = size
         return rec
 
-    async def record(self, plugin: RouterReplayPlugin, **fields: Any) -> Record:
+    async def record(self, plugin: RouterReplayPlugin, **fields: Unpack[ChatFacts]) -> Record:
         """Build the record and keep it (a store that cannot keep it counts it lost)."""
         rec = self.build(plugin, **fields)
         await self.writer.write(rec, plugin.max_records)
@@ -163,7 +189,7 @@ class ReplayLog:
         since: int = 0,
         recipe: str | None = None,
         session: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """Records after ``since`` (oldest first, at most ``store.MAX_LIST``), of one decision,
         recipe (two recipes may each have a decision of one name) and/or session, or all; raises
         StoreUnavailable while the store is down."""

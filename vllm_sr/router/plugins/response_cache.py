@@ -17,17 +17,20 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.routing_plugins import ResponseCachePlugin
 from vllm_sr.errors import VllmSrError
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.cache import keys
 from vllm_sr.router.cache.answer import as_hit
 from vllm_sr.router.cache.embedding import QueryEmbedding
 from vllm_sr.router.cache.store import DEFAULT_TTL_S, CacheStore, Entry, normalise
 
 if TYPE_CHECKING:
+    from vllm_sr.config.routing import Decision
+    from vllm_sr.config.schema import GlobalSection
     from vllm_sr.router.route import Exchange
 
 log = logging.getLogger("vllm_sr.router.cache")
@@ -43,7 +46,7 @@ class CacheStats:
     errors: Counter[str] = field(default_factory=Counter)  # store kind
     skipped: Counter[str] = field(default_factory=Counter)  # why a chat was not cached
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "hits": [
                 {"decision": d, "tier": t, "count": n} for (d, t), n in sorted(self.hits.items())
@@ -80,7 +83,7 @@ class CachePlan:
 
 @dataclass(frozen=True)
 class Hit:
-    doc: dict[str, Any]
+    doc: JsonObject
     tier: str  # exact or semantic
     similarity: float
 
@@ -109,10 +112,10 @@ class ResponseCache:
         self,
         plugin: ResponseCachePlugin,
         *,
-        body: Mapping[str, Any],
+        body: Mapping[str, object],
         headers: Mapping[str, str],
         recipe: str,
-        decision: Any,
+        decision: Decision,
         selected_model: str,
         user_id_header: str,
         user_groups_header: str,
@@ -184,7 +187,7 @@ class ResponseCache:
         max_age = plan.controls.max_age_s
         return max_age is None or now - entry.created <= max_age
 
-    async def write(self, plan: CachePlan, doc: dict[str, Any] | None) -> None:
+    async def write(self, plan: CachePlan, doc: JsonObject | None) -> None:
         """Store the answer (``doc``: the recorder's document, None when not cacheable)."""
         if doc is None:
             self.stats.skipped["not_cacheable"] += 1
@@ -215,7 +218,9 @@ class ResponseCache:
         self.stats.writes[plan.decision] += 1
 
 
-def build_store(global_: Any, *, clock: Clock = SYSTEM_CLOCK) -> tuple[CacheStore | None, int]:
+def build_store(
+    global_: GlobalSection | None, *, clock: Clock = SYSTEM_CLOCK
+) -> tuple[CacheStore | None, int]:
     """``global.stores.response_cache`` -> (the store, or None when the cache is off; the
     default TTL). ``enabled`` unset means on (upstream's default); ``backend_type`` memory (the
     default) or redis (the others are refused at load); ``max_entries`` (default 1000) and
@@ -223,11 +228,9 @@ def build_store(global_: Any, *, clock: Clock = SYSTEM_CLOCK) -> tuple[CacheStor
     from vllm_sr.router.cache.redis_store import RedisStore, redis_client
     from vllm_sr.router.cache.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, MemoryStore
 
-    conf = None
-    if global_ is not None:
-        conf = getattr(getattr(global_, "stores", None), "response_cache", None)
-    if conf is None:
+    if global_ is None:
         return MemoryStore(clock=clock), DEFAULT_TTL_S
+    conf = global_.stores.response_cache
     enabled = conf.enabled if "enabled" in conf.model_fields_set else True
     ttl = conf.ttl_seconds if conf.ttl_seconds is not None else DEFAULT_TTL_S
     if not enabled:
@@ -236,5 +239,5 @@ def build_store(global_: Any, *, clock: Clock = SYSTEM_CLOCK) -> tuple[CacheStor
         client, prefix = redis_client(conf.redis)
         return RedisStore(client, prefix), ttl
     max_entries = conf.max_entries if conf.max_entries is not None else DEFAULT_MAX_ENTRIES
-    max_bytes = getattr(conf, "max_bytes", None) or DEFAULT_MAX_BYTES
+    max_bytes = conf.max_bytes or DEFAULT_MAX_BYTES
     return MemoryStore(max_bytes=max_bytes, max_entries=max_entries, clock=clock), ttl

@@ -8,7 +8,6 @@ the body (a new dict; the caller's is never changed). They run in upstream's ord
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from vllm_sr.config.routing_plugins import (
     HeaderMutationPlugin,
@@ -16,6 +15,7 @@ from vllm_sr.config.routing_plugins import (
     SystemPromptPlugin,
     ToolsPlugin,
 )
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router.message_text import SYSTEM, message_text
 
 # Upstream's allowedTopLevelFields: what strip_unknown keeps.
@@ -28,7 +28,7 @@ KNOWN_PARAMS = frozenset(
 )  # fmt: skip
 
 
-def apply_system_prompt(body: dict[str, Any], plugin: SystemPromptPlugin) -> dict[str, Any]:
+def apply_system_prompt(body: JsonObject, plugin: SystemPromptPlugin) -> JsonObject:
     """insert (the default): the prompt, a blank line, the existing first system message's
     text; any other mode: the prompt alone. No system message first: one is prepended."""
     messages = body.get("messages")
@@ -36,20 +36,16 @@ def apply_system_prompt(body: dict[str, Any], plugin: SystemPromptPlugin) -> dic
         return body
     prompt = plugin.system_prompt
     mode = plugin.mode or "insert"
-    first = messages[0] if messages else None
-    has_system = isinstance(first, dict) and first.get("role") == "system"
-    if has_system and mode == "insert":
-        content = prompt + "\n\n" + message_text(first["content"], SYSTEM)  # type: ignore[index]
-    else:
-        content = prompt
-    if has_system:
-        new_messages = [{**first, "content": content}, *messages[1:]]  # type: ignore[dict-item]
-    else:
-        new_messages = [{"role": "system", "content": content}, *messages]
-    return {**body, "messages": new_messages}
+    first = json_object(messages[0]) if messages else None
+    if first is None or first.get("role") != "system":
+        return {**body, "messages": [{"role": "system", "content": prompt}, *messages]}
+    content = (
+        prompt + "\n\n" + message_text(first["content"], SYSTEM) if mode == "insert" else prompt
+    )
+    return {**body, "messages": [{**first, "content": content}, *messages[1:]]}
 
 
-def _whole_number(value: Any) -> int | None:
+def _whole_number(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -59,7 +55,7 @@ def _whole_number(value: Any) -> int | None:
     return None
 
 
-def apply_request_params(body: dict[str, Any], plugin: RequestParamsPlugin) -> dict[str, Any]:
+def apply_request_params(body: JsonObject, plugin: RequestParamsPlugin) -> JsonObject:
     """Blocked keys removed; an integer ``max_tokens`` / ``n`` above its limit lowered to it (a
     fractional one removed, so a cap cannot be dodged by truncation); with ``strip_unknown``
     only upstream's known chat parameters kept."""
@@ -97,16 +93,16 @@ TOOL_CONTROLS = (
 )  # fmt: skip
 
 
-def _tool_name(tool: Any) -> str | None:
+def _tool_name(tool: object) -> str | None:
     fn = tool.get("function") if isinstance(tool, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
     return name if isinstance(name, str) else None
 
 
-def _without_tool_history(messages: list[Any]) -> list[Any]:
+def _without_tool_history(messages: list[object]) -> list[object]:
     """Tool and function messages removed; assistant messages lose their tool calls, and go
     when nothing else (content, refusal, audio) is left."""
-    out = []
+    out: list[object] = []
     for msg in messages:
         if not isinstance(msg, dict):
             out.append(msg)
@@ -128,7 +124,7 @@ def _without_tool_history(messages: list[Any]) -> list[Any]:
     return out
 
 
-def apply_tools(body: dict[str, Any], plugin: ToolsPlugin) -> dict[str, Any]:
+def apply_tools(body: JsonObject, plugin: ToolsPlugin) -> JsonObject:
     """none: every tool control removed (and with strip_tool_history, the tool history);
     filtered: tools outside allow_tools or in block_tools removed (by function name); a
     ``tool_choice`` left with no tools is removed too. passthrough (and a disabled policy):
@@ -140,8 +136,9 @@ def apply_tools(body: dict[str, Any], plugin: ToolsPlugin) -> dict[str, Any]:
     if mode == "none":
         for key in TOOL_CONTROLS:
             out.pop(key, None)
-        if plugin.strip_tool_history and isinstance(out.get("messages"), list):
-            out["messages"] = _without_tool_history(out["messages"])
+        messages = out.get("messages")
+        if plugin.strip_tool_history and isinstance(messages, list):
+            out["messages"] = _without_tool_history(messages)
         return out
     tools = out.get("tools")
     if isinstance(tools, list):

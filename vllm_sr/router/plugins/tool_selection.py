@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy
+from numpy.typing import NDArray
 
 from vllm_sr.config.routing_plugins import ToolSelectionPlugin
 from vllm_sr.errors import VllmSrError
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import bundle
 from vllm_sr.router.bundle import BUNDLE_PATH
 from vllm_sr.router.cache.embedding import QueryEmbedding
@@ -33,9 +35,11 @@ log = logging.getLogger("vllm_sr.router.tools")
 DEFAULT_RELEVANCE = 0.25
 MAX_KNOWN = 4096  # tool texts whose embeddings are kept
 TASK = "tools"
+_T = TypeVar("_T")
+Vector = NDArray[numpy.float32]
 
 
-def tool_text(tool: Any) -> str:
+def tool_text(tool: object) -> str:
     """``name description`` (trimmed), as upstream embeds a tool."""
     fn = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(fn, dict):
@@ -44,7 +48,7 @@ def tool_text(tool: Any) -> str:
     return " ".join(p for p in parts if p)
 
 
-def select(tools: list[Any], scores: list[float], threshold: float, preserve: int) -> list[Any]:
+def select(tools: list[_T], scores: list[float], threshold: float, preserve: int) -> list[_T]:
     """Best first (ties in request order): those scoring ``threshold`` or more, then the next
     best (distinct names) up to ``preserve``."""
     order = sorted(range(len(tools)), key=lambda i: (-scores[i], i))
@@ -61,7 +65,7 @@ def select(tools: list[Any], scores: list[float], threshold: float, preserve: in
     return [tools[i] for i in kept]
 
 
-def _name(tool: Any) -> str:
+def _name(tool: object) -> str:
     fn = tool.get("function") if isinstance(tool, dict) else None
     return str((fn or {}).get("name") or "").strip().lower()
 
@@ -73,10 +77,10 @@ class ToolEmbeddings:
         self.deployment = deployment
         self.exchange = exchange
         self.timeout_ms = timeout_ms
-        self.known: OrderedDict[str, numpy.ndarray] = OrderedDict()
+        self.known: OrderedDict[str, Vector] = OrderedDict()
         self.exchanges = 0
 
-    async def vectors(self, texts: list[str]) -> list[numpy.ndarray] | None:
+    async def vectors(self, texts: list[str]) -> list[Vector] | None:
         missing = list(dict.fromkeys(t for t in texts if t not in self.known))
         if missing:
             body = bundle.request([bundle.embed_task(TASK, missing)])
@@ -102,11 +106,11 @@ class ToolEmbeddings:
 
 
 async def apply_tool_selection(
-    body: dict[str, Any],
+    body: JsonObject,
     plugin: ToolSelectionPlugin,
     query: QueryEmbedding,
     embeddings: ToolEmbeddings,
-) -> dict[str, Any]:
+) -> JsonObject:
     tools = body.get("tools")
     if not plugin.enabled or plugin.mode != "filter" or body.get("tool_choice") != "auto":
         return body

@@ -4,14 +4,17 @@ that is down from ever failing a chat (``writer``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.replay.store import MemoryReplayStore, ReplayStore
 from vllm_sr.router.replay.writer import ReplayWriter
 
+if TYPE_CHECKING:
+    from vllm_sr.config.router_replay import RouterReplay
 
-def build_store(conf: Any, clock: Clock = SYSTEM_CLOCK) -> ReplayStore:
+
+def build_store(conf: RouterReplay | None, clock: Clock = SYSTEM_CLOCK) -> ReplayStore:
     """The store ``conf`` (a ``RouterReplay``, None: memory without TTL) names; the redis and
     postgres clients are imported only when used."""
     if conf is None:
@@ -29,6 +32,6 @@ def build_store(conf: Any, clock: Clock = SYSTEM_CLOCK) -> ReplayStore:
     return MemoryReplayStore(conf.ttl_seconds, clock)
 
 
-def build_writer(conf: Any, clock: Clock = SYSTEM_CLOCK) -> ReplayWriter:
-    async_writes = bool(getattr(conf, "async_writes", False))
+def build_writer(conf: RouterReplay | None, clock: Clock = SYSTEM_CLOCK) -> ReplayWriter:
+    async_writes = conf is not None and conf.async_writes
     return ReplayWriter(build_store(conf, clock), async_writes=async_writes, clock=clock)

@@ -12,10 +12,10 @@ record that was written, plus its ``seq``."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from vllm_sr.jsontypes import json_object
 from vllm_sr.router.replay.store import TIME_FORMAT, Record
 
 CREATE_TABLE = """
@@ -157,7 +157,7 @@ def _naive(stamp: str) -> datetime:
     return datetime.strptime(stamp, TIME_FORMAT)
 
 
-def encode(record: Record) -> tuple[Any, ...]:
+def encode(record: Record) -> tuple[object, ...]:
     """The INSERT_COLUMNS values of ``record``."""
     started = _naive(str(record["timestamp"]))
     ours = {k: v for k, v in record.items() if k not in COLUMN_FIELDS}
@@ -166,8 +166,10 @@ def encode(record: Record) -> tuple[Any, ...]:
         "selected_model": record.get("selected_model"),
         "annotations": {"vllm_sr": ours},
     }
-    values: list[Any] = [record.get(k) for k in (*PLAIN, *OPTIONAL)]
-    values += [started, started + timedelta(milliseconds=int(record.get("duration_ms") or 0))]
+    values: list[object] = [record.get(k) for k in (*PLAIN, *OPTIONAL)]
+    duration = record.get("duration_ms")
+    ms = int(duration) if isinstance(duration, (int, float)) else 0
+    values += [started, started + timedelta(milliseconds=ms)]
     values.append(Jsonb(record.get("signals") or {}))
     for body, flag in BODIES:
         values += [record.get(body), bool(record.get(flag, False))]
@@ -175,7 +177,7 @@ def encode(record: Record) -> tuple[Any, ...]:
     return tuple(values)
 
 
-def decode(row: tuple[Any, ...]) -> Record:
+def decode(row: tuple[object, ...]) -> Record:
     """A SELECT_COLUMNS row -> the record as written, with its ``seq``."""
     cols = dict(zip(SELECT_COLUMNS, row, strict=True))
     rec: Record = {k: cols[k] for k in PLAIN}
@@ -188,7 +190,9 @@ def decode(row: tuple[Any, ...]) -> Record:
             rec[body], rec[flag] = cols[body], bool(cols[flag])
     if cols["outcomes"]:  # upstream's column: the verdicts posted on this chat
         rec["outcomes"] = cols["outcomes"]
-    diagnostics = cols["route_diagnostics"] or {}
-    rec.update(((diagnostics.get("annotations") or {}).get("vllm_sr")) or {})
-    rec["seq"] = int(cols["vsr_seq"])
+    diagnostics = json_object(cols["route_diagnostics"]) or {}
+    annotations = json_object(diagnostics.get("annotations")) or {}
+    rec.update(json_object(annotations.get("vllm_sr")) or {})
+    seq = cols["vsr_seq"]  # the BIGSERIAL column: an int
+    rec["seq"] = seq if isinstance(seq, int) else int(str(seq))
     return rec

@@ -5,17 +5,18 @@
 writes one small row per routed chat, far below what one connection carries, and a single
 connection keeps a dead server's cost to one failed attempt. Records older than
 ``ttl_seconds`` (by ``created_at``, as upstream deletes them) are left out of reads and
-deleted at most once a minute after a write. Any failure closes the connection and raises
+deleted at most once a minute after a write. A failure closes the connection and raises
 :class:`StoreUnavailable`; the writer reconnects later (writer.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
@@ -28,14 +29,24 @@ CONNECT_TIMEOUT_S = 2  # libpq's connect_timeout (whole seconds)
 CLEANUP_EVERY_S = 60.0
 
 
-def connection_params(conf: RouterReplayPostgres) -> dict[str, Any]:
+class ConnectionParams(TypedDict):
+    host: str
+    port: int
+    dbname: str
+    user: str
+    sslmode: str
+    connect_timeout: int
+    password: NotRequired[str]
+
+
+def connection_params(conf: RouterReplayPostgres) -> ConnectionParams:
     """libpq parameters of ``conf`` (upstream's defaults; ``${VAR}`` expanded)."""
     if not conf.database or not conf.user:
         raise StoreUnavailable(
             "the postgres router_replay store needs global.services.router_replay.postgres "
             "database and user; accepted: both set"
         )
-    params: dict[str, Any] = {
+    params: ConnectionParams = {
         "host": expand_env(conf.host or "localhost"),
         "port": conf.port or 5432,
         "dbname": expand_env(conf.database),
@@ -61,7 +72,7 @@ class PostgresReplayStore:
         self.table = self.conf.table_name or DEFAULT_TABLE
         self.ttl_s = ttl_s
         self.clock = clock
-        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.conn: psycopg.AsyncConnection[TupleRow] | None = None
         self.lock = asyncio.Lock()
         self.next_cleanup = 0.0
         t = sql.Identifier(self.table)
@@ -118,7 +129,7 @@ class PostgresReplayStore:
 
     async def read(self, query: ReplayQuery) -> ReadResult:
         where: list[sql.Composable] = [sql.SQL("vsr_seq > %s")]
-        args: list[Any] = [query.since]
+        args: list[object] = [query.since]
         for column, value in (
             ("decision", query.decision),
             ("recipe", query.recipe),
@@ -149,7 +160,7 @@ class PostgresReplayStore:
         return [codec.decode(r) for r in rows], last, sorted(names)
 
     async def get(self, record_id: str) -> Record | None:
-        args: list[Any] = [record_id]
+        args: list[object] = [record_id]
         where: list[sql.Composable] = [sql.SQL("id = %s"), *self._fresh(args)]
         query = sql.SQL("{} WHERE {}").format(self.select, sql.SQL(" AND ").join(where))
         async with self.lock:
@@ -163,7 +174,7 @@ class PostgresReplayStore:
 
     async def append_outcome(self, record_id: str, outcome: Record) -> bool:
         """One UPDATE appending to upstream's ``outcomes`` JSONB array (atomic in postgres)."""
-        args: list[Any] = [Jsonb([outcome]), record_id]
+        args: list[object] = [Jsonb([outcome]), record_id]
         where: list[sql.Composable] = [sql.SQL("id = %s"), *self._fresh(args)]
         query = sql.SQL(
             "UPDATE {} SET outcomes = COALESCE(outcomes, '[]'::jsonb) || %s WHERE {}"
@@ -177,14 +188,14 @@ class PostgresReplayStore:
                 raise _down(exc) from None
         return cur.rowcount > 0
 
-    def _fresh(self, args: list[Any]) -> list[sql.Composable]:
+    def _fresh(self, args: list[object]) -> list[sql.Composable]:
         """The TTL's condition (none without a TTL); its argument goes on ``args``."""
         if self.ttl_s <= 0:
             return []
         args.append(self.ttl_s)
         return [sql.SQL("created_at >= NOW() - make_interval(secs => %s)")]
 
-    def _conn(self) -> psycopg.AsyncConnection[Any]:
+    def _conn(self) -> psycopg.AsyncConnection[TupleRow]:
         if self.conn is None or self.conn.closed:
             raise StoreUnavailable("the postgres router_replay store is not connected")
         return self.conn

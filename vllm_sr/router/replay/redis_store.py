@@ -23,7 +23,13 @@ from redis.exceptions import RedisError, WatchError
 from vllm_sr.config.router_replay import DEFAULT_KEY_PREFIX, RouterReplayRedis
 from vllm_sr.router.redis_client import redis_client as shared_redis_client
 from vllm_sr.router.replay.envexpand import expand_env
-from vllm_sr.router.replay.store import ReadResult, Record, ReplayQuery, StoreUnavailable
+from vllm_sr.router.replay.store import (
+    ReadResult,
+    Record,
+    ReplayQuery,
+    StoreUnavailable,
+    with_outcome,
+)
 
 TIMEOUT_S = 2.0  # a store slower than this is treated as down
 DEFAULT_POOL = 10
@@ -69,18 +75,19 @@ class RedisReplayStore:
     async def add(self, record: Record, max_records: int) -> int:
         """``max_records`` is not applied: a shared store is bounded by its TTL (upstream)."""
         decision = str(record.get("decision") or "")
+        rid, session = str(record["id"]), record.get("session_id")
         try:
             seq = int(await self.client.incr(self.seq_key))
             doc = json.dumps({**record, "seq": seq}, ensure_ascii=False)
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.set(self.prefix + record["id"], doc, ex=self.ttl_s or None)
-                pipe.zadd(self.index, {record["id"]: seq})
-                pipe.zadd(f"{self.index}d:{decision}", {record["id"]: seq})
-                pipe.zadd(f"{self.index}r:{record.get('recipe') or ''}", {record["id"]: seq})
-                if record.get("session_id"):
-                    pipe.zadd(f"{self.index}s:{record['session_id']}", {record["id"]: seq})
+                pipe.set(self.prefix + rid, doc, ex=self.ttl_s or None)
+                pipe.zadd(self.index, {rid: seq})
+                pipe.zadd(f"{self.index}d:{decision}", {rid: seq})
+                pipe.zadd(f"{self.index}r:{record.get('recipe') or ''}", {rid: seq})
+                if session:
+                    pipe.zadd(f"{self.index}s:{session}", {rid: seq})
                     if self.ttl_s:  # a session's index goes when its records would have
-                        pipe.expire(f"{self.index}s:{record['session_id']}", self.ttl_s)
+                        pipe.expire(f"{self.index}s:{session}", self.ttl_s)
                 pipe.sadd(self.decisions_key, decision)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -147,7 +154,7 @@ class RedisReplayStore:
                         rec = _record(await pipe.get(key))
                         if rec is None:
                             return False
-                        rec["outcomes"] = [*rec.get("outcomes", []), outcome]
+                        rec["outcomes"] = with_outcome(rec, outcome)
                         pipe.multi()
                         pipe.set(key, json.dumps(rec, ensure_ascii=False), keepttl=True)
                         await pipe.execute()

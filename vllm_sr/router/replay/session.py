@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
 
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.message_text import FINGERPRINT, message_text
 
 SESSION_HEADER = "x-session-id"
@@ -38,7 +38,7 @@ def _cut(text: str) -> str:
     return text.encode("utf-8")[:FINGERPRINT_BYTES].decode("utf-8", "ignore")
 
 
-def session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+def session_id(body: Mapping[str, object], headers: Mapping[str, str]) -> str | None:
     """The chat's session id (see the module's docstring); ``headers`` keyed lower-case."""
     for name in (SESSION_HEADER, CLAUDE_CODE_HEADER):
         value = headers.get(name, "").strip()
@@ -68,14 +68,14 @@ def session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | Non
     return "rid-" + _digest("rid:" + rid) if rid else None
 
 
-def turn_index(body: Mapping[str, Any]) -> int:
+def turn_index(body: Mapping[str, object]) -> int:
     return sum(1 for m in _messages(body) if m.get("role") == "assistant")
 
 
-def session_fields(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+def session_fields(body: Mapping[str, object], headers: Mapping[str, str]) -> JsonObject:
     """The record's ``session_id`` (left out when there is none, as upstream omits it) and
     ``turn_index``."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     sid = session_id(body, headers)
     if sid is not None:
         out["session_id"] = sid
@@ -83,6 +83,6 @@ def session_fields(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[
     return out
 
 
-def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _messages(body: Mapping[str, object]) -> list[JsonObject]:
     raw = body.get("messages")
     return [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []

@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import Unavailable
+from vllm_sr.jsontypes import JsonObject
 
-Record = dict[str, Any]
+Record = JsonObject
 MAX_LIST = 1000  # records one read returns at most
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # upstream's record timestamp (UTC)
 
@@ -126,9 +127,9 @@ class MemoryReplayStore:
                 r
                 for ring in self.rings.values()
                 for _, r in ring
-                if r["seq"] > query.since and query.matches(r)
+                if record_seq(r) > query.since and query.matches(r)
             ),
-            key=_seq,
+            key=record_seq,
         )
         return found[: query.limit], self.last_seq, sorted({dec for _, dec in self.rings})
 
@@ -145,12 +146,20 @@ class MemoryReplayStore:
         rec = await self.get(record_id)
         if rec is None:
             return False
-        rec["outcomes"] = [*rec.get("outcomes", []), outcome]
+        rec["outcomes"] = with_outcome(rec, outcome)
         return True
 
     async def close(self) -> None:
         return None
 
 
-def _seq(rec: Record) -> int:
-    return int(rec["seq"])
+def record_seq(rec: Record) -> int:
+    """A stored record's ``seq`` (every store sets it; 0 on a record that has none)."""
+    seq = rec.get("seq")
+    return seq if isinstance(seq, int) else 0
+
+
+def with_outcome(rec: Record, outcome: Record) -> list[object]:
+    """The record's ``outcomes`` with ``outcome`` appended."""
+    prior = rec.get("outcomes")
+    return [*(prior if isinstance(prior, list) else []), outcome]

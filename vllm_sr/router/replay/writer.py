@@ -25,10 +25,11 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.errors import VllmSrError
 from vllm_sr.router.replay.store import (
     ReadResult,
     Record,
@@ -93,7 +94,8 @@ class ReplayWriter:
             self.backoff.reset()
 
     def _down(self, exc: BaseException, reason: str | None) -> None:
-        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        own = exc.message if isinstance(exc, VllmSrError) else None
+        message = own or f"{type(exc).__name__}: {exc}"
         was = self.state
         self.state = "down"
         self.last_error = message
@@ -180,7 +182,7 @@ class ReplayWriter:
         the store is down."""
         return await self._ask(self.store.append_outcome(record_id, outcome))
 
-    async def _ask(self, query: Coroutine[Any, Any, _T]) -> _T:
+    async def _ask(self, query: Coroutine[object, object, _T]) -> _T:
         if self.state == "new":
             await self._connect()
         if self.state != "up":
