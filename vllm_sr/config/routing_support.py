@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
-from vllm_sr.config.routing_selection import RUN_SELECTORS, selector_block_problems
+from vllm_sr.config.routing_selection import (
+    RUN_SELECTORS,
+    TRAINED_SELECTORS,
+    selector_block_problems,
+    trained_selector_refusal,
+)
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -112,7 +117,9 @@ SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
-    "static (or no algorithm), latency_aware, multi_factor; the looper types "
+    "static (or no algorithm), "
+    + ", ".join(RUN_SELECTORS)
+    + "; the looper types "
     + ", ".join(LOOPER_TYPES)
     + " run as static "
     'with global.integrations.looper.endpoint: "" (as upstream does without a looper endpoint)'
@@ -360,6 +367,8 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
             )
     if kind in RUN_SELECTORS:
         problems += selector_block_problems(path, kind, algo)
+    elif kind in TRAINED_SELECTORS:
+        problems.append(trained_selector_refusal(path, kind))
     elif kind not in LOOPER_TYPES and kind != STATIC:
         problems.append(refusal((*path, "type"), f"the algorithm {kind!r}", ALGORITHMS_SUPPORTED))
     return problems
