@@ -112,39 +112,49 @@ class Stack:
     client: openai.AsyncOpenAI
 
 
-@pytest.fixture
-async def stack() -> AsyncIterator[Stack]:
+async def build(judges: int = 1) -> tuple[Stack, list[Judge]]:
+    """The stack; the helper model ``judge`` has ``judges`` backends, retried on 5xx."""
     small = await StandInBackend("small").start()
     big = await StandInBackend("big").start()
-    judge = Judge()
-    await judge.start()
-    providers = Providers.model_validate(
+    helpers = [Judge() for _ in range(judges)]
+    for judge in helpers:
+        await judge.start()
+    models: list[dict[str, Any]] = [
         {
-            "defaults": {"default_model": "small"},
-            "models": [
-                {
-                    "name": name,
-                    "pricing": {"prompt_per_1m": price},
-                    "backend_refs": [{"endpoint": b.endpoint}],
-                }
-                for name, price, b in (
-                    ("small", 1.0, small),
-                    ("big", 10.0, big),
-                    ("judge", 0.1, judge),
-                )
-            ],
+            "name": name,
+            "pricing": {"prompt_per_1m": price},
+            "backend_refs": [{"endpoint": b.endpoint}],
+        }
+        for name, price, b in (("small", 1.0, small), ("big", 10.0, big))
+    ]
+    models.append(
+        {
+            "name": "judge",
+            "backend_refs": [{"endpoint": j.endpoint} for j in helpers],
+            "reliability": {"retry_count": 1, "retry_on": "5xx"},
         }
     )
+    providers = Providers.model_validate({"defaults": {"default_model": "small"}, "models": models})
     exchange = FakeWorkerExchange({"primary"})
     chat = await start_router(providers, Routing.model_validate(ROUTING), exchange=exchange)
     served = await serve_routes(chat.routes())
+    return Stack(small, big, helpers[0], exchange, chat, served, served.client()), helpers
+
+
+async def close(stack: Stack, helpers: list[Judge]) -> None:
+    await stack.served.close()
+    await stack.chat.backends.close()
+    for b in (stack.small, stack.big, *helpers):
+        await b.stop()
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    built, helpers = await build()
     try:
-        yield Stack(small, big, judge, exchange, chat, served, served.client())
+        yield built
     finally:
-        await served.close()
-        await chat.backends.close()
-        for b in (small, big, judge):
-            await b.stop()
+        await close(built, helpers)
 
 
 async def ask(stack: Stack, text: str, stream: bool = False, **headers: str) -> Any:
@@ -214,6 +224,22 @@ async def test_prompt_failures_fall_back_to_the_first_model_ref(stack: Stack) ->
     assert (await ask(stack, "slowask a hard question"))["x-vsr-selected-model"] == "small"
     assert 0.9 < time.monotonic() - started < 2.5
     assert len(stack.big.received) == 0
+
+
+async def test_the_helper_call_is_retried_on_the_helper_models_other_backend() -> None:
+    stack, helpers = await build(judges=2)
+    try:
+        for judge in helpers:
+            judge.fault = "503"
+        # both fail: after one retry, the first modelRef
+        assert (await ask(stack, "ask a hard question"))["x-vsr-selected-model"] == "small"
+        assert sum(len(j.received) for j in helpers) == 2
+        helpers[1].fault = None  # one fails: the retry on the other answers
+        for _ in range(4):
+            assert (await ask(stack, "ask a hard question"))["x-vsr-selected-model"] == "big"
+        assert len(helpers[1].bodies) == 4
+    finally:
+        await close(stack, helpers)
 
 
 async def test_the_callers_deadline_bounds_the_helper_call(stack: Stack) -> None:

@@ -247,8 +247,10 @@ class DecisionSelection:
         self, settings: PromptSettings, refs: Sequence[ModelRef], request: SelectionRequest
     ) -> Selection:
         backends = self.services.backends
-        if backends is None:
-            raise prompt_mod.PromptFailed("selector_unavailable", "no backends to ask")
+        if backends is None or settings.model not in backends.models:
+            raise prompt_mod.PromptFailed(
+                "selector_unavailable", f"no backends of the helper {settings.model!r}"
+            )
         clock = backends.clock
         now = clock.monotonic()
         caller: float | None = None
