@@ -23,6 +23,7 @@ from vllm_sr.config.routing_selection import (
     PromptSettings,
     RouterDCSettings,
     parse_settings,
+    prompt_problems,
 )
 from vllm_sr.config.upstream_learning import AutoMix, Hybrid, ModelSelection
 from vllm_sr.config.upstream_learning import RouterDC as GlobalRouterDC
@@ -407,15 +408,19 @@ def test_good_blocks_and_blockless_selectors_pass() -> None:
     assert routing_local_problems({"decisions": [prompt_fragment()]}) == []
 
 
+def prompt_providers() -> dict[str, Any]:
+    return {
+        "defaults": {"default_model": "qwen3-8b"},
+        "models": [
+            {"name": n, "backend_refs": [{"endpoint": "127.0.0.1:9"}]}
+            for n in ("qwen3-8b", "qwen3-32b")
+        ],
+    }
+
+
 def prompt_config(decision: dict[str, Any], endpoint: str | None = "http://l/v1") -> Any:
     raw: dict[str, Any] = {
-        "providers": {
-            "defaults": {"default_model": "qwen3-8b"},
-            "models": [
-                {"name": n, "backend_refs": [{"endpoint": "127.0.0.1:9"}]}
-                for n in ("qwen3-8b", "qwen3-32b")
-            ],
-        },
+        "providers": prompt_providers(),
         "routing": {"decisions": [decision]},
     }
     if endpoint is not None:
@@ -443,6 +448,15 @@ def test_prompt_decisions_against_the_rest_of_the_config() -> None:
     }
     message = prompt_config(unknown)[f"{BASE}.algorithm.prompt.model"]
     assert "'judge'" in message and "a providers.models name" in message
+    image = {**good, "algorithm": {**good["algorithm"]}}
+    image_cards = {"modelCards": [{"name": "qwen3-8b", "modality": "diffusion"}]}
+    raw_routing = {"decisions": [image], **image_cards}
+    found = {
+        format_path(p.path): p.message
+        for p in prompt_problems(raw_routing, prompt_providers(), "http://l/v1")
+    }
+    message = found[f"{BASE}.algorithm.prompt.model"]
+    assert "modality 'diffusion'" in message and "a chat-capable text model" in message
 
 
 @pytest.mark.parametrize("kind", ["knn", "kmeans", "svm", "mlp"])

@@ -22,8 +22,9 @@ Upstream's rules, kept here:
   escalation count, a probability outside 0-1);
 - ``prompt``: ``model`` and ``instructions`` non-empty, ``timeout_seconds`` >= 0 (0: 5 s),
   ``on_error`` empty or ``fallback``, at least two modelRefs with unique models and unique
-  effective identities (``lora_name``, else ``model``); ``model`` declared in
-  ``routing.modelCards`` with a providers model (its backends), and
+  effective identities (``lora_name``, else ``model``); ``model`` a providers model (its
+  backends) whose modelCard, if any, is a chat text model (modality empty, text, ar, both,
+  multimodal), and
   ``global.integrations.looper.endpoint`` set (upstream calls the helper through it; vllm-sr
   through its own backends: docs/router.md "Model selection").
 - ``knn``, ``kmeans``, ``svm``, ``mlp`` are refused by name (:data:`TRAINED_REFUSAL`).
@@ -62,6 +63,7 @@ TRAINED_REFUSAL = (
     "and vllm-sr loads none"
 )
 DEFAULT_PROMPT_TIMEOUT_S = 5
+CHAT_MODALITIES = ("", "text", "ar", "both", "multimodal")  # upstream's prompt helper modalities
 DEFAULT_LATENCY_PERCENTILE = 95
 ON_NO_CANDIDATES = ("cheapest", "first", "fail")
 
@@ -422,8 +424,9 @@ def prompt_problems(
     modelRefs with unique models and effective identities, the helper model declared in
     ``routing.modelCards`` with providers backends, and a looper endpoint."""
     rt = as_dict(routing)
-    cards = {as_dict(c).get("name") for c in as_list(rt.get("modelCards"))}
-    cards |= {as_dict(c).get("name") for c in as_list(rt.get("model_cards"))}
+    card_list = [as_dict(c) for c in as_list(rt.get("modelCards") or rt.get("model_cards"))]
+    cards = {c.get("name") for c in card_list}
+    modality = {c.get("name"): c.get("modality") for c in card_list}
     served = {as_dict(m).get("name") for m in as_list(as_dict(providers).get("models"))}
     problems: list[Problem] = []
     for i, dec in enumerate(as_list(rt.get("decisions"))):
@@ -468,6 +471,15 @@ def prompt_problems(
                         "call)",
                     )
                 )
+        kind_of = modality.get(helper) if isinstance(helper, str) else None
+        if isinstance(kind_of, str) and kind_of.strip().lower() not in CHAT_MODALITIES:
+            problems.append(
+                problem(
+                    (*path, "algorithm", "prompt", "model"),
+                    f"{helper!r} has modelCards modality {kind_of!r}; accepted: a chat-capable "
+                    "text model (modality empty, " + ", ".join(CHAT_MODALITIES[1:]) + ")",
+                )
+            )
         if not looper_endpoint:
             problems.append(
                 problem(
