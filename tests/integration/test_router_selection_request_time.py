@@ -25,6 +25,7 @@ from aiohttp import web
 from tests.support.backends import FakeWorkerExchange, StandInBackend, last_user_text
 from tests.support.router_app import AUTO, Served, serve_routes, start_router
 from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.schema import GlobalSection
 from vllm_sr.router.chat import ChatRouter
 
 
@@ -112,7 +113,7 @@ class Stack:
     client: openai.AsyncOpenAI
 
 
-async def build(judges: int = 1) -> tuple[Stack, list[Judge]]:
+async def build(judges: int = 1, global_: GlobalSection | None = None) -> tuple[Stack, list[Judge]]:
     """The stack; the helper model ``judge`` has ``judges`` backends, retried on 5xx."""
     small = await StandInBackend("small").start()
     big = await StandInBackend("big").start()
@@ -136,7 +137,9 @@ async def build(judges: int = 1) -> tuple[Stack, list[Judge]]:
     )
     providers = Providers.model_validate({"defaults": {"default_model": "small"}, "models": models})
     exchange = FakeWorkerExchange({"primary"})
-    chat = await start_router(providers, Routing.model_validate(ROUTING), exchange=exchange)
+    chat = await start_router(
+        providers, Routing.model_validate(ROUTING), exchange=exchange, global_=global_
+    )
     served = await serve_routes(chat.routes())
     return Stack(small, big, helpers[0], exchange, chat, served, served.client()), helpers
 
@@ -288,3 +291,20 @@ async def test_router_dc_automix_and_hybrid(stack: Stack) -> None:
     for text, method in (("dc algebra", "router_dc"), ("mix", "automix"), ("hyb", "hybrid")):
         doc = await evaluate(stack, text)
         assert (doc["selection_status"], doc["selection_method"]) == ("execution_required", method)
+
+
+async def test_global_model_selection_settings_reach_the_selectors() -> None:
+    """``global.router.model_selection``: automix made cost-aware picks the ten times cheaper
+    small over big's better quality; router_dc's min_similarity out of reach sends the chat to
+    the first modelRef whatever the description says."""
+    model_selection = {
+        "automix": {"cost_aware_routing": True, "cost_quality_tradeoff": 1.0},
+        "router_dc": {"min_similarity": 1.0},
+    }
+    glob = GlobalSection.model_validate({"router": {"model_selection": model_selection}})
+    stack, helpers = await build(global_=glob)
+    try:
+        assert (await ask(stack, "mix it"))["x-vsr-selected-model"] == "small"
+        assert (await ask(stack, "dc algebra proofs"))["x-vsr-selected-model"] == "small"
+    finally:
+        await close(stack, helpers)
