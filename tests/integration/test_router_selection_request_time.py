@@ -27,6 +27,7 @@ from tests.support.router_app import AUTO, Served, serve_routes, start_router
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.config.schema import GlobalSection
 from vllm_sr.router.chat import ChatRouter
+from vllm_sr.router.metrics import RouterCollector
 
 
 class Judge(StandInBackend):
@@ -227,6 +228,19 @@ async def test_prompt_failures_fall_back_to_the_first_model_ref(stack: Stack) ->
     assert (await ask(stack, "slowask a hard question"))["x-vsr-selected-model"] == "small"
     assert 0.9 < time.monotonic() - started < 2.5
     assert len(stack.big.received) == 0
+    # each fallback counted by method, decision and upstream's reason, on /metrics too
+    families = {m.name: m for m in RouterCollector(lambda: stack.chat).collect()}
+    samples = {
+        (x.labels["decision"], x.labels["reason"]): x.value
+        for x in families["vllm_sr_router_selector_fallbacks"].samples
+        if x.name.endswith("_total")
+    }
+    assert samples == {
+        ("ask", "selector_undeclared_candidate"): 1,
+        ("ask", "selector_invalid_output"): 1,
+        ("ask", "selector_invocation_failed"): 1,
+        ("slowask", "selector_timeout"): 1,
+    }
 
 
 async def test_the_helper_call_is_retried_on_the_helper_models_other_backend() -> None:

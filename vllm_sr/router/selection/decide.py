@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -163,6 +164,8 @@ class DecisionSelection:
         self.routing = routing
         self.services = services or SelectionServices()
         self.settings: dict[str, tuple[str, SelectorSettings]] = {}
+        # (method, decision, reason) of each chat a failing selector sent to the first modelRef
+        self.fallbacks: Counter[tuple[str, str, str]] = Counter()
         for d in routing.decisions:
             algo = d.algorithm
             if algo is not None and algo.type in RUN_SELECTORS:
@@ -322,6 +325,8 @@ class DecisionSelection:
         try:
             picked = await self.select(decision, usable, request or SelectionRequest())
         except (NoCandidates, prompt_mod.PromptFailed) as exc:
+            reason = exc.reason if isinstance(exc, prompt_mod.PromptFailed) else "selector_error"
+            self.fallbacks[(kind, decision.name, reason)] += 1
             log.info("decision %s: %s; the first modelRef", decision.name, exc)
             return ModelChoice(usable[0].model, None, usable[0], kind)
         return ModelChoice(picked.ref.model, None, picked.ref, kind)
