@@ -367,7 +367,10 @@ def test_algorithm_fragments(rel: str) -> None:
     else:
         assert list(found) == ["routing.decisions[0].algorithm.type"]
         message = found["routing.decisions[0].algorithm.type"]
-        assert f"the algorithm {kind!r} is {NOT_SUPPORTED}; supported: static" in message
+        # knn, kmeans, svm, mlp: refused by name, with why (upstream's trained artifacts)
+        assert message.startswith(f"the algorithm {kind!r} (upstream runs it on a trained")
+        assert f"ml.{kind}.pretrained_path" in message
+        assert f"{NOT_SUPPORTED}; supported: static, latency_aware" in message
 
 
 def test_looper_statuses_and_when_upstream_runs_them_as_static() -> None:

@@ -196,7 +196,7 @@ def test_multi_factor_on_no_candidates(mode: str, model: str) -> None:
     assert "the SLO dropped every candidate" in picked.reason
 
 
-def test_multi_factor_on_no_candidates_fail_raises_and_the_chat_takes_the_first() -> None:
+async def test_multi_factor_on_no_candidates_fail_raises_and_the_chat_takes_the_first() -> None:
     facts = Facts(inflights={"a": 60, "b": 70})
     settings = multi_settings(on_no_candidates="fail")
     with pytest.raises(NoCandidates, match="a:inflight=60>50"):
@@ -219,13 +219,13 @@ def test_multi_factor_on_no_candidates_fail_raises_and_the_chat_takes_the_first(
     selection = DecisionSelection(routing, facts)
     decision = routing.decisions[0]
     healthy = {"b", "c"}
-    choice = selection.choose(decision, "dflt", lambda m: m in healthy)
+    choice = await selection.choose(decision, "dflt", lambda m: m in healthy)
     assert (choice.model, choice.method, choice.fallback) == ("b", "multi_factor", None)
     preview = selection.preview(decision)
     assert (preview.ref.model, preview.status, preview.method) == ("a", "fallback", "multi_factor")
 
 
-def test_decision_selection_health_single_and_static() -> None:
+async def test_decision_selection_health_single_and_static() -> None:
     routing = Routing.model_validate(
         {
             "decisions": [
@@ -251,14 +251,14 @@ def test_decision_selection_health_single_and_static() -> None:
     )
     fast, one, plain = routing.decisions
     selection = DecisionSelection(routing, Facts(ttfts={"a": 0.2, "b": 0.1}))
-    everyone = selection.choose(fast, "dflt", lambda m: True)
+    everyone = await selection.choose(fast, "dflt", lambda m: True)
     assert (everyone.model, everyone.method) == ("b", "latency_aware")
     # the faster model is down: the selector sees only a
-    assert selection.choose(fast, "dflt", lambda m: m != "b").model == "a"
-    down = selection.choose(fast, "dflt", lambda m: False)
+    assert (await selection.choose(fast, "dflt", lambda m: m != "b")).model == "a"
+    down = await selection.choose(fast, "dflt", lambda m: False)
     assert (down.model, down.fallback) == ("dflt", "models_unhealthy")
-    assert selection.choose(one, "dflt", lambda m: True).method == "single"
-    assert selection.choose(plain, "dflt", lambda m: True).method == "static"
+    assert (await selection.choose(one, "dflt", lambda m: True)).method == "single"
+    assert (await selection.choose(plain, "dflt", lambda m: True)).method == "static"
     assert not selection.runs_selector(plain)
 
 

@@ -141,15 +141,16 @@ class ModelRef(Strict):
 
 
 class Algorithm(Strict):
-    """How a decision picks among its modelRefs. vllm-sr runs ``static``, ``latency_aware`` and
-    ``multi_factor`` (vllm_sr/router/selection; their blocks are checked by
+    """How a decision picks among its modelRefs. vllm-sr runs ``static`` and the selectors
+    latency_aware, multi_factor, router_dc, automix, hybrid, prompt (vllm_sr/router/selection;
+    their blocks are checked by
     vllm_sr/config/routing_selection.py), and the looper types as upstream runs them without a
     looper endpoint: static, see ``effective_algorithm``. The other blocks are kept as given."""
 
     type: str = Field(max_length=64)
-    """The algorithm (lowercase): static, latency_aware, multi_factor; looper types
-    confidence, ratings, remom, fusion, workflows run as static; other selectors are
-    refused."""
+    """The algorithm (lowercase): static, latency_aware, multi_factor, router_dc, automix,
+    hybrid, prompt; looper types confidence, ratings, remom, fusion, workflows run as static;
+    knn, kmeans, svm, mlp are refused."""
 
     on_error: str | None = Field(default=None, max_length=32)
     """Upstream: what a failing selector does."""
@@ -170,13 +171,13 @@ class Algorithm(Strict):
     """The workflows looper's settings."""
 
     router_dc: JsonObject | None = None
-    """Upstream's router_dc selector (refused)."""
+    """The router_dc selector's settings (routing_selection.RouterDCSettings)."""
 
     automix: JsonObject | None = None
-    """Upstream's automix selector (refused)."""
+    """The automix selector's settings (routing_selection.AutoMixSettings)."""
 
     hybrid: JsonObject | None = None
-    """Upstream's hybrid selector (refused)."""
+    """The hybrid selector's settings (routing_selection.HybridSettings)."""
 
     latency_aware: JsonObject | None = None
     """The latency_aware selector's settings (routing_selection.LatencyAwareSettings)."""
@@ -185,7 +186,7 @@ class Algorithm(Strict):
     """The multi_factor selector's settings (routing_selection.MultiFactorSettings)."""
 
     prompt: JsonObject | None = None
-    """Upstream's prompt selector (refused)."""
+    """The prompt selector's settings (routing_selection.PromptSettings)."""
 
 
 class Plugin(Strict):

@@ -14,6 +14,9 @@ from pydantic import BaseModel
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
 from vllm_sr.config.routing_kbs import kb_problems
 from vllm_sr.config.routing_provider_rules import providers_problems
+from vllm_sr.config.routing_selection import (
+    prompt_problems,
+)
 from vllm_sr.config.routing_support import (
     REFUSED_SIGNAL_LISTS,
     SUPPORTED_SIGNAL_LISTS,
@@ -304,10 +307,14 @@ def routing_problems(raw: object) -> list[Problem]:
         )
     endpoint = looper_endpoint_of(raw.get("global"))
     problems += looper_problems(raw.get("routing"), endpoint)
+    problems += prompt_problems(raw.get("routing"), raw.get("providers"), endpoint)
     problems += kb_problems(raw.get("routing"), catalog)
     for i, rec in enumerate(as_list(raw.get("recipes"))):
         problems += looper_problems(
             as_dict(rec).get("routing"), endpoint, ("recipes", i, "routing")
+        )
+        problems += prompt_problems(
+            as_dict(rec).get("routing"), raw.get("providers"), endpoint, ("recipes", i, "routing")
         )
         problems += kb_problems(as_dict(rec).get("routing"), catalog, ("recipes", i, "routing"))
     auto = as_list(as_dict(glob.get("router")).get("auto_model_names"))

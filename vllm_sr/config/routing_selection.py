@@ -1,11 +1,14 @@
-"""The settings of the selectors vllm-sr runs besides ``static``: ``latency_aware`` and
-``multi_factor`` (upstream's ``pkg/selection/latency_aware.go``, ``multi_factor.go``; the
-load-time checks of ``pkg/config/validator_decision.go``), as typed models and as rules on the
-raw ``algorithm.<type>`` block that name the field, the value and what is accepted.
+"""The settings of the selectors vllm-sr runs besides ``static`` (upstream's
+``pkg/selection/{latency_aware,multi_factor,router_dc,automix,hybrid,prompt}.go``; the load-time
+checks of ``pkg/config/validator_decision.go`` and ``validator_prompt.go``), as typed models
+and as rules on the raw ``algorithm.<type>`` block that name the field, the value and what is
+accepted.
 
 Upstream's rules, kept here:
 
-- both blocks are required when the type names them;
+- ``latency_aware`` and ``multi_factor`` blocks are required when the type names them;
+  ``router_dc``, ``automix`` and ``hybrid`` may go without one (their settings then come from
+  ``global.router.model_selection``), ``prompt`` needs its block;
 - ``latency_aware``: at least one of ``tpot_percentile`` / ``ttft_percentile`` set (> 0), each
   one set within 1-100 (ours: a negative one is refused too; upstream fails it at request time
   and falls back to the first modelRef);
@@ -13,7 +16,18 @@ Upstream's rules, kept here:
   equal weights), ``latency_percentile`` within 1-100 (0 or absent: 95), ``on_no_candidates``
   one of cheapest (default), first, fail; ``slo.{max_tpot_ms,max_ttft_ms,max_cost_per_1m,
   max_inflight}`` 0 or absent for no ceiling (ours: a negative one is refused, upstream reads it
-  as no ceiling).
+  as no ceiling);
+- ``router_dc`` / ``automix`` / ``hybrid``: upstream checks only the keys' types (ours: a
+  number that cannot mean anything is refused too: a negative weight, temperature or
+  escalation count, a probability outside 0-1);
+- ``prompt``: ``model`` and ``instructions`` non-empty, ``timeout_seconds`` >= 0 (0: 5 s),
+  ``on_error`` empty or ``fallback``, at least two modelRefs with unique models and unique
+  effective identities (``lora_name``, else ``model``); ``model`` a providers model (its
+  backends) whose modelCard, if any, is a chat text model (modality empty, text, ar, both,
+  multimodal), and
+  ``global.integrations.looper.endpoint`` set (upstream calls the helper through it; vllm-sr
+  through its own backends: docs/router.md "Model selection").
+- ``knn``, ``kmeans``, ``svm``, ``mlp`` are refused by name (:data:`TRAINED_REFUSAL`).
 
 Unknown keys are refused with the accepted ones named (upstream's later ``objective``,
 ``quality`` and ``latency_metric`` keys are not in the 3d48f8c9 surface vllm-sr follows)."""
@@ -25,7 +39,7 @@ from typing import TYPE_CHECKING, Literal, TypeGuard
 
 from pydantic import Field
 
-from vllm_sr.config.routing_base import Path, Strict, as_dict, problem
+from vllm_sr.config.routing_base import Path, Strict, as_dict, as_list, problem, refusal
 from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
@@ -33,7 +47,24 @@ if TYPE_CHECKING:
 
 LATENCY_AWARE = "latency_aware"
 MULTI_FACTOR = "multi_factor"
-RUN_SELECTORS = (LATENCY_AWARE, MULTI_FACTOR)
+ROUTER_DC = "router_dc"
+AUTOMIX = "automix"
+HYBRID = "hybrid"
+PROMPT = "prompt"
+RUN_SELECTORS = (LATENCY_AWARE, MULTI_FACTOR, ROUTER_DC, AUTOMIX, HYBRID, PROMPT)
+# selectors whose block may be left out (upstream: settings from global.router.model_selection)
+OPTIONAL_BLOCK = (ROUTER_DC, AUTOMIX, HYBRID)
+TRAINED_SELECTORS = ("knn", "kmeans", "svm", "mlp")
+TRAINED_REFUSAL = (
+    "upstream runs it on a trained artifact named by "
+    "global.router.model_selection.ml.{kind}.pretrained_path (no default) over its own query "
+    "embedding (1024-d Qwen3-Embedding) plus a 14-category one-hot; the only artifacts upstream "
+    "ships (src/semantic-router/.cache/ml-models/*_model.json at 3d48f8c9) were trained to "
+    "choose among four fixed models (codellama-7b, llama-3.2-1b, llama-3.2-3b, mistral-7b), "
+    "and vllm-sr loads none"
+)
+DEFAULT_PROMPT_TIMEOUT_S = 5
+CHAT_MODALITIES = ("", "text", "ar", "both", "multimodal")  # upstream's prompt helper modalities
 DEFAULT_LATENCY_PERCENTILE = 95
 ON_NO_CANDIDATES = ("cheapest", "first", "fail")
 
@@ -108,16 +139,129 @@ class MultiFactorSettings(Strict):
         return self.latency_percentile or DEFAULT_LATENCY_PERCENTILE
 
 
-def parse_settings(kind: str, block: object) -> LatencyAwareSettings | MultiFactorSettings:
-    """The typed settings of a checked block (``selector_block_problems`` found none)."""
-    if kind == LATENCY_AWARE:
-        return LatencyAwareSettings.model_validate(as_dict(block))
-    if kind == MULTI_FACTOR:
-        raw = dict(as_dict(block))
-        if raw.get("on_no_candidates") == "":  # upstream: empty means the default
-            del raw["on_no_candidates"]
-        return MultiFactorSettings.model_validate(raw)
-    raise ValueError(f"{kind!r} is not a selector vllm-sr runs; accepted: {RUN_SELECTORS}")
+class RouterDCSettings(Strict):
+    """A decision's ``router_dc`` block (upstream's RouterDCSelectionConfig). Upstream reads
+    only ``temperature`` (when > 0), ``require_descriptions`` and ``use_capabilities`` of the
+    first router_dc decision's block, over ``global.router.model_selection.router_dc``; the
+    others are read from the global settings only."""
+
+    temperature: float | None = Field(default=None, ge=0.0)
+    """Sigmoid and softmax temperature (0 or absent: the global one, default 0.07)."""
+
+    dimension_size: int | None = Field(default=None, ge=0)
+    """Upstream: the embedding size (not read at request time)."""
+
+    min_similarity: float | None = Field(default=None, ge=0.0, le=1.0)
+    """The least similarity that picks a model (read from the global settings: 0.3)."""
+
+    use_query_contrastive: bool | None = None
+    """Upstream: a training switch (not read at request time)."""
+
+    use_model_contrastive: bool | None = None
+    """Upstream: a training switch (not read at request time)."""
+
+    require_descriptions: bool | None = None
+    """Log the models without a description or capabilities (upstream logs them too)."""
+
+    use_capabilities: bool | None = None
+    """Add the modelCard's capabilities to the text embedded for the model."""
+
+
+class AutoMixSettings(Strict):
+    """A decision's ``automix`` block (upstream's AutoMixSelectionConfig). Upstream's request
+    path reads only its ``cost_quality_tradeoff`` (as the selection's cost weight); the rest
+    of the selector's settings are ``global.router.model_selection.automix``."""
+
+    verification_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Upstream: the self-verification threshold."""
+
+    max_escalations: int | None = Field(default=None, ge=0)
+    """Upstream: the most escalations."""
+
+    cost_aware_routing: bool | None = None
+    """Upstream: weigh cost."""
+
+    cost_quality_tradeoff: float | None = Field(default=None, ge=0.0, le=1.0)
+    """The selection's cost weight (0 or absent: 0.5)."""
+
+    discount_factor: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Upstream: the POMDP discount."""
+
+    use_logprob_verification: bool | None = None
+    """Upstream: verify by logprobs."""
+
+
+class HybridSettings(Strict):
+    """A decision's ``hybrid`` block (upstream's HybridSelectionConfig): each value above 0
+    replaces ``global.router.model_selection.hybrid``'s (defaults 0.3, 0.3, 0.2, 0.2, 0.1);
+    ``normalize_scores`` is on when either says true."""
+
+    experience_weight: float | None = Field(default=None, ge=0.0)
+    """Weight of the feedback-derived (Elo) scores."""
+
+    router_dc_weight: float | None = Field(default=None, ge=0.0)
+    """Weight of router_dc's scores."""
+
+    automix_weight: float | None = Field(default=None, ge=0.0)
+    """Weight of automix's scores."""
+
+    cost_weight: float | None = Field(default=None, ge=0.0)
+    """The cheaper model's bonus (also the selection's cost weight)."""
+
+    quality_gap_threshold: float | None = Field(default=None, ge=0.0)
+    """Upstream: reserved (not read at request time)."""
+
+    normalize_scores: bool | None = None
+    """Min-max normalise each component's scores before combining them."""
+
+
+class PromptSettings(Strict):
+    """A decision's ``prompt`` block (upstream's PromptSelectionConfig)."""
+
+    model: str = Field(min_length=1, max_length=128)
+    """The helper model asked (a modelCards name with providers backends)."""
+
+    instructions: str = Field(min_length=1, max_length=16000)
+    """What the helper is told, before the candidate list."""
+
+    timeout_seconds: int = Field(default=0, ge=0, le=3600)
+    """The helper call's bound (0: 5 s), within the caller's deadline."""
+
+    @property
+    def timeout_s(self) -> float:
+        return float(self.timeout_seconds or DEFAULT_PROMPT_TIMEOUT_S)
+
+
+SelectorSettings = (
+    LatencyAwareSettings
+    | MultiFactorSettings
+    | RouterDCSettings
+    | AutoMixSettings
+    | HybridSettings
+    | PromptSettings
+)
+_SETTINGS: dict[str, type[Strict]] = {
+    LATENCY_AWARE: LatencyAwareSettings,
+    MULTI_FACTOR: MultiFactorSettings,
+    ROUTER_DC: RouterDCSettings,
+    AUTOMIX: AutoMixSettings,
+    HYBRID: HybridSettings,
+    PROMPT: PromptSettings,
+}
+
+
+def parse_settings(kind: str, block: object) -> SelectorSettings:
+    """The typed settings of a checked block (``selector_block_problems`` found none); an
+    absent optional block is its defaults."""
+    model = _SETTINGS.get(kind)
+    if model is None:
+        raise ValueError(f"{kind!r} is not a selector vllm-sr runs; accepted: {RUN_SELECTORS}")
+    raw = dict(as_dict(block))
+    if kind == MULTI_FACTOR and raw.get("on_no_candidates") == "":
+        del raw["on_no_candidates"]  # upstream: empty means the default
+    parsed = model.model_validate(raw)
+    assert isinstance(parsed, SelectorSettings)
+    return parsed
 
 
 # -- the raw rules ---------------------------------------------------------------------------
@@ -159,19 +303,18 @@ def _non_negative(path: Path, value: object, what: str, integer: bool = False) -
 
 
 def selector_block_problems(path: Path, kind: str, algo: JsonObject) -> list[Problem]:
-    """Upstream's checks of a latency_aware / multi_factor decision's block; ``path`` is the
-    decision's ``algorithm``."""
+    """Upstream's checks of a selector decision's block; ``path`` is the decision's
+    ``algorithm``. (prompt's checks that need the decision, the config's models and the looper
+    endpoint: :func:`prompt_problems`.)"""
     block = algo.get(kind)
     if block is None:
+        if kind in OPTIONAL_BLOCK:
+            return []
         return [
             problem(
                 (*path, kind),
                 f"algorithm.type {kind} without an algorithm.{kind} block; accepted: "
-                + (
-                    "a block with tpot_percentile and/or ttft_percentile (1-100)"
-                    if kind == LATENCY_AWARE
-                    else "a block (weights, slo, latency_percentile, on_no_candidates)"
-                )
+                + _BLOCK_WANTED[kind]
                 + " (as upstream)",
             )
         ]
@@ -180,7 +323,184 @@ def selector_block_problems(path: Path, kind: str, algo: JsonObject) -> list[Pro
         return [problem(base, f"{block!r}; accepted: a mapping")]
     if kind == LATENCY_AWARE:
         return _latency_aware_problems(base, block)
-    return _multi_factor_problems(base, block)
+    if kind == MULTI_FACTOR:
+        return _multi_factor_problems(base, block)
+    if kind == PROMPT:
+        return _prompt_block_problems(base, block, algo.get("on_error"), (*path, "on_error"))
+    return _typed_problems(base, block, _SPECS[kind])
+
+
+_BLOCK_WANTED = {
+    LATENCY_AWARE: "a block with tpot_percentile and/or ttft_percentile (1-100)",
+    MULTI_FACTOR: "a block (weights, slo, latency_percentile, on_no_candidates)",
+    PROMPT: "a block with model, instructions and optionally timeout_seconds",
+}
+
+# key -> (kind, low, high, what): kind "number" (finite), "int" or "bool"
+_Spec = dict[str, tuple[str, float | None, float | None]]
+_SPECS: dict[str, _Spec] = {
+    ROUTER_DC: {
+        "temperature": ("number", 0.0, None),
+        "dimension_size": ("int", 0, None),
+        "min_similarity": ("number", 0.0, 1.0),
+        "use_query_contrastive": ("bool", None, None),
+        "use_model_contrastive": ("bool", None, None),
+        "require_descriptions": ("bool", None, None),
+        "use_capabilities": ("bool", None, None),
+    },
+    AUTOMIX: {
+        "verification_threshold": ("number", 0.0, 1.0),
+        "max_escalations": ("int", 0, None),
+        "cost_aware_routing": ("bool", None, None),
+        "cost_quality_tradeoff": ("number", 0.0, 1.0),
+        "discount_factor": ("number", 0.0, 1.0),
+        "use_logprob_verification": ("bool", None, None),
+    },
+    HYBRID: {
+        "experience_weight": ("number", 0.0, None),
+        "router_dc_weight": ("number", 0.0, None),
+        "automix_weight": ("number", 0.0, None),
+        "cost_weight": ("number", 0.0, None),
+        "quality_gap_threshold": ("number", 0.0, None),
+        "normalize_scores": ("bool", None, None),
+    },
+}
+
+
+def _typed_problems(base: Path, block: JsonObject, spec: _Spec) -> list[Problem]:
+    problems = _unknown(base, block, tuple(spec))
+    for key, (kind, low, high) in spec.items():
+        value = block.get(key)
+        if value is None:
+            continue
+        if kind == "bool":
+            ok = isinstance(value, bool)
+            accepted = "true or false"
+        else:
+            number = value if (_is_int(value) if kind == "int" else _is_number(value)) else None
+            ok = isinstance(number, (int, float)) and (
+                (low is None or number >= low) and (high is None or number <= high)
+            )
+            what = "an integer" if kind == "int" else "a finite number"
+            if low is not None and high is not None:
+                accepted = f"{what} from {low:g} to {high:g}"
+            else:
+                accepted = f"{what} >= {low:g}" if low is not None else what
+        if not ok:
+            problems.append(problem((*base, key), f"{value!r}; accepted: {accepted}"))
+    return problems
+
+
+def _prompt_block_problems(
+    base: Path, block: JsonObject, on_error: object, on_error_path: Path
+) -> list[Problem]:
+    problems = _unknown(base, block, tuple(PromptSettings.model_fields))
+    for key in ("model", "instructions"):
+        value = block.get(key)
+        if not isinstance(value, str) or not value.strip():
+            problems.append(
+                problem((*base, key), f"{value!r}; accepted: a non-empty string (required)")
+            )
+    timeout = block.get("timeout_seconds")
+    if timeout is not None and not (_is_int(timeout) and 0 <= timeout <= 3600):
+        problems.append(
+            problem(
+                (*base, "timeout_seconds"),
+                f"{timeout!r}; accepted: an integer from 0 to 3600 (0 or absent: 5)",
+            )
+        )
+    if on_error not in (None, "", "fallback"):
+        problems.append(
+            problem(on_error_path, f"{on_error!r} on a prompt decision; accepted: fallback")
+        )
+    return problems
+
+
+def prompt_problems(
+    routing: object,
+    providers: object,
+    looper_endpoint: str,
+    base: Path = ("routing",),
+) -> list[Problem]:
+    """Upstream's checks of each prompt decision against the rest of the config: at least two
+    modelRefs with unique models and effective identities, the helper model declared in
+    ``routing.modelCards`` with providers backends, and a looper endpoint."""
+    rt = as_dict(routing)
+    card_list = [as_dict(c) for c in as_list(rt.get("modelCards") or rt.get("model_cards"))]
+    cards = {c.get("name") for c in card_list}
+    modality = {c.get("name"): c.get("modality") for c in card_list}
+    served = {as_dict(m).get("name") for m in as_list(as_dict(providers).get("models"))}
+    problems: list[Problem] = []
+    for i, dec in enumerate(as_list(rt.get("decisions"))):
+        algo = as_dict(as_dict(dec).get("algorithm"))
+        if algo.get("type") != PROMPT:
+            continue
+        path: Path = (*base, "decisions", i)
+        refs = as_list(as_dict(dec).get("modelRefs"))
+        if len(refs) < 2:
+            problems.append(
+                problem(
+                    (*path, "modelRefs"),
+                    f"{len(refs)} modelRef(s) on a prompt decision; accepted: at least two "
+                    "(as upstream)",
+                )
+            )
+        seen: set[object] = set()
+        effective: set[object] = set()
+        for j, ref in enumerate(refs):
+            model = as_dict(ref).get("model")
+            identity = as_dict(ref).get("lora_name") or model
+            if model in seen or identity in effective:
+                problems.append(
+                    problem(
+                        (*path, "modelRefs", j),
+                        f"model {model!r} (identity {identity!r}) repeats an earlier modelRef "
+                        "of a prompt decision; accepted: unique models and lora_names",
+                    )
+                )
+            seen.add(model)
+            effective.add(identity)
+        helper = as_dict(algo.get("prompt")).get("model")
+        if isinstance(helper, str) and helper.strip():
+            name = helper.strip()
+            if name not in served:
+                problems.append(
+                    problem(
+                        (*path, "algorithm", "prompt", "model"),
+                        f"{helper!r}"
+                        + (" (a modelCard without providers backends)" if name in cards else "")
+                        + "; accepted: a providers.models name (its backends answer the helper "
+                        "call)",
+                    )
+                )
+        kind_of = modality.get(helper) if isinstance(helper, str) else None
+        if isinstance(kind_of, str) and kind_of.strip().lower() not in CHAT_MODALITIES:
+            problems.append(
+                problem(
+                    (*path, "algorithm", "prompt", "model"),
+                    f"{helper!r} has modelCards modality {kind_of!r}; accepted: a chat-capable "
+                    "text model (modality empty, " + ", ".join(CHAT_MODALITIES[1:]) + ")",
+                )
+            )
+        if not looper_endpoint:
+            problems.append(
+                problem(
+                    (*path, "algorithm", "type"),
+                    "prompt without global.integrations.looper.endpoint; accepted: a looper "
+                    "endpoint (upstream calls the helper model through it; vllm-sr calls it "
+                    "through its own backends, and requires the endpoint as upstream does)",
+                )
+            )
+    return problems
+
+
+def trained_selector_refusal(path: Path, kind: str) -> Problem:
+    """The refusal of knn / kmeans / svm / mlp, with why."""
+    return refusal(
+        (*path, "type"),
+        f"the algorithm {kind!r} ({TRAINED_REFUSAL.format(kind=kind)})",
+        ", ".join(("static", *RUN_SELECTORS)),
+    )
 
 
 def _latency_aware_problems(base: Path, block: JsonObject) -> list[Problem]:

@@ -17,7 +17,12 @@ from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_looper import confidence_problems
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
-from vllm_sr.config.routing_selection import RUN_SELECTORS, selector_block_problems
+from vllm_sr.config.routing_selection import (
+    RUN_SELECTORS,
+    TRAINED_SELECTORS,
+    selector_block_problems,
+    trained_selector_refusal,
+)
 from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
@@ -118,7 +123,9 @@ SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
-    "static (or no algorithm), latency_aware, multi_factor, confidence; the looper types "
+    "static (or no algorithm), "
+    + ", ".join(RUN_SELECTORS)
+    + ", confidence; the looper types "
     + ", ".join(LOOPER_TYPES)
     + " run as static "
     'with global.integrations.looper.endpoint: "" (as upstream does without a looper endpoint)'
@@ -371,6 +378,8 @@ def _algorithm_problems(path: Path, algo: object) -> list[Problem]:
             )
     if kind in RUN_SELECTORS:
         problems += selector_block_problems(path, kind, algo)
+    elif kind in TRAINED_SELECTORS:
+        problems.append(trained_selector_refusal(path, kind))
     elif kind not in LOOPER_TYPES and kind != STATIC:
         problems.append(refusal((*path, "type"), f"the algorithm {kind!r}", ALGORITHMS_SUPPORTED))
     return problems

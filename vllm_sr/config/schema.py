@@ -129,7 +129,7 @@ class Router(_Strict):
     """Upstream: the x-vsr-skip-processing pass-through (refused when enabled)."""
 
     model_selection: ModelSelection = Field(default_factory=ModelSelection)
-    """Upstream: learned selectors' global settings (read only by refused algorithms)."""
+    """Upstream: the selectors' global settings (router_dc, automix, hybrid read them)."""
 
     learning: RouterLearning = Field(default_factory=RouterLearning)
     """Upstream: Router Learning (adaptation and protection; vllm_sr/router/learning)."""

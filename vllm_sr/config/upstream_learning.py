@@ -243,8 +243,9 @@ class TrainedSelectors(Strict):
 
 
 class ModelSelection(Strict):
-    """Global settings of upstream's learned selectors (router_dc, automix, hybrid, knn...):
-    read only by decisions whose ``algorithm`` is one of them, which vllm-sr refuses."""
+    """Global settings of upstream's selectors: ``router_dc``, ``automix`` and ``hybrid`` are
+    read by those decisions as upstream reads them (vllm_sr/router/selection); ``ml`` names the
+    trained selectors' artifacts (knn, kmeans, svm, mlp: refused)."""
 
     method: str | None = None
     """Upstream: the default learned selector."""

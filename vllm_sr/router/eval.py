@@ -145,8 +145,9 @@ async def evaluate(
 
 
 def _selection(router: Router, decision: Any) -> dict[str, Any]:
-    """The decision's pick (static's, or a latency_aware / multi_factor selector's dry run on
-    the live observations), or the default model when none matched."""
+    """The decision's pick (static's, a latency_aware / multi_factor selector's dry run on
+    the live observations, or execution_required for the request-time selectors), or the
+    default model when none matched."""
     if decision is None:
         return {
             "selected_model": router.default_model,
@@ -191,7 +192,11 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
         return {
             "recommended_models": [r.model for r in refs],
             "routing_decision": decision.name,
-            "selected_model": getattr(preview.ref, "lora_name", None) or preview.ref.model,
+            **(
+                {"selected_model": preview.ref.lora_name or preview.ref.model}
+                if preview.ref is not None
+                else {}
+            ),
             "selection_status": preview.status,
             "selection_method": preview.method,
             "selection_reason": preview.reason,

@@ -1,10 +1,10 @@
 """Router mode's Prometheus families, built at scrape time from the router's counters (the
 request path only increments a Counter): decisions by decision and model, matched signals,
 routing fallbacks by reason, unknown signals by family and reason, backend fallbacks by model
-and reason, Router Learning's actions by decision, method and action, each backend's requests,
-errors and health, the response cache's hits, misses, writes, errors, entries and bytes,
-router_replay's records written and lost by store, and the Responses API's responses stored and
-not stored (its store failed)."""
+and reason, selector fallbacks by method, decision and reason, Router Learning's actions by
+decision, method and action, each backend's requests, errors and health, the response cache's
+hits, misses, writes, errors, entries and bytes, router_replay's records written and lost by
+store, and the Responses API's responses stored and not stored (its store failed)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,17 @@ class RouterCollector(Collector):
             "Routed chats whose model failed before the first byte and went to the next model",
             ["model", "reason"],
             {(m, r): n for (m, r), n in stats.backend_fallbacks.items()},
+        )
+        selector_fallbacks: dict[tuple[str, ...], int] = {}
+        for router in chat.recipes.values():
+            for key, n in router.selection.fallbacks.items():
+                selector_fallbacks[key] = selector_fallbacks.get(key, 0) + n
+        yield _counter(
+            "vllm_sr_router_selector_fallbacks",
+            "Routed chats whose decision's selector failed and that went to its first modelRef "
+            "(upstream's llm_model_selection_fallback_total), by method, decision and reason",
+            ["method", "decision", "reason"],
+            selector_fallbacks,
         )
         yield _counter(
             "vllm_sr_router_looper_runs",

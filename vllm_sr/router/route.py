@@ -46,7 +46,7 @@ from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, SignalKey, rank, static_order
-from vllm_sr.router.selection.decide import DecisionSelection, LiveFacts
+from vllm_sr.router.selection.decide import SelectionRequest, for_router
 from vllm_sr.router.signal_dispatch import SignalDispatch, SignalProcessFailed
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
@@ -213,9 +213,15 @@ class Router:
         self.recipe = recipe
         # (algorithm, eval selection status) per decision: static, or a looper run as static.
         self.algorithms = {d.name: effective_algorithm(d, global_) for d in routing.decisions}
-        # latency_aware / multi_factor decisions' selectors (vllm_sr/router/selection)
-        self.selection = DecisionSelection(
-            routing, LiveFacts(backends.observations, backends, providers, routing)
+        # selector decisions' selectors (vllm_sr/router/selection)
+        self.selection = for_router(
+            routing,
+            providers,
+            backends,
+            getattr(getattr(global_, "router", None), "model_selection", None),
+            decision_deployment,
+            exchange,
+            signal_timeout_ms,
         )
         self.stats = stats if stats is not None else RouterStats()
         # Router Learning's settings (eval's preview says when learning may change the model)
@@ -341,16 +347,18 @@ class Router:
         """Signals on the request, the decision, its model. Unknown signals do not match;
         when no decision matched and some signal was unknown, the default model is a
         fallback (``signals:<reason>``, the first unknown signal's)."""
+        started = self.backends.clock.monotonic()
         run = await self.signals(view, self.plan)
         unknown = run.unknown()
         matches = self.winner(run)
         best = matches[0] if matches else None
         decision = best.decision if best else None
-        choice = self.selection.choose(
+        choice = await self.selection.choose(
             decision,
             self.default_model,
             self.backends.healthy,
             self.model_scores.get(decision.name) if decision is not None else None,
+            SelectionRequest(view.text, view.headers, started),
         )
         fallback = choice.fallback
         if decision is None and unknown:

@@ -85,6 +85,12 @@ def watch(deployment: str, text: str) -> QueryEmbedding:
     return holder
 
 
+def current() -> QueryEmbedding | None:
+    """The holder of the chat being handled (None outside one): the router_dc selector reads
+    the query embedding from it."""
+    return _current.get()
+
+
 def tapping(exchange: Exchange) -> Exchange:
     """``exchange`` that also hands the decision deployment's bundle answer to the chat being
     handled (if it is watching)."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 import bisect
 import json
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vllm_sr.jsontypes import JsonObject, json_object
 
 if TYPE_CHECKING:
     from vllm_sr.clock import Clock
@@ -134,15 +136,15 @@ class ModelObservations:
         """Seconds per output token, or None with no observation in the window."""
         return self._read(model, "tpot", percentile)
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
+    def snapshot(self) -> dict[str, JsonObject]:
         """For the inventory: per model, each metric's sample count and p50/p95 in ms."""
         now = self.clock.monotonic()
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, JsonObject] = {}
         for (model, metric), window in sorted(self._windows.items()):
             left = window.prune(now)
             if not left:
                 continue
-            entry: dict[str, Any] = {"samples": left}
+            entry: JsonObject = {"samples": left}
             for p in SHOWN_PERCENTILES:
                 value = window.percentile(now, p)
                 entry[f"p{p}_ms"] = None if value is None else round(value * 1000.0, 3)
@@ -210,7 +212,8 @@ class AnswerTiming:
         tokens = _completion_tokens(event)
         if tokens:
             self.usage_tokens = tokens
-        for choice in event.get("choices") or []:
+        choices = event.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")):
                 self.content_chunks += 1
@@ -226,15 +229,14 @@ class AnswerTiming:
             self.observations.record(self.model, tpot_s=self._elapsed() / tokens)
 
 
-def _json(raw: bytes) -> dict[str, Any] | None:
+def _json(raw: bytes) -> JsonObject | None:
     try:
-        doc = json.loads(raw)
+        return json_object(json.loads(raw))
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
-def _completion_tokens(doc: dict[str, Any] | None) -> int:
+def _completion_tokens(doc: JsonObject | None) -> int:
     usage = doc.get("usage") if doc is not None else None
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else 0

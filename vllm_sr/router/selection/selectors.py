@@ -24,11 +24,12 @@ multi_factor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from vllm_sr.config.routing import ModelRef
     from vllm_sr.config.routing_selection import LatencyAwareSettings, MultiFactorSettings
 
 
@@ -58,7 +59,7 @@ class Facts(Protocol):
 
 @dataclass(frozen=True)
 class Selection:
-    ref: Any  # the chosen modelRef
+    ref: ModelRef  # the chosen modelRef
     method: str
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
@@ -68,9 +69,11 @@ class NoCandidates(Exception):
     """multi_factor with ``on_no_candidates: fail`` dropped every candidate."""
 
 
-def latency_aware(refs: Sequence[Any], settings: LatencyAwareSettings, facts: Facts) -> Selection:
+def latency_aware(
+    refs: Sequence[ModelRef], settings: LatencyAwareSettings, facts: Facts
+) -> Selection:
     tpot_p, ttft_p = settings.tpot_percentile, settings.ttft_percentile
-    rows: list[tuple[Any, float | None, float | None]] = []
+    rows: list[tuple[ModelRef, float | None, float | None]] = []
     for ref in refs:
         tpot = facts.tpot(ref.model, tpot_p) if tpot_p else None
         ttft = facts.ttft(ref.model, ttft_p) if ttft_p else None
@@ -82,7 +85,7 @@ def latency_aware(refs: Sequence[Any], settings: LatencyAwareSettings, facts: Fa
     min_tpot = min((r[1] for r in rows if r[1] is not None), default=0.0)
     min_ttft = min((r[2] for r in rows if r[2] is not None), default=0.0)
     scores: dict[str, float] = {}
-    best: tuple[float, Any] | None = None
+    best: tuple[float, ModelRef] | None = None
     for ref, tpot, ttft in rows:
         parts = []
         if tpot is not None:
@@ -100,14 +103,14 @@ def latency_aware(refs: Sequence[Any], settings: LatencyAwareSettings, facts: Fa
 
 @dataclass
 class _Row:
-    ref: Any
+    ref: ModelRef
     quality: float | None
     latency: float | None
     cost: float | None
     load: float
 
 
-def _slo_breach(ref: Any, s: MultiFactorSettings, facts: Facts) -> str | None:
+def _slo_breach(ref: ModelRef, s: MultiFactorSettings, facts: Facts) -> str | None:
     slo, p, model = s.slo, s.percentile, ref.model
     if slo.max_tpot_ms > 0:
         tpot = facts.tpot(model, p)
@@ -141,9 +144,11 @@ def _normal(value: float, span: tuple[float, float], inverted: bool) -> float:
     return 1.0 - x if inverted else x
 
 
-def multi_factor(refs: Sequence[Any], settings: MultiFactorSettings, facts: Facts) -> Selection:
-    kept: list[tuple[Any, None]] = []
-    dropped: list[tuple[Any, str]] = []
+def multi_factor(
+    refs: Sequence[ModelRef], settings: MultiFactorSettings, facts: Facts
+) -> Selection:
+    kept: list[tuple[ModelRef, None]] = []
+    dropped: list[tuple[ModelRef, str]] = []
     for ref in refs:
         breach = _slo_breach(ref, settings, facts)
         if breach is None:
@@ -175,7 +180,7 @@ def multi_factor(refs: Sequence[Any], settings: MultiFactorSettings, facts: Fact
         "load": _spread([r.load for r in rows]),
     }
     scores: dict[str, float] = {}
-    best: tuple[float, Any] | None = None
+    best: tuple[float, ModelRef] | None = None
     for row in rows:
         total = weight = 0.0
         for name, value, inverted, factor_w in (
@@ -204,7 +209,7 @@ def multi_factor(refs: Sequence[Any], settings: MultiFactorSettings, facts: Fact
 
 
 def _no_candidates(
-    refs: Sequence[Any], settings: MultiFactorSettings, facts: Facts, why: list[str]
+    refs: Sequence[ModelRef], settings: MultiFactorSettings, facts: Facts, why: list[str]
 ) -> Selection:
     cause = "the SLO dropped every candidate (" + ", ".join(why) + ")"
     if settings.on_no_candidates == "fail":
