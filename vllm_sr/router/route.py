@@ -38,7 +38,7 @@ from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
-from vllm_sr.router.rules import Match, SignalKey, rank, static_order
+from vllm_sr.router.rules import Match, Ranking, SignalKey, rank, rank_all, static_order
 from vllm_sr.router.selection.decide import DecisionSelection, LiveFacts
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
@@ -265,7 +265,13 @@ class Router:
         return run
 
     def winner(self, run: SignalRun) -> list[Match]:
+        """The matching decisions, best first; raises DecisionUnresolved when a decision's
+        ``on_unknown: fail_request`` applied."""
         return rank(self.routing.decisions, run.results, self.routing.strategy)
+
+    def ranking(self, run: SignalRun) -> Ranking:
+        """:meth:`winner` with the on_unknown policies applied, without raising (eval)."""
+        return rank_all(self.routing.decisions, run.results, self.routing.strategy)
 
     async def route(self, view: RequestView) -> RouteResult:
         """Signals on the request, the decision, its model. Unknown signals do not match;
