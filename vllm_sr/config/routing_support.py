@@ -221,14 +221,7 @@ def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
                 )
             )
     for i, sig in enumerate(as_list(signals.get("embeddings"))):
-        if as_dict(sig).get("query_modality") == "image":
-            problems.append(
-                refusal(
-                    (*base, "signals", "embeddings", i, "query_modality"),
-                    "query_modality 'image'",
-                    "text (the request's text is embedded)",
-                )
-            )
+        problems += _embedding_problems((*base, "signals", "embeddings", i), as_dict(sig))
     for i, sig in enumerate(as_list(signals.get("complexity"))):
         for bank in ("hard", "easy"):
             if as_list(as_dict(as_dict(sig).get(bank)).get("image_candidates")):
@@ -241,6 +234,50 @@ def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
                 )
     for i, dec in enumerate(as_list(rt.get("decisions"))):
         problems += _decision_problems((*base, "decisions", i), as_dict(dec))
+    return problems
+
+
+def _embedding_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
+    """v0.4's embedding fields vllm-sr does not act on, each refused by name."""
+    problems = []
+    if sig.get("query_modality") == "image":
+        problems.append(
+            refusal(
+                (*path, "query_modality"),
+                "query_modality 'image'",
+                "text (the request's text is embedded)",
+            )
+        )
+    for key in ("image_candidates", "negative_image_candidates"):
+        if as_list(sig.get(key)):
+            problems.append(
+                refusal(
+                    (*path, key),
+                    f"{key} (example images need a multimodal embedding model; the "
+                    "deployments here embed text)",
+                    "candidates (text); an empty list",
+                )
+            )
+    if as_list(sig.get("negative_candidates")):
+        problems.append(
+            refusal(
+                (*path, "negative_candidates"),
+                "negative_candidates (a score against a bank of counter-examples)",
+                "an empty list; candidates and threshold (every candidate scored by "
+                "aggregation_method)",
+            )
+        )
+    scoring = sig.get("prototype_scoring")
+    if scoring is not None and as_dict(scoring).get("enabled") is not False:
+        problems.append(
+            refusal(
+                (*path, "prototype_scoring", "enabled"),
+                "per-rule prototype scoring of embedding candidates (enabled is upstream's "
+                "default when omitted)",
+                "enabled: false (every candidate scored by aggregation_method), or no "
+                "prototype_scoring block",
+            )
+        )
     return problems
 
 

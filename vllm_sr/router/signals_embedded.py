@@ -99,8 +99,9 @@ class EmbeddedFamilies:
         )
         self.banks = PrototypeBanks()
         for c in self.complexity:
-            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, complexity_opts)
-            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, complexity_opts)
+            own = PrototypeOptions.of(c.prototype_scoring) if c.prototype_scoring else None
+            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, own or complexity_opts)
+            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, own or complexity_opts)
         for p in self.preferences:
             own = [p.description] if p.description else []
             self.banks.add(f"preference:{p.name}", [*own, *p.examples], preference_opts)
@@ -214,7 +215,7 @@ class EmbeddedFamilies:
         hard = self.banks.score(f"complexity:{c.name}:hard", query).score
         easy = self.banks.score(f"complexity:{c.name}:easy", query).score
         margin = hard - easy
-        level = "hard" if margin > c.threshold else "easy" if margin < -c.threshold else "medium"
+        level = c.level(margin)
         return {
             ("complexity", f"{c.name}:{lv}"): SignalResult(lv == level, abs(margin), margin)
             if lv == level
