@@ -13,8 +13,10 @@ import yaml
 from pydantic import ValidationError
 
 from vllm_sr.config.routing import Routing
-from vllm_sr.config.routing_rules import routing_local_problems
+from vllm_sr.config.routing_rules import check_routing, routing_local_problems
 from vllm_sr.config.signal_embedded import ComplexitySignal
+from vllm_sr.router.deterministic import DeterministicSignals
+from vllm_sr.router.request_view import RequestView
 
 MOM_V1 = Path(__file__).resolve().parents[1] / "fixtures/upstream/v0.4/mom-v1/config.yaml"
 
@@ -84,3 +86,116 @@ def test_mom_v1s_embedding_rules_load_and_the_unsupported_fields_are_refused_by_
         Routing.model_validate(
             {"signals": {"embeddings": [{**base, "negative_candidates": ["no"]}]}}
         )
+
+
+# -- input_modality (no model) and the new conversation sources ------------------------------
+
+INPUT_MODALITY = [  # upstream's tutorial fragment (input-modality.md), plus text
+    {"name": "image_input", "description": "Request contains an image.", "modality": "image"},
+    {"name": "audio_input", "description": "Request contains audio.", "modality": "audio"},
+    {"name": "text_input", "modality": "text"},
+]
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+
+
+def _signals(view: RequestView, routing: Routing) -> dict[str, bool]:
+    report = DeterministicSignals(routing.signals).report(view)
+    return {name: res.matched for (kind, name), res in report.results.items()}
+
+
+@pytest.mark.parametrize(
+    ("content", "system", "want"),
+    [
+        ("describe this", None, {"text_input"}),
+        ([{"type": "text", "text": "what is it?"}, IMAGE], None, {"text_input", "image_input"}),
+        ([IMAGE], None, {"image_input"}),
+        ([AUDIO, {"type": "text", "text": ""}], None, {"audio_input"}),
+        # a system prompt or assistant history never counts
+        ("", [IMAGE], set()),
+    ],
+)
+def test_input_modality_reads_the_user_messages_content_parts(
+    content: Any, system: Any, want: set[str]
+) -> None:
+    rt = Routing.model_validate({"signals": {"input_modality": INPUT_MODALITY}})
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": content})
+    view = RequestView.from_chat({"messages": messages}, {})
+    got = _signals(view, rt)
+    assert {n for n, hit in got.items() if hit} == want
+    assert set(got) == {"image_input", "audio_input", "text_input"}
+
+
+def test_the_preview_reads_video_and_audio_url_parts_too() -> None:
+    rt = Routing.model_validate(
+        {"signals": {"input_modality": [*INPUT_MODALITY, {"name": "v", "modality": "video"}]}}
+    )
+    payload = {
+        "messages": [
+            {"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]},
+            {"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": "y"}}]},
+        ]
+    }
+    got = _signals(RequestView.from_eval(payload), rt)
+    assert {n for n, hit in got.items() if hit} == {"v", "audio_input"}
+    # a chat's video part is not one upstream's chat decoder accepts
+    chat = RequestView.from_chat({"messages": payload["messages"]}, {})
+    assert {n for n, hit in _signals(chat, rt).items() if hit} == set()
+    assert _signals(RequestView.from_eval({"text": "hi"}), rt)["text_input"]
+
+
+def test_input_modality_names_are_checked_like_other_families() -> None:
+    with pytest.raises(ValidationError, match="modality"):
+        Routing.model_validate({"signals": {"input_modality": [{"name": "x", "modality": "3d"}]}})
+    with pytest.raises(ValidationError, match="surrounding spaces"):
+        Routing.model_validate(
+            {"signals": {"input_modality": [{"name": " x", "modality": "text"}]}}
+        )
+    problems = routing_local_problems(
+        {"signals": {"input_modality": INPUT_MODALITY},
+         "decisions": [{"name": "d", "rules": {"type": "input_modality", "name": "video_input"}}]}
+    )  # fmt: skip
+    assert problems == []  # the name check runs with providers (check_routing)
+
+    problems = check_routing(
+        {"defaults": {"default_model": "m"}, "models": [{"name": "m"}]},
+        {"signals": {"input_modality": INPUT_MODALITY},
+         "decisions": [{"name": "d", "rules": {"type": "input_modality", "name": "video_input"}}]},
+        set(),
+        "",
+    )  # fmt: skip
+    leaf = [p for p in problems if p.path[0] == "routing"]
+    assert [p.path for p in leaf] == [("routing", "decisions", 0, "rules", "name")]
+    assert "routing.signals.input_modality" in leaf[0].message
+
+
+def test_mom_v1s_new_conversation_sources() -> None:
+    conversation = [
+        *mom_v1_signals("conversation"),
+        *[
+            c
+            for c in yaml.safe_load(MOM_V1.read_text(encoding="utf-8"))["recipes"][3]["routing"][
+                "signals"
+            ]["conversation"]
+            if c["feature"]["source"]["type"] == "flow_tool_state"
+        ],
+        {
+            "name": "tool_disabled",
+            "feature": {"type": "exists", "source": {"type": "tool_choice_none"}},
+        },
+    ]
+    rt = Routing.model_validate({"signals": {"conversation": conversation}})
+    tools = [{"type": "function", "function": {"name": "lookup_status"}}]
+    user = [{"role": "user", "content": "Return the current service state."}]
+    named = {"type": "function", "function": {"name": "lookup_status"}}
+    cases = [(named, {"tool_required"}), ("required", {"tool_required"}),
+             ("none", {"tool_disabled"}), ("auto", set()), (None, set())]  # fmt: skip
+    for choice, want in cases:
+        body: dict[str, Any] = {"messages": user, "tools": tools}
+        if choice is not None:
+            body["tool_choice"] = choice
+        for view in (RequestView.from_chat(body, {}), RequestView.from_eval(body)):
+            got = _signals(view, rt)
+            hits = {n for n in ("tool_required", "tool_disabled", "flow") if got[n]}
+            assert hits == want, (choice, view)

@@ -36,6 +36,7 @@ SIGNAL_LIST = {
     "language": "language",
     "metadata": "metadata",
     "authz": "role_bindings",
+    "input_modality": "input_modality",
 }
 LEAF_KEY = {"authz": "role"}
 

@@ -33,6 +33,7 @@ from vllm_sr.config.signal_embedded import (
 from vllm_sr.config.signal_families import (
     ContextSignal,
     ConversationSignal,
+    InputModalitySignal,
     LanguageSignal,
     StructureSignal,
 )
@@ -303,3 +304,6 @@ class Signals(Strict):
 
     classifiers: list[ClassifierSignal] = Field(default_factory=list, max_length=256)
     """Upstream (refused by vllm-sr): local or LLM label classifiers."""
+
+    input_modality: list[InputModalitySignal] = Field(default_factory=list, max_length=256)
+    """v0.4: the modalities of the user messages' content parts (no model)."""

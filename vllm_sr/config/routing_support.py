@@ -40,6 +40,7 @@ SUPPORTED_SIGNAL_LISTS = (
     "jailbreak",
     "pii",
     "kb",
+    "input_modality",
 )
 REFUSED_SIGNAL_LISTS = (
     "modality",
@@ -65,6 +66,7 @@ SUPPORTED_LEAF_TYPES = (
     "pii",
     "kb",
     "projection",
+    "input_modality",
 )
 STATIC = "static"
 LOOPER_TYPES = ("confidence", "ratings", "remom", "fusion", "workflows")
