@@ -23,6 +23,7 @@ from vllm_sr.config.signal_embedded import (
     ClassifierSignal,
     ComplexitySignal,
     EventSignal,
+    HallucinationSignal,
     JailbreakSignal,
     KBSignal,
     NamedSignal,
@@ -304,6 +305,10 @@ class Signals(Strict):
 
     classifiers: list[ClassifierSignal] = Field(default_factory=list, max_length=256)
     """Upstream (refused by vllm-sr): local or LLM label classifiers."""
+
+    hallucination: list[HallucinationSignal] = Field(default_factory=list, max_length=256)
+    """v0.4 (refused by vllm-sr): a response-stage check consumed by the hallucination
+    plugin."""
 
     input_modality: list[InputModalitySignal] = Field(default_factory=list, max_length=256)
     """v0.4: the modalities of the user messages' content parts (no model)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vllm_sr.config.fallback_policy import fallback_problems
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
@@ -46,6 +47,7 @@ REFUSED_SIGNAL_LISTS = (
     "modality",
     "events",
     "classifiers",
+    "hallucination",
 )
 SUPPORTED_LEAF_TYPES = (
     "keyword",
@@ -236,6 +238,18 @@ def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
                 )
     for i, dec in enumerate(as_list(rt.get("decisions"))):
         problems += _decision_problems((*base, "decisions", i), as_dict(dec))
+    problems += fallback_problems((*base, "fallback"), rt.get("fallback"))
+    for i, sig in enumerate(as_list(signals.get("jailbreak"))):
+        direction = as_dict(sig).get("direction")
+        if direction not in (None, "request"):
+            problems.append(
+                refusal(
+                    (*base, "signals", "jailbreak", i, "direction"),
+                    f"direction {direction!r} (scoring the model's answer, for the "
+                    "response_jailbreak plugin)",
+                    "request (the prompt is scored), or no direction",
+                )
+            )
     return problems
 
 
@@ -286,6 +300,7 @@ def _embedding_problems(path: Path, sig: dict[str, Any]) -> list[Problem]:
 def _decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
     problems = _leaf_problems((*path, "rules"), dec.get("rules"))
     problems += _algorithm_problems((*path, "algorithm"), dec.get("algorithm"))
+    problems += _v04_decision_problems(path, dec)
     seen: dict[str, int] = {}
     for j, plugin in enumerate(as_list(dec.get("plugins"))):
         raw_kind = as_dict(plugin).get("type")
@@ -338,6 +353,47 @@ def _decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
                     "drop with ttl_turns > 0; accepted: one of them (upstream rejects both)",
                 )
             )
+    return problems
+
+
+def _v04_decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
+    """v0.4's decision fields: ``action`` and ``modelRefs[].reasoning_mode`` refused by name,
+    ``algorithm.minimum_candidates`` checked as upstream's validator does."""
+    problems = []
+    if dec.get("action") is not None:
+        problems.append(
+            refusal(
+                (*path, "action"),
+                "a decision action (an explicit route to a destination instead of candidate "
+                "ranking)",
+                "modelRefs (the decision's models, picked by its algorithm)",
+            )
+        )
+    refs = [as_dict(r) for r in as_list(dec.get("modelRefs"))]
+    for k, ref in enumerate(refs):
+        if ref.get("reasoning_mode") is not None:
+            problems.append(
+                refusal(
+                    (*path, "modelRefs", k, "reasoning_mode"),
+                    f"reasoning_mode {ref['reasoning_mode']!r} (a reasoning type with "
+                    "enabled/disabled/adaptive modes)",
+                    "use_reasoning and reasoning_effort",
+                )
+            )
+    least = as_dict(dec.get("algorithm")).get("minimum_candidates")
+    distinct = {
+        (str(r.get("model", "")).strip(), str(r.get("lora_name") or "").strip())
+        for r in refs
+        if str(r.get("model", "")).strip()
+    }
+    if isinstance(least, int) and least > 0 and refs and len(distinct) < least:
+        problems.append(
+            problem(
+                (*path, "algorithm", "minimum_candidates"),
+                f"minimum_candidates {least} but the decision has {len(distinct)} distinct "
+                f"modelRefs; accepted: at most {len(distinct)}, or more modelRefs (as upstream)",
+            )
+        )
     return problems
 
 

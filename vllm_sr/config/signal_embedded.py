@@ -186,6 +186,10 @@ class JailbreakSignal(Strict):
     benign_patterns: list[str] = Field(default_factory=list, max_length=1024)
     """contrastive: benign examples."""
 
+    direction: Literal["request", "response"] | None = None
+    """v0.4: request (or omitted) scores the prompt; response (the model's answer, for the
+    response_jailbreak plugin) is refused."""
+
     deployment: str | None = Field(default=None, max_length=63)
     """vllm-sr, classifier/hybrid: a deployment whose artifact is a sequence classifier
     (labels from its config.json id2label); the risk is the probability of its ``jailbreak``
@@ -280,3 +284,21 @@ class ClassifierSignal(Strict):
 
     use_cpu: bool = False
     """local: run on CPU."""
+
+    disable_rationale: bool | None = None
+    """v0.4, llm: ask for no rationale with the label (the family is refused)."""
+
+
+class HallucinationSignal(Strict):
+    """v0.4: checks the model's answer against the request's grounding context, at the
+    response stage, for the hallucination plugin; decisions cannot read it (refused by
+    vllm-sr, which has no response-stage signals)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    """The rule's name."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    use_nli: bool = False
+    """Upstream: span-level NLI explanations."""
