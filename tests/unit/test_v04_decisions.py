@@ -132,3 +132,31 @@ def test_hallucination_direction_and_disable_rationale() -> None:
     classifiers = [{"name": "c", "labels": ["a"], "disable_rationale": True}]
     (refused,) = routing_local_problems({"signals": {"classifiers": classifiers}})
     assert refused.path == ("routing", "signals", "classifiers")
+
+
+def test_what_needs_a_generative_decision_model_is_refused_with_the_reason() -> None:
+    routing = {
+        "signals": {"decision": [{"name": "route_pick", "type": "choice"}]},
+        "decisions": [
+            decision(
+                rules={"type": "decision", "name": "route_pick"},
+                algorithm={"type": "decision", "decision": {"instructions": "pick one"}},
+                plugins=[{"type": "prompt_cache", "configuration": {"enabled": True}}],
+            )
+        ],
+    }
+    problems = {p.path: p.message for p in routing_local_problems(routing)}
+    assert set(problems) == {
+        ("routing", "signals", "decision"),
+        ("routing", "decisions", 0, "rules", "type"),
+        ("routing", "decisions", 0, "algorithm", "type"),
+        ("routing", "decisions", 0, "plugins", 0, "type"),
+    }
+    generative = [m for path, m in problems.items() if path[-1] == "type" and "plugins" not in path]
+    assert all("generative decision model" in m and "encoders" in m for m in generative)
+    assert "generative decision model" in problems[("routing", "signals", "decision")]
+    assert (
+        "Anthropic prompt-cache markers"
+        in problems[("routing", "decisions", 0, "plugins", 0, "type")]
+    )
+    assert all("not supported by vllm-sr" in m for m in problems.values())

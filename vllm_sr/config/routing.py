@@ -195,6 +195,10 @@ class Algorithm(Strict):
     prompt: dict[str, Any] | None = None
     """Upstream's prompt selector (refused)."""
 
+    decision: dict[str, object] | None = None
+    """Upstream v0.4's decision selector ({instructions, candidates, timeout_ms}; refused: it
+    needs a generative decision model)."""
+
 
 class Plugin(Strict):
     type: str = Field(min_length=1, max_length=64)

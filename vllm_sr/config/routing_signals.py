@@ -306,6 +306,10 @@ class Signals(Strict):
     classifiers: list[ClassifierSignal] = Field(default_factory=list, max_length=256)
     """Upstream (refused by vllm-sr): local or LLM label classifiers."""
 
+    decision: list[dict[str, object]] = Field(default_factory=list, max_length=256)
+    """Upstream's decision-model questions (refused: they need a generative decision
+    model)."""
+
     hallucination: list[HallucinationSignal] = Field(default_factory=list, max_length=256)
     """v0.4 (refused by vllm-sr): a response-stage check consumed by the hallucination
     plugin."""

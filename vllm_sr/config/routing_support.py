@@ -113,6 +113,19 @@ SINGLE_REF_LOOPERS = ("remom", "fusion", "workflows")
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
+# Item 4 of issue 38: what needs a generative decision model, refused with the reason.
+GENERATIVE = (
+    "needs a generative decision model (upstream asks global.model_catalog.system."
+    "decision_model questions and reads its answer); vllm-sr's workers are encoders "
+    "(embeddings and classification heads)"
+)
+GENERATIVE_REFUSALS = {
+    "signal": f"the signal family 'decision' ({GENERATIVE})",
+    "leaf": f"the rule leaf type 'decision' ({GENERATIVE})",
+    "algorithm": f"the algorithm 'decision' (which candidate should answer: {GENERATIVE})",
+    "prompt_cache": "the plugin 'prompt_cache' (Anthropic prompt-cache markers after route "
+    "selection: vllm-sr forwards the OpenAI chat API only, with no Anthropic provider)",
+}
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
@@ -215,6 +228,12 @@ def support_problems(routing: Any, base: Path = ("routing",)) -> list[Problem]:
     rt = as_dict(routing)
     signals = as_dict(rt.get("signals"))
     problems: list[Problem] = []
+    if as_list(signals.get("decision")):
+        problems.append(
+            refusal(
+                (*base, "signals", "decision"), GENERATIVE_REFUSALS["signal"], SIGNALS_SUPPORTED
+            )
+        )
     for family in REFUSED_SIGNAL_LISTS:
         if as_list(signals.get(family)):
             problems.append(
@@ -306,12 +325,9 @@ def _decision_problems(path: Path, dec: dict[str, Any]) -> list[Problem]:
         raw_kind = as_dict(plugin).get("type")
         kind = canonical_type(raw_kind)
         if kind not in SUPPORTED_PLUGINS:
+            what = GENERATIVE_REFUSALS.get(kind, f"the plugin {raw_kind!r}")
             problems.append(
-                refusal(
-                    (*path, "plugins", j, "type"),
-                    f"the plugin {raw_kind!r}",
-                    ", ".join(SUPPORTED_PLUGINS),
-                )
+                refusal((*path, "plugins", j, "type"), what, ", ".join(SUPPORTED_PLUGINS))
             )
             continue
         if kind in seen:
@@ -407,7 +423,9 @@ def _leaf_problems(path: Path, node: Any) -> list[Problem]:
     kind = node.get("type")
     kind = kind.strip().lower() if isinstance(kind, str) else kind
     problems = []
-    if isinstance(kind, str) and kind not in SUPPORTED_LEAF_TYPES:
+    if kind == "decision":
+        problems.append(refusal((*path, "type"), GENERATIVE_REFUSALS["leaf"], LEAVES_SUPPORTED))
+    elif isinstance(kind, str) and kind not in SUPPORTED_LEAF_TYPES:
         problems.append(refusal((*path, "type"), f"the rule leaf type {kind!r}", LEAVES_SUPPORTED))
     for key in ("label", "on_error"):
         if node.get(key) is not None and kind != "classifier":
@@ -427,6 +445,8 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
     if not isinstance(kind, str):
         return []
     blocks = [k for k in BLOCK_TYPES if algo.get(k) is not None]
+    if kind == "decision":
+        return [refusal((*path, "type"), GENERATIVE_REFUSALS["algorithm"], ALGORITHMS_SUPPORTED)]
     if kind in REMOVED_ALGORITHM_TYPES:
         return [
             problem(

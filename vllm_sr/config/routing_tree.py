@@ -38,6 +38,7 @@ LeafType = Literal[
     "classifier",
     "projection",
     "input_modality",
+    "decision",
 ]
 LEAF_TYPES: tuple[str, ...] = get_args(LeafType)
 
