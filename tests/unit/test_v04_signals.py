@@ -6,6 +6,7 @@ refuses. Fragments are upstream's own where the released mom-v1 has them."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from vllm_sr.config.routing_rules import check_routing, routing_local_problems
 from vllm_sr.config.signal_embedded import ComplexitySignal
 from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.request_view import RequestView
+from vllm_sr.router.signals_embedded import EmbeddedFamilies
 
 MOM_V1 = Path(__file__).resolve().parents[1] / "fixtures/upstream/v0.4/mom-v1/config.yaml"
 
@@ -199,3 +201,21 @@ def test_mom_v1s_new_conversation_sources() -> None:
             got = _signals(view, rt)
             hits = {n for n in ("tool_required", "tool_disabled", "flow") if got[n]}
             assert hits == want, (choice, view)
+
+
+def test_a_complexity_rules_own_prototype_scoring_replaces_the_modules() -> None:
+    rules = [
+        {"name": "own", "hard_above": 0.1, "easy_below": -0.1,
+         "hard": {"candidates": ["h"]}, "easy": {"candidates": ["e"]},
+         "prototype_scoring": {"enabled": False, "best_weight": 0.5, "top_m": 3}},
+        {"name": "module", "threshold": 0.1,
+         "hard": {"candidates": ["h"]}, "easy": {"candidates": ["e"]}},
+    ]  # fmt: skip
+    rt = Routing.model_validate({"signals": {"complexity": rules}})
+    module = SimpleNamespace(complexity=SimpleNamespace(prototype_scoring=SimpleNamespace(top_m=5)))
+    referenced = {("complexity", "own:hard"), ("complexity", "module:hard")}
+    families = EmbeddedFamilies(rt.signals, referenced, modules=module)
+    own = families.banks.specs["complexity:own:hard"][1]
+    shared = families.banks.specs["complexity:module:easy"][1]
+    assert own is not None and (own.enabled, own.best_weight, own.top_m) == (False, 0.5, 3)
+    assert shared is not None and (shared.enabled, shared.top_m) == (True, 5)

@@ -99,9 +99,11 @@ class EmbeddedFamilies:
         )
         self.banks = PrototypeBanks()
         for c in self.complexity:
-            own = PrototypeOptions.of(c.prototype_scoring) if c.prototype_scoring else None
-            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, own or complexity_opts)
-            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, own or complexity_opts)
+            rule_opts = (
+                PrototypeOptions.of(c.prototype_scoring) if c.prototype_scoring else complexity_opts
+            )
+            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, rule_opts)
+            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, rule_opts)
         for p in self.preferences:
             own = [p.description] if p.description else []
             self.banks.add(f"preference:{p.name}", [*own, *p.examples], preference_opts)
