@@ -155,6 +155,7 @@ async def test_on_unknown_fail_request_fails_the_chat_and_the_preview(stack: Sta
     assert isinstance(body, dict) and body["code"] == "decision_unresolved"
     assert "'guarded'" in body["message"]
     assert stack.vision.received == [] and stack.general.received == []
+    assert stack.chat.stats.unknown == {("embedding", "overloaded"): 1}  # still counted
     preview = {"messages": looking_at("what is in this picture?"), "options": {"trace": True}}
     async with (
         aiohttp.ClientSession() as session,

@@ -43,7 +43,7 @@ from vllm_sr.router.selection.decide import DecisionSelection, LiveFacts
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
-from vllm_sr.router.unknown import FAILED, Unknown, unknown_of
+from vllm_sr.router.unknown import FAILED, DecisionUnresolved, Unknown, unknown_of
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
@@ -279,7 +279,12 @@ class Router:
         fallback (``signals:<reason>``, the first unknown signal's)."""
         run = await self.signals(view, self.plan)
         unknown = run.unknown()
-        matches = self.winner(run)
+        try:
+            matches = self.winner(run)
+        except DecisionUnresolved:  # on_unknown: fail_request; its unknown signals still count
+            for (kind, _), why in unknown.items():
+                self.stats.unknown[(kind, why.reason)] += 1
+            raise
         best = matches[0] if matches else None
         decision = best.decision if best else None
         choice = self.selection.choose(
