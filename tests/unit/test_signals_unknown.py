@@ -67,7 +67,7 @@ def test_an_unknown_leaf_does_not_match_unless_on_error_says_so() -> None:
     assert evaluate(RuleLeaf.model_validate(leaf), results) == RuleValue(False, 0.0)
     with_predicate = RuleLeaf.model_validate({**leaf, "predicate": {"gte": 0.0}})
     assert evaluate(with_predicate, results) == RuleValue(False, 0.0)
-    # upstream's on_unknown no_match: NOT over an unknown signal matches
+    # without rules.on_unknown (as before v0.4): NOT over an unknown signal matches
     assert evaluate(node({"operator": "NOT", "conditions": [leaf]}), results).matched
     # a classifier leaf with on_error: match matches (confidence 1.0), as upstream's does
     classifier = {"type": "classifier", "name": "c", "label": "x", "predicate": {"gte": 0.5}}

@@ -163,6 +163,10 @@ class RouterReplay(Strict):
     qdrant: RouterReplayQdrant | None = None
     """Upstream: the qdrant store's connection (refused when selected)."""
 
+    capture_personal_data: bool | None = None
+    """v0.4: records keep personal data (upstream's default true, what vllm-sr does); false is
+    refused."""
+
     @property
     def backend(self) -> str:
         """The store in use: ``store_backend``, else inferred from the blocks written (postgres,

@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from vllm_sr.config.fallback_policy import FallbackPolicy
 from vllm_sr.config.learning_rules import CandidateSetField
 from vllm_sr.config.routing_base import Strict, raise_first, rules_run_by_caller
 from vllm_sr.config.routing_projections import Projections
@@ -139,6 +140,10 @@ class ModelRef(Strict):
     reasoning_description: str | None = Field(default=None, max_length=4000)
     """Free text for people."""
 
+    reasoning_mode: str | None = Field(default=None, min_length=1, max_length=32)
+    """v0.4: enabled / disabled / adaptive for a model whose reasoning is of type
+    reasoning_mode (refused by vllm-sr: use use_reasoning)."""
+
 
 class Algorithm(Strict):
     """How a decision picks among its modelRefs. vllm-sr runs ``static`` and the selectors
@@ -154,6 +159,10 @@ class Algorithm(Strict):
 
     on_error: str | None = Field(default=None, max_length=32)
     """Upstream: what a failing selector does."""
+
+    minimum_candidates: int | None = Field(default=None, ge=0, le=64)
+    """v0.4: the least number of distinct modelRefs (model, lora_name) the decision must
+    declare; checked at load, as upstream's validator does."""
 
     confidence: JsonObject | None = None
     """The confidence looper's settings."""
@@ -187,6 +196,10 @@ class Algorithm(Strict):
 
     prompt: JsonObject | None = None
     """The prompt selector's settings (routing_selection.PromptSettings)."""
+
+    decision: dict[str, object] | None = None
+    """Upstream v0.4's decision selector ({instructions, candidates, timeout_ms}; refused: it
+    needs a generative decision model)."""
 
 
 class Plugin(Strict):
@@ -251,6 +264,16 @@ class Adaptations(Strict):
     """Stability protection."""
 
 
+class DecisionAction(Strict):
+    """v0.4's explicit action of a matched decision (upstream requires a jailbreak leaf)."""
+
+    type: Literal["route"]
+    """The action (only route)."""
+
+    destination: str = Field(min_length=1, max_length=256)
+    """Where the request goes instead of the ranked candidates."""
+
+
 class Decision(Strict):
     name: str = Field(min_length=1, max_length=128)
     """The decision's name (answer header x-vsr-selected-decision)."""
@@ -266,6 +289,9 @@ class Decision(Strict):
 
     rules: RuleNode | RuleLeaf | None = None
     """When the decision matches; omitted (or {}): always, with confidence 0."""
+
+    action: DecisionAction | None = None
+    """v0.4: an explicit route instead of candidate ranking (refused by vllm-sr)."""
 
     model_refs: list[ModelRef] = Field(default_factory=list, alias="modelRefs", max_length=64)
     """The models to use, in order; omitted: providers.defaults.default_model."""
@@ -330,6 +356,9 @@ class Routing(Strict):
 
     decisions: list[Decision] = Field(default_factory=list, max_length=1024)
     """The decisions, each a rule tree over signals and the models to use."""
+
+    fallback: FallbackPolicy | None = None
+    """v0.4: upstream's fallback policy (refused unless enabled: false)."""
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo[object]) -> Routing:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
@@ -175,6 +175,10 @@ class RequestParamsPlugin(Strict):
     strip_unknown: bool = False
     """Keep only upstream's known chat parameters."""
 
+    default_max_tokens: Annotated[int, Field(ge=1, strict=True)] | Literal["auto"] | None = None
+    """v0.4: ``max_tokens`` set to this when the request gives neither ``max_tokens`` nor
+    ``max_completion_tokens`` (then capped by ``max_tokens_limit``). ``auto`` is refused."""
+
 
 class FastResponsePlugin(Strict):
     message: str = Field(min_length=1)
@@ -304,6 +308,15 @@ def plugin_problems(path: Path, kind: str, configuration: object) -> list[Proble
             value = err.get("input")
             out.append(problem(where, f"{err['msg']} (got {value!r}) in the plugin {kind!r}"))
         return out
+    if isinstance(typed, RequestParamsPlugin) and typed.default_max_tokens == "auto":
+        return [
+            refusal(
+                (*path, "configuration", "default_max_tokens"),
+                "default_max_tokens 'auto' (each candidate model's own output limit, from "
+                "upstream's native model limits)",
+                "a positive integer",
+            )
+        ]
     if isinstance(typed, ToolSelectionPlugin) and typed.enabled and typed.mode != "filter":
         return [
             refusal(

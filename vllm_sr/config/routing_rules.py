@@ -42,6 +42,7 @@ SIGNAL_LIST = {
     "language": "language",
     "metadata": "metadata",
     "authz": "role_bindings",
+    "input_modality": "input_modality",
 }
 LEAF_KEY = {"authz": "role"}
 
@@ -84,6 +85,9 @@ def routing_local_problems(routing: object) -> list[Problem]:
         problems += _tree_problems(
             ("routing", "decisions", i, "rules"), as_dict(dec).get("rules"), 1
         )
+    for i, sig in enumerate(as_list(signals.get("complexity"))):
+        composer = as_dict(sig).get("composer")
+        problems += _tree_problems(("routing", "signals", "complexity", i, "composer"), composer, 1)
     return problems + support_problems(rt)
 
 
@@ -109,6 +113,14 @@ def _regex_problems(path: Path, sig: JsonObject) -> list[Problem]:
 
 def _tree_problems(path: Path, node: object, depth: int) -> list[Problem]:
     node = as_dict(node)
+    if depth > 1 and node.get("on_unknown") is not None:
+        return [
+            problem(
+                (*path, "on_unknown"),
+                f"on_unknown {node['on_unknown']!r} on a nested condition; accepted: on_unknown "
+                "only on the root rules node (as upstream)",
+            )
+        ]
     if "operator" not in node:
         return []
     if depth > MAX_RULE_DEPTH:

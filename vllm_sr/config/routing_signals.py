@@ -23,6 +23,7 @@ from vllm_sr.config.signal_embedded import (
     ClassifierSignal,
     ComplexitySignal,
     EventSignal,
+    HallucinationSignal,
     JailbreakSignal,
     KBSignal,
     NamedSignal,
@@ -33,10 +34,12 @@ from vllm_sr.config.signal_embedded import (
 from vllm_sr.config.signal_families import (
     ContextSignal,
     ConversationSignal,
+    InputModalitySignal,
     LanguageSignal,
     StructureSignal,
 )
 from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
+from vllm_sr.config.upstream_catalog import PrototypeScoring
 
 DEFAULT_BM25_THRESHOLD = 0.1
 DEFAULT_NGRAM_THRESHOLD = 0.4
@@ -136,6 +139,19 @@ class EmbeddingSignal(Strict):
 
     description: str | None = Description
     """Free text for people."""
+
+    image_candidates: list[str] = Field(default_factory=list, max_length=1024)
+    """v0.4: example images (refused by vllm-sr: no image encoder)."""
+
+    negative_candidates: list[str] = Field(default_factory=list, max_length=1024)
+    """v0.4: examples the request must not resemble (refused by vllm-sr for now)."""
+
+    negative_image_candidates: list[str] = Field(default_factory=list, max_length=1024)
+    """v0.4: negative example images (refused by vllm-sr: no image encoder)."""
+
+    prototype_scoring: PrototypeScoring | None = None
+    """v0.4: this rule's prototype scoring; only ``enabled: false`` (every candidate scored
+    by ``aggregation_method``, as vllm-sr does) is accepted."""
 
     @field_validator("query_modality", mode="before")
     @classmethod
@@ -289,3 +305,14 @@ class Signals(Strict):
 
     classifiers: list[ClassifierSignal] = Field(default_factory=list, max_length=256)
     """Upstream (refused by vllm-sr): local or LLM label classifiers."""
+
+    decision: list[dict[str, object]] = Field(default_factory=list, max_length=256)
+    """Upstream's decision-model questions (refused: they need a generative decision
+    model)."""
+
+    hallucination: list[HallucinationSignal] = Field(default_factory=list, max_length=256)
+    """v0.4 (refused by vllm-sr): a response-stage check consumed by the hallucination
+    plugin."""
+
+    input_modality: list[InputModalitySignal] = Field(default_factory=list, max_length=256)
+    """v0.4: the modalities of the user messages' content parts (no model)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vllm_sr.config.fallback_policy import fallback_problems
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_looper import confidence_problems
@@ -49,11 +50,13 @@ SUPPORTED_SIGNAL_LISTS = (
     "jailbreak",
     "pii",
     "kb",
+    "input_modality",
 )
 REFUSED_SIGNAL_LISTS = (
     "modality",
     "events",
     "classifiers",
+    "hallucination",
 )
 SUPPORTED_LEAF_TYPES = (
     "keyword",
@@ -74,6 +77,7 @@ SUPPORTED_LEAF_TYPES = (
     "pii",
     "kb",
     "projection",
+    "input_modality",
 )
 STATIC = "static"
 LOOPER_TYPES = ("confidence", "ratings", "remom", "fusion", "workflows")
@@ -120,6 +124,19 @@ RUN_LOOPERS = ("confidence",)
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
+# Item 4 of issue 38: what needs a generative decision model, refused with the reason.
+GENERATIVE = (
+    "needs a generative decision model (upstream asks global.model_catalog.system."
+    "decision_model questions and reads its answer); vllm-sr's workers are encoders "
+    "(embeddings and classification heads)"
+)
+GENERATIVE_REFUSALS = {
+    "signal": f"the signal family 'decision' ({GENERATIVE})",
+    "leaf": f"the rule leaf type 'decision' ({GENERATIVE})",
+    "algorithm": f"the algorithm 'decision' (which candidate should answer: {GENERATIVE})",
+    "prompt_cache": "the plugin 'prompt_cache' (Anthropic prompt-cache markers after route "
+    "selection: vllm-sr forwards the OpenAI chat API only, with no Anthropic provider)",
+}
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
@@ -229,6 +246,12 @@ def support_problems(routing: object, base: Path = ("routing",)) -> list[Problem
     rt = as_dict(routing)
     signals = as_dict(rt.get("signals"))
     problems: list[Problem] = []
+    if as_list(signals.get("decision")):
+        problems.append(
+            refusal(
+                (*base, "signals", "decision"), GENERATIVE_REFUSALS["signal"], SIGNALS_SUPPORTED
+            )
+        )
     for family in REFUSED_SIGNAL_LISTS:
         if as_list(signals.get(family)):
             problems.append(
@@ -239,14 +262,7 @@ def support_problems(routing: object, base: Path = ("routing",)) -> list[Problem
                 )
             )
     for i, sig in enumerate(as_list(signals.get("embeddings"))):
-        if as_dict(sig).get("query_modality") == "image":
-            problems.append(
-                refusal(
-                    (*base, "signals", "embeddings", i, "query_modality"),
-                    "query_modality 'image'",
-                    "text (the request's text is embedded)",
-                )
-            )
+        problems += _embedding_problems((*base, "signals", "embeddings", i), as_dict(sig))
     for i, sig in enumerate(as_list(signals.get("complexity"))):
         for bank in ("hard", "easy"):
             if as_list(as_dict(as_dict(sig).get(bank)).get("image_candidates")):
@@ -259,23 +275,77 @@ def support_problems(routing: object, base: Path = ("routing",)) -> list[Problem
                 )
     for i, dec in enumerate(as_list(rt.get("decisions"))):
         problems += _decision_problems((*base, "decisions", i), as_dict(dec))
+    problems += fallback_problems((*base, "fallback"), rt.get("fallback"))
+    for i, sig in enumerate(as_list(signals.get("jailbreak"))):
+        direction = as_dict(sig).get("direction")
+        if direction not in (None, "request"):
+            problems.append(
+                refusal(
+                    (*base, "signals", "jailbreak", i, "direction"),
+                    f"direction {direction!r} (scoring the model's answer, for the "
+                    "response_jailbreak plugin)",
+                    "request (the prompt is scored), or no direction",
+                )
+            )
+    return problems
+
+
+def _embedding_problems(path: Path, sig: JsonObject) -> list[Problem]:
+    """v0.4's embedding fields vllm-sr does not act on, each refused by name."""
+    problems = []
+    if sig.get("query_modality") == "image":
+        problems.append(
+            refusal(
+                (*path, "query_modality"),
+                "query_modality 'image'",
+                "text (the request's text is embedded)",
+            )
+        )
+    for key in ("image_candidates", "negative_image_candidates"):
+        if as_list(sig.get(key)):
+            problems.append(
+                refusal(
+                    (*path, key),
+                    f"{key} (example images need a multimodal embedding model; the "
+                    "deployments here embed text)",
+                    "candidates (text); an empty list",
+                )
+            )
+    if as_list(sig.get("negative_candidates")):
+        problems.append(
+            refusal(
+                (*path, "negative_candidates"),
+                "negative_candidates (a score against a bank of counter-examples)",
+                "an empty list; candidates and threshold (every candidate scored by "
+                "aggregation_method)",
+            )
+        )
+    scoring = sig.get("prototype_scoring")
+    if scoring is not None and as_dict(scoring).get("enabled") is not False:
+        problems.append(
+            refusal(
+                (*path, "prototype_scoring", "enabled"),
+                "per-rule prototype scoring of embedding candidates (enabled is upstream's "
+                "default when omitted)",
+                "enabled: false (every candidate scored by aggregation_method), or no "
+                "prototype_scoring block",
+            )
+        )
     return problems
 
 
 def _decision_problems(path: Path, dec: JsonObject) -> list[Problem]:
     problems = _leaf_problems((*path, "rules"), dec.get("rules"))
     problems += _algorithm_problems((*path, "algorithm"), dec.get("algorithm"))
+    problems += _v04_decision_problems(path, dec)
     seen: dict[str, int] = {}
     for j, plugin in enumerate(as_list(dec.get("plugins"))):
         raw_kind = as_dict(plugin).get("type")
         kind = canonical_type(raw_kind)
         if kind not in SUPPORTED_PLUGINS:
+            what = GENERATIVE_REFUSALS.get(kind, f"the plugin {raw_kind!r}")
             problems.append(
-                refusal(
-                    (*path, "plugins", j, "type"),
-                    f"the plugin {raw_kind!r}",
-                    ", ".join(SUPPORTED_PLUGINS),
-                )
+                refusal((*path, "plugins", j, "type"), what, ", ".join(SUPPORTED_PLUGINS))
             )
             continue
         if kind in seen:
@@ -320,6 +390,47 @@ def _decision_problems(path: Path, dec: JsonObject) -> list[Problem]:
     return problems
 
 
+def _v04_decision_problems(path: Path, dec: JsonObject) -> list[Problem]:
+    """v0.4's decision fields: ``action`` and ``modelRefs[].reasoning_mode`` refused by name,
+    ``algorithm.minimum_candidates`` checked as upstream's validator does."""
+    problems = []
+    if dec.get("action") is not None:
+        problems.append(
+            refusal(
+                (*path, "action"),
+                "a decision action (an explicit route to a destination instead of candidate "
+                "ranking)",
+                "modelRefs (the decision's models, picked by its algorithm)",
+            )
+        )
+    refs = [as_dict(r) for r in as_list(dec.get("modelRefs"))]
+    for k, ref in enumerate(refs):
+        if ref.get("reasoning_mode") is not None:
+            problems.append(
+                refusal(
+                    (*path, "modelRefs", k, "reasoning_mode"),
+                    f"reasoning_mode {ref['reasoning_mode']!r} (a reasoning type with "
+                    "enabled/disabled/adaptive modes)",
+                    "use_reasoning and reasoning_effort",
+                )
+            )
+    least = as_dict(dec.get("algorithm")).get("minimum_candidates")
+    distinct = {
+        (str(r.get("model", "")).strip(), str(r.get("lora_name") or "").strip())
+        for r in refs
+        if str(r.get("model", "")).strip()
+    }
+    if isinstance(least, int) and least > 0 and refs and len(distinct) < least:
+        problems.append(
+            problem(
+                (*path, "algorithm", "minimum_candidates"),
+                f"minimum_candidates {least} but the decision has {len(distinct)} distinct "
+                f"modelRefs; accepted: at most {len(distinct)}, or more modelRefs (as upstream)",
+            )
+        )
+    return problems
+
+
 def _leaf_problems(path: Path, node: object) -> list[Problem]:
     node = as_dict(node)
     if "operator" in node or "type" not in node:
@@ -330,7 +441,9 @@ def _leaf_problems(path: Path, node: object) -> list[Problem]:
     kind = node.get("type")
     kind = kind.strip().lower() if isinstance(kind, str) else kind
     problems = []
-    if isinstance(kind, str) and kind not in SUPPORTED_LEAF_TYPES:
+    if kind == "decision":
+        problems.append(refusal((*path, "type"), GENERATIVE_REFUSALS["leaf"], LEAVES_SUPPORTED))
+    elif isinstance(kind, str) and kind not in SUPPORTED_LEAF_TYPES:
         problems.append(refusal((*path, "type"), f"the rule leaf type {kind!r}", LEAVES_SUPPORTED))
     for key in ("label", "on_error"):
         if node.get(key) is not None and kind != "classifier":
@@ -350,6 +463,8 @@ def _algorithm_problems(path: Path, algo: object) -> list[Problem]:
     if not isinstance(kind, str):
         return []
     blocks = [k for k in BLOCK_TYPES if algo.get(k) is not None]
+    if kind == "decision":
+        return [refusal((*path, "type"), GENERATIVE_REFUSALS["algorithm"], ALGORITHMS_SUPPORTED)]
     if kind in REMOVED_ALGORITHM_TYPES:
         return [
             problem(

@@ -37,8 +37,14 @@ LeafType = Literal[
     "metadata",
     "classifier",
     "projection",
+    "input_modality",
+    "decision",
 ]
 LEAF_TYPES: tuple[str, ...] = get_args(LeafType)
+
+UnknownPolicy = Literal["no_match", "match", "fail_request"]
+"""v0.4's ``rules.on_unknown``: what a decision (or complexity composer) whose rule tree is
+unknown on a request counts as (vllm_sr/router/rules.py)."""
 
 Predicate = NumericPredicate
 """Bounds on a signal's value: at least one of gt, gte, lt, lte; not gt with gte nor lt with
@@ -62,6 +68,10 @@ class RuleLeaf(Strict):
     on_error: Literal["no_match", "match"] | None = None
     """classifier leaves only: what a failed evaluation counts as (default no_match)."""
 
+    on_unknown: UnknownPolicy | None = None
+    """v0.4, on the root node only (a decision's ``rules`` that is a single leaf): see
+    :attr:`RuleNode.on_unknown`."""
+
     @field_validator("type", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
@@ -75,6 +85,14 @@ class RuleNode(Strict):
 
     conditions: list[RuleLeaf | RuleNode] = Field(default_factory=list, max_length=256)
     """Signals ({type, name}) or nested rules ({operator, conditions})."""
+
+    on_unknown: UnknownPolicy | None = None
+    """v0.4, on the root node only: set, the tree is evaluated in three values (a leaf whose
+    signal is unknown is unknown; NOT of unknown is unknown; AND is false when a condition is
+    false, else unknown when one is; OR is true when one is, else unknown when one is) and an
+    unknown root counts as ``no_match`` (not matched), ``match`` (matched, confidence 1.0) or
+    ``fail_request`` (the request fails: 503). Omitted: an unknown leaf does not match (its
+    ``on_error: match`` matches), as before v0.4."""
 
 
 RuleNode.model_rebuild()

@@ -35,6 +35,7 @@ from vllm_sr.config.deployment import (
     device_platform,
     ejection_bounds_problem,
 )
+from vllm_sr.config.fallback_policy import FallbackPolicy
 from vllm_sr.config.problems import SEMANTIC_ERROR, Problem
 from vllm_sr.config.recipes import (
     DEFAULT_RECIPE,
@@ -133,6 +134,9 @@ class Router(_Strict):
 
     learning: RouterLearning = Field(default_factory=RouterLearning)
     """Upstream: Router Learning (adaptation and protection; vllm_sr/router/learning)."""
+
+    fallback: FallbackPolicy | None = None
+    """v0.4: upstream's global fallback policy (refused unless enabled: false)."""
 
     @model_validator(mode="after")
     def _default_aliases(self) -> Router:

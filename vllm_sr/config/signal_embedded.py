@@ -10,12 +10,14 @@ unknown-key error, and ``routing_support`` refuses each one used by name.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vllm_sr.config.routing_base import Description, Strict
 from vllm_sr.config.routing_tree import RuleLeaf, RuleNode
+from vllm_sr.config.upstream_catalog import PrototypeScoring
 
 # -- the families answered from embeddings (and pii), then those refused -------------------
 
@@ -88,7 +90,77 @@ class ComplexitySignal(Strict):
     """Free text for people."""
 
     composer: RuleNode | RuleLeaf | None = None
-    """A rule tree over other signals that filters the result."""
+    """A rule tree over other signals that filters the result (v0.4: its root's
+    ``on_unknown`` says what an unknown tree counts as)."""
+
+    hard_above: float | None = None
+    """v0.4: hard when the margin (hard minus easy similarity) is above this; with
+    ``easy_below``, in place of the symmetric ``threshold``."""
+
+    easy_below: float | None = None
+    """v0.4: easy when the margin is below this (below ``hard_above``)."""
+
+    hard_below: float | None = None
+    """v0.4, the other direction: hard when the margin is below this; with ``easy_above``."""
+
+    easy_above: float | None = None
+    """v0.4: easy when the margin is above this (above ``hard_below``)."""
+
+    prototype_scoring: PrototypeScoring | None = None
+    """v0.4: this rule's prototype scoring of its hard/easy banks (in place of
+    ``global.model_catalog.modules.complexity.prototype_scoring``)."""
+
+    @model_validator(mode="after")
+    def _boundaries(self) -> ComplexitySignal:
+        self.boundaries()  # upstream's EffectiveBoundaries checks, at load
+        return self
+
+    def boundaries(self) -> tuple[float, float, bool]:
+        """(hard_at, easy_at, higher_is_harder), as upstream's ``EffectiveBoundaries``: the
+        explicit pair when given (one direction, both halves, bands not overlapping, no
+        ``threshold`` beside it), else ``threshold`` symmetric about 0."""
+        pairs = {
+            "hard_above": self.hard_above,
+            "easy_below": self.easy_below,
+            "hard_below": self.hard_below,
+            "easy_above": self.easy_above,
+        }
+        for key, value in pairs.items():
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{key}: {value} is not finite; accepted: a finite number")
+        higher = self.hard_above is not None or self.easy_below is not None
+        lower = self.hard_below is not None or self.easy_above is not None
+        if higher and lower:
+            raise ValueError(
+                "hard_above/easy_below and hard_below/easy_above both set; accepted: one "
+                "direction (hard_above with easy_below, or hard_below with easy_above)"
+            )
+        if not higher and not lower:
+            return self.threshold, -self.threshold, True
+        if self.threshold != 0:
+            raise ValueError(
+                f"threshold {self.threshold} with an explicit boundary pair; accepted: one of them"
+            )
+        hard, easy = (
+            (self.hard_above, self.easy_below) if higher else (self.hard_below, self.easy_above)
+        )
+        names = ("hard_above", "easy_below") if higher else ("hard_below", "easy_above")
+        if hard is None or easy is None:
+            raise ValueError(f"half a boundary pair; accepted: both {names[0]} and {names[1]}")
+        if (higher and easy >= hard) or (not higher and hard >= easy):
+            low, high = (names[1], names[0]) if higher else names
+            raise ValueError(
+                f"overlapping bands: {low} ({easy if higher else hard}) is not below "
+                f"{high} ({hard if higher else easy}); accepted: {low} < {high}"
+            )
+        return hard, easy, higher
+
+    def level(self, margin: float) -> str:
+        """hard, easy or medium for a margin (hard minus easy similarity)."""
+        hard_at, easy_at, higher = self.boundaries()
+        if higher:
+            return "hard" if margin > hard_at else "easy" if margin < easy_at else "medium"
+        return "hard" if margin < hard_at else "easy" if margin > easy_at else "medium"
 
 
 class JailbreakSignal(Strict):
@@ -113,6 +185,10 @@ class JailbreakSignal(Strict):
 
     benign_patterns: list[str] = Field(default_factory=list, max_length=1024)
     """contrastive: benign examples."""
+
+    direction: Literal["request", "response"] | None = None
+    """v0.4: request (or omitted) scores the prompt; response (the model's answer, for the
+    response_jailbreak plugin) is refused."""
 
     deployment: str | None = Field(default=None, max_length=63)
     """vllm-sr, classifier/hybrid: a deployment whose artifact is a sequence classifier
@@ -208,3 +284,21 @@ class ClassifierSignal(Strict):
 
     use_cpu: bool = False
     """local: run on CPU."""
+
+    disable_rationale: bool | None = None
+    """v0.4, llm: ask for no rationale with the label (the family is refused)."""
+
+
+class HallucinationSignal(Strict):
+    """v0.4: checks the model's answer against the request's grounding context, at the
+    response stage, for the hallucination plugin; decisions cannot read it (refused by
+    vllm-sr, which has no response-stage signals)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    """The rule's name."""
+
+    description: str | None = Description
+    """Free text for people."""
+
+    use_nli: bool = False
+    """Upstream: span-level NLI explanations."""

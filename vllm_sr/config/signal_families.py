@@ -268,6 +268,9 @@ ConversationSourceType = Literal[
     "assistant_tool_cycle",
     "active_tool_loop",
     "image_content",
+    "tool_choice_required",
+    "tool_choice_none",
+    "flow_tool_state",
 ]
 ConversationRole = Literal["user", "assistant", "system", "developer", "tool", "non_user"]
 
@@ -276,7 +279,10 @@ class ConversationSource(_Strict):
     type: ConversationSourceType
     """message (messages, by role), tool_definition (tools + functions), assistant_tool_call
     (assistant tool_calls entries), assistant_tool_cycle (tool messages), active_tool_loop (1
-    while a tool loop is open), image_content (image parts in user messages)."""
+    while a tool loop is open), image_content (image parts in user messages); v0.4:
+    tool_choice_required (1 when tool_choice is "required" or names a tool), tool_choice_none
+    (1 when it is "none"), flow_tool_state (upstream's Router-owned Flow state: vllm-sr runs
+    no Flow, so no request carries it: always 0)."""
 
     role: ConversationRole | None = None
     """message only: count this role's messages (non_user = assistant + system + tool +
@@ -322,6 +328,31 @@ class ConversationSignal(_Strict):
         if self.feature.type == "exists" and self.predicate is not None:
             raise ValueError("feature.type exists does not accept a predicate")
         return self
+
+
+# -- input modality (v0.4) ------------------------------------------------------------------
+
+
+class InputModalitySignal(_Strict):
+    """v0.4: matches when a user message carries a content part of this modality (no model)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    """The rule's name; decisions name it as {type: input_modality, name: NAME}."""
+
+    description: str | None = Field(default=None, max_length=2000)
+    """Free text for people."""
+
+    modality: Literal["text", "image", "audio", "video"]
+    """text (a non-empty string content or text part), image (image_url / input_image),
+    audio (input_audio; the preview also audio_url), video (the preview's video_url /
+    input_video: no chat part carries video, as upstream)."""
+
+    @field_validator("name")
+    @classmethod
+    def _trimmed(cls, value: str) -> str:
+        if value != value.strip():
+            raise ValueError(f"{value!r} has surrounding spaces; accepted: a trimmed name")
+        return value
 
 
 # -- language -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from vllm_sr.config.fallback_policy import fallback_problems
 from vllm_sr.config.learning_rules import learning_problems
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, as_list, refusal
@@ -72,6 +73,7 @@ def _router_refusals(router: JsonObject) -> list[Problem]:
                 "false (every auto request is routed)",
             )
         )
+    problems += fallback_problems((*base, "fallback"), router.get("fallback"))
     return problems + learning_problems(router.get("learning"))
 
 
@@ -80,6 +82,15 @@ def _service_refusals(services: JsonObject) -> list[Problem]:
     problems: list[Problem] = []
     problems += _response_api_refusals(services.get("response_api"))
     problems += _replay_refusals(as_dict(services.get("router_replay")), (*base, "router_replay"))
+    if as_dict(services.get("router_replay")).get("capture_personal_data") is False:
+        problems.append(
+            refusal(
+                (*base, "router_replay", "capture_personal_data"),
+                "capture_personal_data: false (replay records with personal data left out)",
+                "true or omitted (upstream's default: records keep what their capture settings "
+                "say)",
+            )
+        )
     for key, what, supported in (
         ("ratelimit", "rate limiting", "an empty providers list (no rate limit)"),
         ("authz", "authz credential providers", "an empty providers list"),

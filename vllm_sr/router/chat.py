@@ -318,7 +318,8 @@ class ChatRouter(ChatPlugins):
             doc = await route_eval.evaluate(
                 self.recipes[recipe], payload, model=model, recipe=recipe, want_trace=want_trace
             )
-            return Response(json.dumps(doc).encode())
+            status = 503 if "decision_error" in doc else 200  # v0.4 on_unknown: fail_request
+            return Response(json.dumps(doc).encode(), status=status)
         except route_eval.EvalError as exc:
             return Response(route_eval.error_body(exc), status=exc.http_status)
         except VllmSrError as exc:

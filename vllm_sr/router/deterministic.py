@@ -17,6 +17,8 @@ bindings) and carry what a rule leaf reads (see :class:`~vllm_sr.router.signals.
   0.5. At most one rule matches: the first named like the code whose threshold (if any) the
   confidence reaches. Confidence 1.0; no value.
 - metadata: equals / in / exists on the request's metadata; matched confidence 1.0; no value.
+- input_modality (v0.4): matched (confidence 1.0) when a user message carries a content
+  part of the rule's modality (``ConversationFacts.input_modalities``); no value.
 - authz: a binding grants its role when a User subject equals the user-id header or a Group
   subject is among the comma-separated groups header. An empty user id with bindings configured
   raises :class:`AuthzRequired` (HTTP 403) unless ``fail_open``; eval skips authz.
@@ -33,7 +35,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.config.signal_families import ContextSignal, ConversationSignal, LanguageSignal
+from vllm_sr.config.signal_families import (
+    ContextSignal,
+    ConversationSignal,
+    InputModalitySignal,
+    LanguageSignal,
+)
 from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.request_view import ConversationFacts, RequestView
@@ -44,7 +51,15 @@ if TYPE_CHECKING:
     from vllm_sr.config.routing import Signals
 
 SignalKey = tuple[str, str]
-FAMILIES = ("context", "structure", "conversation", "language", "metadata", "authz")
+FAMILIES = (
+    "context",
+    "structure",
+    "conversation",
+    "language",
+    "metadata",
+    "input_modality",
+    "authz",
+)
 DEFAULT_USER_ID_HEADER = "x-authz-user-id"
 DEFAULT_USER_GROUPS_HEADER = "x-authz-user-groups"
 DEFAULT_LANGUAGE_THRESHOLD = 0.3
@@ -161,6 +176,12 @@ def conversation_count(sig: ConversationSignal, facts: ConversationFacts) -> int
         return facts.tool_results
     if src.type == "active_tool_loop":
         return int(facts.active_tool_loop)
+    if src.type == "tool_choice_required":
+        return int(facts.tool_choice_required)
+    if src.type == "tool_choice_none":
+        return int(facts.tool_choice_none)
+    if src.type == "flow_tool_state":
+        return 0  # upstream's Router-owned Flow state: vllm-sr runs no Flow
     return facts.image_parts  # image_content
 
 
@@ -193,6 +214,7 @@ class DeterministicSignals:
         self.conversation: list[ConversationSignal] = list(signals.conversation)
         self.language: list[LanguageSignal] = list(signals.language)
         self.metadata: list[MetadataSignal] = list(signals.metadata)
+        self.input_modality: list[InputModalitySignal] = list(signals.input_modality)
         self.bindings: list[RoleBinding] = list(signals.role_bindings)
         self.user_id_header = user_id_header.lower()
         self.user_groups_header = user_groups_header.lower()
@@ -209,6 +231,7 @@ class DeterministicSignals:
         keys |= {("conversation", c.name) for c in self.conversation}
         keys |= {("language", c.name) for c in self.language}
         keys |= {("metadata", c.name) for c in self.metadata}
+        keys |= {("input_modality", c.name) for c in self.input_modality}
         keys |= {("authz", role) for role in self.roles}
         return keys
 
@@ -280,6 +303,12 @@ class DeterministicSignals:
                     out.results[("metadata", meta.name)] = HIT if hit else MISS
                     any_hit = any_hit or hit
             self._metric(out, "metadata", start, 1.0 if any_hit else 0.0)
+        if "input_modality" in types and self.input_modality:
+            start = self.clock.monotonic()
+            present = view.facts.input_modalities
+            for im in self.input_modality:
+                out.results[("input_modality", im.name)] = HIT if im.modality in present else MISS
+            self._metric(out, "input_modality", start, 1.0 if present else 0.0)
         if authz and "authz" in types and self.bindings:
             start = self.clock.monotonic()
             granted = self.granted_roles(view.headers)

@@ -20,7 +20,15 @@ from vllm_sr.router.families import EVAL_KEY
 from vllm_sr.router.learning.settings import changes_at_execution
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, SignalRun
-from vllm_sr.router.rules import SignalKey, leaves, trace
+from vllm_sr.router.rules import (
+    SignalKey,
+    decision_value,
+    evaluate3,
+    leaves,
+    on_unknown_of,
+    trace,
+)
+from vllm_sr.router.unknown import DecisionUnresolved
 
 MAX_EVAL_BODY = 10 * 1024 * 1024
 
@@ -98,7 +106,8 @@ async def evaluate(
     """The eval document for one request (``model`` already resolved to an auto name)."""
     view = RequestView.from_eval(payload)
     run = await router.signals(view, router.eval_plan, authz=False)
-    matches = router.winner(run)
+    ranking = router.ranking(run)
+    matches = [] if ranking.unresolved else ranking.matches
     matched = {key for key, res in run.results.items() if res.matched}
     unmatched = {  # an unknown signal is neither: it is in signal_errors
         key
@@ -115,6 +124,8 @@ async def evaluate(
         "signal_values": values,
         "signal_errors": errors,
     }
+    if ranking.applied:
+        doc["applied_unknown_policies"] = dict(ranking.applied)
     best = matches[0] if matches else None
     decision = best.decision if best is not None else None
     result: dict[str, Any] = {
@@ -130,18 +141,33 @@ async def evaluate(
             result["plugins"] = plugins
     doc["decision_result"] = result
     if want_trace:
-        doc["eval_trace"] = [
-            {
-                "decision_name": dec.name,
-                "matched": node["matched"],
-                "confidence": node["confidence"],
-                "root_trace": node,
-            }
-            for dec in router.routing.decisions
-            for node in [trace(dec.rules, run.results)]
-        ]
+        doc["eval_trace"] = [_trace_entry(dec, run) for dec in router.routing.decisions]
+    if ranking.unresolved:  # upstream answers 503 with this document
+        doc["decision_error"] = DecisionUnresolved(ranking.unresolved[0]).message
+        doc.update(selected_model="", selection_status="unresolved", selection_method="none")
+        return doc
     doc.update(_selection(router, decision))
     return doc
+
+
+def _trace_entry(dec: Any, run: SignalRun) -> dict[str, object]:
+    """One decision's eval_trace entry; with v0.4's on_unknown set, also its three-valued
+    ``state`` (true, false, unknown) and the policy (``on_unknown``)."""
+    node = trace(dec.rules, run.results)
+    entry: dict[str, object] = {
+        "decision_name": dec.name,
+        "matched": node["matched"],
+        "confidence": node["confidence"],
+        "root_trace": node,
+    }
+    policy = on_unknown_of(dec.rules)
+    if policy is not None:
+        value = evaluate3(dec.rules, run.results)
+        decided = decision_value(dec.rules, run.results).value
+        entry.update(matched=decided.matched, confidence=decided.confidence)
+        entry["state"] = "unknown" if value is None else str(value.matched).lower()
+        entry["on_unknown"] = policy
+    return entry
 
 
 def _selection(router: Router, decision: Any) -> dict[str, Any]:

@@ -14,11 +14,14 @@ from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.context_estimate import request_token_floor
 from vllm_sr.router.message_text import EVAL, message_text
 from vllm_sr.router.request_view import (
+    EVAL_MODALITY_PARTS,
     ChatWalk,
     ConversationFacts,
     RequestView,
     _json_type,
     check_metadata,
+    input_modalities,
+    tool_choice_flags,
 )
 
 ESTIMATE_FIELDS = (
@@ -99,6 +102,7 @@ def eval_view(payload: Mapping[str, Any], headers: dict[str, str]) -> RequestVie
 
     if messages:
         walk = _EvalWalk(tool_definitions)
+        walk.tool_choice = payload.get("tool_choice")
         for msg in messages:
             walk.message(msg)
         view = walk.view(text_field, envelope, messages, metadata, headers, payload)
@@ -118,7 +122,12 @@ def eval_view(payload: Mapping[str, Any], headers: dict[str, str]) -> RequestVie
         context_text=trimmed,
         context_floor=request_token_floor({**envelope, "messages": extra}),
         facts=ConversationFacts(
-            user_messages=1, tool_definitions=tool_definitions, last_role="user"
+            user_messages=1,
+            tool_definitions=tool_definitions,
+            last_role="user",
+            tool_choice_required=tool_choice_flags(payload.get("tool_choice"))[0],
+            tool_choice_none=tool_choice_flags(payload.get("tool_choice"))[1],
+            input_modalities=frozenset({"text"} if text_field else ()),
         ),
         metadata=metadata,
         headers=headers,
@@ -143,6 +152,7 @@ class _EvalWalk(ChatWalk):
             if raw:
                 self.current_raw = raw
             self.images += image_count(content)
+            self.modalities |= input_modalities(content, EVAL_MODALITY_PARTS)
         previous_was_tool = self.last_tool_result
         self.last_role = role
         self.last_tool_result = False

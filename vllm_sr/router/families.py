@@ -27,6 +27,7 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     "metadata": ("metadata", None),
     "classifier": ("classifier", None),
     "projection": ("projection", "projections"),
+    "input_modality": ("input_modality", "input-modality"),  # v0.4
 }
 
 EVAL_KEY = {kind: names[0] for kind, names in FAMILIES.items()}

@@ -192,6 +192,7 @@ def declared_keys(routing: Routing) -> set[SignalKey]:
         ("kb", sigs.kb),
         ("user_feedback", sigs.user_feedbacks),
         ("fact_check", sigs.fact_check),
+        ("input_modality", sigs.input_modality),
     ):
         keys |= {(kind, s.name) for s in items}
     keys |= {("authz", b.role) for b in sigs.role_bindings}

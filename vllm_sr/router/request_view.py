@@ -35,6 +35,22 @@ MAX_METADATA_VALUE_BYTES = 1024
 SAMPLE_CHARS = 2048
 SAMPLE_MARKER = "\n... [content sampled for routing signal evaluation] ...\n"
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
+# v0.4's input_modality: the content-part types of user messages that count as each modality
+# (a non-empty string content counts as text). A chat's parts; the eval/preview request also
+# reads audio_url, video_url and input_video (upstream's classify/eval decoder).
+CHAT_MODALITY_PARTS = {
+    "text": "text",
+    "input_text": "text",
+    "image_url": "image",
+    "input_image": "image",
+    "input_audio": "audio",
+}
+EVAL_MODALITY_PARTS = {
+    **CHAT_MODALITY_PARTS,
+    "audio_url": "audio",
+    "video_url": "video",
+    "input_video": "video",
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,9 @@ class ConversationFacts:
     last_role: str = ""
     last_message_tool_result: bool = False
     last_user_after_tool_result: bool = False
+    tool_choice_required: bool = False  # v0.4: tool_choice "required" or a named tool
+    tool_choice_none: bool = False  # v0.4: tool_choice "none"
+    input_modalities: frozenset[str] = frozenset()  # v0.4: text/image/audio/video in user turns
 
     @property
     def active_tool_loop(self) -> bool:
@@ -92,6 +111,7 @@ class RequestView:
         """The view of a chat-completions request body (already parsed JSON)."""
         metadata = chat_metadata(body)
         walk = ChatWalk()
+        walk.tool_choice = body.get("tool_choice")
         messages = body.get("messages")
         if isinstance(messages, list):
             for msg in messages:
@@ -206,6 +226,31 @@ def _json_type(value: Any) -> str:
     return "object"
 
 
+def input_modalities(content: object, parts: Mapping[str, str]) -> set[str]:
+    """The modalities one user message's content carries (``parts``: part type -> modality)."""
+    if isinstance(content, str):
+        return {"text"} if content else set()
+    if not isinstance(content, list):
+        return set()
+    found = set()
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if isinstance(kind, str) and kind in parts:
+            text = part.get("text")
+            if parts[kind] != "text" or (isinstance(text, str) and text):
+                found.add(parts[kind])
+    return found
+
+
+def tool_choice_flags(tool_choice: object) -> tuple[bool, bool]:
+    """(required, none) of a request's ``tool_choice``: "required" or a named tool object
+    requires a tool call; "none" forbids one."""
+    required = tool_choice == "required" or (
+        isinstance(tool_choice, Mapping) and tool_choice.get("type") in ("function", "tool")
+    )
+    return required, tool_choice == "none"
+
+
 def image_parts(content: Any) -> int:
     if not isinstance(content, list):
         return 0
@@ -228,6 +273,8 @@ class ChatWalk:
         self.last_role = ""
         self.last_tool_result = False
         self.last_user_after_tool = False
+        self.modalities: set[str] = set()
+        self.tool_choice: object = None  # the request's tool_choice (set before facts())
 
     def message(self, msg: Any) -> None:
         previous_was_tool = self.last_tool_result or self.last_role == "tool"
@@ -243,6 +290,7 @@ class ChatWalk:
             self.counts["user"] += 1
             self.last_user_after_tool = previous_was_tool
             self.images += image_parts(content)
+            self.modalities |= input_modalities(content, CHAT_MODALITY_PARTS)
             if text:
                 if self.current:
                     self.prior.append(self.current)
@@ -278,4 +326,7 @@ class ChatWalk:
             last_role=self.last_role,
             last_message_tool_result=self.last_tool_result,
             last_user_after_tool_result=self.last_user_after_tool,
+            tool_choice_required=tool_choice_flags(self.tool_choice)[0],
+            tool_choice_none=tool_choice_flags(self.tool_choice)[1],
+            input_modalities=frozenset(self.modalities),
         )

@@ -45,13 +45,20 @@ from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
-from vllm_sr.router.rules import Match, SignalKey, rank, static_order
+from vllm_sr.router.rules import Match, Ranking, SignalKey, rank, rank_all, static_order
 from vllm_sr.router.selection.decide import SelectionRequest, for_router
 from vllm_sr.router.signal_dispatch import SignalDispatch, SignalProcessFailed
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
-from vllm_sr.router.unknown import FAILED, TIMEOUT, UNAVAILABLE, Unknown, unknown_of
+from vllm_sr.router.unknown import (
+    FAILED,
+    TIMEOUT,
+    UNAVAILABLE,
+    DecisionUnresolved,
+    Unknown,
+    unknown_of,
+)
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
@@ -341,7 +348,13 @@ class Router:
         run.context_tokens = report.context_tokens
 
     def winner(self, run: SignalRun) -> list[Match]:
+        """The matching decisions, best first; raises DecisionUnresolved when a decision's
+        ``on_unknown: fail_request`` applied."""
         return rank(self.routing.decisions, run.results, self.routing.strategy)
+
+    def ranking(self, run: SignalRun) -> Ranking:
+        """:meth:`winner` with the on_unknown policies applied, without raising (eval)."""
+        return rank_all(self.routing.decisions, run.results, self.routing.strategy)
 
     async def route(self, view: RequestView) -> RouteResult:
         """Signals on the request, the decision, its model. Unknown signals do not match;
@@ -350,7 +363,12 @@ class Router:
         started = self.backends.clock.monotonic()
         run = await self.signals(view, self.plan)
         unknown = run.unknown()
-        matches = self.winner(run)
+        try:
+            matches = self.winner(run)
+        except DecisionUnresolved:  # on_unknown: fail_request; its unknown signals still count
+            for (kind, _), why in unknown.items():
+                self.stats.unknown[(kind, why.reason)] += 1
+            raise
         best = matches[0] if matches else None
         decision = best.decision if best else None
         choice = await self.selection.choose(

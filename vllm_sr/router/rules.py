@@ -10,6 +10,12 @@ decisions, and the model a decision ends at. Upstream's semantics (``pkg/decisio
   confidence 1.0; ``OR`` (and any other operator) when some condition does, with the best one's
   confidence (the first on ties);
 - a decision without ``rules`` always matches, with confidence 0;
+- v0.4's ``rules.on_unknown`` (on the root node; ``engine_unknown.go``): set, the tree is
+  evaluated in three values (:func:`evaluate3`: Kleene logic, an unknown leaf is unknown even
+  with ``on_error: match``) and an unknown root counts as not matched (``no_match``), matched
+  with confidence 1.0 (``match``), or fails the request (``fail_request``: every decision is
+  still evaluated, then :class:`~vllm_sr.router.unknown.DecisionUnresolved` is raised, even
+  when another decision matched);
 - the winner: when some matching decision has ``tier`` > 0, by tier ascending, confidence,
   priority, name; else strategy ``confidence`` orders by confidence, priority, name and strategy
   ``priority`` (the default) by priority, confidence, name.
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.unknown import DecisionUnresolved
 
 SignalKey = tuple[str, str]  # (type, name), e.g. ("keyword", "code")
 
@@ -105,6 +112,69 @@ def evaluate(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
     return best if best is not None else MISS
 
 
+def evaluate3(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue | None:
+    """The value of a rule tree in three values: None is unknown (a leaf whose signal is
+    unknown on this request; NOT of unknown; AND with no false condition and an unknown one;
+    OR with no true condition and an unknown one)."""
+    if node is None:
+        return ALWAYS
+    if is_leaf(node):
+        res = results.get(leaf_key(node))
+        if res is not None and res.unknown is not None:
+            return None
+        return _leaf(node, results)
+    values = [evaluate3(child, results) for child in node.conditions]
+    if node.operator == "NOT":
+        if len(values) != 1:
+            return MISS
+        if values[0] is None:
+            return None
+        return MISS if values[0].matched else RuleValue(True, 1.0)
+    if node.operator == "AND":
+        if not values:
+            return ALWAYS
+        if any(v is not None and not v.matched for v in values):
+            return MISS
+        known = [v for v in values if v is not None]
+        if len(known) < len(values):
+            return None
+        return RuleValue(True, sum(v.confidence for v in known) / len(known))
+    best: RuleValue | None = None
+    for v in values:
+        if v is not None and v.matched and (best is None or v.confidence > best.confidence):
+            best = v
+    if best is not None:
+        return best
+    return None if any(v is None for v in values) else MISS
+
+
+def on_unknown_of(rules: Any) -> str | None:
+    """The root node's ``on_unknown`` policy (None: not set)."""
+    return getattr(rules, "on_unknown", None) if rules is not None else None
+
+
+@dataclass(frozen=True)
+class DecisionValue:
+    """One decision's rule value, with the on_unknown policy applied when its tree was
+    unknown (``applied``: that policy, else None)."""
+
+    value: RuleValue
+    applied: str | None = None
+    unresolved: bool = False  # fail_request applied
+
+
+def decision_value(rules: Any, results: Mapping[SignalKey, SignalResult]) -> DecisionValue:
+    policy = on_unknown_of(rules)
+    if policy is None:
+        return DecisionValue(evaluate(rules, results))
+    value = evaluate3(rules, results)
+    if value is not None:
+        return DecisionValue(value)
+    if policy == "match":
+        return DecisionValue(RuleValue(True, 1.0), policy)
+    return DecisionValue(MISS, policy, unresolved=policy == "fail_request")
+
+
 def trace(node: Any, results: Mapping[SignalKey, SignalResult]) -> dict[str, Any]:
     """The rule tree with each node's value, in upstream's eval_trace shape."""
     if node is None:
@@ -145,17 +215,46 @@ def _tier(dec: Any) -> int:
     return int(getattr(dec, "tier", 0) or 0)
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """The matching decisions, best first; the on_unknown policies applied, by decision name;
+    the decisions whose ``fail_request`` applied (the request fails when any did)."""
+
+    matches: list[Match]
+    applied: dict[str, str]
+    unresolved: tuple[str, ...] = ()
+
+
 def rank(
     decisions: Sequence[Any],
     results: Mapping[SignalKey, SignalResult],
     strategy: str,
 ) -> list[Match]:
-    """The matching decisions, best first."""
+    """The matching decisions, best first. Raises DecisionUnresolved when some decision's
+    ``on_unknown: fail_request`` applied."""
+    ranking = rank_all(decisions, results, strategy)
+    if ranking.unresolved:
+        raise DecisionUnresolved(ranking.unresolved[0], ranking.applied)
+    return ranking.matches
+
+
+def rank_all(
+    decisions: Sequence[Any],
+    results: Mapping[SignalKey, SignalResult],
+    strategy: str,
+) -> Ranking:
+    """Every decision evaluated (with its on_unknown policy), the matching ones ranked."""
     matches = []
+    applied: dict[str, str] = {}
+    unresolved: list[str] = []
     for dec in decisions:
-        value = evaluate(dec.rules, results)
-        if value.matched:
-            matches.append(Match(dec, value.confidence))
+        dv = decision_value(dec.rules, results)
+        if dv.applied is not None:
+            applied[dec.name] = dv.applied
+        if dv.unresolved:
+            unresolved.append(dec.name)
+        if dv.value.matched:
+            matches.append(Match(dec, dv.value.confidence))
     if any(_tier(m.decision) > 0 for m in matches):
         matches.sort(
             key=lambda m: (
@@ -169,7 +268,7 @@ def rank(
         matches.sort(key=lambda m: (-m.confidence, -m.decision.priority, m.decision.name))
     else:
         matches.sort(key=lambda m: (-m.decision.priority, -m.confidence, m.decision.name))
-    return matches
+    return Ranking(matches, applied, tuple(unresolved))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import numpy
 from vllm_sr.config.routing import Signals
 from vllm_sr.config.routing_kbs import manifest_labels
 from vllm_sr.router import signals_builtin as builtin
-from vllm_sr.router.rules import SignalKey, evaluate
+from vllm_sr.router.rules import SignalKey, decision_value, leaves
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_prototypes import (
     PrototypeBanks,
@@ -37,6 +37,7 @@ from vllm_sr.router.signals_prototypes import (
     logistic,
     softmax_best,
 )
+from vllm_sr.router.unknown import FAILED, Unknown
 
 DEFAULT_REASK_THRESHOLD = 0.8
 DEFAULT_CONTRASTIVE_THRESHOLD = 0.10
@@ -98,8 +99,11 @@ class EmbeddedFamilies:
         )
         self.banks = PrototypeBanks()
         for c in self.complexity:
-            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, complexity_opts)
-            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, complexity_opts)
+            rule_opts = (
+                PrototypeOptions.of(c.prototype_scoring) if c.prototype_scoring else complexity_opts
+            )
+            self.banks.add(f"complexity:{c.name}:hard", c.hard.candidates, rule_opts)
+            self.banks.add(f"complexity:{c.name}:easy", c.easy.candidates, rule_opts)
         for p in self.preferences:
             own = [p.description] if p.description else []
             self.banks.add(f"preference:{p.name}", [*own, *p.examples], preference_opts)
@@ -213,7 +217,7 @@ class EmbeddedFamilies:
         hard = self.banks.score(f"complexity:{c.name}:hard", query).score
         easy = self.banks.score(f"complexity:{c.name}:easy", query).score
         margin = hard - easy
-        level = "hard" if margin > c.threshold else "easy" if margin < -c.threshold else "medium"
+        level = c.level(margin)
         return {
             ("complexity", f"{c.name}:{lv}"): SignalResult(lv == level, abs(margin), margin)
             if lv == level
@@ -369,15 +373,32 @@ def _get(obj: Any, *names: str) -> Any:
 
 def apply_composers(signals: Signals, results: dict[SignalKey, SignalResult]) -> None:
     """A complexity rule's ``composer`` filters its level afterwards: when the composer's rule
-    tree over the other signals does not match, the rule's level does not match either."""
+    tree over the other signals does not match, the rule's level does not match either. With
+    v0.4's ``composer.on_unknown`` an unknown tree counts as no_match (filters), match (keeps)
+    or fail_request: every level of the rule is then unknown itself (the first unknown input's
+    reason), so the decisions reading it apply their own on_unknown."""
     for rule in signals.complexity:
         if rule.composer is None:
             continue
+        verdict = decision_value(rule.composer, results)
+        why = _first_unknown(rule.composer, results) if verdict.unresolved else None
         for lv in LEVELS:
             key = ("complexity", f"{rule.name}:{lv}")
             res = results.get(key)
-            if res is not None and res.matched and not evaluate(rule.composer, results).matched:
+            if res is None or res.unknown is not None:
+                continue
+            if why is not None:
+                results[key] = SignalResult.unknown_because(why)
+            elif res.matched and not verdict.value.matched:
                 results[key] = SignalResult(False, 0.0, res.value)
+
+
+def _first_unknown(node: Any, results: dict[SignalKey, SignalResult]) -> Unknown:
+    for key in leaves(node):
+        res = results.get(key)
+        if res is not None and res.unknown is not None:
+            return Unknown(res.unknown.reason, f"composer input {key[0]}:{key[1]}")
+    return Unknown(FAILED, "composer input unknown")
 
 
 def history(view: Any) -> list[str]:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_sr.errors import VllmSrError
+
 OVERLOADED = "overloaded"
 UNAVAILABLE = "unavailable"
 TIMEOUT = "timeout"
@@ -74,3 +76,22 @@ def unknown_of(code: str, message: str = "") -> Unknown:
     reason = reason_of(code)
     named = "" if code == reason else code
     return Unknown(reason, ": ".join(p for p in (named, message) if p))
+
+
+class DecisionUnresolved(VllmSrError):
+    """v0.4's ``rules.on_unknown: fail_request`` applied: decision ``decision``'s rule tree
+    was unknown on this request, so the request fails (upstream's ``DecisionUnresolvedError``,
+    503) instead of being routed, even when another decision matched."""
+
+    code = "decision_unresolved"
+    http_status = 503
+    retryable = True
+
+    def __init__(self, decision: str, applied: dict[str, str] | None = None) -> None:
+        super().__init__(
+            f"decision {decision!r} could not be resolved because a signal it reads is unknown "
+            "on this request (its rules.on_unknown is fail_request)",
+            decision=decision,
+        )
+        self.decision = decision
+        self.applied = dict(applied or {})

@@ -56,12 +56,16 @@ def _whole_number(value: object) -> int | None:
 
 
 def apply_request_params(body: JsonObject, plugin: RequestParamsPlugin) -> JsonObject:
-    """Blocked keys removed; an integer ``max_tokens`` / ``n`` above its limit lowered to it (a
-    fractional one removed, so a cap cannot be dodged by truncation); with ``strip_unknown``
-    only upstream's known chat parameters kept."""
+    """Blocked keys removed; v0.4's ``default_max_tokens`` set as ``max_tokens`` when the
+    request gives no output limit; an integer ``max_tokens`` / ``n`` above its limit lowered to
+    it (a fractional one removed, so a cap cannot be dodged by truncation); with
+    ``strip_unknown`` only upstream's known chat parameters kept."""
     out = copy.copy(body)
     for name in plugin.blocked_params:
         out.pop(name, None)
+    default = plugin.default_max_tokens
+    if isinstance(default, int) and "max_tokens" not in out and "max_completion_tokens" not in out:
+        out["max_tokens"] = default
     for name, limit in (("max_tokens", plugin.max_tokens_limit), ("n", plugin.max_n)):
         if limit is None or name not in out:
             continue
