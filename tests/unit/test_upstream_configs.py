@@ -137,15 +137,15 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
     for field, source in expected.items():
         (hit,) = [line for line in lines if f": {field}: " in line]
         assert text[line_no(hit) - 1].strip() == source, (field, hit)
-    # the looper decisions vllm-sr does not run (upstream would call its looper endpoint) are
-    # among them; its confidence decision is refused only for token_filter: tool_call_args
+    # the workflows looper, which vllm-sr does not run (upstream would call its looper
+    # endpoint), is among them; ratings, remom and fusion pass upstream's checks and run
     algorithms = [line for line in lines if ".algorithm.type: " in line]
-    assert {text[line_no(hit) - 1].strip().removeprefix("type: ") for hit in algorithms} >= {
-        "ratings",
-        "remom",
-        "fusion",
-        "workflows",
-    }
+    refused = {text[line_no(hit) - 1].strip().removeprefix("type: ") for hit in algorithms}
+    assert "workflows" in refused
+    assert not refused & {"confidence", "ratings", "remom", "fusion"}
+    assert not [
+        line for line in lines if ".algorithm.ratings" in line or ".algorithm.remom" in line
+    ]
     numbers = [line_no(hit) for hit in lines]
     assert numbers == sorted(numbers)
 
@@ -636,15 +636,16 @@ def test_looper_decisions_follow_the_looper_endpoint() -> None:
                     "algorithm": {"type": "confidence"},
                 },
                 {"name": "b", "modelRefs": [{"model": "x"}], "algorithm": {"type": "ratings"}},
-                {"name": "c", "modelRefs": [{"model": "x"}], "algorithm": {"type": "remom"}},
+                {"name": "c", "modelRefs": [{"model": "x"}], "algorithm": {"type": "workflows"}},
                 {"name": "d", "modelRefs": [{"model": "x"}], "algorithm": {"type": "static"}},
+                {"name": "e", "modelRefs": [{"model": "x"}], "algorithm": {"type": "remom"}},
             ]
         }
     }
     refused = [p for p in semantic_problems(raw) if NOT_SUPPORTED in p.message]
-    # Omitted, the endpoint is upstream's default: confidence with two models and remom with
-    # one run as loopers there; ratings with one model and static do not. vllm-sr runs the
-    # confidence looper itself (vllm_sr/router/looper) and refuses remom.
+    # Omitted, the endpoint is upstream's default: confidence with two models, workflows and
+    # remom with one run as loopers there; ratings with one model and static do not. vllm-sr
+    # runs the confidence and remom loopers itself (vllm_sr/router/looper), refuses workflows.
     assert [p.path for p in refused] == [("routing", "decisions", 2, "algorithm", "type")]
     assert DEFAULT_LOOPER_ENDPOINT in refused[0].message
     raw["global"] = {"integrations": {"looper": {"endpoint": ""}}}
@@ -652,10 +653,10 @@ def test_looper_decisions_follow_the_looper_endpoint() -> None:
 
 
 def test_looper_refusal_in_a_file_names_its_line() -> None:
-    text = PROVIDERS + _looper_decision("ratings", ["small", "big"])
+    text = PROVIDERS + _looper_decision("workflows", ["small", "big"])
     problems = _problems(text)
     hit = [p for p in problems if "looper" in p and NOT_SUPPORTED in p]
-    line = text.splitlines().index("        type: ratings") + 1
+    line = text.splitlines().index("        type: workflows") + 1
     assert hit and hit[0].startswith(f"config.yaml:{line}: routing.decisions[0].algorithm.type:")
 
 

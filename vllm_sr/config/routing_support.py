@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
-from vllm_sr.config.routing_looper import confidence_problems
+from vllm_sr.config.routing_looper import looper_block_problems
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
 from vllm_sr.config.routing_selection import RUN_SELECTORS, selector_block_problems
 
@@ -108,16 +108,15 @@ BLOCK_TYPES = (
 # Loopers that upstream runs with a single modelRef; the others need more than one.
 SINGLE_REF_LOOPERS = ("remom", "fusion", "workflows")
 # Loopers vllm-sr runs itself when upstream would run them (vllm_sr/router/looper).
-RUN_LOOPERS = ("confidence",)
+RUN_LOOPERS = ("confidence", "ratings", "remom", "fusion")
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
-    "static (or no algorithm), latency_aware, multi_factor, confidence; the looper types "
-    + ", ".join(LOOPER_TYPES)
-    + " run as static "
+    "static (or no algorithm), latency_aware, multi_factor, confidence, ratings, remom, fusion; "
+    "the looper types " + ", ".join(LOOPER_TYPES) + " run as static "
     'with global.integrations.looper.endpoint: "" (as upstream does without a looper endpoint)'
 )
 
@@ -371,26 +370,26 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
 
 
 def looper_problems(routing: Any, looper_endpoint: str, base: Path = ("routing",)) -> list[Problem]:
-    """A looper decision that upstream would run (a looper endpoint is configured and it has
-    enough models): vllm-sr runs ``confidence`` itself (its block checked as upstream checks
-    it); the other loopers are refused at their algorithm type."""
+    """Each looper decision's block checked as upstream checks it; where upstream would run
+    the looper (a looper endpoint is configured and it has enough models) vllm-sr runs
+    confidence, ratings, remom and fusion itself (vllm_sr/router/looper) and refuses what it
+    does not run by name (workflows; the options routing_looper names)."""
     problems = []
     for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
-        if looper_would_run(as_dict(dec), looper_endpoint):
-            kind = _algorithm_type(dec)
-            if kind == "confidence":
-                algo = as_dict(as_dict(dec).get("algorithm"))
-                problems += confidence_problems(
-                    (*base, "decisions", i, "algorithm", "confidence"), algo.get("confidence")
-                )
-                continue
-            problems.append(
-                refusal(
-                    (*base, "decisions", i, "algorithm", "type"),
-                    f"the {kind} looper (multi-call, through the looper endpoint "
-                    f"{looper_endpoint!r} of global.integrations.looper.endpoint)",
-                    'static, confidence; or set global.integrations.looper.endpoint: "" and '
-                    "vllm-sr runs it as static, as upstream does without a looper endpoint",
-                )
-            )
+        kind = _algorithm_type(dec)
+        if kind not in LOOPER_TYPES:
+            continue
+        algo = as_dict(as_dict(dec).get("algorithm"))
+        refs = [
+            str(as_dict(r).get("model"))
+            for r in as_list(as_dict(dec).get("modelRefs"))
+            if as_dict(r).get("model")
+        ]
+        problems += looper_block_problems(
+            (*base, "decisions", i, "algorithm", kind),
+            kind,
+            algo.get(kind),
+            refs,
+            looper_endpoint if looper_would_run(as_dict(dec), looper_endpoint) else "",
+        )
     return problems

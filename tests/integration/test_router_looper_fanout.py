@@ -1,0 +1,222 @@
+"""The ratings, remom and fusion loopers end to end: the Router-mode handlers in our HTTP
+server, real stand-in backends (one with a think time), the official openai SDK as the
+client; streamed and not, a backend failing mid-loop, the caller's deadline, summed usage,
+upstream's ``x-vsr-looper-*`` headers and the per-algorithm counts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.backends import StandInBackend
+from tests.support.router_app import AUTO, Served, serve_routes, start_router
+from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.router.chat import ChatRouter
+from vllm_sr.wire import DEADLINE_HEADER
+
+NAMES = ("a", "b", "judge")
+
+
+def decision(name: str, refs: list[str], algorithm: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "priority": 10,
+        "rules": {"operator": "AND", "conditions": [{"type": "keyword", "name": name}]},
+        "modelRefs": [{"model": m} for m in refs],
+        "algorithm": algorithm,
+    }
+
+
+ROUTING = {
+    "signals": {
+        "keywords": [
+            {"name": n, "operator": "OR", "keywords": [n]} for n in ("rate", "mom", "fuse", "vote")
+        ]
+    },
+    "decisions": [
+        decision("rate", ["a", "b"], {"type": "ratings", "ratings": {"max_concurrent": 1}}),
+        decision(
+            "mom",
+            ["a", "b", "judge"],
+            {
+                "type": "remom",
+                "remom": {
+                    "breadth_schedule": [2],
+                    "model_distribution": "round_robin",
+                    "synthesis_model": "judge",
+                    "min_successful_responses": 1,
+                    "include_intermediate_responses": True,
+                    "temperature": 0.6,
+                },
+            },
+        ),
+        decision(
+            "fuse",
+            ["a"],
+            {
+                "type": "fusion",
+                "fusion": {
+                    "model": "judge",
+                    "analysis_models": ["a", "b"],
+                    "include_analysis": False,
+                    "include_intermediate_responses": True,
+                },
+            },
+        ),
+        decision(
+            "vote",
+            ["a", "b"],
+            {"type": "fusion", "fusion": {"model": "judge", "on_error": "fail"}},
+        ),
+    ],
+}
+
+
+@dataclass
+class Stack:
+    backends: dict[str, StandInBackend]
+    chat: ChatRouter
+    served: Served
+    client: openai.AsyncOpenAI
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    backends = {n: await StandInBackend(n).start() for n in NAMES}
+    providers = Providers.model_validate(
+        {
+            "defaults": {"default_model": "judge"},
+            "models": [
+                {"name": n, "backend_refs": [{"endpoint": b.endpoint}]} for n, b in backends.items()
+            ],
+        }
+    )
+    chat = await start_router(providers, Routing.model_validate(ROUTING))
+    served = await serve_routes(chat.routes())
+    try:
+        yield Stack(backends, chat, served, served.client())
+    finally:
+        await served.close()
+        await chat.backends.close()
+        for b in backends.values():
+            await b.stop()
+
+
+async def ask(stack: Stack, text: str, stream: bool = False, **extra: Any) -> tuple[Any, Any]:
+    options: Any = {"include_usage": True} if stream else None
+    raw: Any = await stack.client.chat.completions.with_raw_response.create(
+        model=AUTO,
+        messages=[{"role": "user", "content": text}],
+        stream=stream,
+        stream_options=options,
+        **extra,
+    )
+    if stream:
+        return [c async for c in raw.parse()], raw.headers
+    return raw.parse(), raw.headers
+
+
+async def test_ratings_answers_one_choice_per_model(stack: Stack) -> None:
+    parsed, headers = await ask(stack, "rate this")
+    assert [c.message.content for c in parsed.choices] == ["a got: rate this", "b got: rate this"]
+    assert [c.model_extra["model"] for c in parsed.choices] == ["a", "b"]
+    assert headers["x-vsr-looper-algorithm"] == "ratings"
+    assert headers["x-vsr-looper-models-used"] == "a,b"
+    assert headers["x-vsr-looper-iterations"] == "2"
+    assert headers["x-vsr-looper-total-tokens"] == "4" and parsed.usage.total_tokens == 4
+    assert stack.chat.stats.looper_runs[("ratings", "ok")] == 1
+    assert stack.chat.stats.looper_calls[("ratings", "b")] == 1
+
+
+async def test_ratings_streamed_and_with_a_failing_model(stack: Stack) -> None:
+    stack.backends["b"].fault = "503"
+    chunks, headers = await ask(stack, "rate this", stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # b's own failure falls back to the default model (judge), as any chat does
+    assert text == "a got: rate this"
+    assert headers["x-vsr-looper-models-used"] == "a,judge"
+    assert [c.usage.total_tokens for c in chunks if c.usage] == [4]
+
+
+async def test_remom_rounds_then_synthesis(stack: Stack) -> None:
+    stack.backends["b"].fault, stack.backends["b"].slow_s = "slow", 1.5  # a think time
+    parsed, headers = await ask(stack, "mom question")
+    text = parsed.choices[0].message.content
+    # the final round: the synthesis model, asked to synthesise round 1's answers
+    assert text.startswith("judge got: You are given a problem and a list of reference")
+    assert "Original Problem:\nmom question" in text
+    assert headers["x-vsr-looper-model"] == "judge"
+    assert headers["x-vsr-looper-algorithm"] == "remom"
+    rounds = parsed.model_extra["reasoning_mom_responses"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    # round 1 ends at its quorum of one usable answer: the other call is cancelled
+    first = rounds[0]["responses"]
+    assert first == [
+        {
+            "model": "a",
+            "content": "a got: mom question",
+            "compacted_content": "a got: mom question",
+            "token_count": 4,
+        }
+    ]
+    assert "Reference 1 (a):\na got: mom question" in text
+    assert int(headers["x-vsr-looper-latency-ms"]) < 1500
+    sent = stack.backends["judge"].received[-1].body
+    assert sent["temperature"] == 0.6 and sent["stream"] is False
+    assert int(headers["x-vsr-looper-iterations"]) == 2
+    assert parsed.usage.total_tokens == 4
+
+
+async def test_remom_streamed_with_a_backend_failing_mid_loop(stack: Stack) -> None:
+    stack.backends["judge"].fault = "503"  # the synthesis round fails (and so does fallback)
+    chunks, headers = await ask(stack, "mom question", stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # on_error skip: the last good round's longest answer stands
+    assert text in ("a got: mom question", "b got: mom question")
+    assert headers["x-vsr-looper-algorithm"] == "remom"
+
+
+async def test_fusion_panel_analysis_and_synthesis(stack: Stack) -> None:
+    parsed, headers = await ask(stack, "fuse these", stream=False)
+    text = parsed.choices[0].message.content
+    assert text.startswith("judge got: You are the Fusion calling model")
+    assert "Response 1 (a):\na got: fuse these" in text
+    assert "Response 2 (b):\nb got: fuse these" in text
+    # the judge's analysis was not JSON: the synthesis goes on without it
+    assert "No structured analysis is available" in text
+    assert headers["x-vsr-looper-models-used"] == "a,b,judge"
+    assert headers["x-vsr-looper-iterations"] == "4"
+    assert headers["x-vsr-looper-total-tokens"] == "8" and parsed.usage.total_tokens == 8
+    trace = parsed.model_extra["fusion"]
+    assert [r["model"] for r in trace["responses"]] == ["a", "b"] and "analysis" not in trace
+    judge_calls = [r.body for r in stack.backends["judge"].received]
+    assert len(judge_calls) == 2 and all(b["stream"] is False for b in judge_calls)
+    assert stack.chat.stats.looper_iterations["fusion"] == 4
+
+
+async def test_fusion_streams_and_fails_on_error_fail(stack: Stack) -> None:
+    chunks, headers = await ask(stack, "fuse these", stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("judge got: You are the Fusion calling model")
+    assert headers["x-vsr-looper-algorithm"] == "fusion"
+    assert chunks[0].model_extra["fusion"]["judge_model"] == "judge"
+    # vote: on_error fail, and the panel's b fails with the default model (judge) down too
+    stack.backends["b"].fault = "503"
+    stack.backends["judge"].fault = "503"
+    with pytest.raises(openai.APIStatusError) as err:
+        await ask(stack, "vote now")
+    assert err.value.status_code >= 500
+    assert stack.chat.stats.looper_runs[("fusion", "error")] == 1
+
+
+async def test_callers_deadline_bounds_the_fusion_panel(stack: Stack) -> None:
+    stack.backends["b"].fault, stack.backends["b"].slow_s = "slow", 1.5
+    stack.backends["judge"].fault, stack.backends["judge"].slow_s = "slow", 1.5
+    with pytest.raises(openai.APIStatusError) as err:
+        await ask(stack, "fuse these", extra_headers={DEADLINE_HEADER: "300"})
+    assert err.value.status_code in (503, 504)
+    assert stack.chat.stats.looper_runs[("fusion", "error")] == 1
