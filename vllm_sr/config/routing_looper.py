@@ -207,7 +207,7 @@ def looper_block_problems(
     elif kind == "ratings":
         problems = fanout.ratings_problems(base, block)
     elif kind == "remom":
-        problems = fanout.remom_problems(base, block, ref_models)
+        problems = fanout.remom_problems(base, block, ref_models, runs)
     elif kind == "fusion":
         problems = fanout.fusion_problems(base, block, runs)
     else:

@@ -198,12 +198,27 @@ def ratings_problems(base: Path, block: object) -> list[Problem]:
     return check.problems
 
 
-def remom_problems(base: Path, block: object, ref_models: Sequence[str]) -> list[Problem]:
+REMOM_TEMPLATE_FIELD = "{{.OriginalContent}}"
+
+
+def remom_problems(
+    base: Path, block: object, ref_models: Sequence[str], runs: bool = False
+) -> list[Problem]:
     """``ValidateReMoMAlgorithmConfig`` then ``ValidateReMoMModelRefs`` (synthesis_model must
-    be one of the decision's modelRefs)."""
+    be one of the decision's modelRefs); when the looper runs, a ``synthesis_template`` with
+    Go template actions other than ``{{.OriginalContent}}`` is refused by name."""
     check = _Checker(base, block, REMOM_FIELDS)
     if block is None:
         return check.problems
+    template = check.got.get("synthesis_template")
+    if runs and isinstance(template, str) and "{{" in template.replace(REMOM_TEMPLATE_FIELD, ""):
+        check.problems.append(
+            refusal(
+                (*base, "synthesis_template"),
+                "a synthesis_template with Go template actions (range, if, Reference fields)",
+                f"plain text, with {REMOM_TEMPLATE_FIELD} for the original problem",
+            )
+        )
     schedule = check.present("breadth_schedule")
     if not isinstance(schedule, list) or not schedule:
         check.problems.append(

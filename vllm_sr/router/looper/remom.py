@@ -25,6 +25,7 @@ import math
 import random
 from typing import TYPE_CHECKING
 
+from vllm_sr.config.routing_looper_fanout import REMOM_TEMPLATE_FIELD
 from vllm_sr.errors import DeadlineExceeded, Unavailable, VllmSrError
 from vllm_sr.router.looper.fanout import (
     content_of,
@@ -98,7 +99,11 @@ def compact(settings: RemomSettings, text: str) -> str:
 
 
 def synthesis_prompt(settings: RemomSettings, original: str, previous: Sequence[JsonObject]) -> str:
-    """Upstream's default synthesis prompt over the previous round's kept answers."""
+    """Upstream's default synthesis prompt over the previous round's kept answers; a
+    ``synthesis_template`` instead (plain text, ``{{.OriginalContent}}`` filled in: the
+    config refuses other template actions)."""
+    if settings.synthesis_template:
+        return settings.synthesis_template.replace(REMOM_TEMPLATE_FIELD, original)
     refs: list[str] = []
     for item in previous:
         text = str(item.get("content") or "") or str(item.get("reasoning") or "")
