@@ -1,10 +1,11 @@
-"""The ratings, remom and fusion loopers end to end: the Router-mode handlers in our HTTP
+"""The ratings, remom, fusion and workflows loopers end to end: the Router-mode handlers in our HTTP
 server, real stand-in backends (one with a think time), the official openai SDK as the
 client; streamed and not, a backend failing mid-loop, the caller's deadline, summed usage,
 upstream's ``x-vsr-looper-*`` headers and the per-algorithm counts."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.router.chat import ChatRouter
 from vllm_sr.wire import DEADLINE_HEADER
 
-NAMES = ("a", "b", "judge")
+NAMES = ("a", "b", "judge", "planner")
 
 
 def decision(name: str, refs: list[str], algorithm: dict[str, Any]) -> dict[str, Any]:
@@ -34,7 +35,8 @@ def decision(name: str, refs: list[str], algorithm: dict[str, Any]) -> dict[str,
 ROUTING = {
     "signals": {
         "keywords": [
-            {"name": n, "operator": "OR", "keywords": [n]} for n in ("rate", "mom", "fuse", "vote")
+            {"name": n, "operator": "OR", "keywords": [n]}
+            for n in ("rate", "mom", "fuse", "vote", "flow")
         ]
     },
     "decisions": [
@@ -72,7 +74,30 @@ ROUTING = {
             ["a", "b"],
             {"type": "fusion", "fusion": {"model": "judge", "on_error": "fail"}},
         ),
+        decision(
+            "flow",
+            ["a", "b", "planner"],
+            {
+                "type": "workflows",
+                "workflows": {
+                    "mode": "dynamic",
+                    "template": "micro_agent",
+                    "planner": {"model": "planner", "max_completion_tokens": 256},
+                    "final": {"model": "b"},
+                    "max_steps": 2,
+                    "max_parallel": 2,
+                    "on_error": "skip",
+                },
+            },
+        ),
     ],
+}
+PLAN = {
+    "steps": [
+        {"id": "solve", "role": "worker", "models": ["a", "b"], "prompt": "Solve it."},
+        {"id": "check", "role": "verifier", "models": ["a"], "access_list": ["solve:1:b"]},
+    ],
+    "final": {"prompt": "Give the answer."},
 }
 
 
@@ -220,3 +245,42 @@ async def test_callers_deadline_bounds_the_fusion_panel(stack: Stack) -> None:
         await ask(stack, "fuse these", extra_headers={DEADLINE_HEADER: "300"})
     assert err.value.status_code in (503, 504)
     assert stack.chat.stats.looper_runs[("fusion", "error")] == 1
+
+
+async def test_workflows_plan_steps_and_final(stack: Stack) -> None:
+    stack.backends["planner"].reply = json.dumps(PLAN)
+    parsed, headers = await ask(stack, "flow: sky color?")
+    # the planner was asked for a JSON plan, with upstream's planner prompt
+    planned = stack.backends["planner"].received[-1].body
+    assert planned["response_format"] == {"type": "json_object"}
+    assert planned["max_completion_tokens"] == 256
+    assert "You are the Router Flow planner" in planned["messages"][-1]["content"]
+    # step "check" reads only b's output of step "solve"
+    check = stack.backends["a"].received[-1].body["messages"][-1]["content"]
+    assert check.startswith('Router Flow step "check" (verifier).')
+    assert "- solve:1:b [b]: b got: Router Flow step" in check
+    assert "- solve:0:a [a]" not in check
+    text = parsed.choices[0].message.content
+    assert text.startswith("b got: You are the Router Flow final synthesizer.")
+    assert "Instruction:\nGive the answer." in text
+    assert headers["x-vsr-looper-algorithm"] == "workflows"
+    assert headers["x-vsr-looper-models-used"] == "planner,a,b"
+    assert headers["x-vsr-looper-iterations"] == "5"  # planner, 2 + 1 step calls, final
+    assert parsed.usage.total_tokens == 10
+    flow = parsed.model_extra["flow"]
+    assert [s["id"] for s in flow["steps"]] == ["solve", "check"]
+    assert stack.chat.stats.looper_runs[("workflows", "ok")] == 1
+
+
+async def test_workflows_streamed_with_an_unreadable_plan_and_a_failing_worker(
+    stack: Stack,
+) -> None:
+    stack.backends["a"].fault = "503"  # fails mid-loop; the fallback model (judge) answers
+    chunks, headers = await ask(stack, "flow: sky color?", stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # the planner's answer is not JSON: on_error skip runs upstream's fallback plan
+    assert text.startswith("b got: You are the Router Flow final synthesizer.")
+    assert "Step fallback_solve (worker):" in text
+    assert headers["x-vsr-looper-algorithm"] == "workflows"
+    assert chunks[0].model_extra["flow"]["plan"]["steps"][0]["id"] == "fallback_solve"
+    assert [c.usage.total_tokens for c in chunks if c.usage] == [8]

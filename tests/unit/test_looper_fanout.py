@@ -14,13 +14,19 @@ import yaml
 
 from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_looper import looper_block_problems
-from vllm_sr.config.routing_looper_fanout import FusionSettings, RatingsSettings, RemomSettings
+from vllm_sr.config.routing_looper_fanout import (
+    FusionSettings,
+    RatingsSettings,
+    RemomSettings,
+    WorkflowsSettings,
+)
 from vllm_sr.errors import DeadlineExceeded, Unavailable
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.looper.fanout import fan_out, last_user_text, round_timeout
 from vllm_sr.router.looper.fusion import parse_analysis, run_fusion
 from vllm_sr.router.looper.ratings import run_ratings
 from vllm_sr.router.looper.remom import distribute, run_remom, synthesis_prompt
+from vllm_sr.router.looper.workflows import checked_plan, parse_plan, run_workflows
 
 FIXTURES = Path(__file__).parents[1] / "fixtures/upstream"
 ENDPOINT = "http://localhost:8899/v1/chat/completions"
@@ -114,14 +120,14 @@ def test_fragment_settings() -> None:
     assert RatingsSettings.from_block(fragment("ratings")) == RatingsSettings(3, "skip")
 
 
-def test_workflows_fragment_is_checked_then_refused_by_name_when_it_would_run() -> None:
+def test_workflows_fragment_passes_and_parses() -> None:
     block = fragment("workflows")
-    assert looper_block_problems(("d", "algorithm", "workflows"), "workflows", block, [], "") == []
-    (refused,) = looper_block_problems(
-        ("d", "algorithm", "workflows"), "workflows", block, [], ENDPOINT
-    )
-    assert refused.path == ("d", "algorithm", "type") and NOT_SUPPORTED in refused.message
-    assert ENDPOINT in refused.message
+    refs = ["qwen-coordinator", "a"]
+    assert looper_block_problems(("w",), "workflows", block, refs, ENDPOINT) == []
+    settings = WorkflowsSettings.from_block(block)
+    assert settings.mode == "dynamic" and settings.planner_model == "qwen-coordinator"
+    assert settings.max_steps == 6 and settings.max_parallel == 3 and settings.on_error == "skip"
+    assert WorkflowsSettings.from_block({}).on_error == "fail"  # upstream's default
 
 
 def test_upstream_reference_blocks_pass() -> None:
@@ -129,11 +135,11 @@ def test_upstream_reference_blocks_pass() -> None:
     seen = set()
     for d in doc["routing"]["decisions"]:
         kind = (d.get("algorithm") or {}).get("type")
-        if kind in ("ratings", "remom", "fusion"):
+        if kind in ("ratings", "remom", "fusion", "workflows"):
             refs = [r["model"] for r in d["modelRefs"]]
             assert looper_block_problems(("x",), kind, d["algorithm"][kind], refs, ENDPOINT) == []
             seen.add(kind)
-    assert seen == {"ratings", "remom", "fusion"}
+    assert seen == {"ratings", "remom", "fusion", "workflows"}
 
 
 @pytest.mark.parametrize(
@@ -424,3 +430,93 @@ def test_parse_analysis() -> None:
     assert parse_analysis('```json\n{"consensus": ["x"]}\n```') == {"consensus": ["x"]}
     assert parse_analysis('Sure: {"blind_spots": ["y"]} done') == {"blind_spots": ["y"]}
     assert parse_analysis("no json here") is None
+
+
+# -- workflows -------------------------------------------------------------------------------
+
+STATIC = {
+    "mode": "static",
+    "roles": [
+        {"name": "Planner", "models": ["a"]},
+        {"name": "solver", "models": ["a", "b"], "access_list": []},
+        {"name": "critic", "models": ["b"], "access_list": ["solver:0:a"]},
+    ],
+    "final": {"model": "b"},
+    "on_error": "skip",
+}
+
+
+async def test_workflows_static_roles_access_lists_and_final() -> None:
+    call, clock = FakeCall(), Clock()
+    loop = await run_workflows(call, ["a", "b"], BODY, WorkflowsSettings.from_block(STATIC), clock)
+    prompts = [(m, b["messages"][-1]["content"]) for m, b in call.calls]  # type: ignore[index]
+    assert prompts[0][1].startswith('Router Flow step "planner" (Planner).\n\nInstruction:\n')
+    assert "Break down the request" in prompts[0][1]  # upstream's prompt for the role name
+    # solver's access_list [] hides the planner step; critic reads only solver's a
+    solver = [p for m, p in prompts if p.startswith('Router Flow step "solver"')]
+    assert solver and all("Accessible prior step outputs" not in p for p in solver)
+    critic = next(p for m, p in prompts if p.startswith('Router Flow step "critic"'))
+    assert "- solver:0:a [a]: a: Router Flow step" in critic and "solver:1:b" not in critic
+    assert "Original user request:\nwhy is the sky blue" in critic
+    final_model, final_body = call.calls[-1]
+    assert final_model == "b" and "Synthesize the role outputs" in str(final_body["messages"])
+    assert all("tools" not in b for _, b in call.calls)
+    assert loop.model == "b" and loop.iterations == 5  # 4 step calls + the final
+    assert loop.final_body()["usage"]["total_tokens"] == 55
+    assert [s["id"] for s in loop.final_body()["flow"]["steps"]] == ["planner", "solver", "critic"]
+
+
+def test_plan_parse_and_checks() -> None:
+    settings = WorkflowsSettings(max_steps=2, max_parallel=1)
+    plan = parse_plan('Plan: {"steps": [{"models": ["a", "a"]}], "final": {"model": "b"}}')
+    assert plan is not None
+    checked = checked_plan(plan, ["a", "b"], settings)
+    assert checked.steps[0].id == "step-1" and checked.steps[0].role == "worker"
+    assert checked.steps[0].models == ("a",) and checked.final_model == "b"
+    assert parse_plan("no plan") is None
+    bad = {
+        '{"steps": []}': "at least one step",
+        '{"steps": [{"models": ["a"]}, {"models": ["a"]}, {"models": ["a"]}]}': "max_steps=2",
+        '{"steps": [{"models": ["a", "b"]}]}': "max_parallel=1",
+        '{"steps": [{"models": ["zz"]}]}': "outside decision modelRefs",
+        '{"steps": [{"id": "x", "models": ["a"], "access_list": ["y"]}]}': "unknown or future",
+        '{"steps": [{"models": ["a"]}], "final": {"model": "zz"}}': "final model 'zz'",
+    }
+    for text, why in bad.items():
+        got = parse_plan(text)
+        assert got is not None
+        with pytest.raises(Unavailable, match=why):
+            checked_plan(got, ["a", "b"], settings)
+
+
+async def test_workflows_dynamic_plan_fallback_and_failures() -> None:
+    call, clock = FakeCall(), Clock()
+    block = {"mode": "dynamic", "planner": {"model": "p"}, "on_error": "skip", "max_parallel": 1}
+    call.replies["p"] = "I would rather chat"
+    loop = await run_workflows(call, ["a", "b"], BODY, WorkflowsSettings.from_block(block), clock)
+    # skip: an unreadable plan becomes upstream's fallback plan (the first max_parallel workers)
+    assert [m for m, _ in call.calls] == ["p", "a", "p"]
+    assert loop.final_body()["flow"]["plan"]["steps"][0]["id"] == "fallback_solve"
+    assert call.calls[0][1]["response_format"] == {"type": "json_object"}
+    failing = WorkflowsSettings.from_block({**block, "on_error": "fail"})
+    with pytest.raises(Unavailable, match="returned invalid plan"):
+        await run_workflows(call, ["a", "b"], BODY, failing, clock)
+    # a final synthesis that fails: skip answers with the last step's last answer
+    call.replies["p"] = json.dumps({"steps": [{"models": ["a"]}], "final": {"model": "b"}})
+    call.fail.add("b")
+    loop = await run_workflows(call, ["a", "b"], BODY, WorkflowsSettings.from_block(block), clock)
+    assert loop.model == "a" and "Router Flow step" in str(loop.final_body()["choices"])
+    with pytest.raises(Unavailable, match="final synthesis failed for model 'b'"):
+        await run_workflows(call, ["a", "b"], BODY, failing, clock)
+    # a step whose every model fails fails the chat, skip or not
+    call.fail = {"a"}
+    with pytest.raises(Unavailable, match="step 'step-1'"):
+        await run_workflows(call, ["a", "b"], BODY, WorkflowsSettings.from_block(block), clock)
+
+
+async def test_workflows_deadline_on_a_fake_clock() -> None:
+    call, clock = FakeCall(), Clock()
+    settings = WorkflowsSettings.from_block(STATIC)
+    with pytest.raises(DeadlineExceeded):
+        await run_workflows(call, ["a", "b"], BODY, settings, clock, deadline=clock.now)
+    assert call.calls == []

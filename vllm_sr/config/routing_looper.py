@@ -211,7 +211,7 @@ def looper_block_problems(
     elif kind == "fusion":
         problems = fanout.fusion_problems(base, block, runs)
     else:
-        problems = fanout.workflows_problems(base, block, ref_models, endpoint)
+        problems = fanout.workflows_problems(base, block, ref_models)
     if runs:
         return problems
     return [p for p in problems if NOT_SUPPORTED not in str(p)]

@@ -5,10 +5,10 @@ blocks and of ``workflows``', as upstream makes them (``pkg/config``:
 value and what is accepted. Counts upstream reads as "unset" at 0 are accepted at 0 (its
 default then applies); a negative count is refused, as upstream refuses it.
 
-What vllm-sr runs (vllm_sr/router/looper): ratings, remom and fusion with every field below,
-except fusion's ``grounding`` when enabled (upstream scores the panel with local hallucination
-and NLI encoders; refused by name). ``workflows`` is checked and refused by name when it would
-run (upstream's planner, step graph, tool state and resume)."""
+What vllm-sr runs (vllm_sr/router/looper): ratings, remom, fusion and workflows with every
+field below, except fusion's ``grounding`` when enabled (upstream scores the panel with local
+hallucination and NLI encoders) and a remom ``synthesis_template`` with Go template actions,
+both refused by name where the looper would run."""
 
 from __future__ import annotations
 
@@ -324,26 +324,12 @@ def fusion_problems(base: Path, block: object, runs: bool) -> list[Problem]:
     return check.problems
 
 
-def workflows_problems(
-    base: Path, block: object, ref_models: Sequence[str], endpoint: str = ""
-) -> list[Problem]:
+def workflows_problems(base: Path, block: object, ref_models: Sequence[str]) -> list[Problem]:
     """``ValidateWorkflowsAlgorithmConfig`` and the decision rule that static roles' models and
-    ``final.model`` are modelRefs; when the looper would run (through ``endpoint``, not ""),
-    refused by name."""
+    ``final.model`` are modelRefs."""
     check = _Checker(base, block, WORKFLOWS_FIELDS)
     if block is not None:
         _workflows_block(check, ref_models)
-    if endpoint and not check.problems:
-        check.problems.append(
-            refusal(
-                (*base[:-1], "type"),
-                "the workflows looper (multi-call, through the looper endpoint "
-                f"{endpoint!r} of global.integrations.looper.endpoint: upstream's planner, step "
-                "graph, tool state and resume)",
-                "confidence, ratings, remom, fusion; or set global.integrations.looper.endpoint: "
-                '"" and vllm-sr runs it as static, as upstream does without a looper endpoint',
-            )
-        )
     return check.problems
 
 
@@ -535,4 +521,73 @@ class FusionSettings:
             synthesis_template=_str(got.get("synthesis_template")),
             judge_prompt_version=_str(got.get("judge_prompt_version"))
             or DEFAULT_JUDGE_PROMPT_VERSION,
+        )
+
+
+@dataclass(frozen=True)
+class WorkflowRole:
+    name: str
+    models: tuple[str, ...]
+    prompt: str = ""
+    access_list: tuple[str, ...] | None = None  # None: every earlier step's outputs
+
+
+@dataclass(frozen=True)
+class WorkflowsSettings:
+    """The block as upstream resolves it (``resolveWorkflowsExecutionConfig``): mode static,
+    template micro_agent, planner max_completion_tokens 2048, max_steps 3, max_parallel 2,
+    intermediate responses included, on_error **fail**, unless the block says otherwise."""
+
+    mode: str = "static"
+    template: str = "micro_agent"
+    planner_model: str = ""
+    planner_max_completion_tokens: int = 2048
+    roles: tuple[WorkflowRole, ...] = ()
+    final_model: str = ""
+    final_prompt: str = ""
+    max_steps: int = 3
+    max_parallel: int = 2
+    max_completion_tokens: int = 0
+    round_timeout_seconds: int = 0
+    min_successful_responses: int = 0
+    temperature: float | None = None
+    include_intermediate_responses: bool = True
+    on_error: str = "fail"
+
+    @classmethod
+    def from_block(cls, block: object) -> WorkflowsSettings:
+        got = _mapping(block)
+        planner, final = _mapping(got.get("planner")), _mapping(got.get("final"))
+        items = got.get("roles")
+        roles = []
+        for item in items if isinstance(items, list) else []:
+            role = _mapping(item)
+            models = role.get("models")
+            access = role.get("access_list")
+            roles.append(
+                WorkflowRole(
+                    _str(role.get("name")),
+                    tuple(_str(m) for m in models) if isinstance(models, list) else (),
+                    _str(role.get("prompt")),
+                    tuple(_str(a) for a in access) if isinstance(access, list) else None,
+                )
+            )
+        default = cls()
+        return cls(
+            mode=_str(got.get("mode")) or default.mode,
+            template=_str(got.get("template")) or default.template,
+            planner_model=_str(planner.get("model")),
+            planner_max_completion_tokens=_int(planner.get("max_completion_tokens"))
+            or default.planner_max_completion_tokens,
+            roles=tuple(roles),
+            final_model=_str(final.get("model")),
+            final_prompt=_str(final.get("prompt")),
+            max_steps=_int(got.get("max_steps")) or default.max_steps,
+            max_parallel=_int(got.get("max_parallel")) or default.max_parallel,
+            max_completion_tokens=_int(got.get("max_completion_tokens")),
+            round_timeout_seconds=_int(got.get("round_timeout_seconds")),
+            min_successful_responses=_int(got.get("min_successful_responses")),
+            temperature=_float(got.get("temperature")),
+            include_intermediate_responses=got.get("include_intermediate_responses") is not False,
+            on_error=_str(got.get("on_error")) or default.on_error,
         )

@@ -108,15 +108,15 @@ BLOCK_TYPES = (
 # Loopers that upstream runs with a single modelRef; the others need more than one.
 SINGLE_REF_LOOPERS = ("remom", "fusion", "workflows")
 # Loopers vllm-sr runs itself when upstream would run them (vllm_sr/router/looper).
-RUN_LOOPERS = ("confidence", "ratings", "remom", "fusion")
+RUN_LOOPERS = LOOPER_TYPES
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
 SIGNALS_SUPPORTED = ", ".join(SUPPORTED_SIGNAL_LISTS)
 LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
-    "static (or no algorithm), latency_aware, multi_factor, confidence, ratings, remom, fusion; "
-    "the looper types " + ", ".join(LOOPER_TYPES) + " run as static "
+    "static (or no algorithm), latency_aware, multi_factor, confidence, ratings, remom, fusion, "
+    "workflows; the looper types " + ", ".join(LOOPER_TYPES) + " run as static "
     'with global.integrations.looper.endpoint: "" (as upstream does without a looper endpoint)'
 )
 
@@ -371,9 +371,9 @@ def _algorithm_problems(path: Path, algo: Any) -> list[Problem]:
 
 def looper_problems(routing: Any, looper_endpoint: str, base: Path = ("routing",)) -> list[Problem]:
     """Each looper decision's block checked as upstream checks it; where upstream would run
-    the looper (a looper endpoint is configured and it has enough models) vllm-sr runs
-    confidence, ratings, remom and fusion itself (vllm_sr/router/looper) and refuses what it
-    does not run by name (workflows; the options routing_looper names)."""
+    the looper (a looper endpoint is configured and it has enough models) vllm-sr runs it
+    itself (vllm_sr/router/looper) and refuses by name the options it does not run
+    (routing_looper, routing_looper_fanout)."""
     problems = []
     for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
         kind = _algorithm_type(dec)

@@ -11,7 +11,12 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing_looper import ConfidenceSettings
-from vllm_sr.config.routing_looper_fanout import FusionSettings, RatingsSettings, RemomSettings
+from vllm_sr.config.routing_looper_fanout import (
+    FusionSettings,
+    RatingsSettings,
+    RemomSettings,
+    WorkflowsSettings,
+)
 from vllm_sr.config.routing_support import looper_endpoint_of, looper_would_run
 from vllm_sr.errors import Unavailable
 from vllm_sr.httpserver import Response
@@ -21,6 +26,7 @@ from vllm_sr.router.looper.fusion import run_fusion
 from vllm_sr.router.looper.ratings import run_ratings
 from vllm_sr.router.looper.remom import run_remom
 from vllm_sr.router.looper.runner import LoopResult, run_confidence
+from vllm_sr.router.looper.workflows import run_workflows
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Providers, Routing
@@ -28,12 +34,15 @@ if TYPE_CHECKING:
     from vllm_sr.router.chat_plugins import ChatPlugins, DecisionPlugins
     from vllm_sr.router.route import RouteResult, RouterStats
 
-LooperSettings = ConfidenceSettings | RatingsSettings | RemomSettings | FusionSettings
+LooperSettings = (
+    ConfidenceSettings | RatingsSettings | RemomSettings | FusionSettings | WorkflowsSettings
+)
 ALGORITHM_OF: dict[type, str] = {
     ConfidenceSettings: "confidence",
     RatingsSettings: "ratings",
     RemomSettings: "remom",
     FusionSettings: "fusion",
+    WorkflowsSettings: "workflows",
 }
 
 
@@ -65,6 +74,8 @@ class LooperDecisions:
                 self.looping[d.name] = RemomSettings.from_block(block)
             elif kind == "fusion":
                 self.looping[d.name] = FusionSettings.from_block(block)
+            elif kind == "workflows":
+                self.looping[d.name] = WorkflowsSettings.from_block(block)
         self.sizes = {c.name: parse_size(c.param_size) for c in routing.model_cards}
         self.prices = {
             m.name: m.pricing.prompt_per_1m
@@ -130,8 +141,10 @@ async def run_looper(
         elif isinstance(settings, RemomSettings):
             weighted = [(r.model, r.weight) for r in result.decision_refs]
             loop = await run_remom(call, weighted, body, settings, clock, deadline)
-        else:
+        elif isinstance(settings, FusionSettings):
             loop = await run_fusion(call, list(refs), body, settings, clock, deadline)
+        else:
+            loop = await run_workflows(call, list(refs), body, settings, clock, deadline)
     except Exception:
         stats.looper_runs[(algorithm, "error")] += 1
         raise

@@ -79,15 +79,21 @@ def panel_text(panel: Sequence[tuple[str, JsonObject]]) -> str:
     return "".join(parts).strip()
 
 
-def parse_analysis(text: str) -> JsonObject | None:
-    """The judge's JSON analysis: the whole text, a fenced block or the outermost braces."""
-    candidates = [text.strip()]
+def candidates(text: str) -> list[str]:
+    """Where a JSON object may be in a model's text: the whole text, a fenced block, the
+    outermost braces."""
+    out = [text.strip()]
     if "```" in text:
         inner = text.split("```")[1]
-        candidates.append(inner.removeprefix("json").strip())
+        out.append(inner.removeprefix("json").strip())
     if "{" in text and "}" in text:
-        candidates.append(text[text.index("{") : text.rindex("}") + 1])
-    for candidate in candidates:
+        out.append(text[text.index("{") : text.rindex("}") + 1])
+    return out
+
+
+def parse_analysis(text: str) -> JsonObject | None:
+    """The judge's JSON analysis (the keys upstream reads), or None."""
+    for candidate in candidates(text):
         try:
             got = json.loads(candidate)
         except ValueError:
