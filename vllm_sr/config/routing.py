@@ -142,13 +142,13 @@ class ModelRef(Strict):
 class Algorithm(Strict):
     """How a decision picks among its modelRefs. vllm-sr runs ``static``, ``latency_aware`` and
     ``multi_factor`` (vllm_sr/router/selection; their blocks are checked by
-    vllm_sr/config/routing_selection.py), and the looper types as upstream runs them without a
-    looper endpoint: static, see ``effective_algorithm``. The other blocks are kept as given."""
+    vllm_sr/config/routing_selection.py), and the looper types as upstream runs them: as
+    loopers with a looper endpoint (vllm_sr/router/looper; their blocks checked by
+    vllm_sr/config/routing_looper*.py), else as static, see ``effective_algorithm``."""
 
     type: str = Field(max_length=64)
     """The algorithm (lowercase): static, latency_aware, multi_factor; looper types
-    confidence, ratings, remom, fusion, workflows run as static; other selectors are
-    refused."""
+    confidence, ratings, remom, fusion, workflows; other selectors are refused."""
 
     on_error: str | None = Field(default=None, max_length=32)
     """Upstream: what a failing selector does."""
