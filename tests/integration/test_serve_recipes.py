@@ -182,7 +182,8 @@ async def test_accuracy_loads_unchanged_and_answers_through_its_loopers(tmp_path
                 raw = await client.chat.completions.with_raw_response.create(
                     model="vllm-sr/auto", messages=[{"role": "user", "content": text}]
                 )
-                answer = raw.parse().choices[0].message.content
+                parsed = raw.parse()
+                answer = parsed.choices[0].message.content or ""
                 assert raw.headers["x-vsr-selected-decision"] == decision
                 if kind == "static":
                     assert answer == f"llm got: {text}"
@@ -193,9 +194,8 @@ async def test_accuracy_loads_unchanged_and_answers_through_its_loopers(tmp_path
                 assert answer.startswith(FINAL_PROMPTS[kind]), answer[:200]
                 assert text in answer
                 assert int(raw.headers["x-vsr-looper-iterations"]) >= 3
-                assert raw.parse().usage.total_tokens == 2 * int(
-                    raw.headers["x-vsr-looper-iterations"]
-                )
+                iterations = int(raw.headers["x-vsr-looper-iterations"])
+                assert parsed.usage is not None and parsed.usage.total_tokens == 2 * iterations
             await client.close()
     finally:
         await backend.stop()
