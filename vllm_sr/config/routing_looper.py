@@ -193,7 +193,7 @@ def _weights_problems(base: Path, method: str, block: Any) -> list[Problem]:
 
 
 def looper_block_problems(
-    base: Path, kind: str, block: Any, ref_models: list[str], endpoint: str
+    base: Path, kind: str, block: object, ref_models: list[str], endpoint: str
 ) -> list[Problem]:
     """Upstream's checks of a looper decision's ``algorithm.<kind>`` block at ``base``, then,
     when the looper would run (through ``endpoint``; "" when it would not), vllm-sr's refusals

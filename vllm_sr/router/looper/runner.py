@@ -35,7 +35,7 @@ class LoopResult:
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
     latency_s: float = 0.0
     scores: list[float | None] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)  # top-level keys of the final answer
+    extra: dict[str, object] = field(default_factory=dict)  # top-level keys of the final answer
 
     def add(self, model: str, answer: dict[str, Any]) -> None:
         """One internal call's answer: counted, its model used, its usage summed."""
@@ -82,11 +82,11 @@ class LoopResult:
             "model": body.get("model", self.model),
         }
 
-        def chunk(part: str) -> dict[str, Any]:
+        def chunk(part: str) -> dict[str, object]:
             out = []
             for i, choice in enumerate(choices or [{}]):
                 message = choice.get("message") or {}
-                delta: dict[str, Any] = {}
+                delta: dict[str, object] = {}
                 finish = None
                 if part == "role":
                     delta = {"role": "assistant", "content": ""}
