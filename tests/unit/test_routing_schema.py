@@ -354,14 +354,13 @@ def test_algorithm_fragments(rel: str) -> None:
         assert looper_would_run(decision, "http://looper:8899/v1")
         refused = looper_problems({"decisions": [decision]}, "http://looper:8899/v1")
         if kind in RUN_LOOPERS:  # vllm-sr runs it itself (vllm_sr/router/looper)
-            assert effective_algorithm(parsed, None) == (kind, "execution_required")
+            # eval reports it as upstream does, endpoint or not (its final model: planned)
+            assert effective_algorithm(parsed, None) == (algorithm, status)
             assert refused == []
         else:
             with pytest.raises(ValueError, match=NOT_SUPPORTED):
                 effective_algorithm(parsed, None)  # upstream's default endpoint: it would run
-            assert [format_path(p.path) for p in refused] == [
-                "routing.decisions[0].algorithm.type"
-            ]
+            assert [format_path(p.path) for p in refused] == ["routing.decisions[0].algorithm.type"]
             assert NOT_SUPPORTED in refused[0].message
             assert "'http://looper:8899/v1'" in refused[0].message
         assert not looper_would_run(decision, "")
@@ -380,6 +379,9 @@ def test_looper_statuses_and_when_upstream_runs_them_as_static() -> None:
     assert effective_algorithm(fusion, no_endpoint) == ("fusion", "planned_final")
     remom = with_algorithm({"type": "remom", "remom": {"breadth_schedule": [2]}}, refs=1)
     assert effective_algorithm(remom, no_endpoint) == ("remom", "execution_required")
+    # run as loopers, the same (upstream's eval does not look at the endpoint)
+    assert effective_algorithm(fusion, None) == ("fusion", "planned_final")
+    assert effective_algorithm(remom, None) == ("remom", "execution_required")
     # confidence and ratings need more than one modelRef to run: with one, static even with
     # an endpoint (as upstream), and not refused
     one = with_algorithm({"type": "confidence"}, refs=1)

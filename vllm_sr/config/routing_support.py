@@ -184,13 +184,13 @@ def _planned_final(decision: Any) -> bool:
 
 
 def effective_algorithm(decision: Any, global_: Any = None) -> tuple[str, str]:
-    """(algorithm, selection status) of a matched decision, as upstream's eval reports them
-    when the looper does not run: ``("static", "selected")`` for static or no algorithm,
-    ``(type, "selected")`` for latency_aware and multi_factor (vllm_sr/router/selection); for a
-    looper type run as static, ``(type, "planned_final")`` when it names its final model
+    """(algorithm, selection status) of a matched decision, as upstream's eval reports them:
+    ``("static", "selected")`` for static or no algorithm, ``(type, "selected")`` for
+    latency_aware and multi_factor (vllm_sr/router/selection); for a looper type, run as a
+    looper or as static, ``(type, "planned_final")`` when it names its final model
     (fusion.model, workflows.final.model, remom.synthesis_model), else
-    ``(type, "execution_required")``. Either way the chat goes to the static choice (the first
-    modelRef unless model_scores says otherwise). ``decision`` is a Decision or a raw mapping;
+    ``(type, "execution_required")``. Run as static, the chat goes to the static choice (the
+    first modelRef unless model_scores says otherwise). ``decision`` is a Decision or a raw mapping;
     ``global_`` the raw ``global`` mapping or its model (for the looper endpoint). Raises
     ValueError for a decision the config rules refuse (another selector, or a looper that
     upstream would run)."""
@@ -199,10 +199,10 @@ def effective_algorithm(decision: Any, global_: Any = None) -> tuple[str, str]:
         return kind, "selected"
     if kind not in LOOPER_TYPES:
         raise ValueError(f"algorithm {kind!r} is not supported by vllm-sr")
-    if looper_would_run(decision, looper_endpoint_of(global_)):
-        if kind in RUN_LOOPERS:
-            return kind, "execution_required"  # vllm-sr runs it (vllm_sr/router/looper)
+    if looper_would_run(decision, looper_endpoint_of(global_)) and kind not in RUN_LOOPERS:
         raise ValueError(f"algorithm {kind!r} with a looper endpoint is not supported by vllm-sr")
+    # run as a looper (vllm_sr/router/looper) or as static, upstream's eval reports the same
+    # (extproc/eval_model_selection.go): the configured final model, else execution_required
     return kind, "planned_final" if _planned_final(decision) else "execution_required"
 
 
