@@ -506,6 +506,7 @@ async def test_workflows_dynamic_plan_fallback_and_failures() -> None:
     call.fail.add("b")
     loop = await run_workflows(call, ["a", "b"], BODY, WorkflowsSettings.from_block(block), clock)
     assert loop.model == "a" and "Router Flow step" in str(loop.final_body()["choices"])
+    assert loop.final_body()["usage"]["total_tokens"] == 22  # the planner and a, counted once
     with pytest.raises(Unavailable, match="final synthesis failed for model 'b'"):
         await run_workflows(call, ["a", "b"], BODY, failing, clock)
     # a step whose every model fails fails the chat, skip or not

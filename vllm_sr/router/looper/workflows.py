@@ -16,7 +16,8 @@ each run by one or more worker models at once, then a final synthesis.
   (``fail``: the chat fails); a step with no answer fails the chat.
 - The final synthesis: the plan's final model, else ``final.model``, else the planner, else
   the first worker that answered; upstream's synthesizer prompt over every step's outputs.
-  If it fails, ``skip`` answers with the last step's last answer, ``fail`` fails the chat.
+  If it fails, ``skip`` answers with the latest step answer that has content or reasoning,
+  ``fail`` fails the chat.
 - Internal calls are tool-free (upstream's tool-calling steps, pending tool state and resume
   are not run). The answer carries a ``flow`` trace (mode, template, planner, workers, failed
   models; the plan and the steps' answers with ``include_intermediate_responses``)."""
@@ -418,9 +419,8 @@ async def run_workflows(
         final = await _final(
             call, final_model, with_user_turn(plain, prompt), settings, monotonic, deadline, sleep
         )
-        if final is None:  # skip: the last step's last answer
-            last = results[-1].answers[-1]
-            final = Answered(0, last.model, {**last.answer, "usage": {}})
+        if final is None:  # skip: the latest step answer with content or reasoning
+            final = fallback_answer(results)
         result.add(final.model, final.answer)
         result.answer, result.model = final.answer, final.model
         failed = [{"model": m, "error": e} for r in results for m, e in r.failed]
@@ -461,6 +461,16 @@ async def run_workflows(
         return result
     finally:
         result.latency_s = monotonic() - started
+
+
+def fallback_answer(results: Sequence[StepResult]) -> Answered:
+    """Upstream's ``workflowFallbackFinalResponse``: the latest step answer with content or
+    reasoning (its usage already counted with its step)."""
+    for result in reversed(results):
+        for got in reversed(result.answers):
+            if content_of(got.answer).strip() or reasoning_of(got.answer).strip():
+                return Answered(got.index, got.model, {**got.answer, "usage": {}})
+    raise Unavailable("workflow final synthesis failed and no step answer has content")
 
 
 def _with_final(plan: Plan, settings: WorkflowsSettings) -> Plan:
