@@ -56,6 +56,7 @@ class FakeCall:
         self.fail: set[str] = set()
         self.hold: dict[str, asyncio.Event] = {}
         self.replies: dict[str, str] = {}
+        self.answered: list[str] = []
         self.running = 0
         self.most = 0
 
@@ -70,6 +71,7 @@ class FakeCall:
             if model in self.fail:
                 raise Unavailable(f"{model} is down", model=model)
             text = self.replies.get(model, f"{model}: {last_user_text(body)}")
+            self.answered.append(model)
             return model, answer(model, text)
         finally:
             self.running -= 1
@@ -368,11 +370,15 @@ async def test_remom_round_timeout_on_a_fake_clock_keeps_the_quorum_short_round(
 
     async def sleep(seconds: float) -> None:
         asked.append(seconds)
-        await asyncio.sleep(0.01)  # b never answers: the round's timer fires
+        while "a" not in call.answered:  # the timer fires once a has answered; b never does
+            await asyncio.sleep(0)
 
     loop = await run_remom(call, [("a", 0.0), ("b", 0.0)], BODY, settings, clock, None, sleep)
-    assert asked[0] == 9
-    assert loop.model in ("a", "b") and loop.iterations >= 2
+    # round 1 is cut at its timeout with a's answer (b cancelled); the final round of one
+    # call goes to the first modelRef (equal spread of 1)
+    assert asked == [9, 9]
+    assert [m for m, _ in call.calls] == ["a", "b", "a"]
+    assert loop.model == "a" and loop.iterations == 2
 
 
 async def test_fusion_panel_analysis_and_trace() -> None:
