@@ -5,8 +5,9 @@ official openai SDK to the decision `/api/v1/eval` names for the same text (bala
 probes: any text, in a conversation Router Learning's protection tracks). The agent recipe also
 answers through its Responses API (memory store), with its replay store (host `postgres`, not
 reachable here) down: chats are served and the records counted lost (test_serve_replay.py).
-mom-v1, upstream's built-in default, serves its multi_factor decisions once its looper decisions
-run as static (``looper.endpoint: ""``); unchanged it is refused for those loopers only."""
+mom-v1, upstream's built-in default, loads unchanged and serves its multi_factor decisions;
+accuracy loads unchanged and answers its workflows and fusion probes through vllm-sr's own
+loopers (vllm_sr/router/looper), its static probe directly."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def pointed_at(recipe: str, endpoint: str) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((RECIPES / recipe / "config.yaml").read_text())
     for model in doc["providers"]["models"]:
         for ref in model.get("backend_refs") or []:
-            ref["endpoint"] = endpoint
+            if "base_url" in ref:  # a hosted API (accuracy's OpenRouter workers)
+                ref["base_url"] = f"http://{endpoint}/v1"
+            else:
+                ref["endpoint"] = endpoint
     return doc
 
 
@@ -109,15 +113,12 @@ async def answers_through_responses(client: openai.AsyncOpenAI, text: str) -> No
 BLEND = "vllm-sr/mom-v1-blend"  # mom-v1's entrypoint whose decisions run multi_factor
 
 
-async def test_mom_v1_serves_its_selectors_with_loopers_run_as_static(tmp_path: Path) -> None:
-    """Upstream's built-in default with one change, `global.integrations.looper.endpoint: ""`
-    (upstream's own switch for running its looper decisions as static; vllm-sr runs only the
-    confidence looper and refuses mom-v1's remom, fusion and workflows ones): it loads, and a
-    chat goes where eval's selector dry run says, with the same `x-vsr-selected-algorithm` as
-    eval's `selection_method`."""
+async def test_mom_v1_loads_unchanged_and_serves_its_selectors(tmp_path: Path) -> None:
+    """Upstream's built-in default, unchanged but for its backends (its looper decisions run as
+    loopers in vllm-sr): it loads, and a chat goes where eval's selector dry run says, with the
+    same `x-vsr-selected-algorithm` as eval's `selection_method`."""
     backend = await StandInBackend("llm").start()
     doc = pointed_at("mom-v1", backend.endpoint)
-    doc.setdefault("global", {}).setdefault("integrations", {})["looper"] = {"endpoint": ""}
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     port = free_port()
@@ -207,4 +208,62 @@ async def test_multi_objective_serves_with_upstreams_embedding_top_k_and_soft_ma
                     assert embedded == ["unified_frontier_deep_intent"], evaluated
     finally:
         await client.close()
+
+
+# The looper's final answer, by algorithm: the stand-in echoes the synthesis prompt it got.
+FINAL_PROMPTS = {
+    "workflows": "llm got: You are the Router Flow final synthesizer.",
+    "fusion": "llm got: You are the Fusion calling model.",
+}
+
+
+async def test_accuracy_loads_unchanged_and_answers_through_its_loopers(tmp_path: Path) -> None:
+    """accuracy's probes for its workflows, fusion and static decisions: each chat goes to the
+    decision eval names; the looper ones answer with the looper's synthesis (upstream's
+    prompts, echoed by the stand-in) and upstream's `x-vsr-looper-*` headers."""
+    backend = await StandInBackend("llm").start()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(pointed_at("accuracy", backend.endpoint), sort_keys=False))
+    probes = yaml.safe_load((RECIPES / "accuracy" / "probes.yaml").read_text())["decisions"]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with served(config, url, "--listen", f"127.0.0.1:{port}", log=tmp_path / "s.log"):
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            for probe in probes:
+                variant = probe["variants"][0]
+                text = " ".join([variant["query"]] * variant.get("repeat", 1))
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(url + "/api/v1/eval", json={"text": text}) as r,
+                ):
+                    evaluated = await r.json()
+                decision = evaluated["decision_result"]["decision_name"]
+                assert decision == probe["expected_decision"], text[:200]
+                kind = probe["expected_algorithm"]
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="vllm-sr/auto", messages=[{"role": "user", "content": text}]
+                )
+                parsed = raw.parse()
+                answer = parsed.choices[0].message.content or ""
+                assert raw.headers["x-vsr-selected-decision"] == decision
+                if kind == "static":
+                    assert answer == f"llm got: {text}"
+                    assert "x-vsr-looper-algorithm" not in raw.headers
+                    continue
+                # upstream's eval: fusion's configured judge (qwen-coordinator) is the planned
+                # final model; accuracy's workflows names no final model
+                if kind == "fusion":
+                    assert evaluated["selection_status"] == "planned_final"
+                    assert evaluated["selected_model"] == "qwen-coordinator"
+                else:
+                    assert evaluated["selection_status"] == "execution_required"
+                assert raw.headers["x-vsr-looper-algorithm"] == kind
+                assert answer.startswith(FINAL_PROMPTS[kind]), answer[:200]
+                assert text in answer
+                assert int(raw.headers["x-vsr-looper-iterations"]) >= 3
+                iterations = int(raw.headers["x-vsr-looper-iterations"])
+                assert parsed.usage is not None and parsed.usage.total_tokens == 2 * iterations
+            await client.close()
+    finally:
         await backend.stop()

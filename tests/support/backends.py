@@ -77,6 +77,7 @@ class StandInBackend:
         # A chat that asks for ``logprobs`` gets, for each word of its reply, this token
         # probability (and ``top_logprobs`` a runner-up sharing what is left).
         self.token_prob = 0.5
+        self.reply: str | None = None  # set: every chat's answer text, instead of "<name> got: …"
         self.inflight = 0
         self.max_inflight = 0
         self.app = web.Application()
@@ -148,7 +149,7 @@ class StandInBackend:
             return web.json_response(err, status=status)
         if text.startswith("PLAIN "):
             return web.Response(text="upstream exploded", status=int(text.split()[1]))
-        reply = f"{self.name} got: {text}"
+        reply = self.reply if self.reply is not None else f"{self.name} got: {text}"
         if body.get("stream"):
             return await self._stream(request, body["model"], reply)
         choice: dict[str, Any] = {

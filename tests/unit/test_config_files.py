@@ -384,6 +384,6 @@ def test_a_load_runs_each_section_rule_once(monkeypatch: pytest.MonkeyPatch) -> 
     doc = files.to_plain(files.parse_document(text))
     assert isinstance(doc, dict)
     recipes = len(doc["recipes"])
-    _, problems = files.collect_problems(doc)
-    assert recipes == 5 and problems  # the file has refused loopers: every rule reported them
+    files.collect_problems(doc)  # mom-v1 loads (every looper runs): the rules still ran
+    assert recipes == 5
     assert calls == {"routing_local_problems": 1 + recipes, "providers_problems": 1}

@@ -354,7 +354,8 @@ def test_algorithm_fragments(rel: str) -> None:
         assert looper_would_run(decision, "http://looper:8899/v1")
         refused = looper_problems({"decisions": [decision]}, "http://looper:8899/v1")
         if kind in RUN_LOOPERS:  # vllm-sr runs it itself (vllm_sr/router/looper)
-            assert effective_algorithm(parsed, None) == (kind, "execution_required")
+            # eval reports it as upstream does, endpoint or not (its final model: planned)
+            assert effective_algorithm(parsed, None) == (algorithm, status)
             assert refused == []
         else:
             with pytest.raises(ValueError, match=NOT_SUPPORTED):
@@ -381,6 +382,9 @@ def test_looper_statuses_and_when_upstream_runs_them_as_static() -> None:
     assert effective_algorithm(fusion, no_endpoint) == ("fusion", "planned_final")
     remom = with_algorithm({"type": "remom", "remom": {"breadth_schedule": [2]}}, refs=1)
     assert effective_algorithm(remom, no_endpoint) == ("remom", "execution_required")
+    # run as loopers, the same (upstream's eval does not look at the endpoint)
+    assert effective_algorithm(fusion, None) == ("fusion", "planned_final")
+    assert effective_algorithm(remom, None) == ("remom", "execution_required")
     # confidence and ratings need more than one modelRef to run: with one, static even with
     # an endpoint (as upstream), and not refused
     one = with_algorithm({"type": "confidence"}, refs=1)

@@ -17,7 +17,6 @@ import pytest
 from vllm_sr.cli import main
 from vllm_sr.config.files import effective_dict, parse_config
 from vllm_sr.config.schema import RootConfig, semantic_problems
-from vllm_sr.config.upstream_global import DEFAULT_LOOPER_ENDPOINT
 from vllm_sr.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
@@ -133,15 +132,13 @@ def test_upstream_reference_config_lists_every_refusal_in_one_run(
     for field, source in expected.items():
         (hit,) = [line for line in lines if f": {field}: " in line]
         assert text[line_no(hit) - 1].strip() == source, (field, hit)
-    # the looper decisions vllm-sr does not run (upstream would call its looper endpoint) are
-    # among them; its confidence decision is refused only for token_filter: tool_call_args
+    # every looper passes upstream's checks and runs in vllm-sr: none is refused at its type
+    # or in its block (the confidence block's tool_call_args token filter aside)
     algorithms = [line for line in lines if ".algorithm.type: " in line]
-    assert {text[line_no(hit) - 1].strip().removeprefix("type: ") for hit in algorithms} >= {
-        "ratings",
-        "remom",
-        "fusion",
-        "workflows",
-    }
+    refused = {text[line_no(hit) - 1].strip().removeprefix("type: ") for hit in algorithms}
+    assert not refused & {"confidence", "ratings", "remom", "fusion", "workflows"}
+    blocks = (".algorithm.ratings", ".algorithm.remom", ".algorithm.fusion", ".algorithm.workflows")
+    assert not [line for line in lines if any(b in line for b in blocks)]
     numbers = [line_no(hit) for hit in lines]
     assert numbers == sorted(numbers)
 
@@ -152,7 +149,7 @@ def test_upstream_reference_config_as_json(capsys: pytest.CaptureFixture[str]) -
     answer = json.loads(out)
     assert code != 0 and answer["valid"] is False
     problems = answer["problems"]
-    assert len(problems) > 40  # every refusal in one run (fewer as more is acted on)
+    assert len(problems) > 30  # every refusal in one run (fewer as more is acted on)
     assert [p for p in problems if NOT_SUPPORTED not in p and UPSTREAM_INVALID not in p] == []
 
 
@@ -629,36 +626,55 @@ def _looper_decision(kind: str, models: list[str]) -> str:
 
 
 def test_looper_decisions_follow_the_looper_endpoint() -> None:
-    raw: dict[str, Any] = {
-        "routing": {
-            "decisions": [
-                {
-                    "name": "a",
-                    "modelRefs": [{"model": "x"}, {"model": "y"}],
-                    "algorithm": {"type": "confidence"},
-                },
-                {"name": "b", "modelRefs": [{"model": "x"}], "algorithm": {"type": "ratings"}},
-                {"name": "c", "modelRefs": [{"model": "x"}], "algorithm": {"type": "remom"}},
-                {"name": "d", "modelRefs": [{"model": "x"}], "algorithm": {"type": "static"}},
-            ]
-        }
-    }
-    refused = [p for p in semantic_problems(raw) if NOT_SUPPORTED in p.message]
-    # Omitted, the endpoint is upstream's default: confidence with two models and remom with
-    # one run as loopers there; ratings with one model and static do not. vllm-sr runs the
-    # confidence looper itself (vllm_sr/router/looper) and refuses remom.
-    assert [p.path for p in refused] == [("routing", "decisions", 2, "algorithm", "type")]
-    assert DEFAULT_LOOPER_ENDPOINT in refused[0].message
+    decisions: list[dict[str, Any]] = [
+        {
+            "name": "a",
+            "modelRefs": [{"model": "x"}, {"model": "y"}],
+            "algorithm": {"type": "confidence"},
+        },
+        {"name": "b", "modelRefs": [{"model": "x"}], "algorithm": {"type": "ratings"}},
+        {
+            "name": "c",
+            "modelRefs": [{"model": "x"}],
+            "algorithm": {"type": "workflows", "workflows": {"mode": "dynamic"}},
+        },
+        {"name": "d", "modelRefs": [{"model": "x"}], "algorithm": {"type": "remom"}},
+        {
+            "name": "e",
+            "modelRefs": [{"model": "x"}],
+            "algorithm": {
+                "type": "fusion",
+                "fusion": {"grounding": {"enabled": True}, "max_concurrent": 2},
+            },
+        },
+    ]
+    raw: dict[str, Any] = {"routing": {"decisions": decisions}}
+    # Omitted, the endpoint is upstream's default: every looper with enough models runs, in
+    # vllm-sr too; what vllm-sr does not run of a running looper is refused by name (fusion's
+    # grounding); upstream's own checks apply either way (workflows dynamic needs a planner).
+    problems = semantic_problems(raw)
+    refused = [p for p in problems if NOT_SUPPORTED in p.message]
+    assert [p.path for p in refused] == [
+        ("routing", "decisions", 4, "algorithm", "fusion", "grounding", "enabled")
+    ]
+    invalid = [p for p in problems if NOT_SUPPORTED not in p.message and "algorithm" in p.path]
+    assert [p.path for p in invalid] == [
+        ("routing", "decisions", 2, "algorithm", "workflows", "planner", "model")
+    ]
     raw["global"] = {"integrations": {"looper": {"endpoint": ""}}}
-    assert not [p for p in semantic_problems(raw) if NOT_SUPPORTED in p.message]
+    problems = [p for p in semantic_problems(raw) if "algorithm" in p.path]
+    assert [p.path for p in problems] == [p.path for p in invalid]
 
 
 def test_looper_refusal_in_a_file_names_its_line() -> None:
-    text = PROVIDERS + _looper_decision("ratings", ["small", "big"])
+    text = PROVIDERS + _looper_decision("fusion", ["small", "big"])
+    text += "        fusion:\n          grounding: {enabled: true}\n"
     problems = _problems(text)
-    hit = [p for p in problems if "looper" in p and NOT_SUPPORTED in p]
-    line = text.splitlines().index("        type: ratings") + 1
-    assert hit and hit[0].startswith(f"config.yaml:{line}: routing.decisions[0].algorithm.type:")
+    hit = [p for p in problems if "grounding" in p and NOT_SUPPORTED in p]
+    line = text.splitlines().index("          grounding: {enabled: true}") + 1
+    assert hit and hit[0].startswith(
+        f"config.yaml:{line}: routing.decisions[0].algorithm.fusion.grounding.enabled:"
+    )
 
 
 def test_every_problem_of_a_file_comes_in_one_run() -> None:

@@ -148,14 +148,15 @@ class ModelRef(Strict):
 class Algorithm(Strict):
     """How a decision picks among its modelRefs. vllm-sr runs ``static`` and the selectors
     latency_aware, multi_factor, router_dc, automix, hybrid, prompt (vllm_sr/router/selection;
-    their blocks are checked by
-    vllm_sr/config/routing_selection.py), and the looper types as upstream runs them without a
-    looper endpoint: static, see ``effective_algorithm``. The other blocks are kept as given."""
+    their blocks are checked by vllm_sr/config/routing_selection.py), and the looper types as
+    upstream runs them: as loopers with a looper endpoint (vllm_sr/router/looper; their blocks
+    checked by vllm_sr/config/routing_looper*.py), else as static, see
+    ``effective_algorithm``."""
 
     type: str = Field(max_length=64)
     """The algorithm (lowercase): static, latency_aware, multi_factor, router_dc, automix,
-    hybrid, prompt; looper types confidence, ratings, remom, fusion, workflows run as static;
-    knn, kmeans, svm, mlp are refused."""
+    hybrid, prompt; looper types confidence, ratings, remom, fusion, workflows; knn, kmeans,
+    svm, mlp are refused."""
 
     on_error: str | None = Field(default=None, max_length=32)
     """Upstream: what a failing selector does."""

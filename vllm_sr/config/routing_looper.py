@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from vllm_sr.config.routing_base import Path, Strict, as_dict, problem, refusal
+from vllm_sr.config.routing_base import NOT_SUPPORTED, Path, Strict, as_dict, problem, refusal
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -201,3 +201,28 @@ def _weights_problems(base: Path, method: str, block: object) -> list[Problem]:
             )
         )
     return problems
+
+
+def looper_block_problems(
+    base: Path, kind: str, block: object, ref_models: list[str], endpoint: str
+) -> list[Problem]:
+    """Upstream's checks of a looper decision's ``algorithm.<kind>`` block at ``base``, then,
+    when the looper would run (through ``endpoint``; "" when it would not), vllm-sr's refusals
+    by name (a looper upstream would not run is served as static: only upstream's own checks
+    apply)."""
+    runs = bool(endpoint)
+    from vllm_sr.config import routing_looper_fanout as fanout
+
+    if kind == "confidence":
+        problems = confidence_problems(base, block)
+    elif kind == "ratings":
+        problems = fanout.ratings_problems(base, block)
+    elif kind == "remom":
+        problems = fanout.remom_problems(base, block, ref_models, runs)
+    elif kind == "fusion":
+        problems = fanout.fusion_problems(base, block, runs)
+    else:
+        problems = fanout.workflows_problems(base, block, ref_models)
+    if runs:
+        return problems
+    return [p for p in problems if NOT_SUPPORTED not in str(p)]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from vllm_sr.config.fallback_policy import fallback_problems
 from vllm_sr.config.learning_rules import adaptations_problems
 from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
-from vllm_sr.config.routing_looper import confidence_problems
+from vllm_sr.config.routing_looper import looper_block_problems
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
 from vllm_sr.config.routing_selection import (
     RUN_SELECTORS,
@@ -120,7 +120,7 @@ BLOCK_TYPES = (
 # Loopers that upstream runs with a single modelRef; the others need more than one.
 SINGLE_REF_LOOPERS = ("remom", "fusion", "workflows")
 # Loopers vllm-sr runs itself when upstream would run them (vllm_sr/router/looper).
-RUN_LOOPERS = ("confidence",)
+RUN_LOOPERS = LOOPER_TYPES
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
@@ -142,7 +142,7 @@ LEAVES_SUPPORTED = ", ".join(SUPPORTED_LEAF_TYPES)
 ALGORITHMS_SUPPORTED = (
     "static (or no algorithm), "
     + ", ".join(RUN_SELECTORS)
-    + ", confidence; the looper types "
+    + ", confidence, ratings, remom, fusion, workflows; the looper types "
     + ", ".join(LOOPER_TYPES)
     + " run as static "
     'with global.integrations.looper.endpoint: "" (as upstream does without a looper endpoint)'
@@ -214,13 +214,13 @@ def _planned_final(decision: JsonObject) -> bool:
 def effective_algorithm(
     decision: Decision | JsonObject, global_: GlobalSection | JsonObject | None = None
 ) -> tuple[str, str]:
-    """(algorithm, selection status) of a matched decision, as upstream's eval reports them
-    when the looper does not run: ``("static", "selected")`` for static or no algorithm,
-    ``(type, "selected")`` for latency_aware and multi_factor (vllm_sr/router/selection); for a
-    looper type run as static, ``(type, "planned_final")`` when it names its final model
+    """(algorithm, selection status) of a matched decision, as upstream's eval reports them:
+    ``("static", "selected")`` for static or no algorithm, ``(type, "selected")`` for the
+    selectors (vllm_sr/router/selection); for a looper type, run as a
+    looper or as static, ``(type, "planned_final")`` when it names its final model
     (fusion.model, workflows.final.model, remom.synthesis_model), else
-    ``(type, "execution_required")``. Either way the chat goes to the static choice (the first
-    modelRef unless model_scores says otherwise). ``decision`` is a Decision or a raw mapping;
+    ``(type, "execution_required")``. Run as static, the chat goes to the static choice (the
+    first modelRef unless model_scores says otherwise). ``decision`` is a Decision or a raw mapping;
     ``global_`` the raw ``global`` mapping or its model (for the looper endpoint). Raises
     ValueError for a decision the config rules refuse (another selector, or a looper that
     upstream would run)."""
@@ -230,10 +230,10 @@ def effective_algorithm(
         return kind, "selected"
     if kind not in LOOPER_TYPES:
         raise ValueError(f"algorithm {kind!r} is not supported by vllm-sr")
-    if looper_would_run(raw, looper_endpoint_of(global_)):
-        if kind in RUN_LOOPERS:
-            return kind, "execution_required"  # vllm-sr runs it (vllm_sr/router/looper)
+    if looper_would_run(raw, looper_endpoint_of(global_)) and kind not in RUN_LOOPERS:
         raise ValueError(f"algorithm {kind!r} with a looper endpoint is not supported by vllm-sr")
+    # run as a looper (vllm_sr/router/looper) or as static, upstream's eval reports the same
+    # (extproc/eval_model_selection.go): the configured final model, else execution_required
     return kind, "planned_final" if _planned_final(raw) else "execution_required"
 
 
@@ -503,26 +503,26 @@ def _algorithm_problems(path: Path, algo: object) -> list[Problem]:
 def looper_problems(
     routing: object, looper_endpoint: str, base: Path = ("routing",)
 ) -> list[Problem]:
-    """A looper decision that upstream would run (a looper endpoint is configured and it has
-    enough models): vllm-sr runs ``confidence`` itself (its block checked as upstream checks
-    it); the other loopers are refused at their algorithm type."""
+    """Each looper decision's block checked as upstream checks it; where upstream would run
+    the looper (a looper endpoint is configured and it has enough models) vllm-sr runs it
+    itself (vllm_sr/router/looper) and refuses by name the options it does not run
+    (routing_looper, routing_looper_fanout)."""
     problems = []
     for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
-        if looper_would_run(as_dict(dec), looper_endpoint):
-            kind = _algorithm_type(as_dict(dec))
-            if kind == "confidence":
-                algo = as_dict(as_dict(dec).get("algorithm"))
-                problems += confidence_problems(
-                    (*base, "decisions", i, "algorithm", "confidence"), algo.get("confidence")
-                )
-                continue
-            problems.append(
-                refusal(
-                    (*base, "decisions", i, "algorithm", "type"),
-                    f"the {kind} looper (multi-call, through the looper endpoint "
-                    f"{looper_endpoint!r} of global.integrations.looper.endpoint)",
-                    'static, confidence; or set global.integrations.looper.endpoint: "" and '
-                    "vllm-sr runs it as static, as upstream does without a looper endpoint",
-                )
-            )
+        kind = _algorithm_type(as_dict(dec))
+        if kind not in LOOPER_TYPES:
+            continue
+        algo = as_dict(as_dict(dec).get("algorithm"))
+        refs = [
+            str(as_dict(r).get("model"))
+            for r in as_list(as_dict(dec).get("modelRefs"))
+            if as_dict(r).get("model")
+        ]
+        problems += looper_block_problems(
+            (*base, "decisions", i, "algorithm", kind),
+            kind,
+            algo.get(kind),
+            refs,
+            looper_endpoint if looper_would_run(as_dict(dec), looper_endpoint) else "",
+        )
     return problems

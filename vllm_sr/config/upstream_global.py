@@ -292,9 +292,9 @@ class Looper(Strict):
     endpoint: str = DEFAULT_LOOPER_ENDPOINT
     """Upstream: where multi-call (looper) algorithms send their calls; upstream's default is
     http://localhost:8899/v1/chat/completions, its own proxy. vllm-sr is the proxy and never
-    calls it: set (or omitted), it switches loopers on; vllm-sr runs a confidence decision as a
-    looper (vllm_sr/router/looper) and refuses ratings, remom, fusion and workflows decisions
-    that upstream would run; ``endpoint: ""`` runs every looper type as static, as upstream."""
+    calls it: set (or omitted), it switches loopers on; vllm-sr then runs confidence, ratings,
+    remom, fusion and workflows decisions as loopers itself (vllm_sr/router/looper);
+    ``endpoint: ""`` runs every looper type as static, as upstream."""
 
     grpc_max_msg_size_mb: int | None = None
     """Upstream: gRPC message cap."""

@@ -25,7 +25,16 @@ if TYPE_CHECKING:
 
 SignalKey = tuple[str, str]
 # The families this step evaluates (the deterministic ones but authz, keywords, pii).
-CPU_FAMILIES = ("keyword", "context", "structure", "conversation", "language", "metadata", "pii")
+CPU_FAMILIES = (
+    "keyword",
+    "context",
+    "structure",
+    "conversation",
+    "language",
+    "metadata",
+    "input_modality",
+    "pii",
+)
 
 
 @dataclass
@@ -141,6 +150,7 @@ class CpuSignals:
             or ("conversation" in kinds and det.conversation)
             or ("language" in kinds and det.language)
             or ("metadata" in kinds and det.metadata)
+            or ("input_modality" in kinds and det.input_modality)
         )
 
     def keys(self) -> set[SignalKey]:

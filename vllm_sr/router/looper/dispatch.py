@@ -11,18 +11,39 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing_looper import ConfidenceSettings
+from vllm_sr.config.routing_looper_fanout import (
+    FusionSettings,
+    RatingsSettings,
+    RemomSettings,
+    WorkflowsSettings,
+)
 from vllm_sr.config.routing_support import looper_endpoint_of, looper_would_run
 from vllm_sr.errors import Unavailable
 from vllm_sr.httpserver import Response
 from vllm_sr.router.answers import answer_headers
 from vllm_sr.router.looper.confidence import ordered, parse_size
+from vllm_sr.router.looper.fusion import run_fusion
+from vllm_sr.router.looper.ratings import run_ratings
+from vllm_sr.router.looper.remom import run_remom
 from vllm_sr.router.looper.runner import LoopResult, run_confidence
+from vllm_sr.router.looper.workflows import run_workflows
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Providers, Routing
     from vllm_sr.httpserver import Request
     from vllm_sr.router.chat_plugins import ChatPlugins, DecisionPlugins
     from vllm_sr.router.route import RouteResult, RouterStats
+
+LooperSettings = (
+    ConfidenceSettings | RatingsSettings | RemomSettings | FusionSettings | WorkflowsSettings
+)
+ALGORITHM_OF: dict[type, str] = {
+    ConfidenceSettings: "confidence",
+    RatingsSettings: "ratings",
+    RemomSettings: "remom",
+    FusionSettings: "fusion",
+    WorkflowsSettings: "workflows",
+}
 
 
 class _NoReplay:
@@ -39,13 +60,22 @@ class LooperDecisions:
 
     def __init__(self, routing: Routing, global_: Any, providers: Providers) -> None:
         endpoint = looper_endpoint_of(global_)
-        self.confidence = {
-            d.name: ConfidenceSettings.from_block(d.algorithm.confidence)
-            for d in routing.decisions
-            if d.algorithm is not None
-            and d.algorithm.type == "confidence"
-            and looper_would_run(d, endpoint)
-        }
+        self.looping: dict[str, LooperSettings] = {}
+        for d in routing.decisions:
+            if d.algorithm is None or not looper_would_run(d, endpoint):
+                continue
+            kind = d.algorithm.type
+            block = getattr(d.algorithm, kind, None)
+            if kind == "confidence":
+                self.looping[d.name] = ConfidenceSettings.from_block(block)
+            elif kind == "ratings":
+                self.looping[d.name] = RatingsSettings.from_block(block)
+            elif kind == "remom":
+                self.looping[d.name] = RemomSettings.from_block(block)
+            elif kind == "fusion":
+                self.looping[d.name] = FusionSettings.from_block(block)
+            elif kind == "workflows":
+                self.looping[d.name] = WorkflowsSettings.from_block(block)
         self.sizes = {c.name: parse_size(c.param_size) for c in routing.model_cards}
         self.prices = {
             m.name: m.pricing.prompt_per_1m
@@ -53,16 +83,16 @@ class LooperDecisions:
             if m.pricing is not None and m.pricing.configured
         }
 
-    def settings(self, result: RouteResult) -> ConfidenceSettings | None:
+    def settings(self, result: RouteResult) -> LooperSettings | None:
         if not result.routed or result.decision is None:
             return None
-        return self.confidence.get(result.decision)
+        return self.looping.get(result.decision)
 
 
 async def run_looper(
     chat: ChatPlugins,
     loopers: LooperDecisions,
-    settings: ConfidenceSettings,
+    settings: LooperSettings,
     result: RouteResult,
     plugins: DecisionPlugins,
     body: dict[str, Any],
@@ -71,10 +101,10 @@ async def run_looper(
     debug: bool,
     stats: RouterStats,
 ) -> tuple[Response, str]:
-    """The confidence loop over the decision's modelRefs -> (the final answer, whole or as
-    SSE as the caller asked, with the ``x-vsr-looper-*`` headers; the model that gave it)."""
+    """The decision's looper over its modelRefs -> (the final answer, whole or as SSE as the
+    caller asked, with the ``x-vsr-looper-*`` headers; the model that gave it)."""
     refs = {r.model: r for r in result.decision_refs}
-    models = ordered(list(refs), settings, loopers.sizes.get, loopers.prices.get)
+    algorithm = ALGORITHM_OF[type(settings)]
 
     async def call(model: str, inner: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         ref = refs.get(model)
@@ -91,7 +121,7 @@ async def run_looper(
             None,
             _NoReplay(),  # type: ignore[arg-type]
         )
-        stats.looper_calls[("confidence", answered_by)] += 1
+        stats.looper_calls[(algorithm, answered_by)] += 1
         if not isinstance(answer, Response) or answer.status >= 400:
             status = getattr(answer, "status", "?")
             raise Unavailable(f"looper call to model {model!r} answered {status}", model=model)
@@ -100,15 +130,26 @@ async def run_looper(
         except ValueError as exc:
             raise Unavailable(f"looper call to model {model!r}: not JSON: {exc}") from None
 
+    clock = chat.backends.clock.monotonic
     try:
-        loop: LoopResult = await run_confidence(
-            call, models, body, settings, chat.backends.clock.monotonic, deadline
-        )
+        loop: LoopResult
+        if isinstance(settings, ConfidenceSettings):
+            models = ordered(list(refs), settings, loopers.sizes.get, loopers.prices.get)
+            loop = await run_confidence(call, models, body, settings, clock, deadline)
+        elif isinstance(settings, RatingsSettings):
+            loop = await run_ratings(call, list(refs), body, settings, clock, deadline)
+        elif isinstance(settings, RemomSettings):
+            weighted = [(r.model, r.weight) for r in result.decision_refs]
+            loop = await run_remom(call, weighted, body, settings, clock, deadline)
+        elif isinstance(settings, FusionSettings):
+            loop = await run_fusion(call, list(refs), body, settings, clock, deadline)
+        else:
+            loop = await run_workflows(call, list(refs), body, settings, clock, deadline)
     except Exception:
-        stats.looper_runs[("confidence", "error")] += 1
+        stats.looper_runs[(algorithm, "error")] += 1
         raise
-    stats.looper_runs[("confidence", "ok")] += 1
-    stats.looper_iterations["confidence"] += loop.iterations
+    stats.looper_runs[(algorithm, "ok")] += 1
+    stats.looper_iterations[algorithm] += loop.iterations
     assert loop.model is not None
     headers = answer_headers(dataclasses.replace(result, model=loop.model), debug=debug)
     headers.update(loop.headers())

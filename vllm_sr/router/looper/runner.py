@@ -35,10 +35,13 @@ class LoopResult:
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
     latency_s: float = 0.0
     scores: list[float | None] = field(default_factory=list)
+    extra: dict[str, object] = field(default_factory=dict)  # top-level keys of the final answer
 
     def add(self, model: str, answer: dict[str, Any]) -> None:
+        """One internal call's answer: counted, its model used, its usage summed."""
         self.iterations += 1
-        self.models_used.append(model)
+        if model not in self.models_used or self.algorithm == "confidence":
+            self.models_used.append(model)
         usage = answer.get("usage")
         got: dict[str, Any] = usage if isinstance(usage, dict) else {}
         for key in USAGE_KEYS:
@@ -60,30 +63,44 @@ class LoopResult:
         }
 
     def final_body(self) -> dict[str, Any]:
-        """The final answer with the loop's summed usage."""
+        """The final answer with the loop's summed usage (and the looper's own top-level keys,
+        e.g. fusion's trace)."""
         assert self.answer is not None
-        return {**self.answer, "usage": dict(self.usage)}
+        return {**self.answer, **self.extra, "usage": dict(self.usage)}
 
     def final_sse(self) -> bytes:
-        """The final answer as an OpenAI chat stream: a role chunk, the content, the finish
-        reason, the summed usage, ``[DONE]``."""
+        """The final answer as an OpenAI chat stream: the role chunk (with the looper's own
+        top-level keys), the content, the finish reason, the summed usage, ``[DONE]``; every
+        choice of the answer (ratings' one per model) in each chunk."""
         body = self.final_body()
-        choice = (body.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
+        got = body.get("choices")
+        choices = [c for c in got if isinstance(c, dict)] if isinstance(got, list) else []
         base = {
             "id": body.get("id", "chatcmpl-looper"),
             "object": "chat.completion.chunk",
             "created": body.get("created", 0),
             "model": body.get("model", self.model),
         }
-        deltas: list[tuple[dict[str, Any], str | None]] = [
-            ({"role": "assistant", "content": ""}, None),
-            ({"content": message.get("content") or ""}, None),
-            ({}, choice.get("finish_reason") or "stop"),
-        ]
-        parts = [
-            {**base, "choices": [{"index": 0, "delta": d, "finish_reason": f}]} for d, f in deltas
-        ]
+
+        def chunk(part: str) -> dict[str, object]:
+            out = []
+            for i, choice in enumerate(choices or [{}]):
+                message = choice.get("message") or {}
+                delta: dict[str, object] = {}
+                finish = None
+                if part == "role":
+                    delta = {"role": "assistant", "content": ""}
+                elif part == "content":
+                    delta = {"content": message.get("content") or ""}
+                else:
+                    finish = choice.get("finish_reason") or "stop"
+                entry = {"index": choice.get("index", i), "delta": delta, "finish_reason": finish}
+                if "model" in choice:
+                    entry["model"] = choice["model"]
+                out.append(entry)
+            return {**base, "choices": out}
+
+        parts = [{**chunk("role"), **self.extra}, chunk("content"), chunk("finish")]
         parts.append({**base, "choices": [], "usage": body["usage"]})
         out = b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in parts)
         return out + b"data: [DONE]\n\n"
