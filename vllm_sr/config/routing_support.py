@@ -18,55 +18,17 @@ from vllm_sr.config.routing_base import Path, as_dict, as_list, problem, refusal
 from vllm_sr.config.routing_looper import confidence_problems
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, plugin_problems
 from vllm_sr.config.routing_selection import RUN_SELECTORS, selector_block_problems
+from vllm_sr.config.signal_registry import (
+    REFUSED_SIGNAL_LISTS,
+    SUPPORTED_LEAF_TYPES,
+    SUPPORTED_SIGNAL_LISTS,
+)
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
 
-# routing.signals lists vllm-sr evaluates, and the rule-leaf types that name them.
-SUPPORTED_SIGNAL_LISTS = (
-    "keywords",
-    "embeddings",
-    "domains",
-    "context",
-    "structure",
-    "conversation",
-    "language",
-    "metadata",
-    "role_bindings",
-    "fact_check",
-    "user_feedbacks",
-    "reasks",
-    "preferences",
-    "complexity",
-    "jailbreak",
-    "pii",
-    "kb",
-)
-REFUSED_SIGNAL_LISTS = (
-    "modality",
-    "events",
-    "classifiers",
-)
-SUPPORTED_LEAF_TYPES = (
-    "keyword",
-    "embedding",
-    "domain",
-    "context",
-    "structure",
-    "conversation",
-    "language",
-    "metadata",
-    "authz",
-    "fact_check",
-    "user_feedback",
-    "reask",
-    "preference",
-    "complexity",
-    "jailbreak",
-    "pii",
-    "kb",
-    "projection",
-)
+# routing.signals lists vllm-sr evaluates and refuses, and the rule-leaf types vllm-sr
+# evaluates: the family registry's (signal_registry).
 STATIC = "static"
 LOOPER_TYPES = ("confidence", "ratings", "remom", "fusion", "workflows")
 SELECTOR_TYPES = (

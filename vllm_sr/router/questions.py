@@ -33,12 +33,13 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
+from vllm_sr.config.signal_registry import FAMILIES
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.message_text import QUESTION, message_text
 from vllm_sr.router.rules import SignalKey, leaves
 from vllm_sr.router.signals import KeywordMatcher, SignalResult, keyword_matcher
-from vllm_sr.router.signals_embedded import LEVELS, EmbeddedFamilies
+from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import DOMAIN_THRESHOLD, Heads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import projection_inputs
@@ -173,29 +174,11 @@ def with_dependencies(routing: Routing, keys: set[SignalKey]) -> set[SignalKey]:
 
 def declared_keys(routing: Routing) -> set[SignalKey]:
     """Every declared signal of the families we evaluate, as rule leaves name them (for
-    /api/v1/eval, which runs them all)."""
-    sigs = routing.signals
+    /api/v1/eval, which runs them all): the registry's leaf names, and projection outputs."""
     keys: set[SignalKey] = set()
-    for kind, items in (
-        ("keyword", sigs.keywords),
-        ("embedding", sigs.embeddings),
-        ("domain", sigs.domains),
-        ("context", sigs.context),
-        ("structure", sigs.structure),
-        ("conversation", sigs.conversation),
-        ("language", sigs.language),
-        ("metadata", sigs.metadata),
-        ("reask", sigs.reasks),
-        ("preference", sigs.preferences),
-        ("jailbreak", sigs.jailbreak),
-        ("pii", sigs.pii),
-        ("kb", sigs.kb),
-        ("user_feedback", sigs.user_feedbacks),
-        ("fact_check", sigs.fact_check),
-    ):
-        keys |= {(kind, s.name) for s in items}
-    keys |= {("authz", b.role) for b in sigs.role_bindings}
-    keys |= {("complexity", f"{c.name}:{lv}") for c in sigs.complexity for lv in LEVELS}
+    for row in FAMILIES:
+        if row.supported and row.leaf_names is not None:
+            keys |= {(row.name, name) for name in row.leaf_names(routing.signals)}
     keys |= {("projection", o.name) for m in routing.projections.mappings for o in m.outputs}
     return keys
 

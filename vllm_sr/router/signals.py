@@ -38,7 +38,9 @@ import numpy
 from vllm_sr.router.unknown import Unknown
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import DomainSignal, KeywordSignal
+    from vllm_sr.config.routing import DomainSignal, KeywordSignal, Signals
+    from vllm_sr.router.family_step import StepReport
+    from vllm_sr.router.request_view import RequestView
 
 BM25_K1 = 1.2
 BM25_B = 0.75
@@ -306,6 +308,36 @@ def keyword_matcher(sig: KeywordSignal) -> KeywordMatcher:
     if sig.method == "ngram":
         return NgramKeywords(sig)
     return RegexKeywords(sig)
+
+
+class KeywordFamily:
+    """The keyword signals of a generation, as a CPU-step family (``family_step``)."""
+
+    family = "keyword"
+    heavy = False
+    loaded = True
+
+    def __init__(self, matchers: dict[str, KeywordMatcher]) -> None:
+        self.matchers = matchers
+
+    @staticmethod
+    def build(signals: Signals) -> KeywordFamily | None:
+        matchers = {s.name: keyword_matcher(s) for s in signals.keywords}
+        return KeywordFamily(matchers) if matchers else None
+
+    def load(self) -> None:
+        pass
+
+    def keys(self, names: frozenset[str] | None) -> set[tuple[str, str]]:
+        return {("keyword", n) for n in self.matchers if names is None or n in names}
+
+    def evaluate(
+        self, view: RequestView, names: frozenset[str] | None, out: StepReport
+    ) -> float | None:
+        for name, matcher in self.matchers.items():
+            if names is None or name in names:
+                out.results[("keyword", name)] = matcher.score(view.text)
+        return None
 
 
 # -- embeddings -----------------------------------------------------------------------------

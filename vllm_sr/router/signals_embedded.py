@@ -28,6 +28,7 @@ import numpy
 
 from vllm_sr.config.routing import Signals
 from vllm_sr.config.routing_kbs import manifest_labels
+from vllm_sr.config.signal_embedded import COMPLEXITY_LEVELS as LEVELS
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey, evaluate
 from vllm_sr.router.signals import SignalResult
@@ -42,8 +43,6 @@ DEFAULT_REASK_THRESHOLD = 0.8
 DEFAULT_CONTRASTIVE_THRESHOLD = 0.10
 FEEDBACK_THRESHOLD = 0.7  # upstream modules.feedback_detector.threshold
 FACT_CHECK_THRESHOLD = 0.6  # upstream hallucination_mitigation.fact_check.threshold
-LEVELS = ("hard", "medium", "easy")
-KINDS = ("complexity", "reask", "preference", "jailbreak", "kb", "user_feedback", "fact_check")
 
 Vectors = Callable[[str], numpy.ndarray]  # a query text -> its normalised embedding
 
@@ -58,7 +57,9 @@ class EmbeddedFamilies:
         kbs: list[Any] | None = None,
         modules: Any = None,
     ) -> None:
-        names = {kind: {n for k, n in referenced if k == kind} for kind in KINDS}
+        names: dict[str, set[str]] = {}
+        for kind, name in referenced:
+            names.setdefault(kind, set()).add(name)
         # upstream's modules.complexity / modules.classifiers.preference prototype_scoring
         opts = PrototypeOptions()
         complexity_opts = PrototypeOptions.of(_get(modules, "complexity", "prototype_scoring"))
@@ -69,19 +70,20 @@ class EmbeddedFamilies:
         self.complexity = [
             c
             for c in signals.complexity
-            if any(f"{c.name}:{lv}" in names["complexity"] for lv in LEVELS)
+            if any(f"{c.name}:{lv}" in names.get("complexity", set()) for lv in LEVELS)
         ]
-        self.reasks = [r for r in signals.reasks if r.name in names["reask"]]
+        self.reasks = [r for r in signals.reasks if r.name in names.get("reask", set())]
         # Preferences compete (only the best can match): all of them are scored.
-        self.preferences = list(signals.preferences) if names["preference"] else []
+        self.preferences = list(signals.preferences) if names.get("preference", set()) else []
         # A classifier/hybrid rule with a deployment is that deployment's head's
         # (signals_heads); the others are scored here.
         self.jailbreak = [
             j
             for j in signals.jailbreak
-            if j.name in names["jailbreak"] and (j.method == "contrastive" or not j.deployment)
+            if j.name in names.get("jailbreak", set())
+            and (j.method == "contrastive" or not j.deployment)
         ]
-        self.kb_rules = [k for k in signals.kb if k.name in names["kb"]]
+        self.kb_rules = [k for k in signals.kb if k.name in names.get("kb", set())]
         self.kb_metrics = {n for k, n in referenced if k == "kb_metric"}
         # With a deployment, these families are that deployment's head's (signals_heads).
         headed = {
@@ -90,11 +92,13 @@ class EmbeddedFamilies:
         }
         self.feedbacks = (
             list(signals.user_feedbacks)
-            if names["user_feedback"] and not headed["feedback"]
+            if names.get("user_feedback", set()) and not headed["feedback"]
             else []
         )
         self.fact_checks = (
-            list(signals.fact_check) if names["fact_check"] and not headed["fact"] else []
+            list(signals.fact_check)
+            if names.get("fact_check", set()) and not headed["fact"]
+            else []
         )
         self.banks = PrototypeBanks()
         for c in self.complexity:
