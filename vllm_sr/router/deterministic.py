@@ -26,7 +26,8 @@ conversation and metadata evaluate only the wanted rules, the others their whole
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.signal_families import (
@@ -307,7 +308,7 @@ class DeterministicSignals:
             out.timings_ms["authz"] = elapsed_ms
         return out
 
-    def granted_roles(self, headers: Any) -> list[str]:
+    def granted_roles(self, headers: Mapping[str, str]) -> list[str]:
         """The roles the identity headers grant (deduplicated, binding order). Raises
         AuthzRequired for an empty user id unless fail_open."""
         user = headers.get(self.user_id_header, "") or ""

@@ -13,7 +13,6 @@ classification heads), projections after every other signal (``signals_projectio
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_sr.config.signal_registry import FAMILIES, SignalFamily
@@ -44,9 +43,8 @@ STEP_BUILDERS: dict[str, StepBuilder] = {
     "pii": PiiSignals.build,
 }
 
-# The other evaluated families: what answers them.
-Answerer = type | Callable[..., object]
-ANSWERED_BY: dict[str, tuple[Answerer, ...]] = {
+# The other evaluated families: what answers them (a class, or a function over results).
+ANSWERED_BY: dict[str, tuple[object, ...]] = {
     "authz": (DeterministicSignals,),
     "embedding": (DeploymentQuestions,),
     "domain": (DeploymentQuestions, Heads),
@@ -66,7 +64,7 @@ ANSWERED_BY: dict[str, tuple[Answerer, ...]] = {
 class Binding:
     row: SignalFamily
     step: StepBuilder | None
-    answered_by: tuple[Answerer, ...]
+    answered_by: tuple[object, ...]
 
 
 def _bind() -> dict[str, Binding]:

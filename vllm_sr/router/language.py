@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.router.family_step import Names, SignalKey, StepReport
 from vllm_sr.router.signals import SignalResult
 
 if TYPE_CHECKING:
+    from lingua import LanguageDetector
+
     from vllm_sr.config.routing_signals import Signals
     from vllm_sr.config.signal_families import LanguageSignal
     from vllm_sr.router.request_view import RequestView
@@ -26,11 +28,11 @@ MISS = SignalResult(False, 0.0)
 
 # -- language detection ---------------------------------------------------------------------
 
-_detector: Any = None
+_detector: LanguageDetector | None = None
 _detector_lock = threading.Lock()
 
 
-def language_detector(*, preload: bool = False) -> Any:
+def language_detector(*, preload: bool = False) -> LanguageDetector:
     """The process's lingua detector over every language, built on first use. Without
     ``preload`` its models load lazily, per script, on the detections that need them.
 

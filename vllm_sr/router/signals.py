@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy
+import numpy.typing as npt
 
 from vllm_sr.router.unknown import Unknown
 
@@ -342,13 +343,16 @@ class KeywordFamily:
 
 # -- embeddings -----------------------------------------------------------------------------
 
+FloatArray = npt.NDArray[numpy.float32]
+"""Embedding rows (or one row): float32, as the worker sends them."""
 
-def normalize_rows(matrix: numpy.ndarray) -> numpy.ndarray:
+
+def normalize_rows(matrix: FloatArray) -> FloatArray:
     m = numpy.asarray(matrix, dtype=numpy.float32)
     if m.ndim == 1:
         m = m[None, :]
     norms = numpy.linalg.norm(m, axis=1, keepdims=True)
-    result: numpy.ndarray = m / numpy.maximum(norms, 1e-12)
+    result: FloatArray = (m / numpy.maximum(norms, 1e-12)).astype(numpy.float32, copy=False)
     return result
 
 

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.router.family_step import Names, SignalKey, StepReport
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import history
 
 if TYPE_CHECKING:
+    from presidio_analyzer import EntityRecognizer
+
     from vllm_sr.config.routing_signals import Signals
     from vllm_sr.config.signal_embedded import PIISignal
     from vllm_sr.router.request_view import RequestView
@@ -66,7 +68,7 @@ class PiiDetector:
     """presidio's pattern recognizers, built once."""
 
     def __init__(self) -> None:
-        self._recognizers: list[Any] | None = None
+        self._recognizers: list[EntityRecognizer] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -87,7 +89,8 @@ class PiiDetector:
         assert self._recognizers is not None
         out = []
         for rec in self._recognizers:
-            for hit in rec.analyze(text, rec.supported_entities, None):
+            # pattern recognizers need no NLP artifacts (presidio types the argument as required)
+            for hit in rec.analyze(text, rec.supported_entities, None):  # type: ignore[arg-type]
                 out.append(Entity(hit.entity_type, hit.start, hit.end, float(hit.score)))
         return out
 
