@@ -188,12 +188,14 @@ class ConversationFamily:
         pass
 
     def keys(self, names: Names | None) -> set[SignalKey]:
-        return {("conversation", c.name) for c in self.rules if used(names, c.name)}
+        wanted = lowered(names)
+        return {("conversation", c.name) for c in self.rules if used(wanted, c.name)}
 
     def evaluate(self, view: RequestView, names: Names | None, out: StepReport) -> float:
         any_hit = False
+        wanted = lowered(names)
         for conv in self.rules:
-            if used(names, conv.name):
+            if used(wanted, conv.name):
                 res = conversation_result(conv, view.facts)
                 out.results[("conversation", conv.name)] = res
                 any_hit = any_hit or res.matched
@@ -218,22 +220,29 @@ class MetadataFamily:
         pass
 
     def keys(self, names: Names | None) -> set[SignalKey]:
-        return {("metadata", m.name) for m in self.rules if used(names, m.name)}
+        wanted = lowered(names)
+        return {("metadata", m.name) for m in self.rules if used(wanted, m.name)}
 
     def evaluate(self, view: RequestView, names: Names | None, out: StepReport) -> float:
         any_hit = False
         metadata = dict(view.metadata)
+        wanted = lowered(names)
         for meta in self.rules:
-            if used(names, meta.name):
+            if used(wanted, meta.name):
                 hit = meta.predicate.holds(metadata, meta.key)
                 out.results[("metadata", meta.name)] = HIT if hit else MISS
                 any_hit = any_hit or hit
         return 1.0 if any_hit else 0.0
 
 
-def used(names: Names | None, name: str) -> bool:
-    """A rule is wanted (names compare case-insensitively, as upstream's usage does)."""
-    return names is None or name.lower() in {n.lower() for n in names}
+def lowered(names: Names | None) -> Names | None:
+    return frozenset(n.lower() for n in names) if names is not None else None
+
+
+def used(wanted: Names | None, name: str) -> bool:
+    """A rule is wanted (``wanted``: :func:`lowered` names; upstream's usage compares them
+    case-insensitively)."""
+    return wanted is None or name.lower() in wanted
 
 
 # The deterministic families this module evaluates, in evaluation order (authz, on the loop,
