@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_sr.config.deployment_needs import FRONTEND_SIGNAL_LISTS, deployment_needs
+from vllm_sr.config.deployment_needs import deployment_needs
 from vllm_sr.config.files import parse_config
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_kbs import knowledge_bases
-from vllm_sr.config.routing_rules import SIGNAL_LIST
+from vllm_sr.config.signal_registry import BY_NAME, FRONTEND_SIGNAL_LISTS
 from vllm_sr.errors import ConfigError
 from vllm_sr.placement import planner
 from vllm_sr.router import deterministic
+from vllm_sr.router.families import STEP_BUILDERS
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 
 # One valid entry of every family vllm-sr evaluates.
@@ -35,6 +36,7 @@ MODEL_FREE: dict[str, dict[str, Any]] = {
     "metadata": {"name": "gold", "key": "tier", "predicate": {"in": ["gold"]}},
     "role_bindings": {"name": "b", "role": "ops", "subjects": [{"kind": "user", "name": "ann"}]},
     "pii": {"name": "card", "threshold": 0.5},  # presidio's pattern recognizers
+    "input_modality": {"name": "pictures", "modality": "image"},  # v0.4
 }
 NEEDS_MODEL: dict[str, dict[str, Any]] = {
     "embeddings": {"name": "billing", "threshold": 0.6, "candidates": ["refund my order"]},
@@ -154,11 +156,12 @@ def test_engine_mode_with_no_deployment_is_refused_saying_why() -> None:
     assert "without Router mode" in message and "accepted: at least one deployment" in message
 
 
-def test_the_frontend_families_are_the_routers_deterministic_ones() -> None:
-    # The config reads "no model" off where the families' models live; the router evaluates
-    # keywords and deterministic.FAMILIES in the frontend. The two must name the same lists.
-    lists = {SIGNAL_LIST[kind] for kind in (*deterministic.FAMILIES, "keyword")}
-    assert lists == FRONTEND_SIGNAL_LISTS
+def test_the_frontend_families_are_the_routers_step_and_loop_ones() -> None:
+    # The config reads "no model" off the registry; the router evaluates the CPU step's
+    # families and deterministic.FAMILIES (authz among them) in the frontend. pii is a step
+    # family whose entries may name a deployment instead.
+    lists = {BY_NAME[kind].config_key for kind in (*STEP_BUILDERS, *deterministic.FAMILIES)}
+    assert lists - {"pii"} == FRONTEND_SIGNAL_LISTS
 
 
 @pytest.mark.parametrize("family", sorted({*MODEL_FREE, *NEEDS_MODEL}))

@@ -12,7 +12,8 @@ import yaml
 
 from vllm_sr.clock import FakeClock
 from vllm_sr.config.routing import Signals
-from vllm_sr.router.deterministic import DeterministicSignals, FamilyMetric
+from vllm_sr.router.deterministic import DeterministicSignals
+from vllm_sr.router.family_step import FamilyMetric
 from vllm_sr.router.request_view import RequestView
 
 FRAGMENTS = Path(__file__).parents[1] / "fixtures" / "upstream" / "fragments" / "signal"

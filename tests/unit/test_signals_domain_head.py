@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from vllm_sr.config.routing import DomainSignal, Routing
 from vllm_sr.config.routing_signals import MMLU_CATEGORIES
+from vllm_sr.config.upstream_modules import Modules
 from vllm_sr.router.questions import QuestionPlan
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.signals_heads import (
@@ -153,20 +154,12 @@ def test_the_plan_asks_a_headed_deployment_one_classify_task_and_no_embeddings()
 
 
 def test_the_module_threshold_applies_to_headed_domains() -> None:
-    class Domain:
-        threshold = 0.95
-
-    class Classifier:
-        domain = Domain()
-
-    class Modules:
-        classifier = Classifier()
-
+    modules = Modules.model_validate({"classifier": {"domain": {"threshold": 0.95}}})
     rt = routing_with(
         [{"name": "stem", "mmlu_categories": ["math"], "deployment": "intent",
           "method": "classifier"}]
     )  # fmt: skip
-    intent = QuestionPlan(rt, "primary", modules=Modules()).deployments["intent"]
+    intent = QuestionPlan(rt, "primary", modules=modules).deployments["intent"]
     assert intent.heads is not None and intent.heads.domain_threshold == 0.95
     default = QuestionPlan(rt, "primary").deployments["intent"].heads
     assert default is not None and default.domain_threshold == 0.5

@@ -17,6 +17,7 @@ import yaml
 from tests.support.backends import answer_bundle
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.upstream_catalog import KnowledgeBase
+from vllm_sr.config.upstream_modules import Modules
 from vllm_sr.router.deployment_questions import TASK_QUERY
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
@@ -466,14 +467,12 @@ def test_a_feedback_deployment_moves_the_family_to_its_head() -> None:
 
 
 def test_complexity_reads_upstreams_module_prototype_scoring() -> None:
-    from types import SimpleNamespace
-
     from vllm_sr.router.signals_embedded import EmbeddedFamilies
 
     rt = Routing.model_validate(fragment("complexity/escalation.yaml"))
     keys = declared_keys(rt)
-    scoring = SimpleNamespace(enabled=False, best_weight=1.0, top_m=0)
-    modules = SimpleNamespace(complexity=SimpleNamespace(prototype_scoring=scoring))
+    scoring = {"enabled": False, "best_weight": 1.0, "top_m": 0}
+    modules = Modules.model_validate({"complexity": {"prototype_scoring": scoring}})
     fam = EmbeddedFamilies(rt.signals, keys, modules=modules)
     fam.take(numpy.eye(6, dtype=numpy.float32))
     bank = fam.banks.banks["complexity:needs_reasoning:hard"]
@@ -499,8 +498,6 @@ def test_the_bundle_embeds_upstreams_sample_of_a_long_text() -> None:
 
 
 def test_preference_margin_threshold_from_upstreams_module() -> None:
-    from types import SimpleNamespace
-
     from vllm_sr.router.signals_embedded import EmbeddedFamilies
 
     rt = Routing.model_validate(
@@ -510,9 +507,10 @@ def test_preference_margin_threshold_from_upstreams_module() -> None:
     keys = declared_keys(rt)
 
     def best_with(margin: float) -> set[SignalKey]:
-        scoring = SimpleNamespace(margin_threshold=margin)
-        modules = SimpleNamespace(
-            classifiers=SimpleNamespace(preference=SimpleNamespace(prototype_scoring=scoring))
+        # upstream's key: global.model_catalog.modules.classifier.preference
+        scoring = {"margin_threshold": margin}
+        modules = Modules.model_validate(
+            {"classifier": {"preference": {"prototype_scoring": scoring}}}
         )
         fam = EmbeddedFamilies(rt.signals, keys, modules=modules)
         fam.take(numpy.stack([unit(1, 0), unit(0, 1)]))
@@ -528,11 +526,11 @@ def test_preferences_by_an_external_llm_are_refused() -> None:
     from vllm_sr.config.upstream_refusals import global_refusals
 
     raw = {
-        "global": {"model_catalog": {"modules": {"classifiers": {"preference": {
+        "global": {"model_catalog": {"modules": {"classifier": {"preference": {
             "use_contrastive": False}}}}},
         "routing": fragment("preference/power-user.yaml"),
     }  # fmt: skip
     (found,) = global_refusals(raw)
     assert found.path[-1] == "use_contrastive" and "not supported by vllm-sr" in found.message
-    raw["global"]["model_catalog"]["modules"]["classifiers"]["preference"]["use_contrastive"] = True
+    raw["global"]["model_catalog"]["modules"]["classifier"]["preference"]["use_contrastive"] = True
     assert global_refusals(raw) == []

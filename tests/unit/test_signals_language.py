@@ -13,12 +13,8 @@ from pydantic import ValidationError
 
 from vllm_sr.config.routing import Signals
 from vllm_sr.config.signal_families import LanguageSignal
-from vllm_sr.router.deterministic import (
-    DeterministicSignals,
-    detect_language,
-    language_detector,
-    language_floor,
-)
+from vllm_sr.router.deterministic import DeterministicSignals
+from vllm_sr.router.language import detect_language, language_detector, language_floor
 from vllm_sr.router.request_view import RequestView
 
 FRAGMENTS = Path(__file__).parents[1] / "fixtures" / "upstream" / "fragments" / "signal"

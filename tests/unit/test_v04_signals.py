@@ -212,7 +212,9 @@ def test_a_complexity_rules_own_prototype_scoring_replaces_the_modules() -> None
          "hard": {"candidates": ["h"]}, "easy": {"candidates": ["e"]}},
     ]  # fmt: skip
     rt = Routing.model_validate({"signals": {"complexity": rules}})
-    module = SimpleNamespace(complexity=SimpleNamespace(prototype_scoring=SimpleNamespace(top_m=5)))
+    module = SimpleNamespace(
+        complexity=SimpleNamespace(prototype_scoring=SimpleNamespace(top_m=5)), classifier=None
+    )
     referenced = {("complexity", "own:hard"), ("complexity", "module:hard")}
     families = EmbeddedFamilies(rt.signals, referenced, modules=module)
     own = families.banks.specs["complexity:own:hard"][1]

@@ -134,7 +134,7 @@ def _preload_language_models(plan: ServicePlan) -> None:
         return
     import time
 
-    from vllm_sr.router.deterministic import preload_language_models
+    from vllm_sr.router.language import preload_language_models
 
     started = time.monotonic()
     log.info("loading the language signal's models (every language, about 1 GB)")

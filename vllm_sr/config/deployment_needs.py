@@ -2,12 +2,11 @@
 config whose routing needs none runs with no worker (issue 39): no embedded d3-edge when
 ``global.model_catalog`` is omitted, and ``deployments: {}`` accepted.
 
-A signal needs a deployment unless its family is evaluated in the frontend: keywords, the
-deterministic families whose models live in ``signal_families`` and ``signal_metadata``
-(context, structure, conversation, language, metadata, role_bindings; evaluated by
-``vllm_sr.router.deterministic``), and pii without ``deployment:`` (presidio's pattern
-recognizers). The rest (embeddings, domains, and the embedding-only families of
-``signal_embedded``) are answered by a deployment's embeddings or classifier head. Two decision
+A signal needs a deployment when its family's row in ``signal_registry`` says so: a
+``deployment`` family (embeddings, domains, the embedding-only families of ``signal_embedded``),
+or an entry naming ``deployment:`` in a family that takes one (pii's token classifier); the
+``cpu_step`` and ``loop`` families (keywords, context, structure, conversation, language,
+metadata, role_bindings, pii without ``deployment:``) are evaluated in the frontend. Two decision
 plugins embed too: ``response_cache`` with a semantic tier and ``tool_selection``. Works on the
 raw mapping (wrong types are tolerated: field validation reports those), top-level routing and
 every recipe's.
@@ -15,14 +14,11 @@ every recipe's.
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass
 
-from vllm_sr.config import signal_families, signal_metadata
 from vllm_sr.config.routing_base import Path, as_dict, as_list
 from vllm_sr.config.routing_plugins import canonical_type
-from vllm_sr.config.routing_signals import KeywordSignal, Signals
-from vllm_sr.config.routing_support import SUPPORTED_SIGNAL_LISTS
+from vllm_sr.config.signal_registry import BY_CONFIG_KEY, entry_asks_deployment
 from vllm_sr.jsontypes import JsonObject
 
 
@@ -32,22 +28,6 @@ class Need:
 
     path: Path
     what: str  # "signal 'billing' (embeddings)"
-
-
-def _frontend_lists() -> frozenset[str]:
-    """The ``routing.signals`` lists the frontend evaluates with no model, read off the
-    ``Signals`` model: keywords, and every list whose entries are modelled in
-    ``signal_families`` or ``signal_metadata``."""
-    frontend_modules = {signal_families.__name__, signal_metadata.__name__}
-    out = set()
-    for name, field in Signals.model_fields.items():
-        (item,) = typing.get_args(field.annotation)
-        if item is KeywordSignal or item.__module__ in frontend_modules:
-            out.add(name)
-    return frozenset(out)
-
-
-FRONTEND_SIGNAL_LISTS = _frontend_lists()
 
 
 def router_mode(raw: JsonObject) -> bool:
@@ -70,13 +50,13 @@ def _routing_needs(routing: object, base: Path) -> list[Need]:
     rt = as_dict(routing)
     signals = as_dict(rt.get("signals"))
     needs = []
-    for family in SUPPORTED_SIGNAL_LISTS:
-        if family in FRONTEND_SIGNAL_LISTS:
+    for family, row in BY_CONFIG_KEY.items():
+        if not row.supported:
             continue
         for i, sig in enumerate(as_list(signals.get(family))):
             sig = as_dict(sig)
-            if family == "pii" and sig.get("deployment") is None:
-                continue  # presidio's pattern recognizers, in the frontend
+            if not entry_asks_deployment(row, sig.get("deployment")):
+                continue  # evaluated in the frontend
             needs.append(Need((*base, "signals", family, i), f"signal {_name(sig)} ({family})"))
     for i, dec in enumerate(as_list(rt.get("decisions"))):
         dec = as_dict(dec)

@@ -17,12 +17,12 @@ from vllm_sr.config.routing_provider_rules import providers_problems
 from vllm_sr.config.routing_selection import (
     prompt_problems,
 )
-from vllm_sr.config.routing_support import (
+from vllm_sr.config.routing_support import looper_endpoint_of, looper_problems, support_problems
+from vllm_sr.config.signal_registry import (
+    DEPLOYMENT_LISTS,
+    LEAF_NAME_LISTS,
     REFUSED_SIGNAL_LISTS,
     SUPPORTED_SIGNAL_LISTS,
-    looper_endpoint_of,
-    looper_problems,
-    support_problems,
 )
 from vllm_sr.jsontypes import JsonObject
 
@@ -30,21 +30,6 @@ if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
 
 MAX_RULE_DEPTH = 16
-# YAML list key under routing.signals for each rule leaf type vllm-sr evaluates, and the key
-# of its entries that leaves name (authz leaves name a binding's role).
-SIGNAL_LIST = {
-    "keyword": "keywords",
-    "embedding": "embeddings",
-    "domain": "domains",
-    "context": "context",
-    "structure": "structure",
-    "conversation": "conversation",
-    "language": "language",
-    "metadata": "metadata",
-    "authz": "role_bindings",
-    "input_modality": "input_modality",
-}
-LEAF_KEY = {"authz": "role"}
 
 
 def format_index(base: Path, i: int) -> str:
@@ -205,13 +190,13 @@ def routing_against(
 def _leaf_name_problems(signals: JsonObject, dec: JsonObject, path: Path) -> list[Problem]:
     problems = []
     for leaf_path, kind, name in rule_leaves(dec.get("rules"), path):
-        if kind not in SIGNAL_LIST:
-            continue  # refused by routing_support
-        lst, key = SIGNAL_LIST[kind], LEAF_KEY.get(kind, "name")
+        if kind not in LEAF_NAME_LISTS:
+            continue  # refused by routing_support, or names a label
+        lst, key = LEAF_NAME_LISTS[kind]
         known = {n for s in as_list(signals.get(lst)) if isinstance(n := as_dict(s).get(key), str)}
         if name not in known:
             names = ", ".join(sorted(known)) or f"(no {lst} signals)"
-            what = "role" if kind == "authz" else f"{kind} signal"
+            what = key if key != "name" else f"{kind} signal"  # authz: "role"
             problems.append(
                 problem(
                     (*leaf_path, "name"),
@@ -275,7 +260,7 @@ def _deployment_problems(
 ) -> list[Problem]:
     problems = []
     accepted = ", ".join(sorted(deployments)) or "(none declared)"
-    for kind in ("embeddings", "domains", "jailbreak", "user_feedbacks", "fact_check", "pii"):
+    for kind in DEPLOYMENT_LISTS:
         for i, sig in enumerate(as_list(signals.get(kind))):
             dep = as_dict(sig).get("deployment")
             if isinstance(dep, str) and dep not in deployments:

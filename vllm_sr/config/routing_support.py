@@ -24,6 +24,11 @@ from vllm_sr.config.routing_selection import (
     selector_block_problems,
     trained_selector_refusal,
 )
+from vllm_sr.config.signal_registry import (
+    REFUSED_SIGNAL_LISTS,
+    SUPPORTED_LEAF_TYPES,
+    SUPPORTED_SIGNAL_LISTS,
+)
 from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
@@ -31,54 +36,8 @@ if TYPE_CHECKING:
     from vllm_sr.config.routing import Decision
     from vllm_sr.config.schema import GlobalSection
 
-# routing.signals lists vllm-sr evaluates, and the rule-leaf types that name them.
-SUPPORTED_SIGNAL_LISTS = (
-    "keywords",
-    "embeddings",
-    "domains",
-    "context",
-    "structure",
-    "conversation",
-    "language",
-    "metadata",
-    "role_bindings",
-    "fact_check",
-    "user_feedbacks",
-    "reasks",
-    "preferences",
-    "complexity",
-    "jailbreak",
-    "pii",
-    "kb",
-    "input_modality",
-)
-REFUSED_SIGNAL_LISTS = (
-    "modality",
-    "events",
-    "classifiers",
-    "hallucination",
-)
-SUPPORTED_LEAF_TYPES = (
-    "keyword",
-    "embedding",
-    "domain",
-    "context",
-    "structure",
-    "conversation",
-    "language",
-    "metadata",
-    "authz",
-    "fact_check",
-    "user_feedback",
-    "reask",
-    "preference",
-    "complexity",
-    "jailbreak",
-    "pii",
-    "kb",
-    "projection",
-    "input_modality",
-)
+# routing.signals lists vllm-sr evaluates and refuses, and the rule-leaf types vllm-sr
+# evaluates: the family registry's (signal_registry).
 STATIC = "static"
 LOOPER_TYPES = ("confidence", "ratings", "remom", "fusion", "workflows")
 SELECTOR_TYPES = (
@@ -253,6 +212,8 @@ def support_problems(routing: object, base: Path = ("routing",)) -> list[Problem
             )
         )
     for family in REFUSED_SIGNAL_LISTS:
+        if family == "decision":
+            continue  # refused above, with its reason
         if as_list(signals.get(family)):
             problems.append(
                 refusal(

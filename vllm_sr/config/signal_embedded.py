@@ -73,6 +73,9 @@ class ComplexityBank(Strict):
     """Example images."""
 
 
+COMPLEXITY_LEVELS = ("hard", "medium", "easy")  # a complexity rule's leaves: NAME:LEVEL
+
+
 class ComplexitySignal(Strict):
     name: str = Field(min_length=1, max_length=128)
     """The rule's name; decisions use NAME:hard / NAME:medium / NAME:easy."""

@@ -202,14 +202,14 @@ def _catalog_refusals(raw: JsonObject, catalog: JsonObject) -> list[Problem]:
                 "false (signals see the request's text)",
             )
         )
-    pref = as_dict(as_dict(as_dict(catalog.get("modules")).get("classifiers")).get("preference"))
+    pref = as_dict(as_dict(as_dict(catalog.get("modules")).get("classifier")).get("preference"))
     uses_preferences = any(
         as_list(as_dict(rt.get("signals")).get("preferences")) for _, rt in routings(raw)
     )
     if pref.get("use_contrastive") is False and uses_preferences:
         problems.append(
             refusal(
-                (*base, "modules", "classifiers", "preference", "use_contrastive"),
+                (*base, "modules", "classifier", "preference", "use_contrastive"),
                 "preferences judged by an external LLM (use_contrastive: false)",
                 "true (contrastive prototype scores on the decision deployment)",
             )

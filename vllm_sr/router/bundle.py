@@ -14,11 +14,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy
+
+from vllm_sr.jsontypes import JsonObject, json_object, json_str
+from vllm_sr.router.signals import FloatArray
 
 BUNDLE_PATH = "/v1/bundle"
 
@@ -27,7 +29,7 @@ class BundleAnswerError(ValueError):
     """A bundle answer that cannot be read (not JSON, no results, a bad embeddings body)."""
 
 
-def embed_task(task_id: str, texts: Sequence[str]) -> dict[str, Any]:
+def embed_task(task_id: str, texts: Sequence[str]) -> JsonObject:
     """An embeddings task for ``texts`` (base64 rows, truncated to the model's length)."""
     return {
         "id": task_id,
@@ -35,39 +37,54 @@ def embed_task(task_id: str, texts: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def request(tasks: Sequence[Mapping[str, Any]]) -> bytes:
+def request(tasks: Sequence[JsonObject]) -> bytes:
     """A bundle request's body."""
     return json.dumps({"tasks": list(tasks)}, ensure_ascii=False).encode()
 
 
 @dataclass(frozen=True)
 class TaskResult:
-    status: int
-    body: Any
+    status: object  # 200 when the task succeeded
+    body: object
 
     @property
     def ok(self) -> bool:
         return self.status == 200
 
-    def error(self) -> Mapping[str, Any]:
+    def error(self) -> JsonObject:
         """A refused task's error object (``code``, ``message``); empty when it has none."""
-        err = self.body.get("error") if isinstance(self.body, Mapping) else None
-        return err if isinstance(err, Mapping) else {}
+        body = json_object(self.body)
+        err = json_object(body.get("error")) if body is not None else None
+        return err if err is not None else {}
 
 
 def decode(answer: bytes) -> dict[str, TaskResult]:
     """A bundle answer's results by task id."""
     try:
-        doc = json.loads(answer)
-        return {r["id"]: TaskResult(r.get("status"), r.get("body")) for r in doc["results"]}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        doc = json_object(json.loads(answer))
+        results = doc.get("results") if doc is not None else None
+        if not isinstance(results, list):
+            raise ValueError("no results list")
+        out = {}
+        for item in results:
+            res = json_object(item)
+            task_id = json_str(res.get("id")) if res is not None else None
+            if res is None or task_id is None:
+                raise ValueError(f"a result without an id: {item!r:.80}")
+            out[task_id] = TaskResult(res.get("status"), res.get("body"))
+        return out
+    except ValueError as exc:
         raise BundleAnswerError(f"no results ({exc})") from None
 
 
-def embeddings(body: Any) -> numpy.ndarray:
+def embeddings(body: object) -> FloatArray:
     """A 200 embeddings body's rows (base64 or lists of numbers), one float32 row each."""
     try:
-        rows = [item["embedding"] for item in body["data"]]
+        data = json_object(body)
+        items = data.get("data") if data is not None else None
+        if not isinstance(items, list):
+            raise ValueError("no data list")
+        rows = [_embedding_of(item) for item in items]
         if not rows:
             return numpy.zeros((0,), dtype=numpy.float32)
         return numpy.stack(
@@ -82,7 +99,14 @@ def embeddings(body: Any) -> numpy.ndarray:
         raise BundleAnswerError(f"bad embeddings ({exc})") from None
 
 
-def task_embeddings(answer: bytes, task_id: str) -> list[numpy.ndarray] | None:
+def _embedding_of(item: object) -> object:
+    row = json_object(item)
+    if row is None or "embedding" not in row:
+        raise ValueError(f"a data item without an embedding: {item!r:.80}")
+    return row["embedding"]
+
+
+def task_embeddings(answer: bytes, task_id: str) -> list[FloatArray] | None:
     """One task's embedding rows from a bundle answer; None when the answer cannot be read or
     the task is missing or was refused (a caller that can do without them)."""
     try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 BYTES_PER_TOKEN = 4
 IMAGE_TOKENS = 8 * 1024
@@ -38,7 +37,7 @@ def text_tokens(text: str) -> int:
     return ceil_div(len(text.encode("utf-8")), BYTES_PER_TOKEN)
 
 
-def _type_of(part: Mapping[str, Any]) -> str:
+def _type_of(part: Mapping[str, object]) -> str:
     kind = part.get("type")
     return kind.strip().lower() if isinstance(kind, str) else ""
 
@@ -51,13 +50,13 @@ class _Estimate:
         self.framing = 0
         self.output_reserve = 0
 
-    def structured(self, value: Any) -> None:
+    def structured(self, value: object) -> None:
         if value is None:
             return
         raw = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         self.structured_bytes += len(raw.encode("utf-8"))
 
-    def text(self, value: Any) -> None:
+    def text(self, value: object) -> None:
         if value is None:
             return
         if isinstance(value, str):
@@ -65,7 +64,7 @@ class _Estimate:
         else:
             self.structured(value)
 
-    def message(self, msg: Any) -> None:
+    def message(self, msg: object) -> None:
         self.framing += MESSAGE_FRAMING
         if not isinstance(msg, Mapping):
             self.structured(msg)
@@ -84,7 +83,7 @@ class _Estimate:
         self.tool_calls(msg.get("tool_calls"))
         self.function_call(msg.get("function_call"))
 
-    def tool_result(self, content: Any) -> None:
+    def tool_result(self, content: object) -> None:
         self.framing += TOOL_CALL_FRAMING
         if content is None:
             return
@@ -100,7 +99,7 @@ class _Estimate:
             else:
                 self.structured(part)
 
-    def content(self, content: Any) -> None:
+    def content(self, content: object) -> None:
         if content is None:
             return
         if isinstance(content, str):
@@ -113,7 +112,7 @@ class _Estimate:
         else:
             self.structured(content)
 
-    def part(self, part: Any) -> None:
+    def part(self, part: object) -> None:
         if not isinstance(part, Mapping):
             self.structured(part)
             return
@@ -125,7 +124,7 @@ class _Estimate:
         else:
             self.structured(part)
 
-    def tool_calls(self, calls: Any) -> None:
+    def tool_calls(self, calls: object) -> None:
         if calls is None:
             return
         if not isinstance(calls, list):
@@ -143,7 +142,7 @@ class _Estimate:
             self.text(function.get("name"))
             self.structured(function.get("arguments"))
 
-    def function_call(self, function: Any) -> None:
+    def function_call(self, function: object) -> None:
         if function is None:
             return
         if not isinstance(function, Mapping):
@@ -153,7 +152,7 @@ class _Estimate:
         self.text(function.get("name"))
         self.structured(function.get("arguments"))
 
-    def definitions(self, defs: Any) -> None:
+    def definitions(self, defs: object) -> None:
         if defs is None:
             return
         if not isinstance(defs, list):
@@ -163,7 +162,7 @@ class _Estimate:
             self.framing += TOOL_DEFINITION_FRAMING
             self.structured(definition)
 
-    def output(self, *values: Any) -> None:
+    def output(self, *values: object) -> None:
         for value in values:
             if value is None:
                 continue
@@ -183,7 +182,7 @@ class _Estimate:
         )
 
 
-def request_token_floor(body: Mapping[str, Any]) -> int:
+def request_token_floor(body: Mapping[str, object]) -> int:
     """The conservative token floor of a chat-completions request body (see the module doc)."""
     est = _Estimate()
     messages = body.get("messages")

@@ -1,6 +1,7 @@
-"""The CPU-bound signals of one request, as one step: keywords, the deterministic families but
-authz (context, structure, conversation, language, metadata) and PII. The same function
-(:func:`cpu_report`) runs on the frontend's event loop or in a signal process
+"""The CPU-bound signals of one request, as one step: the signal registry's ``cpu_step``
+families (keywords, the deterministic families but authz: context, structure, conversation,
+language, metadata; and PII), each evaluated by the evaluator ``families`` binds to it. The
+same function (:func:`cpu_report`) runs on the frontend's event loop or in a signal process
 (``signal_proc_main``), so the two give identical results by construction; the signal
 process receives a :class:`CpuSignalSpec` (a generation's signals, pickled once) and the
 request's :class:`ViewFields` (what these families read of the view, no headers or body).
@@ -11,30 +12,19 @@ costs a dict lookup. The model-backed families go to the workers as before.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm_sr.router.deterministic import DeterministicSignals
+from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.router.deterministic import wanted_names
+from vllm_sr.router.families import STEP_BUILDERS, STEP_FAMILIES
+from vllm_sr.router.family_step import Names, SignalKey, StepFamily, run_steps
 from vllm_sr.router.request_view import ConversationFacts, RequestView
-from vllm_sr.router.signals import KeywordMatcher, SignalResult, keyword_matcher
-from vllm_sr.router.signals_pii import PiiSignals
+from vllm_sr.router.signals import SignalResult
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Signals
-
-SignalKey = tuple[str, str]
-# The families this step evaluates (the deterministic ones but authz, keywords, pii).
-CPU_FAMILIES = (
-    "keyword",
-    "context",
-    "structure",
-    "conversation",
-    "language",
-    "metadata",
-    "input_modality",
-    "pii",
-)
 
 
 @dataclass
@@ -101,83 +91,61 @@ class ViewFields:
 
 
 class CpuSignals:
-    """The evaluators of one spec: built once per generation, in each process that runs them."""
+    """The evaluators of one spec: the registry's ``cpu_step`` families a generation
+    references, each built by its bound builder (``families.STEP_BUILDERS``) once per
+    generation, in each process that runs them."""
 
-    def __init__(
-        self,
-        deterministic: DeterministicSignals,
-        keywords: dict[str, KeywordMatcher],
-        pii: PiiSignals,
-        referenced: set[SignalKey] | frozenset[SignalKey],
-    ) -> None:
-        self.deterministic = deterministic
-        self.keywords = keywords
-        self.pii = pii
-        self.referenced = set(referenced)
-        self.wanted = {k for k in self.referenced if k[0] != "authz"}
+    def __init__(self, steps: list[tuple[StepFamily, Names]], clock: Clock = SYSTEM_CLOCK) -> None:
+        self.steps = steps
+        self.clock = clock
+
+    @staticmethod
+    def build(signals: Signals, referenced: Iterable[SignalKey]) -> CpuSignals:
+        """The referenced families' evaluators (a router and a signal process alike)."""
+        by_family = wanted_names(set(referenced))
+        steps: list[tuple[StepFamily, Names]] = []
+        for name in STEP_FAMILIES:
+            if name not in by_family:
+                continue
+            step = STEP_BUILDERS[name](signals)
+            if step is not None:
+                steps.append((step, by_family[name]))
+        return CpuSignals(steps)
 
     @staticmethod
     def from_spec(spec: CpuSignalSpec) -> CpuSignals:
         """What a signal process builds (a router builds the same from its own plan)."""
-        sigs = spec.signals
-        wanted = spec.referenced
-        keywords = {
-            s.name: keyword_matcher(s) for s in sigs.keywords if ("keyword", s.name) in wanted
-        }
-        pii = PiiSignals(
-            [p for p in sigs.pii if ("pii", p.name) in spec.referenced and not p.deployment]
-        )
-        return CpuSignals(DeterministicSignals(sigs), keywords, pii, spec.referenced)
+        return CpuSignals.build(spec.signals, spec.referenced)
 
     @property
     def any(self) -> bool:
         """Something for this step to do."""
-        return bool(self.keywords or self.pii.rules or self.wanted_deterministic())
+        return bool(self.steps)
 
     @property
     def heavy(self) -> bool:
         """Language or pii: hundreds of microseconds on the loop even for a short text."""
-        return bool(self.pii.rules) or (
-            bool(self.deterministic.language) and any(t == "language" for t, _ in self.wanted)
-        )
+        return any(step.heavy for step, _ in self.steps)
 
-    def wanted_deterministic(self) -> bool:
-        det = self.deterministic
-        kinds = {t for t, _ in self.wanted}
-        return bool(
-            ("context" in kinds and det.context)
-            or ("structure" in kinds and det.structure)
-            or ("conversation" in kinds and det.conversation)
-            or ("language" in kinds and det.language)
-            or ("metadata" in kinds and det.metadata)
-            or ("input_modality" in kinds and det.input_modality)
-        )
+    def unloaded(self) -> list[StepFamily]:
+        """Families whose models are not in memory yet (loading takes seconds: not on the
+        loop)."""
+        return [step for step, _ in self.steps if not step.loaded]
 
     def keys(self) -> set[SignalKey]:
         """Every key this step can produce (what a failed hand-off leaves without a result)."""
-        keys = {("keyword", n) for n in self.keywords}
-        keys |= {("pii", r.name) for r in self.pii.rules}
-        kinds = {t for t, _ in self.wanted}
-        keys |= {k for k in self.deterministic.configured() if k[0] in kinds and k[0] != "authz"}
+        keys: set[SignalKey] = set()
+        for step, names in self.steps:
+            keys |= step.keys(names)
         return keys
 
 
 def cpu_report(signals: CpuSignals, view: RequestView) -> CpuReport:
     """The step itself, the same on the loop and in a signal process."""
-    out = CpuReport()
-    if signals.keywords:
-        started = time.perf_counter()
-        for name, matcher in signals.keywords.items():
-            out.results[("keyword", name)] = matcher.score(view.text)
-        out.timings_ms["keyword"] = (time.perf_counter() - started) * 1000.0
-    report = signals.deterministic.report(view, signals.wanted, authz=False)
-    for kind, metric in report.metrics.items():
-        out.timings_ms[kind] = metric.execution_time_ms
-        out.family_confidence[kind] = metric.confidence
-    out.results.update(report.results)
-    out.context_tokens = report.context_tokens
-    if signals.pii.rules:
-        started = time.perf_counter()
-        out.results.update(signals.pii.results(view))
-        out.timings_ms["pii"] = (time.perf_counter() - started) * 1000.0
-    return out
+    report = run_steps(signals.steps, view, signals.clock)
+    return CpuReport(
+        results=report.results,
+        timings_ms=report.timings_ms,
+        family_confidence={kind: m.confidence for kind, m in report.metrics.items()},
+        context_tokens=report.context_tokens,
+    )

@@ -9,18 +9,18 @@ the bundle has this shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal
 from vllm_sr.errors import VllmSrError
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router import bundle
 from vllm_sr.router.bundle import BUNDLE_PATH as BUNDLE_PATH  # route.py reads it from here
 from vllm_sr.router.embedding_matching import EmbeddingMatching, embedding_score
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
-from vllm_sr.router.signals import SignalResult, domain_results, normalize_rows
+from vllm_sr.router.signals import FloatArray, SignalResult, domain_results, normalize_rows
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
@@ -53,11 +53,11 @@ class DeploymentQuestions:
     # Embedded once per config generation: the candidates, the domains' examples, the
     # families' example banks.
     texts: list[str] = field(default_factory=list)
-    slices: dict[str, slice] = field(default_factory=dict)
+    slices: dict[str, slice[int, int, None]] = field(default_factory=dict)
     label_key: LabelKey = ()
     # Normalised candidate embeddings per signal, and the domain centroids, once known.
-    candidates: dict[str, numpy.ndarray] | None = None
-    centroids: numpy.ndarray | None = None
+    candidates: dict[str, FloatArray] | None = None
+    centroids: FloatArray | None = None
     banks: dict[str, PrototypeBank] = field(default_factory=dict)  # per embedding signal
 
     def __post_init__(self) -> None:
@@ -110,7 +110,7 @@ class DeploymentQuestions:
         """The request's bundle: its texts' embeddings (and the cached texts while not
         cached). With the ``view``, the text embedded is upstream's sample of it (whole up to
         2048 characters, else its first, middle and last thirds)."""
-        tasks: list[dict[str, Any]] = []
+        tasks: list[JsonObject] = []
         if self.embeds:
             query = self.query_texts(view.sampled_text() if view is not None else text, view)
             tasks.append(bundle.embed_task(TASK_QUERY, query))
@@ -175,22 +175,25 @@ class DeploymentQuestions:
         return out
 
     def _head_results(
-        self, results: dict[str, Any], view: RequestView | None
+        self, results: dict[str, object], view: RequestView | None
     ) -> dict[SignalKey, SignalResult]:
         assert self.heads is not None
         view = view or RequestView(text="")
         try:
-            rows = results[TASK_CLASSIFY]["data"]
+            answer = json_object(results.get(TASK_CLASSIFY))
+            rows = answer.get("data") if answer is not None else None
+            if not isinstance(rows, list):
+                raise ValueError("no classify data")
             if len(rows) != len(self.heads.texts(view)):
                 raise ValueError(f"{len(rows)} rows for {len(self.heads.texts(view))} texts")
             return self.heads.results(view, rows)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except ValueError as exc:
             raise SignalAnswerError(
                 f"deployment {self.deployment!r} answered the routing bundle without the "
                 f"classification it was asked for ({exc})"
             ) from None
 
-    def take(self, vectors: numpy.ndarray) -> None:
+    def take(self, vectors: FloatArray) -> None:
         if vectors.shape[0] != len(self.texts):
             raise SignalAnswerError(
                 f"deployment {self.deployment!r} returned {vectors.shape[0]} embeddings for "
@@ -218,7 +221,7 @@ def domain_examples(dom: DomainSignal) -> list[str]:
     return out
 
 
-def _results_by_id(deployment: str, body: bytes) -> dict[str, Any]:
+def _results_by_id(deployment: str, body: bytes) -> dict[str, object]:
     """Every task's body; a refused task or an unreadable answer fails the deployment's
     signals."""
     try:
@@ -241,7 +244,7 @@ def _results_by_id(deployment: str, body: bytes) -> dict[str, Any]:
     return out
 
 
-def _vectors(deployment: str, body: Any) -> numpy.ndarray:
+def _vectors(deployment: str, body: object) -> FloatArray:
     try:
         return bundle.embeddings(body)
     except bundle.BundleAnswerError as exc:

@@ -21,13 +21,15 @@ unknown on the request (its deployment failed) takes no part.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import numpy
+from typing import TYPE_CHECKING
 
 from vllm_sr.router.rules import SignalKey
-from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals import FloatArray, SignalResult
 from vllm_sr.router.signals_prototypes import PrototypeBank, PrototypeOptions
+
+if TYPE_CHECKING:
+    from vllm_sr.config.routing_signals import EmbeddingSignal
+    from vllm_sr.config.schema import GlobalSection
 
 DEFAULT_TOP_K = 1
 DEFAULT_MIN_SCORE = 0.5
@@ -44,15 +46,13 @@ class EmbeddingMatching:
     prototypes: PrototypeOptions = field(default_factory=PrototypeOptions)
 
     @staticmethod
-    def of(global_: Any) -> EmbeddingMatching:
+    def of(global_: GlobalSection | None) -> EmbeddingMatching:
         """From a ``GlobalSection`` (or None: upstream's defaults). As upstream's
         ``HNSWConfig.WithDefaults``: an omitted or negative ``top_k`` is 1, an omitted
         ``enable_soft_matching`` true, a ``min_score_threshold`` <= 0 is 0.5."""
-        cfg = global_
-        for name in ("model_catalog", "embeddings", "semantic", "embedding_config"):
-            cfg = getattr(cfg, name, None)
-        if cfg is None:
+        if global_ is None:
             return EmbeddingMatching()
+        cfg = global_.model_catalog.embeddings.semantic.embedding_config
         top_k = cfg.top_k if cfg.top_k is not None and cfg.top_k >= 0 else DEFAULT_TOP_K
         min_score = cfg.min_score_threshold or 0.0
         return EmbeddingMatching(
@@ -68,7 +68,7 @@ class EmbeddingMatching:
             return replace(self.prototypes, best_weight=0.0, top_m=0)
         return self.prototypes
 
-    def bank(self, sig: Any, vectors: numpy.ndarray) -> PrototypeBank:
+    def bank(self, sig: EmbeddingSignal, vectors: FloatArray) -> PrototypeBank:
         """A signal's prototypes from its candidates' normalised embeddings (config order)."""
         return PrototypeBank(list(sig.candidates), vectors, self.options(sig.aggregation_method))
 
@@ -99,7 +99,7 @@ class EmbeddingMatching:
         return [k[1] for k in matched[self.top_k :]]
 
 
-def embedding_score(sig: Any, bank: PrototypeBank, query: numpy.ndarray) -> SignalResult:
+def embedding_score(sig: EmbeddingSignal, bank: PrototypeBank, query: FloatArray) -> SignalResult:
     """A signal's hard result on a normalised query: matched when its score reaches its
     ``threshold``; confidence the score (clamped to [0, 1]), value the score."""
     scored = bank.score(query)

@@ -16,7 +16,7 @@ from typing import Any
 
 from vllm_sr.config.routing_plugins import canonical_type
 from vllm_sr.errors import VllmSrError
-from vllm_sr.router.families import EVAL_KEY
+from vllm_sr.router.families import EVAL_KEY, NOT_REPORTED_UNMATCHED
 from vllm_sr.router.learning.settings import changes_at_execution
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, SignalRun
@@ -31,9 +31,6 @@ from vllm_sr.router.rules import (
 from vllm_sr.router.unknown import DecisionUnresolved
 
 MAX_EVAL_BODY = 10 * 1024 * 1024
-
-# Upstream leaves these out of unmatched_signals (kb_metric: KB metric values, not signals).
-NOT_REPORTED_UNMATCHED = frozenset({"kb", "conversation", "event", "kb_metric"})
 
 
 class EvalError(VllmSrError):

@@ -1,34 +1,89 @@
-"""The names each signal family goes by on the wire: the rule-leaf type (``keyword``), the key
-of upstream's eval documents (``keywords``) and the word of its ``x-vsr-matched-<family>``
-debug header (``keywords``). One table, so the eval answer and the headers cannot drift."""
+"""The router's half of the signal-family registry (``vllm_sr.config.signal_registry``, pure
+data the config reads too): each evaluated family bound to its evaluator, and the wire names
+derived from the rows (eval's ``matched_signals`` keys, the ``x-vsr-matched-<word>`` headers).
+
+A ``cpu_step`` family's evaluator is the builder of its
+:class:`~vllm_sr.router.family_step.StepFamily`: ``cpu_signals`` builds every such family a
+generation references from :data:`STEP_BUILDERS` and runs them, on the loop or in a signal
+process. The other families name the evaluator that answers them: authz on the loop
+(``DeterministicSignals``), the deployment families through the deployment's one routing bundle
+(``DeploymentQuestions``: embedding matching, the domain centroids, the embedded families, the
+classification heads), projections after every other signal (``signals_projections``).
+"""
 
 from __future__ import annotations
 
-# leaf type: (eval MatchedSignals key, debug header family word or None when upstream has none)
-FAMILIES: dict[str, tuple[str, str | None]] = {
-    "keyword": ("keywords", "keywords"),
-    "embedding": ("embeddings", "embeddings"),
-    "domain": ("domains", "domains"),
-    "fact_check": ("fact_check", "fact-check"),
-    "user_feedback": ("user_feedback", "user-feedback"),
-    "reask": ("reask", "reask"),
-    "preference": ("preferences", "preference"),
-    "language": ("language", "language"),
-    "context": ("context", "context"),
-    "structure": ("structure", "structure"),
-    "complexity": ("complexity", "complexity"),
-    "modality": ("modality", "modality"),
-    "authz": ("authz", "authz"),
-    "jailbreak": ("jailbreak", "jailbreak"),
-    "pii": ("pii", "pii"),
-    "kb": ("kb", "kb"),
-    "conversation": ("conversation", "conversation"),
-    "event": ("event", "event"),
-    "metadata": ("metadata", None),
-    "classifier": ("classifier", None),
-    "projection": ("projection", "projections"),
-    "input_modality": ("input_modality", "input-modality"),  # v0.4
+from dataclasses import dataclass
+
+from vllm_sr.config.signal_registry import FAMILIES, SignalFamily
+from vllm_sr.router.deployment_questions import DeploymentQuestions
+from vllm_sr.router.deterministic import (
+    ContextFamily,
+    ConversationFamily,
+    DeterministicSignals,
+    MetadataFamily,
+    StructureFamily,
+)
+from vllm_sr.router.family_step import StepBuilder
+from vllm_sr.router.input_modality import InputModalityFamily
+from vllm_sr.router.language import LanguageFamily
+from vllm_sr.router.signals import KeywordFamily
+from vllm_sr.router.signals_embedded import EmbeddedFamilies
+from vllm_sr.router.signals_heads import Heads
+from vllm_sr.router.signals_pii import PiiSignals
+from vllm_sr.router.signals_projections import apply_projections
+
+# cpu_step families: the builder of each one's evaluator.
+STEP_BUILDERS: dict[str, StepBuilder] = {
+    "keyword": KeywordFamily.build,
+    "context": ContextFamily.build,
+    "structure": StructureFamily.build,
+    "conversation": ConversationFamily.build,
+    "language": LanguageFamily.build,
+    "metadata": MetadataFamily.build,
+    "input_modality": InputModalityFamily.build,
+    "pii": PiiSignals.build,
 }
 
-EVAL_KEY = {kind: names[0] for kind, names in FAMILIES.items()}
-DEBUG_HEADER_WORD = {kind: names[1] for kind, names in FAMILIES.items() if names[1] is not None}
+# The other evaluated families: what answers them (a class, or a function over results).
+ANSWERED_BY: dict[str, tuple[object, ...]] = {
+    "authz": (DeterministicSignals,),
+    "embedding": (DeploymentQuestions,),
+    "domain": (DeploymentQuestions, Heads),
+    "fact_check": (EmbeddedFamilies, Heads),
+    "user_feedback": (EmbeddedFamilies, Heads),
+    "reask": (EmbeddedFamilies,),
+    "preference": (EmbeddedFamilies,),
+    "complexity": (EmbeddedFamilies,),
+    "jailbreak": (EmbeddedFamilies, Heads),
+    "kb": (EmbeddedFamilies,),
+    "pii": (Heads,),  # entries naming a deployment: its token classifier
+    "projection": (apply_projections,),
+}
+
+
+@dataclass(frozen=True)
+class Binding:
+    row: SignalFamily
+    step: StepBuilder | None
+    answered_by: tuple[object, ...]
+
+
+def _bind() -> dict[str, Binding]:
+    out = {}
+    for row in FAMILIES:
+        if row.supported:
+            out[row.name] = Binding(row, STEP_BUILDERS.get(row.name), ANSWERED_BY.get(row.name, ()))
+    return out
+
+
+BINDINGS: dict[str, Binding] = _bind()
+STEP_FAMILIES: tuple[str, ...] = tuple(f.name for f in FAMILIES if f.evaluated == "cpu_step")
+
+# rule-leaf type -> eval MatchedSignals key; -> debug header word (where upstream sends one).
+EVAL_KEY: dict[str, str] = {f.name: f.eval_key for f in FAMILIES}
+DEBUG_HEADER_WORD: dict[str, str] = {f.name: f.header for f in FAMILIES if f.header is not None}
+# Families eval leaves out of unmatched_signals (and kb_metric: KB metric values, no family).
+NOT_REPORTED_UNMATCHED: frozenset[str] = frozenset(
+    {f.name for f in FAMILIES if not f.eval_unmatched} | {"kb_metric"}
+)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,11 @@ SYSTEM = TextRule(frozenset({None, "", "text", "input_text"}), sep="\n")
 FINGERPRINT = TextRule(None, keep_empty=True, stringify=True)
 
 
-def message_text(content: Any, rule: TextRule = CHAT) -> str:
+def message_text(content: object, rule: TextRule = CHAT) -> str:
     """``content``'s text by ``rule``."""
     if isinstance(content, str):
         return content
-    parts: list[Any]
+    parts: list[object]
     if isinstance(content, list):
         parts = content
     elif rule.single_part and isinstance(content, Mapping):
@@ -60,7 +59,7 @@ def message_text(content: Any, rule: TextRule = CHAT) -> str:
     for part in parts:
         if not isinstance(part, Mapping):
             continue
-        kind = part.get("type")
+        kind: object = part.get("type")
         if rule.normalise_type:
             kind = kind.strip().lower() if isinstance(kind, str) else ""
         if rule.types is not None and not (

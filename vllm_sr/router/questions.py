@@ -30,18 +30,27 @@ rather than refused.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
+from vllm_sr.config.signal_registry import FAMILIES
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.message_text import QUESTION, message_text
 from vllm_sr.router.rules import SignalKey, leaves
 from vllm_sr.router.signals import KeywordMatcher, SignalResult, keyword_matcher
-from vllm_sr.router.signals_embedded import LEVELS, EmbeddedFamilies
+from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import DOMAIN_THRESHOLD, Heads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import projection_inputs
+
+if TYPE_CHECKING:
+    from vllm_sr.config.signal_embedded import JailbreakSignal, NamedSignal, PIISignal
+    from vllm_sr.config.upstream_catalog import KnowledgeBase
+    from vllm_sr.config.upstream_modules import Modules
+
+    # a head's rules: jailbreak, user_feedback, fact_check, pii
+    HeadRules = tuple[list[JailbreakSignal], list[NamedSignal], list[NamedSignal], list[PIISignal]]
 
 
 class QuestionPlan:
@@ -55,8 +64,8 @@ class QuestionPlan:
         decision_deployment: str,
         wanted: set[SignalKey] | None = None,
         *,
-        kbs: list[Any] | None = None,
-        modules: Any = None,
+        kbs: list[KnowledgeBase] | None = None,
+        modules: Modules | None = None,
         embedding: EmbeddingMatching | None = None,
     ) -> None:
         self.referenced: set[SignalKey] = with_dependencies(
@@ -92,7 +101,7 @@ class QuestionPlan:
             [p for p in sigs.pii if ("pii", p.name) in self.referenced and not p.deployment]
         )
         families = EmbeddedFamilies(sigs, self.referenced, kbs, modules)
-        heads: dict[str, tuple[list[Any], list[Any], list[Any], list[Any]]] = {}
+        heads: dict[str, HeadRules] = {}
         for j in sigs.jailbreak:
             asked = ("jailbreak", j.name) in self.referenced
             if asked and j.deployment and j.method != "contrastive":
@@ -100,16 +109,20 @@ class QuestionPlan:
         for p in sigs.pii:
             if ("pii", p.name) in self.referenced and p.deployment:
                 heads.setdefault(p.deployment, ([], [], [], []))[3].append(p)
-        for slot, kind, rules in ((1, "user_feedback", sigs.user_feedbacks),
-                                  (2, "fact_check", sigs.fact_check)):  # fmt: skip
+        for kind, rules in (
+            ("user_feedback", sigs.user_feedbacks),
+            ("fact_check", sigs.fact_check),
+        ):
             # A family's rules compete for one label: all of them go where the family's
             # first rule with a deployment says, when any of them is referenced.
             dep = next((r.deployment for r in rules if r.deployment), None)
             if dep and any((kind, r.name) in self.referenced for r in rules):
-                heads.setdefault(dep, ([], [], [], []))[slot].extend(rules)
+                slots = heads.setdefault(dep, ([], [], [], []))
+                (slots[1] if kind == "user_feedback" else slots[2]).extend(rules)
         # upstream's modules.classifier.domain.threshold, for labels whose domain sets none
-        domain_module = getattr(getattr(modules, "classifier", None), "domain", None)
-        domain_threshold = getattr(domain_module, "threshold", None)
+        classifier = modules.classifier if modules is not None else None
+        domain_module = classifier.domain if classifier is not None else None
+        domain_threshold = domain_module.threshold if domain_module is not None else None
         head_domains: dict[str, tuple[list[DomainSignal], frozenset[str]]] = {}
         for dep, doms in headed_domains.items():
             read = frozenset(d.name for d in doms if ("domain", d.name) in self.referenced)
@@ -173,35 +186,16 @@ def with_dependencies(routing: Routing, keys: set[SignalKey]) -> set[SignalKey]:
 
 def declared_keys(routing: Routing) -> set[SignalKey]:
     """Every declared signal of the families we evaluate, as rule leaves name them (for
-    /api/v1/eval, which runs them all)."""
-    sigs = routing.signals
+    /api/v1/eval, which runs them all): the registry's leaf names, and projection outputs."""
     keys: set[SignalKey] = set()
-    for kind, items in (
-        ("keyword", sigs.keywords),
-        ("embedding", sigs.embeddings),
-        ("domain", sigs.domains),
-        ("context", sigs.context),
-        ("structure", sigs.structure),
-        ("conversation", sigs.conversation),
-        ("language", sigs.language),
-        ("metadata", sigs.metadata),
-        ("reask", sigs.reasks),
-        ("preference", sigs.preferences),
-        ("jailbreak", sigs.jailbreak),
-        ("pii", sigs.pii),
-        ("kb", sigs.kb),
-        ("user_feedback", sigs.user_feedbacks),
-        ("fact_check", sigs.fact_check),
-        ("input_modality", sigs.input_modality),
-    ):
-        keys |= {(kind, s.name) for s in items}
-    keys |= {("authz", b.role) for b in sigs.role_bindings}
-    keys |= {("complexity", f"{c.name}:{lv}") for c in sigs.complexity for lv in LEVELS}
+    for row in FAMILIES:
+        if row.supported and row.leaf_names is not None:
+            keys |= {(row.name, name) for name in row.leaf_names(routing.signals)}
     keys |= {("projection", o.name) for m in routing.projections.mappings for o in m.outputs}
     return keys
 
 
-def request_text(messages: Any) -> str:
+def request_text(messages: object) -> str:
     """The last user message's text (the text parts of a multi-part content, joined by a
     newline); "" when there is none."""
     if not isinstance(messages, list):

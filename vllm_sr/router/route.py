@@ -312,7 +312,7 @@ class Router:
         """The plan's CPU-bound signals (keywords, the deterministic families but authz, pii)."""
         got = self._cpu.get(id(plan))
         if got is None:
-            cpu = CpuSignals(self.deterministic, plan.keywords, plan.pii, plan.referenced)
+            cpu = CpuSignals.build(self.routing.signals, plan.referenced)
             got = self._cpu[id(plan)] = (cpu, next(_SPEC_IDS), None)
         return got[0]
 
@@ -339,8 +339,8 @@ class Router:
                 signals_lost(run, cpu.keys(), exc)
                 return
         else:
-            if cpu.pii.rules and not cpu.pii.detector.loaded:  # seconds: not on the loop
-                await asyncio.to_thread(cpu.pii.detector.load)
+            for step in cpu.unloaded():  # seconds (presidio): not on the loop
+                await asyncio.to_thread(step.load)
             report = cpu_report(cpu, view)
         run.results.update(report.results)
         run.timings_ms.update(report.timings_ms)

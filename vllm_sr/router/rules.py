@@ -31,10 +31,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from vllm_sr.config.routing_tree import RuleLeaf
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.unknown import DecisionUnresolved
+
+if TYPE_CHECKING:
+    from vllm_sr.config.routing import Decision, ModelRef
+    from vllm_sr.config.routing_tree import Predicate, RuleNode
+
 
 SignalKey = tuple[str, str]  # (type, name), e.g. ("keyword", "code")
 
@@ -49,15 +56,11 @@ MISS = RuleValue(False, 0.0)
 ALWAYS = RuleValue(True, 0.0)
 
 
-def leaf_key(node: Any) -> SignalKey:
+def leaf_key(node: RuleLeaf) -> SignalKey:
     return (str(node.type).lower(), node.name)
 
 
-def is_leaf(node: Any) -> bool:
-    return getattr(node, "operator", None) is None
-
-
-def predicate_holds(value: float, predicate: Any) -> bool:
+def predicate_holds(value: float, predicate: Predicate) -> bool:
     if math.isnan(value) or math.isinf(value):
         return False
     checks = (
@@ -69,12 +72,12 @@ def predicate_holds(value: float, predicate: Any) -> bool:
     return all(test(bound) for bound, test in checks if bound is not None)
 
 
-def _leaf(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
+def _leaf(node: RuleLeaf, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
     key = leaf_key(node)
     res = results.get(key)
-    predicate = getattr(node, "predicate", None)
+    predicate = node.predicate
     if res is not None and res.unknown is not None:
-        return RuleValue(True, 1.0) if getattr(node, "on_error", None) == "match" else MISS
+        return RuleValue(True, 1.0) if node.on_error == "match" else MISS
     if predicate is not None:
         # Upstream reads the signal's recorded value, else its recorded confidence (recorded
         # for a match); with neither the leaf does not match.
@@ -87,12 +90,14 @@ def _leaf(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
     return RuleValue(True, res.confidence)
 
 
-def evaluate(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
+def evaluate(
+    node: RuleNode | RuleLeaf | None, results: Mapping[SignalKey, SignalResult]
+) -> RuleValue:
     """The value of a rule tree (None: a decision without rules); a signal without a result,
     or with an unknown one, counts as not matched."""
     if node is None:
         return ALWAYS
-    if is_leaf(node):
+    if isinstance(node, RuleLeaf):
         return _leaf(node, results)
     values = [evaluate(child, results) for child in node.conditions]
     if node.operator == "NOT":
@@ -112,13 +117,15 @@ def evaluate(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue:
     return best if best is not None else MISS
 
 
-def evaluate3(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue | None:
+def evaluate3(
+    node: RuleNode | RuleLeaf | None, results: Mapping[SignalKey, SignalResult]
+) -> RuleValue | None:
     """The value of a rule tree in three values: None is unknown (a leaf whose signal is
     unknown on this request; NOT of unknown; AND with no false condition and an unknown one;
     OR with no true condition and an unknown one)."""
     if node is None:
         return ALWAYS
-    if is_leaf(node):
+    if isinstance(node, RuleLeaf):
         res = results.get(leaf_key(node))
         if res is not None and res.unknown is not None:
             return None
@@ -148,9 +155,9 @@ def evaluate3(node: Any, results: Mapping[SignalKey, SignalResult]) -> RuleValue
     return None if any(v is None for v in values) else MISS
 
 
-def on_unknown_of(rules: Any) -> str | None:
+def on_unknown_of(rules: RuleNode | RuleLeaf | None) -> str | None:
     """The root node's ``on_unknown`` policy (None: not set)."""
-    return getattr(rules, "on_unknown", None) if rules is not None else None
+    return rules.on_unknown if rules is not None else None
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,9 @@ class DecisionValue:
     unresolved: bool = False  # fail_request applied
 
 
-def decision_value(rules: Any, results: Mapping[SignalKey, SignalResult]) -> DecisionValue:
+def decision_value(
+    rules: RuleNode | RuleLeaf | None, results: Mapping[SignalKey, SignalResult]
+) -> DecisionValue:
     policy = on_unknown_of(rules)
     if policy is None:
         return DecisionValue(evaluate(rules, results))
@@ -175,12 +184,14 @@ def decision_value(rules: Any, results: Mapping[SignalKey, SignalResult]) -> Dec
     return DecisionValue(MISS, policy, unresolved=policy == "fail_request")
 
 
-def trace(node: Any, results: Mapping[SignalKey, SignalResult]) -> dict[str, Any]:
+def trace(
+    node: RuleNode | RuleLeaf | None, results: Mapping[SignalKey, SignalResult]
+) -> JsonObject:
     """The rule tree with each node's value, in upstream's eval_trace shape."""
     if node is None:
         return {"node_type": "fallback", "matched": True, "confidence": 0.0}
     value = evaluate(node, results)
-    if is_leaf(node):
+    if isinstance(node, RuleLeaf):
         kind, name = leaf_key(node)
         return {
             "node_type": "leaf",
@@ -197,22 +208,22 @@ def trace(node: Any, results: Mapping[SignalKey, SignalResult]) -> dict[str, Any
     }
 
 
-def leaves(node: Any) -> list[SignalKey]:
+def leaves(node: RuleNode | RuleLeaf | None) -> list[SignalKey]:
     if node is None:
         return []
-    if is_leaf(node):
+    if isinstance(node, RuleLeaf):
         return [leaf_key(node)]
     return [key for child in node.conditions for key in leaves(child)]
 
 
 @dataclass(frozen=True)
 class Match:
-    decision: Any
+    decision: Decision
     confidence: float
 
 
-def _tier(dec: Any) -> int:
-    return int(getattr(dec, "tier", 0) or 0)
+def _tier(dec: Decision) -> int:
+    return dec.tier
 
 
 @dataclass(frozen=True)
@@ -226,7 +237,7 @@ class Ranking:
 
 
 def rank(
-    decisions: Sequence[Any],
+    decisions: Sequence[Decision],
     results: Mapping[SignalKey, SignalResult],
     strategy: str,
 ) -> list[Match]:
@@ -239,7 +250,7 @@ def rank(
 
 
 def rank_all(
-    decisions: Sequence[Any],
+    decisions: Sequence[Decision],
     results: Mapping[SignalKey, SignalResult],
     strategy: str,
 ) -> Ranking:
@@ -275,13 +286,13 @@ def rank_all(
 class ModelChoice:
     model: str
     fallback: str | None  # why the default model was used instead of the decision's, if so
-    ref: Any = None  # the decision's modelRef that was chosen (None: the default model)
+    ref: ModelRef | None = None  # the decision's modelRef that was chosen (None: the default model)
     method: str = "default"  # upstream's selection method: single, static or default
 
 
-def static_order(decision: Any, model_scores: Mapping[str, float] | None) -> list[Any]:
+def static_order(decision: Decision, model_scores: Mapping[str, float] | None) -> list[ModelRef]:
     """The decision's modelRefs in static's order: the pick first, then the rest as written."""
-    refs = list(getattr(decision, "model_refs", None) or [])
+    refs = list(decision.model_refs)
     if len(refs) <= 1 or not model_scores:
         return refs
     scores = [float(model_scores.get(r.model, 1.0)) for r in refs]
@@ -293,7 +304,7 @@ def static_order(decision: Any, model_scores: Mapping[str, float] | None) -> lis
 
 
 def choose_model(
-    decision: Any,
+    decision: Decision | None,
     default_model: str,
     healthy: Callable[[str], bool],
     model_scores: Mapping[str, float] | None = None,

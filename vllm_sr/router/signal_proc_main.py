@@ -55,7 +55,7 @@ def read_message(sock: socket.socket) -> tuple[object, ...] | None:
 
 
 def load(preload_language: bool) -> None:
-    from vllm_sr.router.deterministic import detect_language, language_detector
+    from vllm_sr.router.language import detect_language, language_detector
     from vllm_sr.router.signals_pii import detector
 
     detector().load()

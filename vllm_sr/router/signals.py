@@ -34,11 +34,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy
+import numpy.typing as npt
 
 from vllm_sr.router.unknown import Unknown
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import DomainSignal, KeywordSignal
+    from vllm_sr.config.routing import DomainSignal, KeywordSignal, Signals
+    from vllm_sr.router.family_step import StepReport
+    from vllm_sr.router.request_view import RequestView
 
 BM25_K1 = 1.2
 BM25_B = 0.75
@@ -308,15 +311,48 @@ def keyword_matcher(sig: KeywordSignal) -> KeywordMatcher:
     return RegexKeywords(sig)
 
 
+class KeywordFamily:
+    """The keyword signals of a generation, as a CPU-step family (``family_step``)."""
+
+    family = "keyword"
+    heavy = False
+    loaded = True
+
+    def __init__(self, matchers: dict[str, KeywordMatcher]) -> None:
+        self.matchers = matchers
+
+    @staticmethod
+    def build(signals: Signals) -> KeywordFamily | None:
+        matchers = {s.name: keyword_matcher(s) for s in signals.keywords}
+        return KeywordFamily(matchers) if matchers else None
+
+    def load(self) -> None:
+        pass
+
+    def keys(self, names: frozenset[str] | None) -> set[tuple[str, str]]:
+        return {("keyword", n) for n in self.matchers if names is None or n in names}
+
+    def evaluate(
+        self, view: RequestView, names: frozenset[str] | None, out: StepReport
+    ) -> float | None:
+        for name, matcher in self.matchers.items():
+            if names is None or name in names:
+                out.results[("keyword", name)] = matcher.score(view.text)
+        return None
+
+
 # -- embeddings -----------------------------------------------------------------------------
 
+FloatArray = npt.NDArray[numpy.float32]
+"""Embedding rows (or one row): float32, as the worker sends them."""
 
-def normalize_rows(matrix: numpy.ndarray) -> numpy.ndarray:
+
+def normalize_rows(matrix: FloatArray) -> FloatArray:
     m = numpy.asarray(matrix, dtype=numpy.float32)
     if m.ndim == 1:
         m = m[None, :]
     norms = numpy.linalg.norm(m, axis=1, keepdims=True)
-    result: numpy.ndarray = m / numpy.maximum(norms, 1e-12)
+    result: FloatArray = (m / numpy.maximum(norms, 1e-12)).astype(numpy.float32, copy=False)
     return result
 
 

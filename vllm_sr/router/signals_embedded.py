@@ -22,15 +22,14 @@ route upstream's probes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import numpy
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing import Signals
 from vllm_sr.config.routing_kbs import manifest_labels
+from vllm_sr.config.signal_embedded import COMPLEXITY_LEVELS as LEVELS
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey, decision_value, leaves
-from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals import FloatArray, SignalResult
 from vllm_sr.router.signals_prototypes import (
     PrototypeBanks,
     PrototypeOptions,
@@ -39,14 +38,19 @@ from vllm_sr.router.signals_prototypes import (
 )
 from vllm_sr.router.unknown import FAILED, Unknown
 
+if TYPE_CHECKING:
+    from vllm_sr.config.routing_tree import RuleLeaf, RuleNode
+    from vllm_sr.config.signal_embedded import ComplexitySignal, JailbreakSignal, KBSignal
+    from vllm_sr.config.upstream_catalog import KnowledgeBase
+    from vllm_sr.config.upstream_modules import Modules
+    from vllm_sr.router.request_view import RequestView
+
 DEFAULT_REASK_THRESHOLD = 0.8
 DEFAULT_CONTRASTIVE_THRESHOLD = 0.10
 FEEDBACK_THRESHOLD = 0.7  # upstream modules.feedback_detector.threshold
 FACT_CHECK_THRESHOLD = 0.6  # upstream hallucination_mitigation.fact_check.threshold
-LEVELS = ("hard", "medium", "easy")
-KINDS = ("complexity", "reask", "preference", "jailbreak", "kb", "user_feedback", "fact_check")
 
-Vectors = Callable[[str], numpy.ndarray]  # a query text -> its normalised embedding
+Vectors = Callable[[str], FloatArray]  # a query text -> its normalised embedding
 
 
 class EmbeddedFamilies:
@@ -56,33 +60,40 @@ class EmbeddedFamilies:
         self,
         signals: Signals,
         referenced: set[SignalKey],
-        kbs: list[Any] | None = None,
-        modules: Any = None,
+        kbs: list[KnowledgeBase] | None = None,
+        modules: Modules | None = None,
     ) -> None:
-        names = {kind: {n for k, n in referenced if k == kind} for kind in KINDS}
-        # upstream's modules.complexity / modules.classifiers.preference prototype_scoring
+        names: dict[str, set[str]] = {}
+        for kind, name in referenced:
+            names.setdefault(kind, set()).add(name)
+        # upstream's modules.complexity / modules.classifier.preference prototype_scoring
         opts = PrototypeOptions()
-        complexity_opts = PrototypeOptions.of(_get(modules, "complexity", "prototype_scoring"))
-        preference_cfg = _get(modules, "classifiers", "preference", "prototype_scoring")
+        complexity = modules.complexity if modules is not None else None
+        complexity_opts = PrototypeOptions.of(complexity.prototype_scoring if complexity else None)
+        classifier = modules.classifier if modules is not None else None
+        preference = classifier.preference if classifier is not None else None
+        preference_cfg = preference.prototype_scoring if preference is not None else None
         preference_opts = PrototypeOptions.of(preference_cfg)
         # the best preference must lead the runner-up by this much (0: any lead)
-        self.preference_margin = max(0.0, getattr(preference_cfg, "margin_threshold", 0) or 0.0)
+        margin = preference_cfg.margin_threshold if preference_cfg is not None else None
+        self.preference_margin = max(0.0, margin or 0.0)
         self.complexity = [
             c
             for c in signals.complexity
-            if any(f"{c.name}:{lv}" in names["complexity"] for lv in LEVELS)
+            if any(f"{c.name}:{lv}" in names.get("complexity", set()) for lv in LEVELS)
         ]
-        self.reasks = [r for r in signals.reasks if r.name in names["reask"]]
+        self.reasks = [r for r in signals.reasks if r.name in names.get("reask", set())]
         # Preferences compete (only the best can match): all of them are scored.
-        self.preferences = list(signals.preferences) if names["preference"] else []
+        self.preferences = list(signals.preferences) if names.get("preference", set()) else []
         # A classifier/hybrid rule with a deployment is that deployment's head's
         # (signals_heads); the others are scored here.
         self.jailbreak = [
             j
             for j in signals.jailbreak
-            if j.name in names["jailbreak"] and (j.method == "contrastive" or not j.deployment)
+            if j.name in names.get("jailbreak", set())
+            and (j.method == "contrastive" or not j.deployment)
         ]
-        self.kb_rules = [k for k in signals.kb if k.name in names["kb"]]
+        self.kb_rules = [k for k in signals.kb if k.name in names.get("kb", set())]
         self.kb_metrics = {n for k, n in referenced if k == "kb_metric"}
         # With a deployment, these families are that deployment's head's (signals_heads).
         headed = {
@@ -91,11 +102,13 @@ class EmbeddedFamilies:
         }
         self.feedbacks = (
             list(signals.user_feedbacks)
-            if names["user_feedback"] and not headed["feedback"]
+            if names.get("user_feedback", set()) and not headed["feedback"]
             else []
         )
         self.fact_checks = (
-            list(signals.fact_check) if names["fact_check"] and not headed["fact"] else []
+            list(signals.fact_check)
+            if names.get("fact_check", set()) and not headed["fact"]
+            else []
         )
         self.banks = PrototypeBanks()
         for c in self.complexity:
@@ -125,7 +138,9 @@ class EmbeddedFamilies:
             for label, texts in builtin.FACT_CHECK.items():
                 self.banks.add(f"fact_check:{label}", texts, opts)
 
-    def _knowledge_bases(self, kbs: list[Any], default_opts: PrototypeOptions) -> dict[str, Any]:
+    def _knowledge_bases(
+        self, kbs: list[KnowledgeBase], default_opts: PrototypeOptions
+    ) -> dict[str, tuple[KnowledgeBase, list[str]]]:
         """The referenced knowledge bases' label banks (their manifests read now; the config
         rules checked they read)."""
         wanted = {r.kb for r in self.kb_rules} | {m.split(":", 1)[0] for m in self.kb_metrics}
@@ -157,10 +172,10 @@ class EmbeddedFamilies:
     def bank_texts(self) -> list[str]:
         return self.banks.texts()
 
-    def take(self, vectors: numpy.ndarray) -> None:
+    def take(self, vectors: FloatArray) -> None:
         self.banks.take(vectors)
 
-    def query_texts(self, view: Any) -> list[str]:
+    def query_texts(self, view: RequestView) -> list[str]:
         """The request's texts beyond the current one that these rules read."""
         out: list[str] = []
         if self.reasks:
@@ -185,7 +200,7 @@ class EmbeddedFamilies:
     # -- scoring ------------------------------------------------------------------------
 
     def results(
-        self, view: Any, vec: Vectors, text: str | None = None
+        self, view: RequestView, vec: Vectors, text: str | None = None
     ) -> dict[SignalKey, SignalResult]:
         """``text``: the current text as embedded (upstream's sample of it; default the
         view's text)."""
@@ -213,7 +228,7 @@ class EmbeddedFamilies:
             out.update(self._fact_check(query))
         return out
 
-    def _complexity(self, c: Any, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+    def _complexity(self, c: ComplexitySignal, query: FloatArray) -> dict[SignalKey, SignalResult]:
         hard = self.banks.score(f"complexity:{c.name}:hard", query).score
         easy = self.banks.score(f"complexity:{c.name}:easy", query).score
         margin = hard - easy
@@ -226,7 +241,7 @@ class EmbeddedFamilies:
         }
 
     def _reasks(
-        self, view: Any, query: numpy.ndarray, vec: Vectors
+        self, view: RequestView, query: FloatArray, vec: Vectors
     ) -> dict[SignalKey, SignalResult]:
         if not self.reasks:
             return {}
@@ -257,7 +272,7 @@ class EmbeddedFamilies:
                 out[("reask", r.name)] = SignalResult.miss()
         return out
 
-    def _preferences(self, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+    def _preferences(self, query: FloatArray) -> dict[SignalKey, SignalResult]:
         if not self.preferences:
             return {}
         scored = sorted(
@@ -272,7 +287,9 @@ class EmbeddedFamilies:
             out[("preference", best.name)] = SignalResult(True, best_score, best_score)
         return out
 
-    def _jailbreak(self, j: Any, view: Any, query: numpy.ndarray, vec: Vectors) -> SignalResult:
+    def _jailbreak(
+        self, j: JailbreakSignal, view: RequestView, query: FloatArray, vec: Vectors
+    ) -> SignalResult:
         vectors = [query]
         if j.include_history:
             vectors += [vec(t) for t in history(view)]
@@ -291,7 +308,7 @@ class EmbeddedFamilies:
         return SignalResult(risk >= j.threshold and risk > 0, risk, risk)
 
     def _kb_scores(
-        self, name: str, query: numpy.ndarray
+        self, name: str, query: FloatArray
     ) -> tuple[dict[str, float], set[str], dict[str, float]]:
         """A KB's label scores, matched labels and metric values (upstream's
         ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score)."""
@@ -312,14 +329,14 @@ class EmbeddedFamilies:
         return scores, matched, metrics
 
     @staticmethod
-    def _group_scores(kb: Any, scores: dict[str, float]) -> dict[str, float]:
+    def _group_scores(kb: KnowledgeBase, scores: dict[str, float]) -> dict[str, float]:
         return {
             g: max((scores.get(lb, 0.0) for lb in members), default=0.0)
             for g, members in (kb.groups or {}).items()
         }
 
     def _kb(
-        self, rule: Any, scored: tuple[dict[str, float], set[str], dict[str, float]] | None
+        self, rule: KBSignal, scored: tuple[dict[str, float], set[str], dict[str, float]] | None
     ) -> SignalResult:
         if scored is None:
             return SignalResult.miss()
@@ -339,7 +356,7 @@ class EmbeddedFamilies:
             hit = target in hits
         return SignalResult(hit, max(0.0, min(1.0, score)), score)
 
-    def _feedback(self, view: Any, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+    def _feedback(self, view: RequestView, query: FloatArray) -> dict[SignalKey, SignalResult]:
         label, p = builtin.FEEDBACK_SATISFIED, 1.0
         if view.has_assistant_reply:
             label, p = softmax_best(
@@ -352,7 +369,7 @@ class EmbeddedFamilies:
             for f in self.feedbacks
         }
 
-    def _fact_check(self, query: numpy.ndarray) -> dict[SignalKey, SignalResult]:
+    def _fact_check(self, query: FloatArray) -> dict[SignalKey, SignalResult]:
         need = self.banks.score("fact_check:FACT_CHECK_NEEDED", query).score
         not_need = self.banks.score("fact_check:NO_FACT_CHECK_NEEDED", query).score
         p = logistic(need - not_need)
@@ -363,12 +380,6 @@ class EmbeddedFamilies:
             ("fact_check", f.name): SignalResult(f.name == label, conf if f.name == label else 0)
             for f in self.fact_checks
         }
-
-
-def _get(obj: Any, *names: str) -> Any:
-    for name in names:
-        obj = getattr(obj, name, None)
-    return obj
 
 
 def apply_composers(signals: Signals, results: dict[SignalKey, SignalResult]) -> None:
@@ -393,7 +404,9 @@ def apply_composers(signals: Signals, results: dict[SignalKey, SignalResult]) ->
                 results[key] = SignalResult(False, 0.0, res.value)
 
 
-def _first_unknown(node: Any, results: dict[SignalKey, SignalResult]) -> Unknown:
+def _first_unknown(
+    node: RuleNode | RuleLeaf | None, results: dict[SignalKey, SignalResult]
+) -> Unknown:
     for key in leaves(node):
         res = results.get(key)
         if res is not None and res.unknown is not None:
@@ -401,7 +414,7 @@ def _first_unknown(node: Any, results: dict[SignalKey, SignalResult]) -> Unknown
     return Unknown(FAILED, "composer input unknown")
 
 
-def history(view: Any) -> list[str]:
+def history(view: RequestView) -> list[str]:
     """jailbreak/pii ``include_history``: the non-user and prior user texts, deduplicated,
     without the current text."""
     seen = {view.text.strip()}

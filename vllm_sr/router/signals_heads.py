@@ -34,12 +34,18 @@ bundle: the current text first, then the history when a jailbreak rule reads it.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
+from vllm_sr.jsontypes import JsonObject, json_object, json_type
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import FACT_CHECK_THRESHOLD, FEEDBACK_THRESHOLD, history
+
+if TYPE_CHECKING:
+    from vllm_sr.config.routing_signals import DomainSignal
+    from vllm_sr.config.signal_embedded import JailbreakSignal, NamedSignal, PIISignal
+    from vllm_sr.router.request_view import RequestView
 
 TASK_CLASSIFY = "classify"
 POSITIVE_LABELS = frozenset({"jailbreak"})
@@ -53,11 +59,11 @@ class Heads:
 
     def __init__(
         self,
-        jailbreak: list[Any],
-        feedbacks: list[Any] | None = None,
-        fact_checks: list[Any] | None = None,
-        pii: list[Any] | None = None,
-        domains: list[Any] | None = None,
+        jailbreak: list[JailbreakSignal],
+        feedbacks: list[NamedSignal] | None = None,
+        fact_checks: list[NamedSignal] | None = None,
+        pii: list[PIISignal] | None = None,
+        domains: list[DomainSignal] | None = None,
         referenced_domains: frozenset[str] = frozenset(),
         domain_threshold: float = DOMAIN_THRESHOLD,
     ) -> None:
@@ -70,14 +76,16 @@ class Heads:
         self.referenced_domains = referenced_domains
         self.domain_threshold = domain_threshold
 
-    def texts(self, view: Any) -> list[str]:
+    def texts(self, view: RequestView) -> list[str]:
         """The request's text, then (when a rule reads it) its history, each once."""
         out = [view.text]
-        if any(r.include_history for r in [*self.jailbreak, *self.pii]):
+        if any(r.include_history for r in self.jailbreak) or any(
+            r.include_history for r in self.pii
+        ):
             out += [t for t in history(view) if t not in out]
         return out
 
-    def task(self, view: Any) -> dict[str, Any]:
+    def task(self, view: RequestView) -> JsonObject:
         return {"id": TASK_CLASSIFY, "classify": {"input": self.texts(view), "truncate": True}}
 
     def signal_keys(self) -> list[SignalKey]:
@@ -87,12 +95,12 @@ class Heads:
         keys += [("domain", name) for name in sorted(self.referenced_domains)]
         return keys + [("fact_check", r.name) for r in self.fact_checks]
 
-    def results(self, view: Any, rows: list[dict[str, Any]]) -> dict[SignalKey, SignalResult]:
-        """``rows``: the classify answer's ``data`` for :meth:`texts`, in order."""
+    def results(self, view: RequestView, rows: list[object]) -> dict[SignalKey, SignalResult]:
+        """``rows``: the classify answer's ``data`` for :meth:`texts`, in order. ValueError
+        for a row with no ``probabilities`` object of numbers."""
         out: dict[SignalKey, SignalResult] = {}
-        probs = [
-            {str(k).lower(): float(p) for k, p in row["probabilities"].items()} for row in rows
-        ]
+        raw_rows = [probabilities(row) for row in rows]
+        probs = [{k.lower(): p for k, p in row.items()} for row in raw_rows]
         risks = [sum(p for k, p in row.items() if k in POSITIVE_LABELS) for row in probs]
         for rule in self.jailbreak:
             own = risks if rule.include_history else risks[:1]
@@ -104,8 +112,8 @@ class Heads:
             out.update(self._pii(probs))
         current = probs[0] if probs else {}
         if self.referenced_domains and rows:
-            raw = {str(k): float(p) for k, p in rows[0]["probabilities"].items()}
-            for name, res in head_domain_results(self.domains, raw, self.domain_threshold).items():
+            domains = head_domain_results(self.domains, raw_rows[0], self.domain_threshold)
+            for name, res in domains.items():
                 if name in self.referenced_domains:
                     out[("domain", name)] = res
         if self.feedbacks:
@@ -114,17 +122,17 @@ class Heads:
                 best = min(current, key=lambda k: (-current[k], k))
                 if current[best] >= FEEDBACK_THRESHOLD:
                     label, p = best, current[best]
-            for rule in self.feedbacks:
-                hit = rule.name.lower() == label
-                out[("user_feedback", rule.name)] = SignalResult(hit, p if hit else 0.0)
+            for feedback in self.feedbacks:
+                hit = feedback.name.lower() == label
+                out[("user_feedback", feedback.name)] = SignalResult(hit, p if hit else 0.0)
         if self.fact_checks:
             need = sum(p for k, p in current.items() if k in FACT_CHECK_LABELS)
             needed = need >= FACT_CHECK_THRESHOLD
             label = builtin.FACT_CHECK_NEEDED if needed else builtin.NO_FACT_CHECK_NEEDED
             conf = need if needed else 1.0 - need
-            for rule in self.fact_checks:
-                hit = rule.name == label
-                out[("fact_check", rule.name)] = SignalResult(hit, conf if hit else 0.0)
+            for fact_check in self.fact_checks:
+                hit = fact_check.name == label
+                out[("fact_check", fact_check.name)] = SignalResult(hit, conf if hit else 0.0)
         return out
 
     def _pii(self, probs: list[dict[str, float]]) -> dict[SignalKey, SignalResult]:
@@ -146,6 +154,21 @@ class Heads:
         return out
 
 
+def probabilities(row: object) -> dict[str, float]:
+    """A classify row's ``probabilities`` (label -> probability); ValueError when it has
+    none."""
+    found = json_object(row)
+    probs = json_object(found.get("probabilities")) if found is not None else None
+    if probs is None:
+        raise ValueError(f"a classify row without a probabilities object: {row!r:.80}")
+    out = {}
+    for label, p in probs.items():
+        if not isinstance(p, (int, float)) or isinstance(p, bool):
+            raise ValueError(f"probability of {label!r} is {json_type(p)}, not a number")
+        out[label] = float(p)
+    return out
+
+
 def entity_types(row: dict[str, float]) -> dict[str, float]:
     """A token head's label maxima -> entity type (BIO prefix stripped, uppercased) -> its
     best probability; ``O`` (outside) is no type."""
@@ -159,7 +182,7 @@ def entity_types(row: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def domain_name(domains: list[Any], label: str) -> str:
+def domain_name(domains: list[DomainSignal], label: str) -> str:
     """Upstream's label -> name: the first domain listing the label in ``mmlu_categories``,
     else the domain named like it (case-insensitive), else the label itself."""
     low = label.lower()
@@ -173,7 +196,9 @@ def domain_name(domains: list[Any], label: str) -> str:
 
 
 def detected_labels(
-    domains: list[Any], probabilities: dict[str, float], threshold: float = DOMAIN_THRESHOLD
+    domains: list[DomainSignal],
+    probabilities: dict[str, float],
+    threshold: float = DOMAIN_THRESHOLD,
 ) -> dict[str, float]:
     """A head's label probabilities -> the detected labels and their probabilities (upstream's
     entropy rule: a confident distribution yields at most its top label, a spread one every
@@ -192,7 +217,9 @@ def detected_labels(
 
 
 def head_domain_results(
-    domains: list[Any], probabilities: dict[str, float], threshold: float = DOMAIN_THRESHOLD
+    domains: list[DomainSignal],
+    probabilities: dict[str, float],
+    threshold: float = DOMAIN_THRESHOLD,
 ) -> dict[str, SignalResult]:
     """Each domain's result: matched when a detected label names it or is one of its
     ``mmlu_categories`` (so two domains listing one category both match); confidence and

@@ -20,11 +20,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from vllm_sr.router.rules import SignalKey
+from vllm_sr.router.family_step import Names, SignalKey, StepReport
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import history
+
+if TYPE_CHECKING:
+    from presidio_analyzer import EntityRecognizer
+
+    from vllm_sr.config.routing_signals import Signals
+    from vllm_sr.config.signal_embedded import PIISignal
+    from vllm_sr.router.request_view import RequestView
 
 # presidio recognizer class -> the entity type it reports (already upstream's names).
 RECOGNIZERS = (
@@ -61,7 +68,7 @@ class PiiDetector:
     """presidio's pattern recognizers, built once."""
 
     def __init__(self) -> None:
-        self._recognizers: list[Any] | None = None
+        self._recognizers: list[EntityRecognizer] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -82,7 +89,8 @@ class PiiDetector:
         assert self._recognizers is not None
         out = []
         for rec in self._recognizers:
-            for hit in rec.analyze(text, rec.supported_entities, None):
+            # pattern recognizers need no NLP artifacts (presidio types the argument as required)
+            for hit in rec.analyze(text, rec.supported_entities, None):  # type: ignore[arg-type]
                 out.append(Entity(hit.entity_type, hit.start, hit.end, float(hit.score)))
         return out
 
@@ -96,13 +104,40 @@ def detector() -> PiiDetector:
 
 
 class PiiSignals:
-    """The referenced ``pii`` rules."""
+    """``pii`` rules answered here (those naming no ``deployment:``), as a CPU-step family
+    (``family_step``)."""
 
-    def __init__(self, rules: list[Any], found: PiiDetector | None = None) -> None:
+    family = "pii"
+    heavy = True  # hundreds of microseconds even for a short text
+
+    def __init__(self, rules: list[PIISignal], found: PiiDetector | None = None) -> None:
         self.rules = rules
         self.detector = found or detector()
 
-    def results(self, view: Any) -> dict[SignalKey, SignalResult]:
+    @staticmethod
+    def build(signals: Signals) -> PiiSignals | None:
+        rules = [p for p in signals.pii if not p.deployment]
+        return PiiSignals(rules) if rules else None
+
+    @property
+    def loaded(self) -> bool:
+        return self.detector.loaded
+
+    def load(self) -> None:
+        self.detector.load()
+
+    def keys(self, names: Names | None) -> set[SignalKey]:
+        return {("pii", r.name) for r in self.rules if names is None or r.name in names}
+
+    def evaluate(self, view: RequestView, names: Names | None, out: StepReport) -> float | None:
+        if names is None:
+            out.results.update(self.results(view))
+        else:
+            wanted = [r for r in self.rules if r.name in names]
+            out.results.update(PiiSignals(wanted, self.detector).results(view))
+        return None
+
+    def results(self, view: RequestView) -> dict[SignalKey, SignalResult]:
         if not self.rules:
             return {}
         texts = [view.text] if view.text.strip() else []

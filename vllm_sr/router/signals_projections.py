@@ -24,17 +24,26 @@ signal (or an unknown projection) leaves its mappings' outputs unknown.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.unknown import Unknown
 
+if TYPE_CHECKING:
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_projections import (
+        ProjectionMapping,
+        ProjectionOutput,
+        Projections,
+        ProjectionScoreInput,
+    )
+
 DEFAULT_SLOPE = 12.0
 Results = dict[SignalKey, SignalResult]
 
 
-def projection_inputs(routing: Any, output: str) -> set[SignalKey]:
+def projection_inputs(routing: Routing, output: str) -> set[SignalKey]:
     """The signal keys a projection output reads (its mapping's score's inputs; other
     projections through their own keys)."""
     proj = routing.projections
@@ -57,13 +66,13 @@ def projection_inputs(routing: Any, output: str) -> set[SignalKey]:
     return out
 
 
-def _outputs_of(routing: Any, score_or_output: str) -> list[Any]:
+def _outputs_of(routing: Routing, score_or_output: str) -> list[ProjectionOutput]:
     proj = routing.projections
     outs = [o for m in proj.mappings if m.source == score_or_output for o in m.outputs]
     return outs or [o for m in proj.mappings for o in m.outputs if o.name == score_or_output]
 
 
-def apply_partitions(routing: Any, results: Results) -> None:
+def apply_partitions(routing: Routing, results: Results) -> None:
     """Each partition leaves at most one of its members matched (or its default)."""
     for part in routing.projections.partitions:
         keys = [(kind, m) for m in part.members for kind in ("domain", "embedding")]
@@ -93,7 +102,7 @@ def apply_partitions(routing: Any, results: Results) -> None:
         results[key] = SignalResult(True, conf, res.value)
 
 
-def apply_projections(routing: Any, results: Results) -> dict[str, float]:
+def apply_projections(routing: Routing, results: Results) -> dict[str, float]:
     """Scores and their bands into ``results`` as ``projection`` signals. -> the scores."""
     proj = routing.projections
     if not proj.scores or not proj.mappings:
@@ -119,7 +128,7 @@ def apply_projections(routing: Any, results: Results) -> dict[str, float]:
     return scores
 
 
-def _keys_read(inp: Any, proj: Any) -> list[SignalKey]:
+def _keys_read(inp: ProjectionScoreInput, proj: Projections) -> list[SignalKey]:
     """The result keys a score input reads (a projection input: the outputs of the score it
     names, or the output itself)."""
     kind = inp.type.strip().lower()
@@ -140,7 +149,7 @@ def _first_unknown(results: Results, keys: list[SignalKey]) -> Unknown | None:
     return None
 
 
-def _ready(inp: Any, scores: dict[str, float], proj: Any) -> bool:
+def _ready(inp: ProjectionScoreInput, scores: dict[str, float], proj: Projections) -> bool:
     if inp.type.strip().lower() != "projection":
         return True
     names = {s.name for s in proj.scores}
@@ -155,7 +164,7 @@ def _matched(results: Results, key: SignalKey) -> bool:
     return res is not None and res.matched
 
 
-def _input(inp: Any, results: Results, scores: dict[str, float]) -> float:
+def _input(inp: ProjectionScoreInput, results: Results, scores: dict[str, float]) -> float:
     kind = inp.type.strip().lower()
     if kind == "kb_metric":
         res = results.get(("kb_metric", f"{inp.kb}:{inp.metric}"))
@@ -178,7 +187,7 @@ def _input(inp: Any, results: Results, scores: dict[str, float]) -> float:
     return (inp.match or 1.0) if _matched(results, key) else inp.miss
 
 
-def _holds(out: Any, value: float) -> bool:
+def _holds(out: ProjectionOutput, value: float) -> bool:
     return (
         (out.gt is None or value > out.gt)
         and (out.gte is None or value >= out.gte)
@@ -187,7 +196,7 @@ def _holds(out: Any, value: float) -> bool:
     )
 
 
-def _emit(mapping: Any, value: float, results: Results) -> None:
+def _emit(mapping: ProjectionMapping, value: float, results: Results) -> None:
     slope = DEFAULT_SLOPE
     if mapping.calibration is not None and mapping.calibration.slope > 0:
         slope = mapping.calibration.slope

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from vllm_sr.router.signals import normalize_rows
+from vllm_sr.router.signals import FloatArray, normalize_rows
 
 CLUSTER_SIMILARITY = 0.9
 MAX_PROTOTYPES = 8
@@ -77,7 +77,7 @@ class PrototypeBank:
     """One example set's prototypes (normalised rows)."""
 
     def __init__(
-        self, texts: list[str], vectors: numpy.ndarray, options: PrototypeOptions | None = None
+        self, texts: list[str], vectors: FloatArray, options: PrototypeOptions | None = None
     ) -> None:
         self.options = options or PrototypeOptions()
         seen: dict[str, int] = {}
@@ -91,7 +91,7 @@ class PrototypeBank:
             return
         self.prototypes, self.texts = _medoids(self.texts, rows, self.options)
 
-    def score(self, query: numpy.ndarray) -> BankScore:
+    def score(self, query: FloatArray) -> BankScore:
         """The bank's score for one normalised query vector."""
         if self.prototypes.shape[0] == 0:
             return EMPTY
@@ -104,8 +104,8 @@ class PrototypeBank:
 
 
 def _medoids(
-    texts: list[str], rows: numpy.ndarray, options: PrototypeOptions
-) -> tuple[numpy.ndarray, list[str]]:
+    texts: list[str], rows: FloatArray, options: PrototypeOptions
+) -> tuple[FloatArray, list[str]]:
     sim = rows @ rows.T
     numpy.fill_diagonal(sim, 1.0)
     close = sim >= options.cluster_similarity_threshold
@@ -153,7 +153,7 @@ class PrototypeBanks:
 
     specs: dict[str, tuple[list[str], PrototypeOptions | None]] = field(default_factory=dict)
     banks: dict[str, PrototypeBank] = field(default_factory=dict)
-    raw: dict[str, numpy.ndarray] = field(default_factory=dict)
+    raw: dict[str, FloatArray] = field(default_factory=dict)
 
     def add(self, name: str, texts: Iterable[str], options: PrototypeOptions | None) -> None:
         self.specs[name] = ([t for t in texts if t], options)
@@ -161,7 +161,7 @@ class PrototypeBanks:
     def texts(self) -> list[str]:
         return [t for texts, _ in self.specs.values() for t in texts]
 
-    def take(self, vectors: numpy.ndarray) -> None:
+    def take(self, vectors: FloatArray) -> None:
         start = 0
         for name, (texts, options) in self.specs.items():
             rows = vectors[start : start + len(texts)]
@@ -169,10 +169,10 @@ class PrototypeBanks:
             self.raw[name] = rows
             self.banks[name] = PrototypeBank(texts, rows, options)
 
-    def score(self, name: str, query: numpy.ndarray) -> BankScore:
+    def score(self, name: str, query: FloatArray) -> BankScore:
         return self.banks[name].score(query)
 
-    def max_cos(self, name: str, query: numpy.ndarray) -> float:
+    def max_cos(self, name: str, query: FloatArray) -> float:
         rows = self.raw.get(name)
         if rows is None or rows.shape[0] == 0:
             return 0.0

@@ -1,0 +1,182 @@
+"""The signal-family registry (``vllm_sr.config.signal_registry`` and its router half,
+``vllm_sr.router.families``): every family has one row, every ``routing.signals`` list maps to
+a row, and config validation, declared keys, the CPU step, eval keys and headers read their
+names from it."""
+
+from __future__ import annotations
+
+import typing
+from typing import get_args
+
+import pytest
+import yaml
+from pydantic import Field
+
+from tests.unit.test_deployment_needs import MODEL_FREE, NEEDS_MODEL
+from vllm_sr.config.problems import format_path
+from vllm_sr.config.routing import KeywordSignal, Routing, Signals
+from vllm_sr.config.routing_rules import check_routing
+from vllm_sr.config.routing_support import support_problems
+from vllm_sr.config.routing_tree import LEAF_TYPES
+from vllm_sr.config.signal_registry import (
+    BY_CONFIG_KEY,
+    BY_NAME,
+    FAMILIES,
+    SUPPORTED_LEAF_TYPES,
+    SignalFamily,
+)
+from vllm_sr.router import cpu_signals, families
+from vllm_sr.router.answers import answer_headers
+from vllm_sr.router.cpu_signals import CpuSignals, cpu_report
+from vllm_sr.router.eval import grouped
+from vllm_sr.router.family_step import Names, SignalKey, StepReport
+from vllm_sr.router.questions import declared_keys
+from vllm_sr.router.request_view import RequestView
+from vllm_sr.router.route import RouteResult
+from vllm_sr.router.signals import SignalResult
+
+SUPPORTED = [f for f in FAMILIES if f.supported]
+REFUSED = [f for f in FAMILIES if not f.supported]
+
+
+def test_every_family_has_one_row_and_every_leaf_type_is_a_family() -> None:
+    names = [f.name for f in FAMILIES]
+    assert len(names) == len(set(names))
+    leaves = {f.name for f in FAMILIES if f.leaf}
+    assert leaves == set(LEAF_TYPES)  # routing_tree's Literal: upstream's leaf types
+    assert {f.name for f in FAMILIES if not f.leaf} == {"hallucination"}
+    assert len({f.eval_key for f in FAMILIES}) == len(FAMILIES)
+    headers = [f.header for f in FAMILIES if f.header is not None]
+    assert len(headers) == len(set(headers))
+
+
+def lists_without_their_row(section: type[Signals]) -> list[str]:
+    """The section's lists with no registry row, or whose row names another model."""
+    out = []
+    for key, field in section.model_fields.items():
+        (item,) = typing.get_args(field.annotation)
+        row = BY_CONFIG_KEY.get(key)
+        untyped_refusal = row is not None and row.model is None and not row.supported
+        if row is None or (row.model is not item and not untyped_refusal):
+            out.append(key)
+    return out
+
+
+def test_every_config_list_maps_to_a_row_with_its_model() -> None:
+    assert lists_without_their_row(Signals) == []
+    assert set(Signals.model_fields) == set(BY_CONFIG_KEY)
+
+
+def test_a_config_list_with_no_row_fails_the_check() -> None:
+    class Grown(Signals):
+        input_shapes: list[KeywordSignal] = Field(default_factory=list)
+
+    assert lists_without_their_row(Grown) == ["input_shapes"]
+
+
+def test_rows_without_a_list_are_derived_families() -> None:
+    assert [f.name for f in FAMILIES if f.config_key is None] == ["projection"]
+    assert BY_NAME["projection"].evaluated == "derived"
+
+
+def test_every_evaluated_family_is_bound_to_its_evaluator() -> None:
+    assert set(families.BINDINGS) == {f.name for f in SUPPORTED}
+    for name, binding in families.BINDINGS.items():
+        if binding.row.evaluated == "cpu_step":
+            assert binding.step is not None, name
+        else:
+            assert binding.step is None and binding.answered_by, name
+        if binding.row.takes_deployment:
+            assert binding.answered_by, f"{name}: entries naming a deployment need an answerer"
+    assert set(families.STEP_BUILDERS) == set(families.STEP_FAMILIES)
+    assert not {f.name for f in REFUSED} & (set(families.STEP_BUILDERS) | set(families.ANSWERED_BY))
+
+
+@pytest.mark.parametrize("row", REFUSED, ids=lambda f: f.name)
+def test_refused_families_are_refused_by_list_and_leaf_from_the_row(row: SignalFamily) -> None:
+    routing = {
+        "signals": {row.config_key: [{"name": "x"}]},
+        "decisions": [{"name": "d", "rules": {"type": row.name, "name": "x"}}],
+    }
+    paths = {format_path(p.path): p.message for p in support_problems(routing)}
+    assert "not supported by vllm-sr" in paths[f"routing.signals.{row.config_key}"]
+    message = paths["routing.decisions[0].rules.type"]
+    assert f"the rule leaf type {row.name!r}" in message
+    assert ", ".join(SUPPORTED_LEAF_TYPES) in message
+
+
+@pytest.mark.parametrize("row", [f for f in FAMILIES if f.takes_deployment], ids=lambda f: f.name)
+def test_deployment_names_are_checked_for_the_rows_that_take_one(row: SignalFamily) -> None:
+    assert row.config_key is not None
+    routing = {"signals": {row.config_key: [{"name": "x", "deployment": "nowhere"}]}}
+    paths = {format_path(p.path) for p in check_routing(None, routing, {"primary"}, "primary")}
+    assert f"routing.signals.{row.config_key}[0].deployment" in paths
+
+
+@pytest.mark.parametrize("row", [f for f in FAMILIES if f.leaf_names_checked], ids=lambda f: f.name)
+def test_leaf_names_are_checked_against_the_rows_list(row: SignalFamily) -> None:
+    routing = {"decisions": [{"name": "d", "rules": {"type": row.name, "name": "ghost"}}]}
+    problems = {format_path(p.path): p.message for p in check_routing(None, routing, set(), "")}
+    message = problems["routing.decisions[0].rules.name"]
+    assert f"routing.signals.{row.config_key}" in message
+
+
+def test_declared_keys_cover_every_evaluated_list() -> None:
+    entries = {**MODEL_FREE, **NEEDS_MODEL}
+    raw = {"signals": {key: [entry] for key, entry in entries.items()}, "decisions": []}
+    routing = Routing.model_validate(yaml.safe_load(yaml.safe_dump(raw)))
+    kinds = {kind for kind, _ in declared_keys(routing)}
+    listed = {f.name for f in SUPPORTED if f.config_key in entries}
+    assert listed == {f.name for f in SUPPORTED if f.config_key is not None}
+    assert kinds == listed
+    assert ("authz", entries["role_bindings"]["role"]) in declared_keys(routing)
+
+
+def test_eval_keys_and_debug_headers_come_from_the_rows() -> None:
+    matched = tuple(sorted(f"{f.name}:n" for f in SUPPORTED))
+    headers = answer_headers(RouteResult(model="m", matched_signals=matched), debug=True)
+    for row in SUPPORTED:
+        if row.header is not None:
+            assert headers[f"x-vsr-matched-{row.header}"] == "n", row.name
+    sent = {h.removeprefix("x-vsr-matched-") for h in headers if h.startswith("x-vsr-matched-")}
+    assert sent - {"signals"} == {f.header for f in SUPPORTED if f.header is not None}
+    assert grouped({(f.name, "n") for f in SUPPORTED}) == {f.eval_key: ["n"] for f in SUPPORTED}
+
+
+class ShoutFamily:
+    """A family the registry does not have: the CPU step runs any bound StepFamily."""
+
+    family = "shout"
+    heavy = False
+    loaded = True
+
+    def load(self) -> None:
+        pass
+
+    def keys(self, names: Names | None) -> set[SignalKey]:
+        return {("shout", "loud")}
+
+    def evaluate(self, view: RequestView, names: Names | None, out: StepReport) -> float:
+        hit = view.text.isupper()
+        out.results[("shout", "loud")] = SignalResult(hit, 1.0 if hit else 0.0)
+        return 1.0
+
+
+def test_a_bound_step_family_runs_in_the_cpu_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = {**families.STEP_BUILDERS, "shout": lambda signals: ShoutFamily()}
+    monkeypatch.setattr(cpu_signals, "STEP_BUILDERS", steps)
+    monkeypatch.setattr(cpu_signals, "STEP_FAMILIES", (*families.STEP_FAMILIES, "shout"))
+    cpu = CpuSignals.build(Signals(), {("shout", "loud")})
+    assert cpu.keys() == {("shout", "loud")}
+    report = cpu_report(cpu, RequestView(text="HELLO THERE"))
+    assert report.results[("shout", "loud")].matched
+    assert report.family_confidence == {"shout": 1.0} and "shout" in report.timings_ms
+    assert not cpu_report(cpu, RequestView(text="hello")).results[("shout", "loud")].matched
+    # an unreferenced family is not built
+    assert not CpuSignals.build(Signals(), {("keyword", "x")}).any
+
+
+def test_evaluated_kinds_are_literal_values() -> None:
+    from vllm_sr.config.signal_registry import Evaluated
+
+    assert {f.evaluated for f in FAMILIES} == set(get_args(Evaluated))
