@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing_plugins import canonical_type
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router.families import EVAL_KEY
 from vllm_sr.router.learning.settings import changes_at_execution
-from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, SignalRun
 from vllm_sr.router.rules import SignalKey, leaves, trace
+
+if TYPE_CHECKING:
+    from vllm_sr.router.pipeline import ChatRun
 
 MAX_EVAL_BODY = 10 * 1024 * 1024
 
@@ -92,13 +93,13 @@ def _metrics(run: SignalRun) -> dict[str, dict[str, float]]:
     }
 
 
-async def evaluate(
-    router: Router, payload: Mapping[str, Any], *, model: str, recipe: str, want_trace: bool
-) -> dict[str, Any]:
-    """The eval document for one request (``model`` already resolved to an auto name)."""
-    view = RequestView.from_eval(payload)
-    run = await router.signals(view, router.eval_plan, authz=False)
-    matches = router.winner(run)
+def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> dict[str, Any]:
+    """The eval document of a request whose eval stages ran (vllm_sr/router/pipeline.py
+    ``run_eval``: every declared signal, every decision; ``model`` already resolved to an
+    auto name)."""
+    router, view, run = chat_run.router, chat_run.view, chat_run.signals
+    assert router is not None and view is not None and run is not None
+    recipe, matches = chat_run.recipe, chat_run.matches
     matched = {key for key, res in run.results.items() if res.matched}
     unmatched = {  # an unknown signal is neither: it is in signal_errors
         key

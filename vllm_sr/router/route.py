@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_sr.config.routing import Providers, Routing, effective_algorithm
+from vllm_sr.config.routing import ModelRef, Providers, Routing, effective_algorithm
 from vllm_sr.config.routing_kbs import knowledge_bases
 from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
@@ -71,10 +71,10 @@ class RouteResult:
     matched_signals: tuple[str, ...] = ()  # "type:name", sorted
     fallback: str | None = None  # why default_model was used, when routing could not decide
     method: str = "default"  # x-vsr-selected-algorithm: single, static, latency_aware, ...
-    model_ref: Any = None  # the decision's modelRef that was chosen (reasoning reads it)
+    model_ref: ModelRef | None = None  # the decision's chosen modelRef (reasoning reads it)
     context_tokens: int | None = None  # x-vsr-context-token-count (debug), when context ran
     routed: bool = True  # False: the caller named a model (no signals, no decision)
-    decision_refs: tuple[Any, ...] = ()  # the decision's modelRefs (the reasoning effort lookup)
+    decision_refs: tuple[ModelRef, ...] = ()  # the decision's modelRefs (reasoning effort)
     recipe: str = "default"  # the recipe that routed it (x-vsr-selected-recipe)
     # ("type:name", why) of each signal that was unknown on this request, sorted
     unknown: tuple[tuple[str, Unknown], ...] = ()
@@ -96,6 +96,9 @@ class SignalRun:
     # detection's); other families report their best matched confidence.
     family_confidence: dict[str, float] = field(default_factory=dict)
     context_tokens: int | None = None  # the context family's count, when it ran
+    # each deployment's routing bundle answer (the cache and tool_selection reuse the
+    # decision deployment's query embedding from it: vllm_sr/router/cache/embedding.py)
+    answers: dict[str, bytes] = field(default_factory=dict)
 
     def matched(self) -> tuple[str, ...]:
         return tuple(sorted(f"{t}:{n}" for (t, n), r in self.results.items() if r.matched))
@@ -338,12 +341,17 @@ class Router:
         return rank(self.routing.decisions, run.results, self.routing.strategy)
 
     async def route(self, view: RequestView) -> RouteResult:
-        """Signals on the request, the decision, its model. Unknown signals do not match;
-        when no decision matched and some signal was unknown, the default model is a
-        fallback (``signals:<reason>``, the first unknown signal's)."""
+        """Signals on the request, the decision, its model (the chat's stages,
+        vllm_sr/router/pipeline.py, run these three one by one)."""
         run = await self.signals(view, self.plan)
+        return self.choose(run, self.winner(run))
+
+    def choose(self, run: SignalRun, matches: list[Match]) -> RouteResult:
+        """The winner's model (``matches``: the matched decisions, the winner first), counted
+        in the stats. Unknown signals do not match; when no decision matched and some signal
+        was unknown, the default model is a fallback (``signals:<reason>``, the first unknown
+        signal's)."""
         unknown = run.unknown()
-        matches = self.winner(run)
         best = matches[0] if matches else None
         decision = best.decision if best else None
         choice = self.selection.choose(
@@ -392,15 +400,17 @@ class Router:
                     (key, SignalResult.unknown_because(why)) for key in q.signal_keys()
                 )
                 continue
-            results, elapsed_ms = answer
+            results, elapsed_ms, raw = answer
+            run.answers[q.deployment] = raw
             for kind in q.kinds():
                 run.timings_ms[kind] = elapsed_ms
             run.results.update(results)
 
     async def _ask(
         self, q: DeploymentQuestions, view: RequestView
-    ) -> tuple[dict[SignalKey, SignalResult], float]:
-        """The deployment's signal results and the milliseconds its exchange took; raises
+    ) -> tuple[dict[SignalKey, SignalResult], float, bytes]:
+        """The deployment's signal results, the milliseconds its exchange took and its answer;
+        raises
         when it failed (a non-200 answer: :class:`SignalAnswerStatus`)."""
         started = time.perf_counter()
         status, body = await self.exchange(
@@ -408,7 +418,7 @@ class Router:
         )
         if status != 200:
             raise SignalAnswerStatus(status, q.deployment)
-        return q.read(body, view=view), (time.perf_counter() - started) * 1000.0
+        return q.read(body, view=view), (time.perf_counter() - started) * 1000.0, body
 
 
 class SignalAnswerStatus(VllmSrError):
