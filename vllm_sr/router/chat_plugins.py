@@ -1,5 +1,6 @@
 """The matched decision's plugins as stages of a chat (vllm_sr/router/pipeline.py runs them in
-upstream's order): ``fast_response``; the response cache's lookup and write; ``tools`` with
+upstream's order; :func:`on_request` before the backend, :func:`on_answer` after it):
+``fast_response``; a looper decision; the response cache's lookup and write; ``tools`` with
 ``tool_selection`` before the backend; ``router_replay``'s record of the answer. What shapes
 each backend attempt's body (reasoning, ``system_prompt``, ``request_params``,
 ``header_mutation``) is vllm_sr/router/outgoing.py. Each stage is a function over the chat's
@@ -15,6 +16,7 @@ from vllm_sr.httpserver import Response, StreamResponse
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.answers import H_ALGORITHM, H_DECISION, H_MODEL, H_RECIPE
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
+from vllm_sr.router.looper.dispatch import run_looper
 from vllm_sr.router.outgoing import NO_PLUGINS
 from vllm_sr.router.plugins import shapers
 from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
@@ -31,7 +33,68 @@ H_CACHE_HIT = "x-vsr-cache-hit"
 H_CACHE_SIMILARITY = "x-vsr-cache-similarity"
 H_RESPONSE_PATH = "x-vsr-response-path"
 
-__all__ = ["H_CACHE_HIT", "H_CACHE_SIMILARITY", "H_RESPONSE_PATH", "NO_PLUGINS", "Replay"]
+__all__ = [
+    "H_CACHE_HIT",
+    "H_CACHE_SIMILARITY",
+    "H_RESPONSE_PATH",
+    "NO_PLUGINS",
+    "Replay",
+    "on_answer",
+    "on_request",
+]
+
+
+async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
+    """The request's plugins in upstream's order (steps 5-6): the decision's plugins and its
+    replay are set on the run; then ``fast_response``; a looper decision (vllm_sr/router/looper:
+    its calls go through ``forward`` themselves); the cache lookup; ``tools`` /
+    ``tool_selection``. -> an answer that ends the chat here, or the body for the backend."""
+    result = run.result
+    assert result is not None  # routed before the plugins run
+    run.plugins = plugins_of(chat, result)
+    run.replay = Replay(chat, run)
+    fast = fast_response(run)
+    if fast is not None:
+        run.path = "fast_response"
+        return fast
+    loopers = chat.loopers.get(result.recipe)
+    looping = loopers.settings(result) if loopers is not None else None
+    if loopers is not None and looping is not None:  # never cached; replayed once
+        body = await select_tools(chat, run)
+        final, model = await run_looper(
+            chat,
+            loopers,
+            looping,
+            result,
+            run.plugins,
+            body,
+            run.request,
+            run.deadline,
+            run.debug,
+            chat.stats,
+        )
+        run.path, run.answered_by = "looper", model
+        run.effects.append("looper")
+        return final
+    cached = await cache_lookup(chat, run)
+    if cached is not None:
+        run.path, run.answered_by = "cache", result.model
+        return cached
+    return await select_tools(chat, run)
+
+
+async def on_answer(
+    chat: ChatRouter, run: ChatRun, answer: Response | StreamResponse
+) -> Response | StreamResponse:
+    """The answer's plugins (step 8): the cache write of the chosen model's own answer (one
+    from a fallback model is not filed under the chosen model), then the replay record."""
+    result = run.result
+    assert result is not None
+    if run.path == "upstream" and run.recorder is not None and run.answered_by == result.model:
+        await cache_write(chat, run, run.recorder)
+    if run.replay is None:
+        return answer
+    return await run.replay.done(answer, run)
 
 
 def plugins_of(chat: ChatRouter, result: RouteResult) -> DecisionPlugins:

@@ -40,7 +40,6 @@ from vllm_sr.router.backend_proxy import StreamRewrite
 from vllm_sr.router.cache.answer import AnswerRecorder
 from vllm_sr.router.cache.embedding import QueryEmbedding
 from vllm_sr.router.fallback import Attempt, Sending, forward
-from vllm_sr.router.looper.dispatch import run_looper
 from vllm_sr.router.outgoing import NO_PLUGINS
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, RouteResult, SignalRun
@@ -77,6 +76,7 @@ class ChatRun:
     plugins: DecisionPlugins = NO_PLUGINS
     effects: list[str] = field(default_factory=list)  # the plugins' effects, in order
     cache_plan: CachePlan | None = None
+    recorder: AnswerRecorder | None = None  # the chosen model's answer, for the cache
     replay: Replay | None = None
     attempts: list[Attempt] = field(default_factory=list)  # the backend attempts, in order
     failed: list[tuple[str, str]] = field(default_factory=list)  # models fallen back from
@@ -183,12 +183,12 @@ async def learning_stage(chat: ChatRouter, run: ChatRun) -> None:
 async def backend_stage(
     chat: ChatRouter, run: ChatRun, body: JsonObject
 ) -> Response | StreamResponse:
-    """``body`` to the chosen model through :func:`~vllm_sr.router.fallback.forward`; the
-    chosen model's answer is recorded for the cache; Router Learning observes the outcome."""
+    """``body`` to the chosen model through :func:`~vllm_sr.router.fallback.forward` (the
+    chosen model's answer is recorded for the cache when it has a plan); Router Learning
+    observes the outcome."""
     result, replay = run.routed(), run.replay
-    assert replay is not None
-    recorder = AnswerRecorder() if run.cache_plan is not None else None
-    headers = dict(replay.headers)
+    run.recorder = AnswerRecorder() if run.cache_plan is not None else None
+    headers = dict(replay.headers) if replay is not None else {}
     if run.learning is not None and run.debug:
         headers.update(run.learning.headers())
     sent = chat.backends.clock.monotonic()
@@ -201,21 +201,18 @@ async def backend_stage(
         Sending(
             debug=run.debug,
             deadline=run.deadline,
-            chosen_tap=recorder,
-            tap=replay.tap,
+            chosen_tap=run.recorder,
+            tap=replay.tap if replay is not None else None,
             headers=headers,
             rewrite=run.rewrite,
             effects=run.effects,
         ),
     )
     run.attempts, run.failed, run.answered_by = done.attempts, done.failed, done.answered_by
+    run.path = "upstream"
     latency = chat.backends.clock.monotonic() - sent
     status = done.answer.status
     await chat.learning.observe(run.learning, done.answered_by, status, done.failed, latency)
-    # (an answer from a fallback model is not filed under the chosen model)
-    if recorder is not None and done.answered_by == result.model:
-        await chat_plugins.cache_write(chat, run, recorder)
-    run.path = "upstream"
     return done.answer
 
 
@@ -235,47 +232,18 @@ async def run_chat(chat: ChatRouter, run: ChatRun) -> Response | StreamResponse:
         return error_response(exc)
     query_stage(chat, run)
     await learning_stage(chat, run)
-    run.plugins = chat_plugins.plugins_of(chat, run.routed())
-    run.replay = replay = chat_plugins.Replay(chat, run)
+    answer: Response | StreamResponse
     try:
-        answer = await respond(chat, run)
+        # the request's plugins: an answer of their own, or the body for the backend
+        got = await chat_plugins.on_request(chat, run)
+        answer = (
+            got
+            if isinstance(got, (Response, StreamResponse))
+            else (await backend_stage(chat, run, got))
+        )
     except VllmSrError as exc:
         answer, run.path, run.answered_by = error_response(exc), "error", None
-    return await replay.done(answer, run)
-
-
-async def respond(chat: ChatRouter, run: ChatRun) -> Response | StreamResponse:
-    """Upstream's steps 5-7 on a routed chat: ``fast_response``; a looper decision; the cache
-    lookup; ``tools`` / ``tool_selection``; the backend."""
-    result = run.routed()
-    fast = chat_plugins.fast_response(run)
-    if fast is not None:
-        run.path = "fast_response"
-        return fast
-    loopers = chat.loopers.get(result.recipe)
-    looping = loopers.settings(result) if loopers is not None else None
-    if loopers is not None and looping is not None:  # never cached; replayed once
-        body = await chat_plugins.select_tools(chat, run)
-        final, model = await run_looper(
-            chat,
-            loopers,
-            looping,
-            result,
-            run.plugins,
-            body,
-            run.request,
-            run.deadline,
-            run.debug,
-            chat.stats,
-        )
-        run.path, run.answered_by = "looper", model
-        return final
-    cached = await chat_plugins.cache_lookup(chat, run)
-    if cached is not None:
-        run.path, run.answered_by = "cache", result.model
-        return cached
-    body = await chat_plugins.select_tools(chat, run)
-    return await backend_stage(chat, run, body)
+    return await chat_plugins.on_answer(chat, run, answer)
 
 
 async def run_eval(chat: ChatRouter, run: ChatRun, recipe: str) -> None:
