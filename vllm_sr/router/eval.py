@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_plugins import canonical_type
 from vllm_sr.errors import VllmSrError
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router.families import EVAL_KEY
 from vllm_sr.router.learning.settings import changes_at_execution
 from vllm_sr.router.route import Router, SignalRun
 from vllm_sr.router.rules import SignalKey, leaves, trace
 
 if TYPE_CHECKING:
+    from vllm_sr.config.routing import Decision
     from vllm_sr.router.pipeline import ChatRun
 
 MAX_EVAL_BODY = 10 * 1024 * 1024
@@ -48,7 +50,7 @@ def error_body(exc: EvalError) -> bytes:
     ).encode()
 
 
-def parse_payload(raw: bytes) -> dict[str, Any]:
+def parse_payload(raw: bytes) -> JsonObject:
     if len(raw) > MAX_EVAL_BODY:
         raise EvalError("INVALID_INPUT", f"the body is {len(raw)} bytes; accepted: at most 10 MiB")
     try:
@@ -93,7 +95,7 @@ def _metrics(run: SignalRun) -> dict[str, dict[str, float]]:
     }
 
 
-def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> dict[str, Any]:
+def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> JsonObject:
     """The eval document of a request whose eval stages ran (vllm_sr/router/pipeline.py
     ``run_eval``: every declared signal, every decision; ``model`` already resolved to an
     auto name)."""
@@ -107,7 +109,7 @@ def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> dict[str, An
         if key not in matched and res.unknown is None and key[0] not in NOT_REPORTED_UNMATCHED
     }
     confidences, values, errors = _signal_maps(run)
-    doc: dict[str, Any] = {
+    doc: JsonObject = {
         "original_text": view.text,
         "requested_model": model,
         "recipe": recipe,
@@ -118,7 +120,7 @@ def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> dict[str, An
     }
     best = matches[0] if matches else None
     decision = best.decision if best is not None else None
-    result: dict[str, Any] = {
+    result: JsonObject = {
         "decision_name": decision.name if decision is not None else "",
         "algorithm": router.algorithms[decision.name][0] if decision is not None else "static",
         "used_signals": grouped(set(leaves(decision.rules))) if decision is not None else {},
@@ -126,7 +128,7 @@ def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> dict[str, An
         "unmatched_signals": grouped(unmatched),
     }
     if decision is not None:
-        plugins = [canonical_type(p.type) for p in (getattr(decision, "plugins", None) or [])]
+        plugins = [canonical_type(p.type) for p in decision.plugins]
         if plugins:
             result["plugins"] = plugins
     doc["decision_result"] = result
@@ -145,7 +147,7 @@ def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> dict[str, An
     return doc
 
 
-def _selection(router: Router, decision: Any) -> dict[str, Any]:
+def _selection(router: Router, decision: Decision | None) -> JsonObject:
     """The decision's pick (static's, or a latency_aware / multi_factor selector's dry run on
     the live observations), or the default model when none matched."""
     if decision is None:
@@ -155,7 +157,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "selection_method": "default",
             "selection_reason": "no decision matched: providers.defaults.default_model",
         }
-    refs = list(getattr(decision, "model_refs", None) or [])
+    refs = list(decision.model_refs)
     if not refs:
         return {
             "selected_model": router.default_model,
@@ -164,7 +166,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "selection_reason": f"decision {decision.name!r} has no modelRefs: default_model",
         }
     ref = router.static_pick(decision)
-    lora = getattr(ref, "lora_name", None)
+    assert ref is not None  # the decision has modelRefs
     kind, status = router.algorithms[decision.name]
     if status != "selected":  # a looper run as static: upstream's eval plans, it does not pick
         final = planned_final_model(decision) if status == "planned_final" else None
@@ -178,7 +180,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "is known only once its calls are made; with no looper endpoint vllm-sr (as "
             "upstream) sends the chat to static's choice",
         }
-    if changes_at_execution(router.learning, getattr(decision, "adaptations", None)):
+    if changes_at_execution(router.learning, decision.adaptations):
         return {
             "recommended_models": [r.model for r in refs],
             "routing_decision": decision.name,
@@ -192,7 +194,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
         return {
             "recommended_models": [r.model for r in refs],
             "routing_decision": decision.name,
-            "selected_model": getattr(preview.ref, "lora_name", None) or preview.ref.model,
+            "selected_model": preview.ref.lora_name or preview.ref.model,
             "selection_status": preview.status,
             "selection_method": preview.method,
             "selection_reason": preview.reason,
@@ -200,7 +202,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
     return {
         "recommended_models": [r.model for r in refs],
         "routing_decision": decision.name,
-        "selected_model": lora or ref.model,
+        "selected_model": ref.lora_name or ref.model,
         "selection_status": "selected",
         "selection_method": "single" if len(refs) == 1 else "static",
         "selection_reason": (
@@ -212,20 +214,18 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
     }
 
 
-def planned_final_model(decision: Any) -> str | None:
+def planned_final_model(decision: Decision) -> str | None:
     """The final model a looper names (fusion.model, workflows.final.model,
     remom.synthesis_model), as upstream's eval reports it for planned_final."""
-    algorithm = getattr(decision, "algorithm", None)
+    algorithm = decision.algorithm
     if algorithm is None:
         return None
-    kind = algorithm.type
-    block = getattr(algorithm, kind, None)
-    if not isinstance(block, dict):
-        return None
-    if kind == "fusion":
-        value = block.get("model")
-    elif kind == "workflows":
-        value = (block.get("final") or {}).get("model")
-    else:
-        value = block.get("synthesis_model")
+    value: object = None
+    if algorithm.type == "fusion" and algorithm.fusion is not None:
+        value = algorithm.fusion.get("model")
+    elif algorithm.type == "workflows" and algorithm.workflows is not None:
+        final = json_object(algorithm.workflows.get("final"))
+        value = final.get("model") if final is not None else None
+    elif algorithm.type == "remom" and algorithm.remom is not None:
+        value = algorithm.remom.get("synthesis_model")
     return value if isinstance(value, str) and value else None

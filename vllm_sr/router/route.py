@@ -30,10 +30,10 @@ import pickle
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing import ModelRef, Providers, Routing, effective_algorithm
-from vllm_sr.config.routing_kbs import knowledge_bases
+from vllm_sr.config.routing import Decision, ModelRef, Providers, Routing, effective_algorithm
+from vllm_sr.config.routing_kbs import KnowledgeBase, knowledge_bases
 from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
 from vllm_sr.pool.exchange import RoutingExchange
@@ -196,7 +196,7 @@ class Router:
         self.signal_timeout_ms = signal_timeout_ms
         self.decision_deployment = decision_deployment
         self.kbs = _kbs_of(global_)
-        self.modules = getattr(getattr(global_, "model_catalog", None), "modules", None)
+        self.modules = global_.model_catalog.modules if global_ is not None else None
         self.embedding = EmbeddingMatching.of(global_)  # embedding_config's scoring and top_k
         self.plan = QuestionPlan(
             routing,
@@ -222,8 +222,9 @@ class Router:
         )
         self.stats = stats if stats is not None else RouterStats()
         # Router Learning's settings (eval's preview says when learning may change the model)
-        router_cfg = getattr(global_, "router", None)
-        self.learning = LearningSettings.from_config(getattr(router_cfg, "learning", None))
+        self.learning = LearningSettings.from_config(
+            global_.router.learning if global_ is not None else None
+        )
         self._eval_plan: QuestionPlan | None = None
         # The CPU-bound signals go to the signal processes when there are some (serve's
         # supervisor owns them); per plan: its evaluators, and its spec's id and pickle.
@@ -379,10 +380,11 @@ class Router:
         self.stats.record(result)
         return result
 
-    def static_pick(self, decision: Any) -> Any:
+    def static_pick(self, decision: Decision) -> ModelRef | None:
         """Static's modelRef for a decision (no health check: eval previews the choice)."""
         refs = static_order(decision, self.model_scores.get(decision.name))
-        return refs[0] if refs else None
+        ref: ModelRef | None = refs[0] if refs else None
+        return ref
 
     async def _ask_all(self, plan: QuestionPlan, view: RequestView, run: SignalRun) -> None:
         """One exchange per deployment, concurrently; their results go into ``run``. A
@@ -457,8 +459,7 @@ def signals_lost(run: SignalRun, keys: set[SignalKey], exc: SignalProcessFailed)
         run.results[key] = SignalResult.unknown_because(why)
 
 
-def _kbs_of(global_: Any) -> list[Any]:
+def _kbs_of(global_: GlobalSection | None) -> list[KnowledgeBase]:
     """``global.model_catalog.kbs`` and upstream's default knowledge bases (the kb signal's
     example sets)."""
-    catalog = getattr(global_, "model_catalog", None)
-    return list(knowledge_bases(getattr(catalog, "kbs", None)))
+    return knowledge_bases(list(global_.model_catalog.kbs) if global_ is not None else None)
