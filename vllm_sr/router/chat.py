@@ -206,7 +206,7 @@ class ChatRouter:
                 payload = route_eval.parse_payload(request.body)
             model = payload.get("model") or self.default_eval_model()
             recipe = pipeline.recipe_of(self, model) if isinstance(model, str) else None
-            if recipe is None:
+            if recipe is None or not isinstance(model, str):
                 raise route_eval.EvalError(
                     "INVALID_ROUTING_MODEL",
                     f"model {json.dumps(model)} is not an auto model name or entrypoint; "
