@@ -18,11 +18,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy
-
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router import bundle
 from vllm_sr.router.bundle import BUNDLE_PATH
+from vllm_sr.router.cache.store import Vector
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Exchange
@@ -41,9 +40,9 @@ class QueryEmbedding:
     answer: bytes | None = None  # the decision deployment's routing bundle answer, if any
     exchanges: int = 0  # exchanges made here (0 when routing's answer was reused)
     reused: bool = False
-    _vector: numpy.ndarray | None = field(default=None, repr=False)
+    _vector: Vector | None = field(default=None, repr=False)
 
-    async def vector(self, exchange: Exchange, timeout_ms: float | None) -> numpy.ndarray | None:
+    async def vector(self, exchange: Exchange, timeout_ms: float | None) -> Vector | None:
         """The text's embedding; None when it cannot be had (the cache then skips the semantic
         tier for this chat)."""
         if self._vector is not None:
@@ -68,7 +67,7 @@ class QueryEmbedding:
         return self._vector
 
 
-def query_vector(answer: bytes) -> numpy.ndarray | None:
+def query_vector(answer: bytes) -> Vector | None:
     """The ``query`` task's first embedding in a bundle answer, or None."""
     rows = bundle.task_embeddings(answer, QUERY_TASK)
     return rows[0] if rows else None
