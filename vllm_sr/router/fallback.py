@@ -225,6 +225,8 @@ async def forward(
     order = candidates(result, up.providers.defaults.default_model, backends.healthy)
     attempts = Attempts(order, backends, how.deadline)
     changes = outgoing.header_changes(plugins)
+    if how.effects is not None and (changes.set or changes.drop):
+        how.effects.append("header_mutation")
     models = {m.name: m for m in up.providers.models}
     while (step := attempts.next()) is not None:
         i, model, ref, backend = step
