@@ -22,7 +22,6 @@ from vllm_sr.router.answers import ModelNotAvailable
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import ChatRouter, build_chat_router
 from vllm_sr.router.pipeline import ChatRun
-from vllm_sr.router.request_view import RequestView
 
 ROUTING: dict[str, Any] = {
     "signals": {
@@ -184,8 +183,8 @@ async def test_query_stage_without_routing_answer_asks_once_when_read() -> None:
 async def test_eval_runs_every_declared_signal_and_stops_before_selection() -> None:
     chat = make_chat()
     run = ChatRun(Request("POST", "/api/v1/eval", "", {}, b""), 0.0)
-    run.view = RequestView.from_eval({"text": "fix my code"})
-    await pipeline.run_eval(chat, run, "default")
+    await pipeline.run_eval(chat, run, {"text": "fix my code"}, "default")
+    assert run.view is not None and run.view.text == "fix my code"
     assert run.signals is not None
     assert set(run.signals.results) == {("keyword", "code"), ("embedding", "billing")}
     assert [m.decision.name for m in run.matches] == ["coding"]

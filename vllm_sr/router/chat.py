@@ -82,7 +82,6 @@ from vllm_sr.router.pipeline import ChatRun
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
-from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouterStats
 from vllm_sr.router.selection.decide import selection_inventory
 
@@ -247,8 +246,7 @@ class ChatRouter:
         (vllm_sr/router/eval.py)."""
         request = request or Request("POST", "/api/v1/eval", "", {}, b"")
         run = ChatRun(request, self.backends.clock.monotonic())
-        run.view = RequestView.from_eval(payload)
-        await pipeline.run_eval(self, run, recipe)
+        await pipeline.run_eval(self, run, payload, recipe)
         return route_eval.document(run, model=model, want_trace=want_trace)
 
     def models_data(self) -> list[JsonObject]:

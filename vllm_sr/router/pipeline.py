@@ -246,9 +246,11 @@ async def run_chat(chat: ChatRouter, run: ChatRun) -> Response | StreamResponse:
     return await chat_plugins.on_answer(chat, run, answer)
 
 
-async def run_eval(chat: ChatRouter, run: ChatRun, recipe: str) -> None:
-    """The eval's stages: every declared signal of ``recipe`` (no authz), every decision;
-    no selection for real and no backend."""
+async def run_eval(chat: ChatRouter, run: ChatRun, payload: JsonObject, recipe: str) -> None:
+    """The eval's stages: its view of ``payload`` (an eval body, already checked), every
+    declared signal of ``recipe`` (no authz), every decision; no selection for real and no
+    backend."""
+    run.view = RequestView.from_eval(payload)
     run.recipe, run.router = recipe, chat.recipes[recipe]
     await signals_stage(run, every=True)
     decision_stage(run)
