@@ -167,9 +167,8 @@ def model_scores_by_decision(routing: Routing) -> dict[str, dict[str, float]]:
     """Static's input: a domain named like a decision scores that decision's models."""
     out: dict[str, dict[str, float]] = {}
     for dom in routing.signals.domains:
-        scores = getattr(dom, "model_scores", None) or []
-        if scores:
-            out[dom.name] = {s.model: float(s.score) for s in scores}
+        if dom.model_scores:
+            out[dom.name] = {s.model: float(s.score) for s in dom.model_scores}
     return out
 
 
