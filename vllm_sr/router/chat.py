@@ -154,10 +154,12 @@ class ChatRouter:
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
         }
         self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
-        # recipe -> the decisions whose looper vllm-sr runs (vllm_sr/router/looper)
+        # recipe -> the decisions whose looper vllm-sr runs (vllm_sr/router/looper); recipes
+        # with none are left out, so their chats never enter the looper
         self.loopers = {
-            name: LooperDecisions(r.routing, global_, r.providers)
+            name: loopers
             for name, r in self.recipes.items()
+            if (loopers := LooperDecisions(r.routing, global_, r.providers)).confidence
         }
 
     def routes(self) -> dict[str, dict[str, Handler]]:

@@ -252,7 +252,7 @@ async def forward(
                 upstream_model=ref.lora_name if ref is not None else None,
                 early_failure=attempts.more_after(backend),
                 first_byte_timeout_s=attempts.remaining(),
-                tap=TeeTap(how.chosen_tap if i == 0 else None, how.tap),
+                tap=_tap(how.chosen_tap if i == 0 else None, how.tap),
                 extra_headers=changes.set,
                 drop_headers=changes.drop,
                 rewrite=how.rewrite,
@@ -272,3 +272,12 @@ async def forward(
     answer = last.answer or error_response(last.error or Unavailable("no backend answered"))
     answer.headers.update(attempts.headers())
     return Forwarded(answer, attempts.failed[-1][0], attempts.failed, attempts.tried)
+
+
+def _tap(chosen: AnswerTap | None, every: AnswerTap | None) -> AnswerTap | None:
+    """The taps on one attempt's answer as one (none: no tap)."""
+    if chosen is None:
+        return every
+    if every is None:
+        return chosen
+    return TeeTap(chosen, every)
