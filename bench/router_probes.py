@@ -128,7 +128,6 @@ async def stand_in_exchange(
 
 async def run_recipe(name: str, exchange: Exchange, verbose: bool) -> Counter[str]:
     from vllm_sr.config.schema import RootConfig
-    from vllm_sr.router import eval as route_eval
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.chat import build_chat_router
 
@@ -145,7 +144,6 @@ async def run_recipe(name: str, exchange: Exchange, verbose: bool) -> Counter[st
         backends=backends,
         global_=config.global_,
     )
-    router = chat.router
     probes = yaml.safe_load((RECIPES / name / "probes.yaml").read_text())
     tally: Counter[str] = Counter()
     for dec in probes["decisions"]:
@@ -154,16 +152,18 @@ async def run_recipe(name: str, exchange: Exchange, verbose: bool) -> Counter[st
             if payload is None:
                 tally["skipped"] += 1
                 continue
-            doc = await route_eval.evaluate(
-                router, payload, model="vllm-sr/auto", recipe="default", want_trace=False
+            doc = await chat.evaluate(
+                payload, model="vllm-sr/auto", recipe="default", want_trace=False
             )
-            got = doc.get("routing_decision") or doc["decision_result"]["decision_name"]
+            result = doc["decision_result"]
+            assert isinstance(result, dict)
+            got = doc.get("routing_decision") or result["decision_name"]
             ok = got == dec["expected_decision"] and not doc["signal_errors"]
             tally["pass" if ok else "fail"] += 1
             if verbose and not ok:
                 print(f"  {name}/{dec['id']}/{variant.get('id')}: expected "
                       f"{dec['expected_decision']!r}, got {got!r}; matched "
-                      f"{doc['decision_result']['matched_signals']}")  # fmt: skip
+                      f"{result['matched_signals']}")  # fmt: skip
     return tally
 
 

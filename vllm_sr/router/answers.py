@@ -4,10 +4,9 @@ each header means."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from vllm_sr import httpserver, jsonbody
 from vllm_sr.errors import InvalidRequest
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.families import DEBUG_HEADER_WORD
 from vllm_sr.router.reasoning import reasoning_enabled
 from vllm_sr.router.route import RouteResult
@@ -31,17 +30,19 @@ class ModelNotAvailable(InvalidRequest):
 
     code = "model_not_found"
 
-    def to_json(self) -> dict[str, Any]:
-        doc = super().to_json()
-        doc["error"]["type"] = "invalid_request_error"
+    def to_json(self) -> JsonObject:
+        doc: JsonObject = super().to_json()
+        error = doc["error"]
+        assert isinstance(error, dict)  # VllmSrError.to_json's shape
+        error["type"] = "invalid_request_error"
         return doc
 
 
 error_response = httpserver.error_response  # the one error answer (vllm_sr.wire)
 
 
-def parse_chat(raw: bytes) -> dict[str, Any]:
-    body = jsonbody.parse_json(raw)
+def parse_chat(raw: bytes) -> JsonObject:
+    body: JsonObject = jsonbody.parse_json(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest(

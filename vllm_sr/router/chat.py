@@ -6,10 +6,12 @@ name -> that model's backend, no signals; anything else -> 400 ``model "X" is no
 (upstream's status and message). The chosen model's backend gets the body with ``model``
 rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py)
 and the decision's plugins (vllm_sr/router/chat_plugins.py: fast_response, response cache,
-tools, system_prompt, request_params, header_mutation, tool_selection, router_replay, and the
-backend fallback before the first byte); its answer comes back as it is (SSE streamed
-through). Answer headers, as upstream names them (the plugins add ``x-vsr-cache-hit``,
-``x-vsr-fast-response``, ``x-vsr-replay-id`` and ours ``x-vsr-backend-fallback``):
+tools, tool_selection, router_replay; vllm_sr/router/outgoing.py: system_prompt,
+request_params, header_mutation), with the backend fallback before the first byte
+(vllm_sr/router/fallback.py); its answer comes back as it is (SSE streamed through). The
+stages run in vllm_sr/router/pipeline.py, over one ``ChatRun`` per request. Answer headers,
+as upstream names them (the plugins add ``x-vsr-cache-hit``, ``x-vsr-fast-response``,
+``x-vsr-replay-id`` and ours ``x-vsr-backend-fallback``):
 
 - ``x-vsr-selected-model``: the providers model name;
 - ``x-vsr-selected-decision`` and ``x-vsr-selected-confidence`` (``%.4f``): the decision, when
@@ -41,14 +43,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
 from vllm_sr.config.routing_plugins import decision_plugins
 from vllm_sr.errors import EngineMode, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import eval as route_eval
+from vllm_sr.router import pipeline
 from vllm_sr.router import preview as route_preview
 from vllm_sr.router.answers import (
     H_ALGORITHM,
@@ -69,18 +73,16 @@ from vllm_sr.router.answers import (
 )
 from vllm_sr.router.backend_proxy import StreamRewrite
 from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.cache import embedding as cache_embedding
-from vllm_sr.router.cache.answer import AnswerRecorder
-from vllm_sr.router.chat_plugins import ChatPlugins, Replay
+from vllm_sr.router.fallback import Upstream
 from vllm_sr.router.learning.runtime import RouterLearning
 from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.learning.state import LearningState
-from vllm_sr.router.looper.dispatch import LooperDecisions, run_looper
+from vllm_sr.router.looper.dispatch import LooperDecisions
+from vllm_sr.router.pipeline import ChatRun
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
-from vllm_sr.router.request_view import RequestView
-from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
+from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouterStats
 from vllm_sr.router.selection.decide import selection_inventory
 
 __all__ = [
@@ -105,6 +107,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from vllm_sr.config.router_replay import RouterReplay
     from vllm_sr.config.schema import GlobalSection
     from vllm_sr.router.signal_dispatch import SignalDispatch
 
@@ -113,8 +116,9 @@ log = logging.getLogger("vllm_sr.router.chat")
 DEFAULT_EVAL_MODEL = "vllm-sr/auto"  # upstream's eval reads an empty model as this alias
 
 
-class ChatRouter(ChatPlugins):
-    """Router mode's HTTP face for one config generation."""
+class ChatRouter:
+    """Router mode for one config generation: its recipes' routers, the decisions' plugins,
+    the backends; the HTTP handlers that run a request's stages (vllm_sr/router/pipeline.py)."""
 
     def __init__(
         self,
@@ -134,6 +138,8 @@ class ChatRouter(ChatPlugins):
         self.recipes: dict[str, Router] = {DEFAULT_RECIPE: router, **(recipes or {})}
         self.entrypoints = dict(entrypoints or {})  # entrypoint model name -> recipe
         self.backends = router.backends
+        self.stats: RouterStats = router.stats
+        self.upstream = Upstream(router.backends, router.providers, router.stats)
         self.auto_model_names = list(auto_model_names)
         self.model_names = [m.name for m in router.providers.models]
         self.provider_models = {m.name: m for m in router.providers.models}
@@ -148,15 +154,13 @@ class ChatRouter(ChatPlugins):
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
         }
         self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
-        # recipe -> the decisions whose looper vllm-sr runs (vllm_sr/router/looper)
+        # recipe -> the decisions whose looper vllm-sr runs (vllm_sr/router/looper); recipes
+        # with none are left out, so their chats never enter the looper
         self.loopers = {
-            name: LooperDecisions(r.routing, global_, r.providers)
+            name: loopers
             for name, r in self.recipes.items()
+            if (loopers := LooperDecisions(r.routing, global_, r.providers)).looping
         }
-
-    @property
-    def stats(self) -> RouterStats:
-        return self.router.stats
 
     def routes(self) -> dict[str, dict[str, Handler]]:
         return {
@@ -169,94 +173,17 @@ class ChatRouter(ChatPlugins):
     async def handle_chat(
         self, request: Request, rewrite: StreamRewrite | None = None
     ) -> Response | StreamResponse:
-        """A chat, counted in flight for the signal processes' dispatch (a hand-off pays only
-        when other chats are in the router: ``SignalDispatch.takes``)."""
+        """A chat completion through every stage (vllm_sr/router/pipeline.py); ``rewrite``
+        turns a streamed backend answer into another as it goes out (the Responses API,
+        vllm_sr/router/responses, which translates the other answers itself). Counted in
+        flight for the signal processes' dispatch (a hand-off pays only when other chats are
+        in the router: ``SignalDispatch.takes``)."""
+        run = ChatRun(request, self.backends.clock.monotonic(), rewrite)
         dispatch = self.router.signal_dispatch
         if dispatch is None:
-            return await self._handle_chat(request, rewrite)
+            return await pipeline.run_chat(self, run)
         with dispatch.in_flight():
-            return await self._handle_chat(request, rewrite)
-
-    async def _handle_chat(
-        self, request: Request, rewrite: StreamRewrite | None = None
-    ) -> Response | StreamResponse:
-        """Upstream's order: route; ``fast_response``; cache lookup; reasoning,
-        ``system_prompt``, ``request_params``, ``header_mutation`` on the request to the
-        backend (with fallback before the first byte); cache write; replay record. ``rewrite``
-        turns a streamed backend answer into another as it goes out (the Responses API,
-        vllm_sr/router/responses, which translates the other answers itself)."""
-        started = self.backends.clock.monotonic()
-        try:
-            if request.error is not None:
-                raise request.error
-            deadline = self._deadline(request)
-            body = parse_chat(request.body)
-            view = RequestView.from_chat(body, request.headers)
-            query = cache_embedding.watch(self.router.decision_deployment, view.text)
-            result = await self.resolve(body, view)
-        except VllmSrError as exc:
-            return error_response(exc)
-        # Router Learning may move the chat to another model (vllm_sr/router/learning)
-        turn = await self.learning.apply(
-            self.recipes.get(result.recipe, self.router), result, body, request.headers
-        )
-        if turn is not None:
-            result = turn.result
-        plugins = self.plugins_of(result)
-        replay = Replay(self, plugins, result, body, request.body, started, request.headers)
-        try:
-            debug = is_debug(request.headers)
-            stream = body.get("stream") is True
-            if plugins.fast_response is not None:
-                fast = self.fast_answer(result, plugins.fast_response.message, stream)
-                return await replay.done(fast, "fast_response", None)
-            loopers = self.loopers.get(result.recipe)
-            looping = loopers.settings(result) if loopers is not None else None
-            if loopers is not None and looping is not None:  # never cached; replayed once
-                outgoing = await self.select_tools(body, plugins, query)
-                final, model = await run_looper(
-                    self,
-                    loopers,
-                    looping,
-                    result,
-                    plugins,
-                    outgoing,
-                    request,
-                    deadline,
-                    debug,
-                    self.stats,
-                )
-                return await replay.done(final, "looper", model)
-            plan = self.cache_plan(result, plugins, body, request.headers, query)
-            if plan is not None and self.cache is not None:
-                hit = await self.cache.lookup(plan)
-                if hit is not None:
-                    cached = self.cache_answer(result, hit, stream, debug)
-                    return await replay.done(cached, "cache", result.model)
-            recorder = AnswerRecorder() if plan is not None else None
-            outgoing = await self.select_tools(body, plugins, query)
-            sent = self.backends.clock.monotonic()
-            answer, answered_by, failed = await self.forward(
-                outgoing,
-                result,
-                plugins,
-                request,
-                debug,
-                deadline,
-                recorder,
-                replay,
-                rewrite,
-                learning_headers=turn.headers() if turn is not None and debug else None,
-            )
-            latency = self.backends.clock.monotonic() - sent
-            await self.learning.observe(turn, answered_by, answer.status, failed, latency)
-            # (an answer from a fallback model is not filed under the chosen model)
-            chosen_answered = answered_by == result.model
-            if plan is not None and recorder is not None and self.cache and chosen_answered:
-                await self.cache.write(plan, recorder.document())
-            return await replay.done(answer, "upstream", answered_by, failed)
-        except VllmSrError as exc:
-            return await replay.done(error_response(exc), "error", None)
+            return await pipeline.run_chat(self, run)
 
     def default_eval_model(self) -> str:
         """What an eval without ``model`` asks for: upstream's ``vllm-sr/auto``, or, when the
@@ -264,27 +191,6 @@ class ChatRouter(ChatPlugins):
         if DEFAULT_EVAL_MODEL in self.auto_model_names or not self.auto_model_names:
             return DEFAULT_EVAL_MODEL
         return self.auto_model_names[0]
-
-    def recipe_of(self, model: str) -> str | None:
-        """The recipe a request ``model`` selects: ``default`` for an auto name, an entrypoint's
-        recipe for its names; None for a concrete model."""
-        if model in self.auto_model_names:
-            return DEFAULT_RECIPE
-        return self.entrypoints.get(model)
-
-    async def resolve(self, body: dict[str, Any], view: RequestView) -> RouteResult:
-        model = body["model"]
-        recipe = self.recipe_of(model)
-        if recipe is not None:
-            return await self.recipes[recipe].route(view)
-        if model in self.backends.models:
-            self.stats.direct[model] += 1
-            return RouteResult(model, routed=False)
-        raise ModelNotAvailable(
-            f"model {json.dumps(model)} is not available; accepted: an auto name "
-            f"({', '.join(self.auto_model_names)}) or a model ({', '.join(self.model_names)})",
-            model=model,
-        )
 
     async def handle_eval(self, request: Request) -> Response:
         """Upstream's routing preview on both its paths: ``/api/v1/eval`` (3d48f8c9's body)
@@ -300,8 +206,8 @@ class ChatRouter(ChatPlugins):
             else:
                 payload = route_eval.parse_payload(request.body)
             model = payload.get("model") or self.default_eval_model()
-            recipe = self.recipe_of(model) if isinstance(model, str) else None
-            if recipe is None:
+            recipe = pipeline.recipe_of(self, model) if isinstance(model, str) else None
+            if recipe is None or not isinstance(model, str):
                 raise route_eval.EvalError(
                     "INVALID_ROUTING_MODEL",
                     f"model {json.dumps(model)} is not an auto model name or entrypoint; "
@@ -315,8 +221,8 @@ class ChatRouter(ChatPlugins):
                     '(e.g. {"trace": true})',
                 )
             want_trace = "trace=true" in request.query.split("&") or bool(options.get("trace"))
-            doc = await route_eval.evaluate(
-                self.recipes[recipe], payload, model=model, recipe=recipe, want_trace=want_trace
+            doc = await self.evaluate(
+                payload, model=model, recipe=recipe, want_trace=want_trace, request=request
             )
             status = 503 if "decision_error" in doc else 200  # v0.4 on_unknown: fail_request
             return Response(json.dumps(doc).encode(), status=status)
@@ -329,9 +235,26 @@ class ChatRouter(ChatPlugins):
                 err.http_status = 500
             return Response(route_eval.error_body(err), status=err.http_status)
 
-    def models_data(self) -> list[dict[str, Any]]:
+    async def evaluate(
+        self,
+        payload: JsonObject,
+        *,
+        model: str,
+        recipe: str,
+        want_trace: bool,
+        request: Request | None = None,
+    ) -> JsonObject:
+        """The eval document of ``payload`` (an eval body, already checked): the eval's
+        stages over the recipe (vllm_sr/router/pipeline.py ``run_eval``), then the document
+        (vllm_sr/router/eval.py)."""
+        request = request or Request("POST", "/api/v1/eval", "", {}, b"")
+        run = ChatRun(request, self.backends.clock.monotonic())
+        await pipeline.run_eval(self, run, payload, recipe)
+        return route_eval.document(run, model=model, want_trace=want_trace)
+
+    def models_data(self) -> list[JsonObject]:
         """The /v1/models entries of Router mode: the auto names, then the models."""
-        data: list[dict[str, Any]] = [
+        data: list[JsonObject] = [
             {"id": name, "object": "model", "owned_by": "vllm-sr", "kind": "auto"}
             for name in self.auto_model_names
         ]
@@ -353,10 +276,10 @@ class ChatRouter(ChatPlugins):
     async def handle_models(self, request: Request) -> Response:
         return Response(json.dumps({"object": "list", "data": self.models_data()}).encode())
 
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> JsonObject:
         """For the inventory document (key "router"): backends, decision counters, what the
         selectors observe per model, the response cache's and (when on) Router Learning's."""
-        doc: dict[str, Any] = {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
+        doc: JsonObject = {"backends": self.backends.inventory(), "stats": self.stats.to_json()}
         doc["selection"] = selection_inventory(self.backends)
         if self.cache is not None:
             usage = self.cache.store.usage()
@@ -402,13 +325,11 @@ def build_chat_router(
     ``global.stores.response_cache``, None/False for none."""
     backends = backends if backends is not None else BackendSet(providers)
     stats = stats if stats is not None else RouterStats()
-    raw_exchange = exchange
-    exchange = cache_embedding.tapping(exchange)  # the semantic cache reuses routing's embedding
     if cache is True:
         store, ttl = build_store(global_)
         cache = (
             ResponseCache(
-                store, exchange=raw_exchange, default_ttl_s=ttl, signal_timeout_ms=signal_timeout_ms
+                store, exchange=exchange, default_ttl_s=ttl, signal_timeout_ms=signal_timeout_ms
             )
             if store is not None
             else None
@@ -444,7 +365,7 @@ def build_chat_router(
         cache=cache,
         authz=authz,
         replay=replay,
-        tool_embeddings=ToolEmbeddings(decision_deployment, raw_exchange, signal_timeout_ms),
+        tool_embeddings=ToolEmbeddings(decision_deployment, exchange, signal_timeout_ms),
         learning=RouterLearning(
             LearningSettings.from_config(global_.router.learning if global_ else None),
             learning_state,
@@ -457,9 +378,9 @@ def build_chat_router(
     return chat
 
 
-def _replay_conf(global_: GlobalSection | None) -> Any:
+def _replay_conf(global_: GlobalSection | None) -> RouterReplay | None:
     """``global.services.router_replay`` (None without a global section)."""
-    return getattr(getattr(global_, "services", None), "router_replay", None)
+    return global_.services.router_replay if global_ is not None else None
 
 
 async def engine_mode_chat(request: Request) -> Response:

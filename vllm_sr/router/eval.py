@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_plugins import canonical_type
 from vllm_sr.errors import VllmSrError
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router.families import EVAL_KEY, NOT_REPORTED_UNMATCHED
 from vllm_sr.router.learning.settings import changes_at_execution
-from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, SignalRun
 from vllm_sr.router.rules import (
     SignalKey,
@@ -29,6 +28,10 @@ from vllm_sr.router.rules import (
     trace,
 )
 from vllm_sr.router.unknown import DecisionUnresolved
+
+if TYPE_CHECKING:
+    from vllm_sr.config.routing import Decision
+    from vllm_sr.router.pipeline import ChatRun
 
 MAX_EVAL_BODY = 10 * 1024 * 1024
 
@@ -52,7 +55,7 @@ def error_body(exc: EvalError) -> bytes:
     ).encode()
 
 
-def parse_payload(raw: bytes) -> dict[str, Any]:
+def parse_payload(raw: bytes) -> JsonObject:
     if len(raw) > MAX_EVAL_BODY:
         raise EvalError("INVALID_INPUT", f"the body is {len(raw)} bytes; accepted: at most 10 MiB")
     try:
@@ -97,14 +100,14 @@ def _metrics(run: SignalRun) -> dict[str, dict[str, float]]:
     }
 
 
-async def evaluate(
-    router: Router, payload: Mapping[str, Any], *, model: str, recipe: str, want_trace: bool
-) -> dict[str, Any]:
-    """The eval document for one request (``model`` already resolved to an auto name)."""
-    view = RequestView.from_eval(payload)
-    run = await router.signals(view, router.eval_plan, authz=False)
-    ranking = router.ranking(run)
-    matches = [] if ranking.unresolved else ranking.matches
+def document(chat_run: ChatRun, *, model: str, want_trace: bool) -> JsonObject:
+    """The eval document of a request whose eval stages ran (vllm_sr/router/pipeline.py
+    ``run_eval``: every declared signal, every decision; ``model`` already resolved to an
+    auto name)."""
+    router, view, run = chat_run.router, chat_run.view, chat_run.signals
+    assert router is not None and view is not None and run is not None
+    recipe, matches, ranking = chat_run.recipe, chat_run.matches, chat_run.ranking
+    assert ranking is not None
     matched = {key for key, res in run.results.items() if res.matched}
     unmatched = {  # an unknown signal is neither: it is in signal_errors
         key
@@ -112,7 +115,7 @@ async def evaluate(
         if key not in matched and res.unknown is None and key[0] not in NOT_REPORTED_UNMATCHED
     }
     confidences, values, errors = _signal_maps(run)
-    doc: dict[str, Any] = {
+    doc: JsonObject = {
         "original_text": view.text,
         "requested_model": model,
         "recipe": recipe,
@@ -125,7 +128,7 @@ async def evaluate(
         doc["applied_unknown_policies"] = dict(ranking.applied)
     best = matches[0] if matches else None
     decision = best.decision if best is not None else None
-    result: dict[str, Any] = {
+    result: JsonObject = {
         "decision_name": decision.name if decision is not None else "",
         "algorithm": router.algorithms[decision.name][0] if decision is not None else "static",
         "used_signals": grouped(set(leaves(decision.rules))) if decision is not None else {},
@@ -133,7 +136,7 @@ async def evaluate(
         "unmatched_signals": grouped(unmatched),
     }
     if decision is not None:
-        plugins = [canonical_type(p.type) for p in (getattr(decision, "plugins", None) or [])]
+        plugins = [canonical_type(p.type) for p in decision.plugins]
         if plugins:
             result["plugins"] = plugins
     doc["decision_result"] = result
@@ -147,11 +150,11 @@ async def evaluate(
     return doc
 
 
-def _trace_entry(dec: Any, run: SignalRun) -> dict[str, object]:
+def _trace_entry(dec: Decision, run: SignalRun) -> JsonObject:
     """One decision's eval_trace entry; with v0.4's on_unknown set, also its three-valued
     ``state`` (true, false, unknown) and the policy (``on_unknown``)."""
     node = trace(dec.rules, run.results)
-    entry: dict[str, object] = {
+    entry: JsonObject = {
         "decision_name": dec.name,
         "matched": node["matched"],
         "confidence": node["confidence"],
@@ -167,7 +170,7 @@ def _trace_entry(dec: Any, run: SignalRun) -> dict[str, object]:
     return entry
 
 
-def _selection(router: Router, decision: Any) -> dict[str, Any]:
+def _selection(router: Router, decision: Decision | None) -> JsonObject:
     """The decision's pick (static's, a latency_aware / multi_factor selector's dry run on
     the live observations, or execution_required for the request-time selectors), or the
     default model when none matched."""
@@ -178,7 +181,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "selection_method": "default",
             "selection_reason": "no decision matched: providers.defaults.default_model",
         }
-    refs = list(getattr(decision, "model_refs", None) or [])
+    refs = list(decision.model_refs)
     if not refs:
         return {
             "selected_model": router.default_model,
@@ -187,7 +190,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "selection_reason": f"decision {decision.name!r} has no modelRefs: default_model",
         }
     ref = router.static_pick(decision)
-    lora = getattr(ref, "lora_name", None)
+    assert ref is not None  # the decision has modelRefs
     kind, status = router.algorithms[decision.name]
     if status != "selected":  # a looper run as static: upstream's eval plans, it does not pick
         final = planned_final_model(decision) if status == "planned_final" else None
@@ -201,7 +204,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
             "is known only once its calls are made; with no looper endpoint vllm-sr (as "
             "upstream) sends the chat to static's choice",
         }
-    if changes_at_execution(router.learning, getattr(decision, "adaptations", None)):
+    if changes_at_execution(router.learning, decision.adaptations):
         return {
             "recommended_models": [r.model for r in refs],
             "routing_decision": decision.name,
@@ -227,7 +230,7 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
     return {
         "recommended_models": [r.model for r in refs],
         "routing_decision": decision.name,
-        "selected_model": lora or ref.model,
+        "selected_model": ref.lora_name or ref.model,
         "selection_status": "selected",
         "selection_method": "single" if len(refs) == 1 else "static",
         "selection_reason": (
@@ -239,20 +242,18 @@ def _selection(router: Router, decision: Any) -> dict[str, Any]:
     }
 
 
-def planned_final_model(decision: Any) -> str | None:
+def planned_final_model(decision: Decision) -> str | None:
     """The final model a looper names (fusion.model, workflows.final.model,
     remom.synthesis_model), as upstream's eval reports it for planned_final."""
-    algorithm = getattr(decision, "algorithm", None)
+    algorithm = decision.algorithm
     if algorithm is None:
         return None
-    kind = algorithm.type
-    block = getattr(algorithm, kind, None)
-    if not isinstance(block, dict):
-        return None
-    if kind == "fusion":
-        value = block.get("model")
-    elif kind == "workflows":
-        value = (block.get("final") or {}).get("model")
-    else:
-        value = block.get("synthesis_model")
+    value: object = None
+    if algorithm.type == "fusion" and algorithm.fusion is not None:
+        value = algorithm.fusion.get("model")
+    elif algorithm.type == "workflows" and algorithm.workflows is not None:
+        final = json_object(algorithm.workflows.get("final"))
+        value = final.get("model") if final is not None else None
+    elif algorithm.type == "remom" and algorithm.remom is not None:
+        value = algorithm.remom.get("synthesis_model")
     return value if isinstance(value, str) and value else None

@@ -8,9 +8,9 @@ payload ``text`` fills in when the messages carry none.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from vllm_sr.errors import InvalidRequest
+from vllm_sr.jsontypes import JsonObject, json_type
 from vllm_sr.router.context_estimate import request_token_floor
 from vllm_sr.router.message_text import EVAL, message_text
 from vllm_sr.router.request_view import (
@@ -18,7 +18,6 @@ from vllm_sr.router.request_view import (
     ChatWalk,
     ConversationFacts,
     RequestView,
-    _json_type,
     check_metadata,
     input_modalities,
     tool_choice_flags,
@@ -36,7 +35,7 @@ ESTIMATE_FIELDS = (
 EVAL_IMAGE_TYPES = frozenset({"image_url", "input_image"})
 
 
-def _parts(content: Any) -> list[Mapping[str, Any]]:
+def _parts(content: object) -> list[Mapping[str, object]]:
     if isinstance(content, list):
         return [p for p in content if isinstance(p, Mapping)]
     if isinstance(content, Mapping):
@@ -44,16 +43,16 @@ def _parts(content: Any) -> list[Mapping[str, Any]]:
     return []
 
 
-def _kind(part: Mapping[str, Any]) -> str:
+def _kind(part: Mapping[str, object]) -> str:
     kind = part.get("type")
     return kind.strip().lower() if isinstance(kind, str) else ""
 
 
-def image_count(content: Any) -> int:
+def image_count(content: object) -> int:
     return sum(1 for p in _parts(content) if _kind(p) in EVAL_IMAGE_TYPES)
 
 
-def first_data_image(content: Any) -> str:
+def first_data_image(content: object) -> str:
     """The first inline base64 image (a data: URI; upstream refuses fetching URLs)."""
     for part in _parts(content):
         image = part.get("image_url")
@@ -66,20 +65,20 @@ def first_data_image(content: Any) -> str:
     return ""
 
 
-def _list(payload: Mapping[str, Any], key: str) -> list[Any]:
+def _list(payload: Mapping[str, object], key: str) -> list[object]:
     value = payload.get(key)
     if value is None:
         return []
     if not isinstance(value, list):
-        raise InvalidRequest(f"field {key} must be an array, got {_json_type(value)}", field=key)
+        raise InvalidRequest(f"field {key} must be an array, got {json_type(value)}", field=key)
     return value
 
 
-def eval_view(payload: Mapping[str, Any], headers: dict[str, str]) -> RequestView:
+def eval_view(payload: Mapping[str, object], headers: dict[str, str]) -> RequestView:
     metadata_raw = payload.get("metadata")
     if metadata_raw is not None and not isinstance(metadata_raw, Mapping):
         raise InvalidRequest(
-            f"field metadata must be an object of strings, got {_json_type(metadata_raw)}",
+            f"field metadata must be an object of strings, got {json_type(metadata_raw)}",
             field="metadata",
         )
     metadata = check_metadata(metadata_raw or {})
@@ -88,17 +87,17 @@ def eval_view(payload: Mapping[str, Any], headers: dict[str, str]) -> RequestVie
         text_field = ""
     if not isinstance(text_field, str):
         raise InvalidRequest(
-            f"field text must be a string, got {_json_type(text_field)}", field="text"
+            f"field text must be a string, got {json_type(text_field)}", field="text"
         )
     messages = _list(payload, "messages")
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
             raise InvalidRequest(
-                f"field messages[{i}] must be an object, got {_json_type(msg)}",
+                f"field messages[{i}] must be an object, got {json_type(msg)}",
                 field=f"messages[{i}]",
             )
     tool_definitions = len(_list(payload, "tools")) + len(_list(payload, "functions"))
-    envelope = {k: payload[k] for k in ESTIMATE_FIELDS if payload.get(k) is not None}
+    envelope: JsonObject = {k: payload[k] for k in ESTIMATE_FIELDS if payload.get(k) is not None}
 
     if messages:
         walk = _EvalWalk(tool_definitions)
@@ -142,7 +141,9 @@ class _EvalWalk(ChatWalk):
         self.current_raw = ""
         self.current_image = ""
 
-    def message(self, msg: Mapping[str, Any]) -> None:
+    def message(self, msg: object) -> None:
+        if not isinstance(msg, Mapping):
+            return  # eval_view refused it already
         role_raw = msg.get("role")
         role = role_raw.strip().lower() if isinstance(role_raw, str) else ""
         content = msg.get("content")
@@ -192,11 +193,11 @@ class _EvalWalk(ChatWalk):
     def view(
         self,
         text_field: str,
-        envelope: dict[str, Any],
-        messages: list[Any],
+        envelope: JsonObject,
+        messages: list[object],
         metadata: dict[str, str],
         headers: dict[str, str],
-        payload: Mapping[str, Any],
+        payload: Mapping[str, object],
     ) -> RequestView | None:
         """The view, or None when the messages carry nothing to evaluate (upstream then falls
         back to ``text``)."""

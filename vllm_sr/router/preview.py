@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn
 
-from vllm_sr.jsontypes import json_type
+from vllm_sr.jsontypes import JsonObject, json_int, json_type
 from vllm_sr.router.eval import MAX_EVAL_BODY, EvalError, parse_payload
 
 PREVIEW_PATH = "/api/v1/routing/preview"
@@ -67,24 +67,24 @@ class PreviewContext:
 
 @dataclass(frozen=True)
 class PreviewRequest:
-    payload: dict[str, Any]  # what the eval handler evaluates (the envelope as sent)
+    payload: JsonObject  # what the eval handler evaluates (the envelope as sent)
     trace: bool  # options.trace
     context: PreviewContext
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = json.dumps(value, allow_nan=True, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _bad(field: str, value: Any, accepted: str) -> EvalError:
+def _bad(field: str, value: object, accepted: str) -> EvalError:
     return EvalError(
         "INVALID_INPUT",
         f"field {field}: got {_shown(value)} ({json_type(value)}); accepted: {accepted}",
     )
 
 
-def _object(value: Any, fields: tuple[str, ...], where: str) -> Mapping[str, Any]:
+def _object(value: object, fields: tuple[str, ...], where: str) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
         raise _bad(where, value, f"an object with fields {', '.join(fields)}")
     for key in value:
@@ -98,11 +98,11 @@ def _object(value: Any, fields: tuple[str, ...], where: str) -> Mapping[str, Any
     return value
 
 
-def _refuse_constant(name: str) -> Any:
+def _refuse_constant(name: str) -> NoReturn:
     raise EvalError("INVALID_INPUT", f"the body holds {name}; accepted: finite JSON numbers only")
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
+def parse_body(raw: bytes) -> JsonObject:
     """The request body as a JSON object (NaN and Infinity refused, as upstream's decoder
     does)."""
     if len(raw) > MAX_EVAL_BODY:
@@ -116,7 +116,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return payload
 
 
-def parse_preview(payload: Mapping[str, Any]) -> PreviewRequest:
+def parse_preview(payload: Mapping[str, object]) -> PreviewRequest:
     """Check the envelope; raises EvalError naming the field, its value and what is accepted."""
     _object(payload, REQUEST_FIELDS, "request")
     for name in ("text", "model"):
@@ -138,12 +138,12 @@ def parse_preview(payload: Mapping[str, Any]) -> PreviewRequest:
     return PreviewRequest(dict(payload), trace, context)
 
 
-def _messages(messages: Any) -> None:
+def _messages(messages: object) -> None:
     if not isinstance(messages, list):
         raise _bad("messages", messages, "an array of chat messages")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
-        _object(message, MESSAGE_FIELDS, where)
+        message = _object(message, MESSAGE_FIELDS, where)
         role = message.get("role")
         if not isinstance(role, str) or not role.strip():
             raise _bad(f"{where}.role", role, "a non-empty string (user, assistant, system, ...)")
@@ -154,7 +154,7 @@ def _messages(messages: Any) -> None:
             raise _bad(f"{where}.tool_calls", message["tool_calls"], "an array of tool calls")
 
 
-def _metadata(metadata: Any) -> None:
+def _metadata(metadata: object) -> None:
     bounds = (
         f"an object of at most {MAX_METADATA_ENTRIES} entries, keys non-empty strings of at "
         f"most {MAX_METADATA_KEY_BYTES} bytes, values strings of at most "
@@ -175,8 +175,8 @@ def _metadata(metadata: Any) -> None:
             raise _bad(f"metadata.{key}", value, bounds)
 
 
-def _options(options: Any) -> bool:
-    _object(options, OPTION_FIELDS, "options")
+def _options(raw: object) -> bool:
+    options = _object(raw, OPTION_FIELDS, "options")
     for name in BOOL_OPTIONS:
         if name in options and not isinstance(options[name], bool):
             raise _bad(f"options.{name}", options[name], "true or false")
@@ -188,7 +188,7 @@ def _options(options: Any) -> bool:
     return options.get("trace") is True
 
 
-def _identity(context: Mapping[str, Any], name: str) -> str | None:
+def _identity(context: Mapping[str, object], name: str) -> str | None:
     if name not in context:
         return None
     value = context[name]
@@ -205,8 +205,8 @@ def _identity(context: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
-def _context(context: Any) -> PreviewContext:
-    _object(context, CONTEXT_FIELDS, "preview_context")
+def _context(raw: object) -> PreviewContext:
+    context = _object(raw, CONTEXT_FIELDS, "preview_context")
     seed = context.get("sampling_seed")
     if "sampling_seed" in context and (
         isinstance(seed, bool) or not isinstance(seed, int) or not INT64[0] <= seed < INT64[1]
@@ -215,5 +215,5 @@ def _context(context: Any) -> PreviewContext:
     return PreviewContext(
         session_id=_identity(context, "session_id"),
         conversation_id=_identity(context, "conversation_id"),
-        sampling_seed=seed,
+        sampling_seed=json_int(seed),
     )

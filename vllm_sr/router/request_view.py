@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from vllm_sr.errors import InvalidRequest
+from vllm_sr.jsontypes import json_type
 from vllm_sr.router.context_estimate import context_token_count, request_token_floor
 from vllm_sr.router.message_text import CHAT, message_text
 
@@ -95,7 +95,7 @@ class RequestView:
     facts: ConversationFacts = field(default_factory=ConversationFacts)
     metadata: Mapping[str, str] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
-    body: Mapping[str, Any] = field(default_factory=dict)
+    body: Mapping[str, object] = field(default_factory=dict)
 
     def context_tokens(self) -> int:
         """The context signal's token count: max(ceil(context text bytes / 4), floor)."""
@@ -107,7 +107,7 @@ class RequestView:
         return sample(self.text, SAMPLE_CHARS)
 
     @staticmethod
-    def from_chat(body: Mapping[str, Any], headers: Mapping[str, str]) -> RequestView:
+    def from_chat(body: Mapping[str, object], headers: Mapping[str, str]) -> RequestView:
         """The view of a chat-completions request body (already parsed JSON)."""
         metadata = chat_metadata(body)
         walk = ChatWalk()
@@ -116,9 +116,11 @@ class RequestView:
         if isinstance(messages, list):
             for msg in messages:
                 walk.message(msg)
-        tool_definitions = sum(
-            len(body[k]) for k in ("tools", "functions") if isinstance(body.get(k), list)
-        )
+        tool_definitions = 0
+        for key in ("tools", "functions"):
+            defined = body.get(key)
+            if isinstance(defined, list):
+                tool_definitions += len(defined)
         current = walk.current
         non_user = tuple(walk.non_user)
         text = current if current else " ".join(non_user)
@@ -139,7 +141,7 @@ class RequestView:
 
     @staticmethod
     def from_eval(
-        payload: Mapping[str, Any], headers: Mapping[str, str] | None = None
+        payload: Mapping[str, object], headers: Mapping[str, str] | None = None
     ) -> RequestView:
         """The view of an ``/api/v1/eval`` request: ``text``, ``messages``, ``tools``,
         ``functions``, ``tool_choice``, ``function_call``, ``response_format``, ``max_tokens``,
@@ -170,20 +172,20 @@ def lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {str(k).lower(): v for k, v in headers.items()}
 
 
-def chat_metadata(body: Mapping[str, Any]) -> dict[str, str]:
+def chat_metadata(body: Mapping[str, object]) -> dict[str, str]:
     """The body's ``metadata`` object, checked as upstream does (400 otherwise)."""
     if "metadata" not in body:
         return {}
     raw = body["metadata"]
     if not isinstance(raw, Mapping):
         raise InvalidRequest(
-            f"field metadata must be an object of strings, got {_json_type(raw)}",
+            f"field metadata must be an object of strings, got {json_type(raw)}",
             field="metadata",
         )
     return check_metadata(raw)
 
 
-def check_metadata(raw: Mapping[Any, Any]) -> dict[str, str]:
+def check_metadata(raw: Mapping[object, object]) -> dict[str, str]:
     values: dict[str, str] = {}
     for key, value in raw.items():
         if len(values) >= MAX_METADATA_ENTRIES:
@@ -193,7 +195,7 @@ def check_metadata(raw: Mapping[Any, Any]) -> dict[str, str]:
             )
         if not isinstance(value, str):
             raise InvalidRequest(
-                f"field metadata.{key} must be a string, got {_json_type(value)}",
+                f"field metadata.{key} must be a string, got {json_type(value)}",
                 field=f"metadata.{key}",
             )
         key_bytes = len(str(key).encode("utf-8"))
@@ -210,20 +212,6 @@ def check_metadata(raw: Mapping[Any, Any]) -> dict[str, str]:
             )
         values[str(key)] = value
     return values
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def input_modalities(content: object, parts: Mapping[str, str]) -> set[str]:
@@ -251,7 +239,7 @@ def tool_choice_flags(tool_choice: object) -> tuple[bool, bool]:
     return required, tool_choice == "none"
 
 
-def image_parts(content: Any) -> int:
+def image_parts(content: object) -> int:
     if not isinstance(content, list):
         return 0
     return sum(1 for p in content if isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES)
@@ -276,7 +264,7 @@ class ChatWalk:
         self.modalities: set[str] = set()
         self.tool_choice: object = None  # the request's tool_choice (set before facts())
 
-    def message(self, msg: Any) -> None:
+    def message(self, msg: object) -> None:
         previous_was_tool = self.last_tool_result or self.last_role == "tool"
         msg = msg if isinstance(msg, Mapping) else {}
         role = msg.get("role")

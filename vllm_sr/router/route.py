@@ -30,10 +30,10 @@ import pickle
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing import Providers, Routing, effective_algorithm
-from vllm_sr.config.routing_kbs import knowledge_bases
+from vllm_sr.config.routing import Decision, ModelRef, Providers, Routing, effective_algorithm
+from vllm_sr.config.routing_kbs import KnowledgeBase, knowledge_bases
 from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
 from vllm_sr.pool.exchange import RoutingExchange
@@ -78,10 +78,10 @@ class RouteResult:
     matched_signals: tuple[str, ...] = ()  # "type:name", sorted
     fallback: str | None = None  # why default_model was used, when routing could not decide
     method: str = "default"  # x-vsr-selected-algorithm: single, static, latency_aware, ...
-    model_ref: Any = None  # the decision's modelRef that was chosen (reasoning reads it)
+    model_ref: ModelRef | None = None  # the decision's chosen modelRef (reasoning reads it)
     context_tokens: int | None = None  # x-vsr-context-token-count (debug), when context ran
     routed: bool = True  # False: the caller named a model (no signals, no decision)
-    decision_refs: tuple[Any, ...] = ()  # the decision's modelRefs (the reasoning effort lookup)
+    decision_refs: tuple[ModelRef, ...] = ()  # the decision's modelRefs (reasoning effort)
     recipe: str = "default"  # the recipe that routed it (x-vsr-selected-recipe)
     # ("type:name", why) of each signal that was unknown on this request, sorted
     unknown: tuple[tuple[str, Unknown], ...] = ()
@@ -103,6 +103,9 @@ class SignalRun:
     # detection's); other families report their best matched confidence.
     family_confidence: dict[str, float] = field(default_factory=dict)
     context_tokens: int | None = None  # the context family's count, when it ran
+    # each deployment's routing bundle answer (the cache and tool_selection reuse the
+    # decision deployment's query embedding from it: vllm_sr/router/cache/embedding.py)
+    answers: dict[str, bytes] = field(default_factory=dict)
 
     def matched(self) -> tuple[str, ...]:
         return tuple(sorted(f"{t}:{n}" for (t, n), r in self.results.items() if r.matched))
@@ -171,9 +174,8 @@ def model_scores_by_decision(routing: Routing) -> dict[str, dict[str, float]]:
     """Static's input: a domain named like a decision scores that decision's models."""
     out: dict[str, dict[str, float]] = {}
     for dom in routing.signals.domains:
-        scores = getattr(dom, "model_scores", None) or []
-        if scores:
-            out[dom.name] = {s.model: float(s.score) for s in scores}
+        if dom.model_scores:
+            out[dom.name] = {s.model: float(s.score) for s in dom.model_scores}
     return out
 
 
@@ -200,7 +202,7 @@ class Router:
         self.signal_timeout_ms = signal_timeout_ms
         self.decision_deployment = decision_deployment
         self.kbs = _kbs_of(global_)
-        self.modules = getattr(getattr(global_, "model_catalog", None), "modules", None)
+        self.modules = global_.model_catalog.modules if global_ is not None else None
         self.embedding = EmbeddingMatching.of(global_)  # embedding_config's scoring and top_k
         self.plan = QuestionPlan(
             routing,
@@ -232,8 +234,9 @@ class Router:
         )
         self.stats = stats if stats is not None else RouterStats()
         # Router Learning's settings (eval's preview says when learning may change the model)
-        router_cfg = getattr(global_, "router", None)
-        self.learning = LearningSettings.from_config(getattr(router_cfg, "learning", None))
+        self.learning = LearningSettings.from_config(
+            global_.router.learning if global_ is not None else None
+        )
         self._eval_plan: QuestionPlan | None = None
         # The CPU-bound signals go to the signal processes when there are some (serve's
         # supervisor owns them); per plan: its evaluators, and its spec's id and pickle.
@@ -349,26 +352,34 @@ class Router:
 
     def winner(self, run: SignalRun) -> list[Match]:
         """The matching decisions, best first; raises DecisionUnresolved when a decision's
-        ``on_unknown: fail_request`` applied."""
-        return rank(self.routing.decisions, run.results, self.routing.strategy)
+        ``on_unknown: fail_request`` applied (the chat's unknown signals are still counted)."""
+        try:
+            return rank(self.routing.decisions, run.results, self.routing.strategy)
+        except DecisionUnresolved:
+            for (kind, _), why in run.unknown().items():
+                self.stats.unknown[(kind, why.reason)] += 1
+            raise
 
     def ranking(self, run: SignalRun) -> Ranking:
         """:meth:`winner` with the on_unknown policies applied, without raising (eval)."""
         return rank_all(self.routing.decisions, run.results, self.routing.strategy)
 
     async def route(self, view: RequestView) -> RouteResult:
-        """Signals on the request, the decision, its model. Unknown signals do not match;
-        when no decision matched and some signal was unknown, the default model is a
-        fallback (``signals:<reason>``, the first unknown signal's)."""
+        """Signals on the request, the decision, its model (the chat's stages,
+        vllm_sr/router/pipeline.py, run these three one by one)."""
         started = self.backends.clock.monotonic()
         run = await self.signals(view, self.plan)
+        request = SelectionRequest(view.text, view.headers, started)
+        return await self.choose(run, self.winner(run), request)
+
+    async def choose(
+        self, run: SignalRun, matches: list[Match], request: SelectionRequest
+    ) -> RouteResult:
+        """The winner's model (``matches``: the matched decisions, the winner first; its
+        selector reads ``request``), counted in the stats. Unknown signals do not match; when
+        no decision matched and some signal was unknown, the default model is a fallback
+        (``signals:<reason>``, the first unknown signal's)."""
         unknown = run.unknown()
-        try:
-            matches = self.winner(run)
-        except DecisionUnresolved:  # on_unknown: fail_request; its unknown signals still count
-            for (kind, _), why in unknown.items():
-                self.stats.unknown[(kind, why.reason)] += 1
-            raise
         best = matches[0] if matches else None
         decision = best.decision if best else None
         choice = await self.selection.choose(
@@ -376,7 +387,7 @@ class Router:
             self.default_model,
             self.backends.healthy,
             self.model_scores.get(decision.name) if decision is not None else None,
-            SelectionRequest(view.text, view.headers, started),
+            request,
         )
         fallback = choice.fallback
         if decision is None and unknown:
@@ -397,10 +408,11 @@ class Router:
         self.stats.record(result)
         return result
 
-    def static_pick(self, decision: Any) -> Any:
+    def static_pick(self, decision: Decision) -> ModelRef | None:
         """Static's modelRef for a decision (no health check: eval previews the choice)."""
         refs = static_order(decision, self.model_scores.get(decision.name))
-        return refs[0] if refs else None
+        ref: ModelRef | None = refs[0] if refs else None
+        return ref
 
     async def _ask_all(self, plan: QuestionPlan, view: RequestView, run: SignalRun) -> None:
         """One exchange per deployment, concurrently; their results go into ``run``. A
@@ -418,15 +430,17 @@ class Router:
                     (key, SignalResult.unknown_because(why)) for key in q.signal_keys()
                 )
                 continue
-            results, elapsed_ms = answer
+            results, elapsed_ms, raw = answer
+            run.answers[q.deployment] = raw
             for kind in q.kinds():
                 run.timings_ms[kind] = elapsed_ms
             run.results.update(results)
 
     async def _ask(
         self, q: DeploymentQuestions, view: RequestView
-    ) -> tuple[dict[SignalKey, SignalResult], float]:
-        """The deployment's signal results and the milliseconds its exchange took; raises
+    ) -> tuple[dict[SignalKey, SignalResult], float, bytes]:
+        """The deployment's signal results, the milliseconds its exchange took and its answer;
+        raises
         when it failed (a non-200 answer: :class:`SignalAnswerStatus`)."""
         started = time.perf_counter()
         status, body = await self.exchange(
@@ -434,7 +448,7 @@ class Router:
         )
         if status != 200:
             raise SignalAnswerStatus(status, q.deployment)
-        return q.read(body, view=view), (time.perf_counter() - started) * 1000.0
+        return q.read(body, view=view), (time.perf_counter() - started) * 1000.0, body
 
 
 class SignalAnswerStatus(VllmSrError):
@@ -473,8 +487,7 @@ def signals_lost(run: SignalRun, keys: set[SignalKey], exc: SignalProcessFailed)
         run.results[key] = SignalResult.unknown_because(why)
 
 
-def _kbs_of(global_: Any) -> list[Any]:
+def _kbs_of(global_: GlobalSection | None) -> list[KnowledgeBase]:
     """``global.model_catalog.kbs`` and upstream's default knowledge bases (the kb signal's
     example sets)."""
-    catalog = getattr(global_, "model_catalog", None)
-    return list(knowledge_bases(getattr(catalog, "kbs", None)))
+    return knowledge_bases(list(global_.model_catalog.kbs) if global_ is not None else None)

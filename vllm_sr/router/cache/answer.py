@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from dataclasses import dataclass, field
+
+from vllm_sr.jsontypes import JsonObject, json_object
 
 MAX_RECORD_BYTES = 8 << 20  # answers larger than this are not cached
 
@@ -39,24 +41,24 @@ class AnswerRecorder:
         self._finished = True
 
     # -- the result ------------------------------------------------------------------------------
-    def document(self) -> dict[str, Any] | None:
+    def document(self) -> JsonObject | None:
         """The answer as a chat.completion when it may be cached, else None."""
         if self.status != 200 or self._too_large:
             return None
         if self.raw is not None:
             try:
-                doc = json.loads(self.raw)
+                doc = json_object(json.loads(self.raw))
             except ValueError:
                 return None
-            return doc if _cacheable(doc) else None
+            return doc if doc is not None and _cacheable(doc) else None
         if not self._finished:
             return None
         doc = assemble_sse(bytes(self._buffer))
         return doc if doc is not None and _cacheable(doc) else None
 
 
-def _cacheable(doc: Any) -> bool:
-    if not isinstance(doc, dict) or "error" in doc:
+def _cacheable(doc: JsonObject) -> bool:
+    if "error" in doc:
         return False
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -66,12 +68,74 @@ def _cacheable(doc: Any) -> bool:
     )
 
 
-def assemble_sse(raw: bytes) -> dict[str, Any] | None:
+@dataclass
+class _ToolCall:
+    id: str | None = None
+    name: str = ""
+    arguments: str = ""
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"type": "function"}
+        if self.id is not None:
+            out["id"] = self.id
+        out["function"] = {"name": self.name, "arguments": self.arguments}
+        return out
+
+
+@dataclass
+class _Choice:
+    """One choice as its stream's deltas add up."""
+
+    role: object = "assistant"
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: dict[int, _ToolCall] = field(default_factory=dict)
+    finish_reason: object = None
+
+    def merge(self, choice: JsonObject) -> None:
+        delta = json_object(choice.get("delta")) or {}
+        if delta.get("role"):
+            self.role = delta["role"]
+        content = delta.get("content")
+        if isinstance(content, str):
+            self.content += content
+        reasoning = delta.get("reasoning_content")
+        if isinstance(reasoning, str):
+            self.reasoning += reasoning
+        calls = delta.get("tool_calls")
+        for raw in calls if isinstance(calls, list) else []:
+            call = json_object(raw) or {}
+            slot = self.tool_calls.setdefault(_index(call), _ToolCall())
+            call_id = call.get("id")
+            if call_id:
+                slot.id = str(call_id)
+            fn = json_object(call.get("function")) or {}
+            name, arguments = fn.get("name"), fn.get("arguments")
+            slot.name += name if isinstance(name, str) else ""
+            slot.arguments += arguments if isinstance(arguments, str) else ""
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+
+    def to_json(self, index: int) -> JsonObject:
+        message: JsonObject = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i].to_json() for i in sorted(self.tool_calls)]
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        return {"index": index, "message": message, "finish_reason": self.finish_reason}
+
+
+def _index(part: JsonObject) -> int:
+    index = part.get("index", 0)
+    return int(index) if isinstance(index, int | float | str) else 0
+
+
+def assemble_sse(raw: bytes) -> JsonObject | None:
     """An OpenAI SSE stream -> the chat.completion it amounts to; None when it is not whole
     (no ``[DONE]``, a chunk that is not JSON, an error event)."""
-    choices: dict[int, dict[str, Any]] = {}
-    head: dict[str, Any] = {}
-    usage: Any = None
+    choices: dict[int, _Choice] = {}
+    head: JsonObject = {}
+    usage: object = None
     done = False
     for block in raw.decode("utf-8", "replace").split("\n\n"):
         for line in block.splitlines():
@@ -82,86 +146,54 @@ def assemble_sse(raw: bytes) -> dict[str, Any] | None:
                 done = True
                 continue
             try:
-                chunk = json.loads(data)
+                chunk = json_object(json.loads(data))
             except ValueError:
                 return None
-            if not isinstance(chunk, dict) or "error" in chunk:
+            if chunk is None or "error" in chunk:
                 return None
             head = head or {k: chunk.get(k) for k in ("id", "created", "model")}
             if chunk.get("usage"):
                 usage = chunk["usage"]
-            for c in chunk.get("choices") or []:
-                _merge(choices.setdefault(int(c.get("index", 0)), _blank()), c)
+            parts = chunk.get("choices")
+            for part in parts if isinstance(parts, list) else []:
+                c = json_object(part) or {}
+                choices.setdefault(_index(c), _Choice()).merge(c)
     if not done or not choices:
         return None
-    out = []
-    for index in sorted(choices):
-        c = choices[index]
-        message: dict[str, Any] = {"role": c["role"], "content": c["content"]}
-        if c["tool_calls"]:
-            message["tool_calls"] = [c["tool_calls"][i] for i in sorted(c["tool_calls"])]
-        if c["reasoning"]:
-            message["reasoning_content"] = c["reasoning"]
-        out.append({"index": index, "message": message, "finish_reason": c["finish_reason"]})
-    doc = {**head, "object": "chat.completion", "choices": out}
+    doc: JsonObject = {
+        **head,
+        "object": "chat.completion",
+        "choices": [choices[i].to_json(i) for i in sorted(choices)],
+    }
     if usage is not None:
         doc["usage"] = usage
     return doc
 
 
-def _blank() -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": "",
-        "reasoning": "",
-        "tool_calls": {},
-        "finish_reason": None,
-    }
-
-
-def _merge(acc: dict[str, Any], choice: dict[str, Any]) -> None:
-    delta = choice.get("delta") or {}
-    if delta.get("role"):
-        acc["role"] = delta["role"]
-    if isinstance(delta.get("content"), str):
-        acc["content"] += delta["content"]
-    if isinstance(delta.get("reasoning_content"), str):
-        acc["reasoning"] += delta["reasoning_content"]
-    for call in delta.get("tool_calls") or []:
-        slot = acc["tool_calls"].setdefault(
-            int(call.get("index", 0)),
-            {"type": "function", "function": {"name": "", "arguments": ""}},
-        )
-        if call.get("id"):
-            slot["id"] = call["id"]
-        fn = call.get("function") or {}
-        slot["function"]["name"] += fn.get("name") or ""
-        slot["function"]["arguments"] += fn.get("arguments") or ""
-    if choice.get("finish_reason"):
-        acc["finish_reason"] = choice["finish_reason"]
-
-
-def as_hit(doc: dict[str, Any]) -> dict[str, Any]:
+def as_hit(doc: JsonObject) -> JsonObject:
     """The cached document as a fresh answer: its own id and time."""
     return {**doc, "id": f"chatcmpl-cache-{int(time.time() * 1000)}", "created": int(time.time())}
 
 
-def replay_sse(doc: dict[str, Any]) -> bytes:
+def replay_sse(doc: JsonObject) -> bytes:
     """A chat.completion as an SSE stream: per choice a chunk with its role and content (and
     tool calls), then one with its finish reason, then ``data: [DONE]``."""
-    base = {k: doc.get(k) for k in ("id", "created", "model")}
+    base: JsonObject = {k: doc.get(k) for k in ("id", "created", "model")}
     base["object"] = "chat.completion.chunk"
-    events = []
-    for c in doc.get("choices") or []:
-        message = c.get("message") or {}
-        delta: dict[str, Any] = {"role": message.get("role", "assistant")}
+    events: list[JsonObject] = []
+    choices = doc.get("choices")
+    for raw in choices if isinstance(choices, list) else []:
+        c = json_object(raw) or {}
+        message = json_object(c.get("message")) or {}
+        delta: JsonObject = {"role": message.get("role", "assistant")}
         if message.get("content") is not None:
             delta["content"] = message["content"]
         if message.get("reasoning_content"):
             delta["reasoning_content"] = message["reasoning_content"]
-        if message.get("tool_calls"):
+        calls = message.get("tool_calls")
+        if calls and isinstance(calls, list):
             delta["tool_calls"] = [
-                {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+                {"index": i, **(json_object(call) or {})} for i, call in enumerate(calls)
             ]
         index = c.get("index", 0)
         events.append(

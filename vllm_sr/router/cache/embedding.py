@@ -2,28 +2,26 @@
 exchange.
 
 Routing asks each deployment ONE bundle per chat whose task ``query`` is the request text's
-embedding (vllm_sr/router/questions.py). The router's exchange is wrapped
-(:func:`tapping`): while a chat is being handled (:func:`watch`), a 200 bundle answer from the
-decision deployment is kept for that chat, and :meth:`QueryEmbedding.vector` reads the
-``query`` task's embedding from it. So when an embedding or domain signal runs on the decision
-deployment, the cache costs no exchange. When none ran (keyword-only decisions, or signals on
-other deployments), :meth:`QueryEmbedding.vector` asks the decision deployment ONE bundle with
-the same ``query`` task routing would have sent (same text, same model), so entries from both
-paths compare. Embeddings from other deployments are never used: another model's vectors do not
-compare with the decision deployment's."""
+embedding (vllm_sr/router/questions.py); the signals keep each deployment's answer
+(``SignalRun.answers``) and the chat's pipeline hands the decision deployment's to its
+:class:`QueryEmbedding` (on the chat's ``ChatRun``, vllm_sr/router/pipeline.py), whose
+:meth:`QueryEmbedding.vector` reads the ``query`` task's embedding from it. So when an embedding
+or domain signal runs on the decision deployment, the cache costs no exchange. When none ran
+(keyword-only decisions, or signals on other deployments), :meth:`QueryEmbedding.vector` asks
+the decision deployment ONE bundle with the same ``query`` task routing would have sent (same
+text, same model), so entries from both paths compare. Embeddings from other deployments are
+never used: another model's vectors do not compare with the decision deployment's."""
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy
-
 from vllm_sr.errors import VllmSrError
 from vllm_sr.router import bundle
 from vllm_sr.router.bundle import BUNDLE_PATH
+from vllm_sr.router.cache.store import Vector
 
 if TYPE_CHECKING:
     from vllm_sr.router.route import Exchange
@@ -31,9 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("vllm_sr.router.cache")
 
 QUERY_TASK = "query"
-_current: contextvars.ContextVar[QueryEmbedding | None] = contextvars.ContextVar(
-    "vsr_query_embedding", default=None
-)
 
 
 @dataclass
@@ -45,9 +40,9 @@ class QueryEmbedding:
     answer: bytes | None = None  # the decision deployment's routing bundle answer, if any
     exchanges: int = 0  # exchanges made here (0 when routing's answer was reused)
     reused: bool = False
-    _vector: numpy.ndarray | None = field(default=None, repr=False)
+    _vector: Vector | None = field(default=None, repr=False)
 
-    async def vector(self, exchange: Exchange, timeout_ms: float | None) -> numpy.ndarray | None:
+    async def vector(self, exchange: Exchange, timeout_ms: float | None) -> Vector | None:
         """The text's embedding; None when it cannot be had (the cache then skips the semantic
         tier for this chat)."""
         if self._vector is not None:
@@ -72,41 +67,7 @@ class QueryEmbedding:
         return self._vector
 
 
-def query_vector(answer: bytes) -> numpy.ndarray | None:
+def query_vector(answer: bytes) -> Vector | None:
     """The ``query`` task's first embedding in a bundle answer, or None."""
     rows = bundle.task_embeddings(answer, QUERY_TASK)
     return rows[0] if rows else None
-
-
-def watch(deployment: str, text: str) -> QueryEmbedding:
-    """Start keeping the current chat's routing answer (call once per chat, before routing)."""
-    holder = QueryEmbedding(deployment, text)
-    _current.set(holder)
-    return holder
-
-
-def current() -> QueryEmbedding | None:
-    """The holder of the chat being handled (None outside one): the router_dc selector reads
-    the query embedding from it."""
-    return _current.get()
-
-
-def tapping(exchange: Exchange) -> Exchange:
-    """``exchange`` that also hands the decision deployment's bundle answer to the chat being
-    handled (if it is watching)."""
-
-    async def tapped(
-        deployment: str, path: str, body: bytes, timeout_ms: float | None
-    ) -> tuple[int, bytes]:
-        status, answer = await exchange(deployment, path, body, timeout_ms)
-        holder = _current.get()
-        if (
-            holder is not None
-            and status == 200
-            and path == BUNDLE_PATH
-            and deployment == holder.deployment
-        ):
-            holder.answer = answer
-        return status, answer
-
-    return tapped

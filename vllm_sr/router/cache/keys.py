@@ -25,9 +25,12 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_plugins import CacheRequestControls, ResponseCachePlugin
+
+if TYPE_CHECKING:
+    from vllm_sr.config.routing import Decision
 
 DEFAULT_CONTROL_HEADER = "x-vsr-cache-control"
 DEFAULT_ALLOWED = ("no-cache", "no-store", "bypass")
@@ -110,12 +113,12 @@ def effective_ttl(configured_s: int, requested_s: int | None) -> int:
     return configured_s
 
 
-def _digest(*parts: Any) -> str:
+def _digest(*parts: object) -> str:
     raw = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def policy_fingerprint(decision: Any) -> str:
+def policy_fingerprint(decision: Decision) -> str:
     """The decision's modelRefs and plugins: a changed policy does not reuse old answers."""
     refs = [r.model_dump(mode="json", exclude_none=True) for r in decision.model_refs or []]
     plugins = [p.model_dump(mode="json", exclude_none=True) for p in decision.plugins]
@@ -137,12 +140,12 @@ def partition(
     return _digest(recipe, decision, request_model, selected_model, scope, identity, rev, policy)
 
 
-def exact_key(part: str, body: Mapping[str, Any]) -> str:
+def exact_key(part: str, body: Mapping[str, object]) -> str:
     keyed = {k: v for k, v in body.items() if k not in UNKEYED}
     return _digest(part, keyed)
 
 
-def semantic_group(part: str, body: Mapping[str, Any]) -> str | None:
+def semantic_group(part: str, body: Mapping[str, object]) -> str | None:
     """The semantic tier's group, or None when the last user message has no text part (upstream
     skips the semantic tier then)."""
     shaped = {k: copy.deepcopy(v) for k, v in body.items() if k not in (*UNKEYED, "model")}

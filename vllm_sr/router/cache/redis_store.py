@@ -13,14 +13,15 @@ served uncached and the failure counted, never failed."""
 from __future__ import annotations
 
 import base64
-from typing import Any
+from collections.abc import Mapping
 
 import numpy
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from vllm_sr.errors import VllmSrError
-from vllm_sr.router.cache.store import Entry, normalise
+from vllm_sr.jsontypes import json_object
+from vllm_sr.router.cache.store import Entry, Vector, normalise
 from vllm_sr.router.redis_client import redis_client as shared_redis_client
 
 DEFAULT_PREFIX = "vsr:rc:"
@@ -33,20 +34,30 @@ class CacheUnavailable(VllmSrError):
     retryable = True
 
 
-def redis_client(settings: dict[str, Any] | None) -> tuple[aioredis.Redis, str]:
+def redis_client(settings: Mapping[str, object] | None) -> tuple[aioredis.Redis, str]:
     """The client and key prefix for ``settings`` (the store's ``redis`` mapping)."""
     settings = dict(settings or {})
-    conn = dict(settings.get("connection") or {})
-    prefix = str((settings.get("index") or {}).get("prefix") or DEFAULT_PREFIX)
+    conn = json_object(settings.get("connection")) or {}
+    index = json_object(settings.get("index")) or {}
+    prefix = str(index.get("prefix") or DEFAULT_PREFIX)
     host, port = conn.get("host") or "localhost", conn.get("port") or 6379
     client = shared_redis_client(
         f"{host}:{port}",
         url=str(settings["url"]) if settings.get("url") else None,
-        db=int(conn.get("database") or 0),
+        db=int(_number(conn.get("database"), 0)),
         password=str(conn["password"]) if conn.get("password") else None,
-        timeout_s=float(conn.get("timeout") or DEFAULT_TIMEOUT_S),
+        timeout_s=_number(conn.get("timeout"), DEFAULT_TIMEOUT_S),
     )
     return client, prefix
+
+
+def _number(value: object, default: float) -> float:
+    """A number written as one or as a string; ``default`` when unset (0 and "" too)."""
+    if not value:
+        return default
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise ValueError(f"expected a number, got {value!r}")
 
 
 class RedisStore:
@@ -67,7 +78,7 @@ class RedisStore:
         return None if raw is None else _entry(raw)
 
     async def nearest(
-        self, group: str, vector: numpy.ndarray, threshold: float
+        self, group: str, vector: Vector, threshold: float
     ) -> tuple[Entry, float] | None:
         gkey = self.prefix + "g:" + group
         try:

@@ -12,11 +12,15 @@ import base64
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy
+from numpy.typing import NDArray
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.jsontypes import JsonObject
+
+Vector = NDArray[numpy.float32]  # an embedding (the query's, an entry's)
 
 DEFAULT_MAX_BYTES = 256 << 20
 DEFAULT_MAX_ENTRIES = 1000  # upstream's max_entries default
@@ -31,7 +35,7 @@ class Entry:
     created: float  # wall seconds
     expires: float  # wall seconds
     group: str | None = None  # the semantic group, when the entry is in the semantic tier
-    vector: numpy.ndarray | None = None  # normalised float32 embedding of the query text
+    vector: Vector | None = None  # normalised float32 embedding of the query text
 
     @property
     def size(self) -> int:
@@ -39,7 +43,7 @@ class Entry:
         return len(self.answer) + vec + ENTRY_OVERHEAD
 
     def to_json(self) -> bytes:
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             "key": self.key,
             "answer": self.answer.decode(),
             "created": self.created,
@@ -66,7 +70,7 @@ class Entry:
         )
 
 
-def normalise(vector: numpy.ndarray) -> numpy.ndarray:
+def normalise(vector: Vector) -> Vector:
     vec = numpy.asarray(vector, dtype=numpy.float32).reshape(-1)
     norm = float(numpy.linalg.norm(vec))
     return vec / norm if norm else vec
@@ -78,7 +82,7 @@ class CacheStore(Protocol):
     async def get(self, key: str) -> Entry | None: ...
 
     async def nearest(
-        self, group: str, vector: numpy.ndarray, threshold: float
+        self, group: str, vector: Vector, threshold: float
     ) -> tuple[Entry, float] | None: ...
 
     async def put(self, entry: Entry) -> None: ...
@@ -124,7 +128,7 @@ class MemoryStore:
         return entry
 
     async def nearest(
-        self, group: str, vector: numpy.ndarray, threshold: float
+        self, group: str, vector: Vector, threshold: float
     ) -> tuple[Entry, float] | None:
         keys = list(self._groups.get(group, ()))
         now = self.clock.time()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_base import as_dict
+from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -50,35 +51,41 @@ def ordered(
     return [m for _, m in sorted(enumerate(models), key=key)]
 
 
-def token_logprobs(answer: dict[str, Any]) -> list[dict[str, Any]]:
+def token_logprobs(answer: JsonObject) -> list[JsonObject]:
     """The first choice's ``logprobs.content`` entries of an OpenAI chat answer ([] if none)."""
-    choices = answer.get("choices") or [{}]
-    logprobs = as_dict(as_dict(choices[0]).get("logprobs"))
+    choices = answer.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else {}
+    logprobs = as_dict(as_dict(first).get("logprobs"))
     content = logprobs.get("content")
     return [as_dict(t) for t in content] if isinstance(content, list) else []
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _number(value: object) -> float | None:
+    """``value`` as a float when it is a JSON number (not a bool), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
-def score(tokens: Sequence[dict[str, Any]], settings: ConfidenceSettings) -> float | None:
+def score(tokens: Sequence[JsonObject], settings: ConfidenceSettings) -> float | None:
     """The answer's confidence (0-1); None when it carries no logprobs."""
-    tokens = [t for t in tokens if _number(t.get("logprob"))]
-    if not tokens:
+    scored = [(t, lp) for t in tokens if (lp := _number(t.get("logprob"))) is not None]
+    if not scored:
         return None
-    lps = [float(t["logprob"]) for t in tokens]
+    tokens = [t for t, _ in scored]
+    lps = [lp for _, lp in scored]
     avg = math.exp(sum(lps) / len(lps))
     method = settings.confidence_method
     if method == "avg_logprob":
         return avg
     gaps = []
     for t, lp in zip(tokens, lps, strict=True):
+        top = t.get("top_logprobs")
         rivals = [
-            float(r["logprob"])
-            for r in t.get("top_logprobs") or []
+            rival
+            for r in (top if isinstance(top, list) else [])
             if isinstance(r, dict)
-            and _number(r.get("logprob"))
+            and (rival := _number(r.get("logprob"))) is not None
             and r.get("token") != t.get("token")
         ]
         gaps.append(math.exp(lp) - (math.exp(max(rivals)) if rivals else 0.0))

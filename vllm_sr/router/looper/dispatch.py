@@ -1,14 +1,15 @@
 """Running a looper decision inside a chat: the decisions whose looper vllm-sr runs, and the
-internal calls through the chat path's own ``forward`` (the model's backends, retries,
-outlier ejection, then the chat's fallback to the default model), never through the response
-cache nor the replay log. Upstream sends them to ``global.integrations.looper.endpoint``
-(its own proxy); vllm-sr is that proxy, so the endpoint only switches loopers on."""
+internal calls through the chat path's own ``forward`` (vllm_sr/router/fallback.py: the
+model's backends, retries, outlier ejection, then the chat's fallback to the default model),
+never through the response cache nor the replay log. Upstream sends them to
+``global.integrations.looper.endpoint`` (its own proxy); vllm-sr is that proxy,
+so the endpoint only switches loopers on."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_looper import ConfidenceSettings
 from vllm_sr.config.routing_looper_fanout import (
@@ -20,7 +21,9 @@ from vllm_sr.config.routing_looper_fanout import (
 from vllm_sr.config.routing_support import looper_endpoint_of, looper_would_run
 from vllm_sr.errors import Unavailable
 from vllm_sr.httpserver import Response
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.answers import answer_headers
+from vllm_sr.router.fallback import Sending, forward
 from vllm_sr.router.looper.confidence import ordered, parse_size
 from vllm_sr.router.looper.fusion import run_fusion
 from vllm_sr.router.looper.ratings import run_ratings
@@ -30,8 +33,10 @@ from vllm_sr.router.looper.workflows import run_workflows
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing_plugins import DecisionPlugins
+    from vllm_sr.config.schema import GlobalSection
     from vllm_sr.httpserver import Request
-    from vllm_sr.router.chat_plugins import ChatPlugins, DecisionPlugins
+    from vllm_sr.router.chat import ChatRouter
     from vllm_sr.router.route import RouteResult, RouterStats
 
 LooperSettings = (
@@ -46,19 +51,14 @@ ALGORITHM_OF: dict[type, str] = {
 }
 
 
-class _NoReplay:
-    """forward's replay hooks for an internal call: no id header, no tap."""
-
-    headers: dict[str, str] = {}  # noqa: RUF012 (read only)
-    tap = None
-
-
 class LooperDecisions:
     """Per config generation: the decisions whose looper vllm-sr runs (a looper endpoint is
     set and upstream would run it), with their settings, and the modelCards' sizes and the
     providers' prices the escalation orders read."""
 
-    def __init__(self, routing: Routing, global_: Any, providers: Providers) -> None:
+    def __init__(
+        self, routing: Routing, global_: GlobalSection | None, providers: Providers
+    ) -> None:
         endpoint = looper_endpoint_of(global_)
         self.looping: dict[str, LooperSettings] = {}
         for d in routing.decisions:
@@ -90,12 +90,12 @@ class LooperDecisions:
 
 
 async def run_looper(
-    chat: ChatPlugins,
+    chat: ChatRouter,
     loopers: LooperDecisions,
     settings: LooperSettings,
     result: RouteResult,
     plugins: DecisionPlugins,
-    body: dict[str, Any],
+    body: JsonObject,
     request: Request,
     deadline: float | None,
     debug: bool,
@@ -106,21 +106,15 @@ async def run_looper(
     refs = {r.model: r for r in result.decision_refs}
     algorithm = ALGORITHM_OF[type(settings)]
 
-    async def call(model: str, inner: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def call(model: str, inner: JsonObject) -> tuple[str, JsonObject]:
         ref = refs.get(model)
         attempt = dataclasses.replace(
             result, model=model, model_ref=ref, decision_refs=(ref,) if ref else ()
         )
-        answer, answered_by, _ = await chat.forward(
-            inner,
-            attempt,
-            plugins,
-            request,
-            debug,
-            deadline,
-            None,
-            _NoReplay(),  # type: ignore[arg-type]
+        sent = await forward(
+            chat.upstream, inner, attempt, plugins, request, Sending(debug, deadline)
         )
+        answer, answered_by = sent.answer, sent.answered_by
         stats.looper_calls[(algorithm, answered_by)] += 1
         if not isinstance(answer, Response) or answer.status >= 400:
             status = getattr(answer, "status", "?")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_looper import ConfidenceSettings
 from vllm_sr.errors import DeadlineExceeded, VllmSrError
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.looper.confidence import score, token_logprobs
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     # (model, body) -> (the model that answered: the model, or the chat's fallback; its whole
     # answer, an OpenAI chat completion); raises VllmSrError when nothing answered.
-    Call = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
+    Call = Callable[[str, JsonObject], Awaitable[tuple[str, JsonObject]]]
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -28,7 +29,7 @@ USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 @dataclass
 class LoopResult:
     algorithm: str
-    answer: dict[str, Any] | None = None
+    answer: JsonObject | None = None
     model: str | None = None
     models_used: list[str] = field(default_factory=list)
     iterations: int = 0
@@ -37,13 +38,13 @@ class LoopResult:
     scores: list[float | None] = field(default_factory=list)
     extra: dict[str, object] = field(default_factory=dict)  # top-level keys of the final answer
 
-    def add(self, model: str, answer: dict[str, Any]) -> None:
+    def add(self, model: str, answer: JsonObject) -> None:
         """One internal call's answer: counted, its model used, its usage summed."""
         self.iterations += 1
         if model not in self.models_used or self.algorithm == "confidence":
             self.models_used.append(model)
         usage = answer.get("usage")
-        got: dict[str, Any] = usage if isinstance(usage, dict) else {}
+        got: JsonObject = usage if isinstance(usage, dict) else {}
         for key in USAGE_KEYS:
             value = got.get(key)
             if isinstance(value, int) and not isinstance(value, bool):
@@ -62,7 +63,7 @@ class LoopResult:
             "x-vsr-looper-total-tokens": str(self.usage["total_tokens"]),
         }
 
-    def final_body(self) -> dict[str, Any]:
+    def final_body(self) -> JsonObject:
         """The final answer with the loop's summed usage (and the looper's own top-level keys,
         e.g. fusion's trace)."""
         assert self.answer is not None
@@ -109,7 +110,7 @@ class LoopResult:
 async def run_confidence(
     call: Call,
     models: Sequence[str],
-    body: dict[str, Any],
+    body: JsonObject,
     settings: ConfidenceSettings,
     monotonic: Callable[[], float],
     deadline: float | None = None,
@@ -149,7 +150,8 @@ async def run_confidence(
         if result.answer is None:
             raise last_error or DeadlineExceeded("no model answered the looper")
         if "logprobs" not in body:
-            for choice in result.answer.get("choices") or []:
+            choices = result.answer.get("choices")
+            for choice in choices if isinstance(choices, list) else []:
                 if isinstance(choice, dict):
                     choice.pop("logprobs", None)
         return result

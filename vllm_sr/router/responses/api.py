@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import VllmSrError
-from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
+from vllm_sr.httpserver import Handler, Request, Response, StreamResponse, error_response
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router.cache.answer import replay_sse
 from vllm_sr.router.responses.events import CONTENT_TYPE, StreamTranslator, translate_whole
 from vllm_sr.router.responses.redis_store import RedisResponseStore, redis_client
@@ -77,7 +78,7 @@ class ResponsesAPI:
         self.stored = 0
         self.store_failures = 0
 
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> JsonObject:
         """For the inventory's ``router.responses``: the store and its counters."""
         return {
             "store": self.store.kind,
@@ -86,7 +87,7 @@ class ResponsesAPI:
             "store_failures": self.store_failures,
         }
 
-    def routes(self, chat: Callable[[], ChatRouter]) -> dict[str, dict[str, Any]]:
+    def routes(self, chat: Callable[[], ChatRouter]) -> dict[str, dict[str, Handler]]:
         """Path templates (``httpserver.PathRoutes``) for a server of its own (tests);
         ``chat`` gives the current generation's router."""
 
@@ -149,14 +150,15 @@ class ResponsesAPI:
         if answer.status >= 400:
             return answer  # an error, as upstream passes it through
         is_sse = answer.content_type.startswith(CONTENT_TYPE)
-        doc: dict[str, Any] = {}
+        doc: JsonObject = {}
         try:
             if is_sse:
                 sse = answer.body
             else:
-                doc = json.loads(answer.body)
-                if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
+                parsed = json_object(json.loads(answer.body))
+                if parsed is None or not isinstance(parsed.get("choices"), list):
                     return answer  # not a chat completion: as it is
+                doc = parsed
                 sse = replay_sse(doc)
         except ValueError:
             return answer
@@ -172,7 +174,7 @@ class ResponsesAPI:
         body = json.dumps(response, ensure_ascii=False).encode()
         return Response(body, answer.status, headers=answer.headers)
 
-    async def _keep(self, turn: Turn, response: dict[str, Any]) -> bool:
+    async def _keep(self, turn: Turn, response: JsonObject) -> bool:
         """Store the response unless ``store: false``; a store that fails is logged and the
         answer still goes out (as upstream), saying ``store: false`` where it can."""
         if not turn.request.store:
@@ -221,7 +223,7 @@ class ResponsesAPI:
             record = await self._record(request)
         except VllmSrError as exc:
             return error_response(exc)
-        items: list[dict[str, Any]] = []
+        items: list[JsonObject] = []
         if record.get("instructions"):
             part = {"type": "input_text", "text": record["instructions"]}
             items.append(
@@ -233,12 +235,14 @@ class ResponsesAPI:
                     "status": "completed",
                 }
             )
-        items += record.get("input") or []
+        stored = record.get("input")
+        if isinstance(stored, list):
+            items += [i for raw in stored if (i := json_object(raw)) is not None]
         doc = {
             "object": "list",
             "data": items,
-            "first_id": items[0]["id"] if items else "",
-            "last_id": items[-1]["id"] if items else "",
+            "first_id": items[0].get("id", "") if items else "",
+            "last_id": items[-1].get("id", "") if items else "",
             "has_more": False,
         }
         return Response(json.dumps(doc, ensure_ascii=False).encode())

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router.responses.translate import (
     Turn,
     call_item,
@@ -43,6 +43,18 @@ class _Item:
     refusal: str = ""
 
 
+@dataclass
+class _Call:
+    """A tool call as its stream's deltas add up."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+    def to_json(self) -> JsonObject:
+        return {"id": self.id, "function": {"name": self.name, "arguments": self.arguments}}
+
+
 class StreamTranslator:
     """The backends' stream rewrite for one Responses request: ``chunk`` takes what the
     backend sent (any cut of its SSE bytes) and returns the events to send; ``finish`` the
@@ -54,15 +66,15 @@ class StreamTranslator:
         self.turn = turn
         self.headers: dict[str, str] = {}  # set before the answer begins
         self.model = turn.request.model
-        self.completed: dict[str, Any] | None = None
+        self.completed: JsonObject | None = None
         self._pending = b""
         self._started = False
         self._next = 0
         self._message: _Item | None = None
         self._reasoning: _Item | None = None
         self._calls: dict[int, _Item] = {}
-        self._call_meta: dict[int, dict[str, Any]] = {}
-        self._usage: dict[str, Any] | None = None
+        self._call_meta: dict[int, _Call] = {}
+        self._usage: JsonObject | None = None
 
     # -- the rewrite ----------------------------------------------------------------------------
     def chunk(self, data: bytes) -> bytes:
@@ -93,20 +105,22 @@ class StreamTranslator:
                 self._complete(out)
                 continue
             try:
-                doc = json.loads(data)
+                doc = json_object(json.loads(data))
             except ValueError:
                 continue
-            if isinstance(doc, dict):
+            if doc is not None:
                 self._chat_chunk(doc, out)
 
-    def _chat_chunk(self, doc: dict[str, Any], out: list[bytes]) -> None:
-        if isinstance(doc.get("model"), str) and doc["model"]:
-            self.model = doc["model"]
+    def _chat_chunk(self, doc: JsonObject, out: list[bytes]) -> None:
+        model = doc.get("model")
+        if isinstance(model, str) and model:
+            self.model = model
         if doc.get("usage"):
             self._usage = usage_of(doc["usage"])
-        for choice in doc.get("choices") or []:
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            if not isinstance(delta, dict):
+        choices = doc.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            delta = json_object(choice.get("delta")) if isinstance(choice, dict) else None
+            if delta is None:
                 continue
             reasoning = delta.get("reasoning_content")
             if isinstance(reasoning, str) and reasoning:
@@ -123,25 +137,28 @@ class StreamTranslator:
                 item = self._message_item(out)
                 item.refusal += refusal
                 self._emit(out, "response.refusal.delta", **_at(item), delta=refusal)
-            for call in delta.get("tool_calls") or []:
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
                 if isinstance(call, dict):
                     self._tool_call(call, out)
 
-    def _tool_call(self, call: dict[str, Any], out: list[bytes]) -> None:
-        index = int(call.get("index", 0))
-        meta = self._call_meta.setdefault(
-            index, {"id": "", "function": {"name": "", "arguments": ""}}
-        )
-        fn = call.get("function") or {}
+    def _tool_call(self, call: JsonObject, out: list[bytes]) -> None:
+        raw_index = call.get("index", 0)
+        index = int(raw_index) if isinstance(raw_index, int | float | str) else 0
+        meta = self._call_meta.setdefault(index, _Call())
+        fn = json_object(call.get("function")) or {}
         if call.get("id"):
-            meta["id"] = call["id"]
-        meta["function"]["name"] += fn.get("name") or ""
+            meta.id = str(call["id"])
+        name, arguments = fn.get("name"), fn.get("arguments")
+        meta.name += name if isinstance(name, str) else ""
         if index not in self._calls:
-            self._calls[index] = self._open(out, lambda i: call_item(i, "in_progress", meta))
+            self._calls[index] = self._open(
+                out, lambda i: call_item(i, "in_progress", meta.to_json())
+            )
         item = self._calls[index]
-        arguments = fn.get("arguments") or ""
+        arguments = arguments if isinstance(arguments, str) else ""
         if arguments:
-            meta["function"]["arguments"] += arguments
+            meta.arguments += arguments
             self._emit(
                 out,
                 "response.function_call_arguments.delta",
@@ -163,7 +180,7 @@ class StreamTranslator:
         self._next += 1
         return self._next - 1
 
-    def _open(self, out: list[bytes], shown: Callable[[str], dict[str, Any]]) -> _Item:
+    def _open(self, out: list[bytes], shown: Callable[[str], JsonObject]) -> _Item:
         """A new output item at the next index, announced as ``shown(its id)`` (the response's
         own start first, once)."""
         self._start(out)
@@ -188,7 +205,7 @@ class StreamTranslator:
         if self._message is None and not self._calls:
             self._message_item(out)  # an answer with nothing in it still has its message
         self._start(out)
-        done: list[tuple[int, dict[str, Any]]] = []
+        done: list[tuple[int, JsonObject]] = []
         if (item := self._reasoning) is not None:
             self._emit(out, "response.reasoning_text.done", **_at(item), text=item.text)
             final = reasoning_item(item.id, "completed", item.text)
@@ -200,12 +217,14 @@ class StreamTranslator:
                 self._emit(out, "response.output_text.done", **_at(item), text=item.text)
             if item.refusal:
                 self._emit(out, "response.refusal.done", **_at(item), refusal=item.refusal)
-            self._emit(out, "response.content_part.done", **_at(item), part=final["content"][0])
+            parts = final["content"]
+            assert isinstance(parts, list)  # message_item's shape
+            self._emit(out, "response.content_part.done", **_at(item), part=parts[0])
             self._emit(out, "response.output_item.done", output_index=item.index, item=final)
             done.append((item.index, final))
         for index in sorted(self._calls):
             item, meta = self._calls[index], self._call_meta[index]
-            final = call_item(item.id, "completed", meta)
+            final = call_item(item.id, "completed", meta.to_json())
             self._emit(
                 out,
                 "response.function_call_arguments.done",
@@ -220,16 +239,16 @@ class StreamTranslator:
         self._emit(out, "response.completed", response=self.completed)
 
     @staticmethod
-    def _emit(out: list[bytes], event: str, **payload: Any) -> None:
+    def _emit(out: list[bytes], event: str, **payload: object) -> None:
         data = json.dumps({"type": event, **payload}, ensure_ascii=False)
         out.append(f"event: {event}\ndata: {data}\n\n".encode())
 
 
-def _at(item: _Item) -> dict[str, Any]:
+def _at(item: _Item) -> JsonObject:
     return {"item_id": item.id, "output_index": item.index, "content_index": 0}
 
 
-def translate_whole(turn: Turn, sse: bytes) -> tuple[bytes, dict[str, Any] | None]:
+def translate_whole(turn: Turn, sse: bytes) -> tuple[bytes, JsonObject | None]:
     """A whole chat SSE body (a cached answer replayed, a fast_response) as the event stream
     -> (the events, the completed Response)."""
     translator = StreamTranslator(turn)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.errors import NotFound, Unavailable
+from vllm_sr.jsontypes import JsonObject
 
-Record = dict[str, Any]
+Record = JsonObject
 
 DEFAULT_TTL_S = 30 * 24 * 3600  # upstream's store default (a ttl_seconds of 0)
 DEFAULT_MAX_RESPONSES = 10_000  # upstream's memory store default (a max_responses of 0)
@@ -31,9 +32,11 @@ class ResponseNotFound(NotFound):
 
     code = "response_not_found"
 
-    def to_json(self) -> dict[str, Any]:
-        doc = super().to_json()
-        doc["error"]["type"] = "invalid_request_error"
+    def to_json(self) -> JsonObject:
+        doc: JsonObject = super().to_json()
+        error = doc["error"]
+        assert isinstance(error, dict)  # VllmSrError.to_json's shape
+        error["type"] = "invalid_request_error"
         return doc
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
 
 from vllm_sr import jsonbody
 from vllm_sr.errors import InvalidRequest
+from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router.responses.store import Record
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -33,7 +33,17 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-def _bad(field_: str, got: Any, accepted: str) -> InvalidRequest:
+def _obj(value: object) -> JsonObject:
+    """``value`` when it is a JSON object, else an empty one."""
+    return json_object(value) or {}
+
+
+def _items(value: object) -> list[object]:
+    """``value`` when it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def _bad(field_: str, got: object, accepted: str) -> InvalidRequest:
     shown = json.dumps(got)[:200] if not isinstance(got, str) else repr(got[:200])
     return InvalidRequest(f"{field_}: {shown} is not accepted; accepted: {accepted}")
 
@@ -43,7 +53,7 @@ class ResponsesRequest:
     """A ``POST /v1/responses`` body, checked. Fields upstream ignores are ignored here too."""
 
     model: str
-    input: list[dict[str, Any]]  # the input items as stored (each with an id and a status)
+    input: list[JsonObject]  # the input items as stored (each with an id and a status)
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
@@ -51,8 +61,8 @@ class ResponsesRequest:
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: Any = None
+    tools: list[JsonObject] = field(default_factory=list)
+    tool_choice: object = None
     metadata: dict[str, str] | None = None
     conversation_id: str | None = None
 
@@ -68,22 +78,17 @@ def parse_request(raw: bytes) -> ResponsesRequest:
             "Responses request uses 'input' where a chat completion uses 'messages'"
         )
     req = ResponsesRequest(model, parse_input(body["input"]))
-    for name in ("instructions", "previous_response_id", "conversation_id"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, str):
-            raise _bad(name, value, "a string")
-        setattr(req, name, value or None)
+    req.instructions = _opt_str(body, "instructions")
+    req.previous_response_id = _opt_str(body, "previous_response_id")
+    req.conversation_id = _opt_str(body, "conversation_id")
     for name in ("store", "stream"):
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
             raise _bad(name, value, "true or false")
         if value is not None:
             setattr(req, name, value)
-    for name in ("temperature", "top_p"):
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise _bad(name, value, "a number")
-        setattr(req, name, value)
+    req.temperature = _opt_number(body, "temperature")
+    req.top_p = _opt_number(body, "top_p")
     cap = body.get("max_output_tokens")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise _bad("max_output_tokens", cap, "a positive integer")
@@ -91,15 +96,30 @@ def parse_request(raw: bytes) -> ResponsesRequest:
     req.tools = parse_tools(body.get("tools"))
     req.tool_choice = body.get("tool_choice")
     metadata = body.get("metadata")
-    if metadata is not None and not (
-        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
-    ):
-        raise _bad("metadata", metadata, "an object of string values")
-    req.metadata = metadata
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise _bad("metadata", metadata, "an object of string values")
+        req.metadata = {str(k): str(v) for k, v in metadata.items()}
     return req
 
 
-def parse_input(value: Any) -> list[dict[str, Any]]:
+def _opt_str(body: JsonObject, name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _bad(name, value, "a string")
+    return value or None
+
+
+def _opt_number(body: JsonObject, name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(name, value, "a number")
+    return value
+
+
+def parse_input(value: object) -> list[JsonObject]:
     """``input`` as stored items: a string is one user message (an empty string too: upstream
     sends it as one empty user message)."""
     if isinstance(value, str):
@@ -109,15 +129,16 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
     return [_input_item(i, item) for i, item in enumerate(value)]
 
 
-def _input_item(i: int, item: Any) -> dict[str, Any]:
+def _input_item(i: int, raw: object) -> JsonObject:
     where = f"input[{i}]"
-    if not isinstance(item, dict):
-        raise _bad(where, item, "an input item object (a message, function_call or output)")
+    item = json_object(raw)
+    if item is None:
+        raise _bad(where, raw, "an input item object (a message, function_call or output)")
     kind = item.get("type") or "message"
-    out: dict[str, Any] = {"id": item.get("id") or new_id("item_"), "type": kind}
+    out: JsonObject = {"id": item.get("id") or new_id("item_"), "type": kind}
     if kind == "message":
         role = item.get("role") or "user"
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad(f"{where}.role", role, ", ".join(ROLES))
         out.update(role=role, content=_content(f"{where}.content", item.get("content")))
     elif kind == "function_call":
@@ -139,15 +160,16 @@ def _input_item(i: int, item: Any) -> dict[str, Any]:
     return out
 
 
-def _content(where: str, content: Any) -> list[dict[str, Any]]:
+def _content(where: str, content: object) -> list[JsonObject]:
     """Content as parts (OpenAI's stored shape; a string is one ``input_text`` part)."""
     if content is None or isinstance(content, str):
         return [{"type": "input_text", "text": content or ""}]
     if not isinstance(content, list):
         raise _bad(where, content, "a string or a list of content parts")
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+    parts: list[JsonObject] = []
+    for j, raw in enumerate(content):
+        part = _obj(raw)
+        kind = part.get("type")
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append({"type": kind, "text": part["text"]})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
@@ -162,40 +184,43 @@ def _content(where: str, content: Any) -> list[dict[str, Any]]:
     return parts
 
 
-def parse_tools(tools: Any) -> list[dict[str, Any]]:
+def parse_tools(tools: object) -> list[JsonObject]:
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise _bad("tools", tools, "a list of function tools")
-    for i, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
+    out: list[JsonObject] = []
+    for i, raw in enumerate(tools):
+        tool = json_object(raw)
+        kind = tool.get("type") if tool is not None else None
+        if tool is None or kind != "function":
             raise InvalidRequest(
                 f"tools[{i}]: a tool of type {kind!r} is not supported by vllm-sr (the backend "
                 "gets a chat completion, which calls functions only); supported: function"
             )
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        fn = json_object(tool.get("function")) or tool
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise _bad(f"tools[{i}].name", fn.get("name"), "the function's name")
-    return list(tools)
+        out.append(tool)
+    return out
 
 
 # -- to the chat ------------------------------------------------------------------------------
 
 
-def to_chat(req: ResponsesRequest, history: list[Record]) -> dict[str, Any]:
+def to_chat(req: ResponsesRequest, history: list[Record]) -> JsonObject:
     """The chat completion the backend gets for ``req`` continuing ``history`` (oldest first)."""
-    messages: list[dict[str, Any]] = []
+    messages: list[JsonObject] = []
     instructions = req.instructions or next(
         (r["instructions"] for r in reversed(history) if r.get("instructions")), None
     )
     if instructions:
         messages.append({"role": "system", "content": instructions})
     for record in history:
-        messages += [m for item in record.get("input") or [] if (m := _message(item))]
-        messages += [m for item in record.get("output") or [] if (m := _message(item))]
+        for key in ("input", "output"):
+            messages += [m for item in _items(record.get(key)) if (m := _message(_obj(item)))]
     messages += [m for item in req.input if (m := _message(item))]
-    body: dict[str, Any] = {"model": req.model, "messages": messages}
+    body: JsonObject = {"model": req.model, "messages": messages}
     if req.temperature is not None:
         body["temperature"] = req.temperature
     if req.top_p is not None:
@@ -214,7 +239,7 @@ def to_chat(req: ResponsesRequest, history: list[Record]) -> dict[str, Any]:
     return body
 
 
-def _message(item: dict[str, Any]) -> dict[str, Any] | None:
+def _message(item: JsonObject) -> JsonObject | None:
     kind = item.get("type") or "message"
     if kind == "function_call":
         call = {"name": item.get("name", ""), "arguments": item.get("arguments", "")}
@@ -224,33 +249,33 @@ def _message(item: dict[str, Any]) -> dict[str, Any] | None:
         return {"role": "tool", "tool_call_id": item.get("call_id", ""), "content": item["output"]}
     if kind != "message":
         return None  # a reasoning item: not sent back
-    role = ROLES.get(item.get("role") or "user", "user")
-    parts = [p for p in item.get("content") or [] if isinstance(p, dict)]
+    role = ROLES.get(str(item.get("role") or "user"), "user")
+    parts = [p for raw in _items(item.get("content")) if (p := json_object(raw)) is not None]
     if role == "user" and any(p.get("type") == "input_image" for p in parts):
         return {"role": role, "content": [_chat_part(p) for p in parts]}
-    texts = [p.get("text", "") for p in parts if p.get("type") in TEXT_PARTS]
+    texts = [str(p.get("text", "")) for p in parts if p.get("type") in TEXT_PARTS]
     # an answer's parts are one text (upstream concatenates them); a request's, joined by spaces
     joined = "".join(texts) if role == "assistant" else " ".join(texts)
     return {"role": role, "content": joined}
 
 
-def _chat_part(part: dict[str, Any]) -> dict[str, Any]:
+def _chat_part(part: JsonObject) -> JsonObject:
     if part.get("type") == "input_image":
-        image = {"url": part["image_url"]}
+        image: JsonObject = {"url": part["image_url"]}
         if part.get("detail"):
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}
     return {"type": "text", "text": part.get("text", "")}
 
 
-def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+def _chat_tool(tool: JsonObject) -> JsonObject:
     """A function tool, nested (``function: {...}``) or flat (the Responses shape)."""
-    fn = tool["function"] if isinstance(tool.get("function"), dict) else tool
+    fn = json_object(tool.get("function")) or tool
     out = {k: fn[k] for k in ("name", "description", "parameters", "strict") if k in fn}
     return {"type": "function", "function": out}
 
 
-def _chat_tool_choice(choice: Any) -> Any:
+def _chat_tool_choice(choice: object) -> object:
     """``auto``/``none``/``required`` as they are; a named function in either shape."""
     if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
         return {"type": "function", "function": {"name": choice["name"]}}
@@ -273,7 +298,7 @@ class Turn:
     def start(cls, req: ResponsesRequest, history: list[Record], now: float) -> Turn:
         """Upstream's conversation id: the request's, else the chain's first, else a new one."""
         conv = req.conversation_id or next(
-            (r["conversation_id"] for r in history[:1] if r.get("conversation_id")), None
+            (str(r["conversation_id"]) for r in history[:1] if r.get("conversation_id")), None
         )
         return cls(req, new_id("resp_"), int(now), conv or new_id("conv_"))
 
@@ -281,12 +306,12 @@ class Turn:
         self,
         status: str,
         model: str,
-        output: list[dict[str, Any]],
-        usage: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        output: list[JsonObject],
+        usage: JsonObject | None = None,
+    ) -> JsonObject:
         """The Response object (upstream's streamed shape, for both answers)."""
         req = self.request
-        doc: dict[str, Any] = {
+        doc: JsonObject = {
             "id": self.response_id,
             "object": "response",
             "created_at": self.created_at,
@@ -316,42 +341,48 @@ class Turn:
             doc["output_text"] = output_text(output)
         return doc
 
-    def record(self, response: dict[str, Any]) -> Record:
+    def record(self, response: JsonObject) -> Record:
         """What the store keeps: the Response object and this request's input items."""
         return {**response, "input": self.request.input}
 
 
-def output_text(output: list[dict[str, Any]]) -> str:
+def output_text(output: list[JsonObject]) -> str:
     return "".join(
-        p.get("text", "")
+        str(p.get("text", ""))
         for item in output
         if item.get("type") == "message"
-        for p in item.get("content") or []
-        if p.get("type") == "output_text"
+        for raw in _items(item.get("content"))
+        if (p := _obj(raw)).get("type") == "output_text"
     )
 
 
-def usage_of(chat_usage: Any) -> dict[str, Any] | None:
+def _count(doc: JsonObject, key: str) -> int:
+    value = doc.get(key)
+    return int(value) if isinstance(value, int | float | str) and value else 0
+
+
+def usage_of(chat_usage: object) -> JsonObject | None:
     """A chat ``usage`` in the Responses API's words (None when it counts nothing)."""
-    if not isinstance(chat_usage, dict):
+    usage = json_object(chat_usage)
+    if usage is None:
         return None
-    counts = [int(chat_usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")]
-    total = int(chat_usage.get("total_tokens") or 0)
+    counts = [_count(usage, k) for k in ("prompt_tokens", "completion_tokens")]
+    total = _count(usage, "total_tokens")
     if not any(counts) and not total:
         return None
-    prompt = chat_usage.get("prompt_tokens_details") or {}
-    completion = chat_usage.get("completion_tokens_details") or {}
+    prompt = _obj(usage.get("prompt_tokens_details"))
+    completion = _obj(usage.get("completion_tokens_details"))
     return {
         "input_tokens": counts[0],
-        "input_tokens_details": {"cached_tokens": int(prompt.get("cached_tokens") or 0)},
+        "input_tokens_details": {"cached_tokens": _count(prompt, "cached_tokens")},
         "output_tokens": counts[1],
-        "output_tokens_details": {"reasoning_tokens": int(completion.get("reasoning_tokens") or 0)},
+        "output_tokens_details": {"reasoning_tokens": _count(completion, "reasoning_tokens")},
         "total_tokens": total,
     }
 
 
-def message_item(item_id: str, status: str, text: str, refusal: str = "") -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
+def message_item(item_id: str, status: str, text: str, refusal: str = "") -> JsonObject:
+    content: list[object] = []
     if refusal and not text:
         content.append({"type": "refusal", "refusal": refusal})
     elif status == "completed" or text:
@@ -365,8 +396,8 @@ def message_item(item_id: str, status: str, text: str, refusal: str = "") -> dic
     }
 
 
-def call_item(item_id: str, status: str, call: dict[str, Any]) -> dict[str, Any]:
-    fn = call.get("function") or {}
+def call_item(item_id: str, status: str, call: JsonObject) -> JsonObject:
+    fn = _obj(call.get("function"))
     return {
         "id": item_id,
         "type": "function_call",
@@ -377,26 +408,29 @@ def call_item(item_id: str, status: str, call: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def reasoning_item(item_id: str, status: str, text: str) -> dict[str, Any]:
-    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+def reasoning_item(item_id: str, status: str, text: str) -> JsonObject:
+    content: list[object] = (
+        [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    )
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
-def from_chat(turn: Turn, doc: dict[str, Any]) -> dict[str, Any]:
+def from_chat(turn: Turn, doc: JsonObject) -> JsonObject:
     """A backend's ``chat.completion`` as the Response object of ``turn``."""
-    output: list[dict[str, Any]] = []
-    for choice in doc.get("choices") or []:
-        msg = (choice.get("message") or {}) if isinstance(choice, dict) else {}
-        if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
-            output.append(reasoning_item(new_id("item_"), "completed", msg["reasoning_content"]))
+    output: list[JsonObject] = []
+    for choice in _items(doc.get("choices")):
+        msg = _obj(_obj(choice).get("message"))
+        reasoning = _text(msg.get("reasoning_content"))
+        if reasoning:
+            output.append(reasoning_item(new_id("item_"), "completed", reasoning))
         text, refusal = _text(msg.get("content")), _text(msg.get("refusal"))
         if text or refusal:
             output.append(message_item(new_id("item_"), "completed", text, refusal))
-        for call in msg.get("tool_calls") or []:
-            output.append(call_item(new_id("item_"), "completed", call))
+        for call in _items(msg.get("tool_calls")):
+            output.append(call_item(new_id("item_"), "completed", _obj(call)))
     model = _text(doc.get("model")) or turn.request.model
     return turn.response("completed", model, output, usage_of(doc.get("usage")))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value if isinstance(value, str) else ""

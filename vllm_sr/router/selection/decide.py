@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from vllm_sr.config.routing import Decision, ModelRef, Providers, Routing
     from vllm_sr.config.upstream_learning import ModelSelection
     from vllm_sr.router.backends import BackendSet
+    from vllm_sr.router.cache.embedding import QueryEmbedding
     from vllm_sr.router.route import Exchange
     from vllm_sr.router.selection.observations import ModelObservations
 
@@ -136,6 +137,9 @@ class SelectionRequest:
     query: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
     started: float | None = None
+    # the chat's query embedding (routing's own bundle answer when it asked the decision
+    # deployment): router_dc reads it instead of asking again
+    embedding: QueryEmbedding | None = None
 
 
 @dataclass
@@ -223,16 +227,22 @@ class DecisionSelection:
             return automix_mod.automix(refs, self.automix_config, weight, self.facts)
         raise ValueError(f"{kind} needs the request (query, helper)")
 
-    async def _router_dc(self, refs: Sequence[ModelRef], query: str) -> Selection:
+    async def _router_dc(
+        self, refs: Sequence[ModelRef], query: str, embedding: QueryEmbedding | None
+    ) -> Selection:
         vectors = self.vectors
         if vectors is None:
             return router_dc(refs, self.router_dc_config, None, {})
-        qvec = await vectors.query(query)
+        qvec = await vectors.query(query, embedding)
         models = await vectors.models() if qvec is not None else {}
         return router_dc(refs, self.router_dc_config, qvec, models)
 
     async def _hybrid(
-        self, settings: HybridSettings, refs: Sequence[ModelRef], query: str
+        self,
+        settings: HybridSettings,
+        refs: Sequence[ModelRef],
+        query: str,
+        embedding: QueryEmbedding | None,
     ) -> Selection:
         config = hybrid_mod.HybridConfig.of(self.hybrid_global, settings)
         weight = hybrid_mod.selection_cost_weight(settings)
@@ -240,7 +250,7 @@ class DecisionSelection:
         if config.experience_weight > 0:  # no Elo feedback here: every candidate alike
             components["experience"] = {r.model: 1.0 / len(refs) for r in refs}
         if config.router_dc_weight > 0:
-            components["router_dc"] = (await self._router_dc(refs, query)).scores
+            components["router_dc"] = (await self._router_dc(refs, query, embedding)).scores
         if config.automix_weight > 0:
             am = automix_mod.automix(refs, self.automix_config, weight, self.facts)
             components["automix"] = am.scores
@@ -296,9 +306,9 @@ class DecisionSelection:
     ) -> Selection:
         kind, settings = self.settings[decision.name]
         if isinstance(settings, RouterDCSettings):
-            return await self._router_dc(refs, request.query)
+            return await self._router_dc(refs, request.query, request.embedding)
         if isinstance(settings, HybridSettings):
-            return await self._hybrid(settings, refs, request.query)
+            return await self._hybrid(settings, refs, request.query, request.embedding)
         if isinstance(settings, PromptSettings):
             return await self._prompt(settings, refs, request)
         return self._sync_select(kind, settings, refs)

@@ -214,13 +214,14 @@ class ModelVectors:
                 self.vectors = {n: normalise(v) for n, v in zip(names, rows, strict=True)}
         return self.vectors or {}
 
-    async def query(self, text: str) -> Vector | None:
+    async def query(
+        self, text: str, holder: cache_embedding.QueryEmbedding | None = None
+    ) -> Vector | None:
         """The chat's query vector: routing's own answer when it asked the decision deployment
-        (the semantic cache's holder), else one exchange."""
+        (the chat's ``holder``, as the semantic cache reads it), else one exchange."""
         if not self.usable or not text.strip():
             return None
         assert self.exchange is not None and self.deployment
-        holder = cache_embedding.current()
         if holder is None or holder.deployment != self.deployment or holder.text != text:
             holder = cache_embedding.QueryEmbedding(self.deployment, text)
         return await holder.vector(self.exchange, self.timeout_ms)
