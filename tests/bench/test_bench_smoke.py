@@ -144,9 +144,25 @@ def test_router_signals_bench_without_the_slow_loading_families() -> None:
 
 
 def test_router_probes_bench_on_the_toy_encoder() -> None:
-    out = run_bench("router_probes.py", "--stand-in", "--recipe", "feedback")
-    (row,) = lines_like(out, r"^all +(\d+) +(\d+) +(\d+)$")
-    assert int(row[1]) + int(row[2]) > 0  # probes ran (the toy encoder decides how many pass)
+    # feedback loads unchanged; accuracy only once its looper endpoint is cleared (its
+    # workflows and fusion loopers are refused with one).
+    out = run_bench(
+        "router_probes.py", "--stand-in", "--recipe", "feedback", "--recipe", "accuracy"
+    )
+    lines_like(out, r"^  feedback: loaded unchanged$")
+    lines_like(
+        out, r"^    removed +1 x global\.integrations\.looper\.endpoint: .*workflows, fusion"
+    )
+    rows = lines_like(out, r"^(feedback|accuracy|all) +(\d+) +(\d+) +(\d+) +(\d+) +(\d+)$")
+    table = {m[1]: [int(m[i]) for i in range(2, 7)] for m in rows}
+    assert set(table) == {"feedback", "accuracy", "all"}
+    for probes, run, passed, missed, skipped in table.values():
+        assert run > 0 and probes == run + skipped and run == passed + missed
+    assert table["all"] == [
+        a + b for a, b in zip(table["feedback"], table["accuracy"], strict=True)
+    ]
+    if table["all"][3]:  # the toy encoder decides how many pass; a miss says why
+        lines_like(out, r"^ +\d+ x expected '.*' (did not match|matched too)")
 
 
 def test_chaos_bench_baseline_on_the_stand_in_worker() -> None:
