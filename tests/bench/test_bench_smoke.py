@@ -120,6 +120,21 @@ def test_router_bench_reports_the_cache_through_its_cache_target() -> None:
     assert [(m[1], m[2], m[3]) for m in hits] == [("1", "5", "5"), ("64", "10", "10")]
 
 
+def test_router_bench_reports_a_looper_through_its_looper_target() -> None:
+    out = run_bench(
+        "router.py",
+        *("--target", "looper", "--", "--think-ms", "5", "--n1", "4", "--nc", "8"),
+        *("--concurrency", "2"),
+    )
+    lines_like(out, r"^cpu flags: ")  # the host first, as the router bench prints it
+    for level, n in ((1, 4), (2, 8)):
+        # every looper chat made its two internal calls, small then big
+        lines_like(out, rf"^c={level} +n={n} .*iterations \[2\], models used \['small,big'\]")
+    adds = lines_like(out, rf"^  looper adds \(handler - sum of its calls\) p50 +({NUMBER}) p99")
+    assert len(adds) == 2 and all(float(m[1]) >= 0 for m in adds)
+    lines_like(out, rf"looper - iterations x static p50: p50 +{NUMBER} p99 +{NUMBER} ms$")
+
+
 def test_router_signals_bench_without_the_slow_loading_families() -> None:
     # The language detector takes 15-30 s to load in each process, and presidio (pii) a few
     # (the signal processes load presidio either way: one of them, and the hand-off's one).
