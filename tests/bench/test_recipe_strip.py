@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from bench.recipe_strip import NotLoadable, strip_refused, summary
+from vllm_sr.config.files import collect_problems
 
 BASE = """\
 version: v0.3
@@ -86,6 +87,8 @@ def test_a_refused_looper_clears_the_looper_endpoint_and_keeps_the_decision() ->
     raw["global"]["integrations"] = {"looper": {"endpoint": "http://envoy:8899/v1/chat"}}
     raw["routing"]["decisions"][0]["algorithm"] = {"type": "fusion", "fusion": {}}
     raw["routing"]["decisions"][0]["modelRefs"].append({"model": "general"})
+    if collect_problems(raw)[0] is not None:
+        pytest.skip("vllm-sr runs the fusion looper now: nothing of this recipe is refused")
     config, stripped = strip_refused(raw)
     assert [s.pattern() for s in stripped] == ["global.integrations.looper.endpoint"]
     assert "fusion looper" in stripped[0].why
