@@ -23,8 +23,9 @@ A probe passes when ``routing_decision`` (else ``decision_result.decision_name``
 ``expected_decision`` and ``signal_errors`` is empty (upstream's first and "always"
 assertions; the plugin, algorithm and signal assertions are not scored here). A probe is
 skipped when its expected decision is not in the loaded recipe. Misses are grouped by cause:
-the preview's error, signal errors, or expected against got decision, with the expected
-decision's leaves that did not match (from the trace) and what the winner matched.
+the preview's error, signal errors, or expected against got decision (the expected one matched
+too and was outranked, or did not match), with the leaves that made the winner match and those
+that kept the expected decision from matching (from the trace; ``NOT type:name`` under a NOT).
 
     python bench/router_probes.py [--recipe feedback ...] [--verbose] [--stand-in]
 
@@ -310,15 +311,19 @@ class Tally:
         return sum(len(m.ids) for m in self.misses.values())
 
 
-def leaves(node: dict[str, Any] | None, matched: bool | None = None) -> list[str]:
-    """``type:name`` of the trace's leaves (those with the given matched state)."""
+def leaves(node: dict[str, Any] | None, holds: bool, negated: bool = False) -> list[str]:
+    """The trace's leaves whose effect on the rule is ``holds`` (a leaf under an odd number of
+    NOTs counts inverted, and is shown as ``NOT type:name``): with True, the leaves that made
+    a decision match; with False, those that kept it from matching."""
     if not node:
         return []
     if node.get("node_type") == "leaf":
-        if matched is None or bool(node.get("matched")) == matched:
-            return [f"{node.get('signal_type')}:{node.get('signal_name')}"]
+        if (bool(node.get("matched")) != negated) == holds:
+            prefix = "NOT " if negated else ""
+            return [f"{prefix}{node.get('signal_type')}:{node.get('signal_name')}"]
         return []
-    return [x for child in node.get("children") or [] for x in leaves(child, matched)]
+    flip = negated != (str(node.get("node_type")).upper() == "NOT")
+    return [x for child in node.get("children") or [] for x in leaves(child, holds, flip)]
 
 
 @dataclass
@@ -340,13 +345,13 @@ def miss_key(doc: dict[str, Any], expected: str, got: str) -> tuple[str, list[st
     if want.get("matched"):
         return (
             f"expected {expected!r} matched too, outranked by {shown}",
-            leaves(won.get("root_trace"), matched=True),
+            leaves(won.get("root_trace"), holds=True),
             [],
         )
     return (
         f"expected {expected!r} did not match; got {shown}",
-        leaves(won.get("root_trace"), matched=True),
-        leaves(want.get("root_trace"), matched=False),
+        leaves(won.get("root_trace"), holds=True),
+        leaves(want.get("root_trace"), holds=False),
     )
 
 
