@@ -24,8 +24,9 @@ A probe passes when ``routing_decision`` (else ``decision_result.decision_name``
 assertions; the plugin, algorithm and signal assertions are not scored here). A probe is
 skipped when its expected decision is not in the loaded recipe. Misses are grouped by cause:
 the preview's error, signal errors, or expected against got decision (the expected one matched
-too and was outranked, or did not match), with the leaves that made the winner match and those
-that kept the expected decision from matching (from the trace; ``NOT type:name`` under a NOT).
+too and was outranked, or did not match), with the leaves that made the winner match (its NOT
+guards left out) and those that kept the expected decision from matching (from the trace;
+``NOT type:name``: a leaf under a NOT that matched).
 
     python bench/router_probes.py [--recipe feedback ...] [--verbose] [--stand-in]
 
@@ -336,21 +337,19 @@ class Miss:
 
 
 def miss_key(doc: dict[str, Any], expected: str, got: str) -> tuple[str, list[str], list[str]]:
-    """A wrong decision's cause -> (group, the winner's matched leaves, the expected
-    decision's unmatched leaves; empty when it matched too and was outranked)."""
+    """A wrong decision's cause -> (group, the winner's matched leaves (its NOT guards that
+    held left out), the expected decision's failing leaves; empty when it matched too and was
+    outranked)."""
     trace = {t.get("decision_name"): t for t in doc.get("eval_trace") or []}
     want = trace.get(expected) or {}
     won = trace.get(got) or {}
+    winner = [x for x in leaves(won.get("root_trace"), holds=True) if not x.startswith("NOT ")]
     shown = repr(got) if got else "no decision (the default model)"
     if want.get("matched"):
-        return (
-            f"expected {expected!r} matched too, outranked by {shown}",
-            leaves(won.get("root_trace"), holds=True),
-            [],
-        )
+        return f"expected {expected!r} matched too, outranked by {shown}", winner, []
     return (
         f"expected {expected!r} did not match; got {shown}",
-        leaves(won.get("root_trace"), holds=True),
+        winner,
         leaves(want.get("root_trace"), holds=False),
     )
 
