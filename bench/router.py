@@ -16,6 +16,13 @@ decision per family, identity headers on every chat); ``embedding+domain`` (one 
 to a d3-edge worker; with ``embedding+domain`` the c=1 line also has one bare d3-edge embeddings
 request straight to the worker, interleaved, to read the second aim against).
 
+``--target looper`` reports what a looper adds over the sum of its backend calls instead
+(bench/router_looper.py): a confidence-looper decision (two internal calls) against a static
+one, stand-in backends with a fixed think time, at c=1 and c=32; in the router (handler time
+minus the sum of its internal calls' times) and end to end (looper wall time minus iterations x
+a static chat's p50), p50/p99 with the raw figures (its options after ``--``, e.g.
+``--target looper -- --think-ms 20``).
+
 ``--target cache`` reports the response cache's effect instead: bench/router_cache.py's p50 and
 p99 of an exact hit and a semantic hit against misses, at c=1 and c=64 (its options after
 ``--``, e.g. ``--target cache -- --backend-delay-ms 50``).
@@ -75,6 +82,15 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "fma",
 
 def machine(args: argparse.Namespace) -> list[str]:
     """The CPU and the settings the figures depend on."""
+    return [
+        *host(),
+        f"target {args.target}; rounds {args.rounds}; requests per round c=1 {args.requests_c1}, "
+        f"c={args.concurrency} {args.requests_cn}; in-process chats {args.in_process}",
+    ]
+
+
+def host() -> list[str]:
+    """The CPU, its flags, the load and the Python the figures depend on."""
     model, flags = platform.processor() or "?", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -105,15 +121,13 @@ def machine(args: argparse.Namespace) -> list[str]:
         "(the machine is shared: the end-to-end figures move with it)",
         f"python {platform.python_version()} ({platform.python_implementation()}), router loop "
         f"{loop_name()}, client loop asyncio, lingua-language-detector {lingua}",
-        f"target {args.target}; rounds {args.rounds}; requests per round c=1 {args.requests_c1}, "
-        f"c={args.concurrency} {args.requests_cn}; in-process chats {args.in_process}",
     ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--target", choices=("local", "standalone", "service", "cache"), default="local"
+        "--target", choices=("local", "standalone", "service", "cache", "looper"), default="local"
     )
     parser.add_argument(
         "--profiles", default=None, help="comma-separated (default: all the target runs)"
@@ -132,6 +146,11 @@ def main() -> None:
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
         cache = [sys.executable, str(REPO / "bench" / "router_cache.py"), *rest]
         raise SystemExit(subprocess.run(cache, check=False).returncode)
+    if args.target == "looper":  # bench/router_looper.py, its options passed on
+        from bench import router_looper
+
+        router_looper.main(args.rest[1:] if args.rest[:1] == ["--"] else args.rest, host())
+        return
     if args.rest:
         parser.error(f"unrecognized arguments: {' '.join(args.rest)}")
     if args.router_process:

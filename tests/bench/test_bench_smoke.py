@@ -120,6 +120,21 @@ def test_router_bench_reports_the_cache_through_its_cache_target() -> None:
     assert [(m[1], m[2], m[3]) for m in hits] == [("1", "5", "5"), ("64", "10", "10")]
 
 
+def test_router_bench_reports_a_looper_through_its_looper_target() -> None:
+    out = run_bench(
+        "router.py",
+        *("--target", "looper", "--", "--think-ms", "5", "--n1", "4", "--nc", "8"),
+        *("--concurrency", "2"),
+    )
+    lines_like(out, r"^cpu flags: ")  # the host first, as the router bench prints it
+    for level, n in ((1, 4), (2, 8)):
+        # every looper chat made its two internal calls, small then big
+        lines_like(out, rf"^c={level} +n={n} .*iterations \[2\], models used \['small,big'\]")
+    adds = lines_like(out, rf"^  looper adds \(handler - sum of its calls\) p50 +({NUMBER}) p99")
+    assert len(adds) == 2 and all(float(m[1]) >= 0 for m in adds)
+    lines_like(out, rf"looper - iterations x static p50: p50 +{NUMBER} p99 +{NUMBER} ms$")
+
+
 def test_router_signals_bench_without_the_slow_loading_families() -> None:
     # The language detector takes 15-30 s to load in each process, and presidio (pii) a few
     # (the signal processes load presidio either way: one of them, and the hand-off's one).
@@ -144,9 +159,25 @@ def test_router_signals_bench_without_the_slow_loading_families() -> None:
 
 
 def test_router_probes_bench_on_the_toy_encoder() -> None:
-    out = run_bench("router_probes.py", "--stand-in", "--recipe", "feedback")
-    (row,) = lines_like(out, r"^all +(\d+) +(\d+) +(\d+)$")
-    assert int(row[1]) + int(row[2]) > 0  # probes ran (the toy encoder decides how many pass)
+    # feedback loads unchanged; accuracy too once vllm-sr runs its workflows and fusion loopers
+    # (until then, the bench clears its looper endpoint and says so).
+    out = run_bench(
+        "router_probes.py", "--stand-in", "--recipe", "feedback", "--recipe", "accuracy"
+    )
+    lines_like(out, r"^  feedback: loaded unchanged$")
+    (accuracy,) = lines_like(out, r"^  accuracy:( loaded unchanged)?$")
+    if accuracy[1] is None:
+        lines_like(out, r"^    removed +1 x global\.integrations\.looper\.endpoint: .*looper")
+    rows = lines_like(out, r"^(feedback|accuracy|all) +(\d+) +(\d+) +(\d+) +(\d+) +(\d+)$")
+    table = {m[1]: [int(m[i]) for i in range(2, 7)] for m in rows}
+    assert set(table) == {"feedback", "accuracy", "all"}
+    for probes, run, passed, missed, skipped in table.values():
+        assert run > 0 and probes == run + skipped and run == passed + missed
+    assert table["all"] == [
+        a + b for a, b in zip(table["feedback"], table["accuracy"], strict=True)
+    ]
+    if table["all"][3]:  # the toy encoder decides how many pass; a miss says why
+        lines_like(out, r"^ +\d+ x expected '.*' (did not match|matched too)")
 
 
 def test_chaos_bench_baseline_on_the_stand_in_worker() -> None:
