@@ -267,3 +267,51 @@ async def test_accuracy_loads_unchanged_and_answers_through_its_loopers(tmp_path
             await client.close()
     finally:
         await backend.stop()
+
+
+async def test_multi_objective_loads_unchanged_and_routes_each_algorithm_as_eval_says(
+    tmp_path: Path,
+) -> None:
+    """multi-objective unchanged but for its backends (its looper decisions run as loopers, its
+    embedding top_k, soft matching and address-less Responses store acted on): for the first
+    probe of each algorithm it declares (static, the selectors, the five loopers), a chat through
+    the SDK goes to the decision eval names on the same entrypoint, and a looper decision answers
+    through its looper (`x-vsr-looper-algorithm`)."""
+    backend = await StandInBackend("llm").start()
+    config = tmp_path / "config.yaml"
+    doc = pointed_at("multi-objective", backend.endpoint)
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    probes = yaml.safe_load((RECIPES / "multi-objective" / "probes.yaml").read_text())
+    firsts: dict[str, dict[str, Any]] = {}
+    for probe in probes["decisions"]:
+        firsts.setdefault(probe["expected_algorithm"], probe)
+    loopers = {"confidence", "ratings", "remom", "fusion", "workflows"}
+    assert {"static", "multi_factor", "confidence", "remom", "fusion", "workflows"} <= set(firsts)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    try:
+        async with served(config, url, "--listen", f"127.0.0.1:{port}", log=tmp_path / "s.log"):
+            for kind, probe in sorted(firsts.items()):
+                text = probe["variants"][0]["query"]
+                model = probe["variants"][0].get("model") or probe["model"]
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(url + "/api/v1/eval", json={"text": text, "model": model}) as r,
+                ):
+                    assert r.status == 200, await r.text()
+                    evaluated = await r.json()
+                decision = evaluated["decision_result"]["decision_name"]
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=model, messages=[{"role": "user", "content": text}]
+                )
+                assert raw.headers.get("x-vsr-selected-decision", "") == decision, kind
+                algorithm = evaluated["decision_result"]["algorithm"]
+                if decision and algorithm in loopers:
+                    assert raw.headers["x-vsr-looper-algorithm"] == algorithm, kind
+                else:
+                    assert "x-vsr-looper-algorithm" not in raw.headers, kind
+                    assert raw.parse().choices[0].message.content == f"llm got: {text}"
+    finally:
+        await client.close()
+        await backend.stop()
