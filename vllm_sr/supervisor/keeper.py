@@ -73,6 +73,10 @@ class OwnedTasks:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def owned(self) -> set[asyncio.Task[object]]:
+        """The owned tasks that have not ended."""
+        return set(self._tasks)
+
     def cancel_all(self) -> None:
         """Cancel every owned task but the one calling (the stop that ends them)."""
         for task in list(self._tasks):
