@@ -78,7 +78,7 @@ async def test_a_life_loop_that_raises_is_reported_and_revived() -> None:
     svc = await start_service(lambda: fake_plan(2), **FAST)
     try:
         sup = svc.sup
-        real_on_ready = sup.on_ready
+        real_on_ready = sup.hooks.on_ready
         broke = {"once": True}
 
         def on_ready(rep: Any) -> None:
@@ -87,7 +87,7 @@ async def test_a_life_loop_that_raises_is_reported_and_revived() -> None:
                 raise RuntimeError("a bug in a hook")
             real_on_ready(rep)
 
-        sup.on_ready = on_ready  # type: ignore[method-assign]
+        sup.hooks.on_ready = on_ready  # type: ignore[method-assign]
         old = sup.replicas["primary-1"].pid
         assert old is not None
         os.kill(old, signal.SIGKILL)

@@ -218,7 +218,7 @@ class Service:
         try:
             await asyncio.wait_for(self.loop_task, 30)
         finally:
-            self.sup.kill_all_now()
+            self.sup.shutdown.kill_all_now()
             await self.frontend.stop()
 
 

@@ -3,7 +3,7 @@ real ``ReplicaPool`` and ``EventBus`` so it cannot drift from the service.
 
 Its inventory and health are the supervisor's own (``Supervisor.inventory`` and
 ``Supervisor.health`` run on this object: the same envelope, fields and states); drain, eject
-and readmit answer as ``Supervisor.handle_drain/handle_eject/handle_readmit`` do, through the
+and readmit answer as ``CommandHandlers.handle_drain/handle_eject/handle_readmit`` do, through the
 same pool calls, so the events (``replica_ejected``, ``replica_draining`` with
 ``reason="control"`` ...) are the real ones. Processes are what it leaves out: a replica is
 ready as soon as it is added, and a restart is a new pid at once. Test switches: ``refuse`` (an

@@ -24,7 +24,7 @@ from vllm_sr.config.routing import Providers
 from vllm_sr.errors import DeadlineExceeded
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse
 from vllm_sr.pool.client import Broken
-from vllm_sr.router.backend_proxy import AttemptFailed, BackendUnavailable
+from vllm_sr.router.backend_proxy import AttemptFailed, BackendUnavailable, Exchange
 from vllm_sr.router.backends import BackendSet
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "say something long now"}]}
@@ -117,7 +117,7 @@ async def test_an_https_backend_is_verified_against_the_system_store_it_is_given
     backend = trusting.pick("m")
     await trusting.check(backend)
     assert backend.health.state == "healthy"
-    out = await trusting.proxy(backend, CHAT, chat_request(), {})
+    out = await trusting.proxy(backend, Exchange(CHAT, chat_request(), {}))
     assert isinstance(out, Response) and out.status == 200
     assert json.loads(out.body)["choices"][0]["message"]["content"].startswith("secure got:")
 
@@ -125,7 +125,7 @@ async def test_an_https_backend_is_verified_against_the_system_store_it_is_given
     strict = await started(provs)
     backend = strict.pick("m")
     with pytest.raises(BackendUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
-        await strict.proxy(backend, CHAT, chat_request(), {})
+        await strict.proxy(backend, Exchange(CHAT, chat_request(), {}))
     assert backend.health.state == "unhealthy"
     assert len(tls_standin.received) == 1  # the refused one never got its chat
 
@@ -141,7 +141,7 @@ async def test_a_redirect_is_the_backends_answer_not_followed(
         standin.fault = "redirect"
         standin.redirect_to = f"http://{other.endpoint}/v1/chat/completions"
         s = await started(one_model({"endpoint": standin.endpoint}))
-        out = await s.proxy(s.pick("m"), CHAT, chat_request(), {}, early_failure=True)
+        out = await s.proxy(s.pick("m"), Exchange(CHAT, chat_request(), {}, early_failure=True))
         assert isinstance(out, Response) and out.status == 302
         assert "Location" not in out.headers  # it names the backend's side, not ours
         assert not other.received  # the chat was not sent on, nor turned into a GET
@@ -159,7 +159,9 @@ async def test_chats_beyond_the_connection_cap_wait_for_a_connection(
     standin.hold = asyncio.Event()
     s = await started(one_model({"endpoint": standin.endpoint}), max_connections=2)
     backend = s.pick("m")
-    chats = [asyncio.create_task(s.proxy(backend, CHAT, chat_request(), {})) for _ in range(5)]
+    chats = [
+        asyncio.create_task(s.proxy(backend, Exchange(CHAT, chat_request(), {}))) for _ in range(5)
+    ]
     await until(lambda: standin.inflight == 2)
     standin.hold.set()
     answers = await asyncio.gather(*chats)
@@ -179,7 +181,9 @@ async def test_a_stream_reaches_the_caller_chunk_by_chunk(
     standin.gate = asyncio.Event()  # the backend holds every chunk after its first
 
     async def handle(request: Request) -> Response | StreamResponse:
-        return await s.proxy(s.pick("m"), {**CHAT, "stream": True}, request, {"x-seen": "1"})
+        return await s.proxy(
+            s.pick("m"), Exchange({**CHAT, "stream": True}, request, {"x-seen": "1"})
+        )
 
     server = HttpServer(handle, max_body=1 << 20, read_timeout_s=30)
     _, port = await server.listen_tcp("127.0.0.1", 0)
@@ -222,7 +226,9 @@ async def test_each_failure_before_the_first_byte_is_an_attempt_failure_with_its
     s = await started(one_model({"endpoint": standin.endpoint}))
     backend = s.pick("m")
     with pytest.raises(AttemptFailed) as info:
-        await s.proxy(backend, {**CHAT, "stream": True}, chat_request(), {}, early_failure=True)
+        await s.proxy(
+            backend, Exchange({**CHAT, "stream": True}, chat_request(), {}, early_failure=True)
+        )
     assert info.value.reason == reason
     assert (backend.health.state == "unhealthy") is marked
     assert backend.errors == 1 and backend.inflight == 0
@@ -236,11 +242,11 @@ async def test_a_refused_connection_is_connect_and_without_fallback_a_502(
     s = await started(one_model({"endpoint": f"127.0.0.1:{free_tcp_port()}"}))
     backend = s.pick("m")
     with pytest.raises(AttemptFailed) as info:
-        await s.proxy(backend, CHAT, chat_request(), {}, early_failure=True)
+        await s.proxy(backend, Exchange(CHAT, chat_request(), {}, early_failure=True))
     assert info.value.reason == "connect"
     assert isinstance(info.value.error, BackendUnavailable)
     with pytest.raises(BackendUnavailable, match="cannot be reached"):
-        await s.proxy(backend, CHAT, chat_request(), {})
+        await s.proxy(backend, Exchange(CHAT, chat_request(), {}))
     assert backend.health.state == "unhealthy" and backend.errors == 2
 
 
@@ -256,11 +262,13 @@ async def test_the_callers_deadline_before_the_first_byte_is_deadline_and_not_th
     with pytest.raises(AttemptFailed) as info:
         await s.proxy(
             backend,
-            {**CHAT, "stream": True},
-            chat_request(),
-            {},
-            early_failure=True,
-            first_byte_timeout_s=0.3,
+            Exchange(
+                {**CHAT, "stream": True},
+                chat_request(),
+                {},
+                early_failure=True,
+                first_byte_timeout_s=0.3,
+            ),
         )
     assert loop.time() - begun < 2.0  # the deadline covers the head and the first chunk
     assert info.value.reason == "deadline"

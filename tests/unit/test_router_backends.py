@@ -18,6 +18,7 @@ from vllm_sr.cluster.picking import weighted_pick
 from vllm_sr.config.routing import ModelRef, Providers, Routing
 from vllm_sr.httpserver import Request, Response
 from vllm_sr.router.backend import health_probe
+from vllm_sr.router.backend_proxy import Exchange
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.chat import build_chat_router
 from vllm_sr.router.metrics import RouterCollector
@@ -286,7 +287,9 @@ async def test_real_backends_receive_chats_by_weight_with_their_credential_and_m
         body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
         for _ in range(8):
             backend = s.pick("m")
-            out = await s.proxy(backend, body, chat_request({"authorization": "Bearer c"}), {})
+            out = await s.proxy(
+                backend, Exchange(body, chat_request({"authorization": "Bearer c"}), {})
+            )
             assert isinstance(out, Response) and out.status == 200
     finally:
         await s.close()
@@ -332,8 +335,8 @@ async def test_a_real_backend_receives_the_reasoning_fields_and_the_loras_name(
     try:
         backend = s.pick("m")
         shaped = apply_reasoning(body, thinking, provs.models[0], provs.defaults, backend.ref)
-        await s.proxy(backend, shaped, chat_request(), {})
-        await s.proxy(backend, shaped, chat_request(), {}, upstream_model="math-lora")
+        await s.proxy(backend, Exchange(shaped, chat_request(), {}))
+        await s.proxy(backend, Exchange(shaped, chat_request(), {}, upstream_model="math-lora"))
     finally:
         await s.close()
     first, lora = a.received

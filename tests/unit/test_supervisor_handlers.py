@@ -167,7 +167,7 @@ class Harness:
         return self.plans[0] if len(self.plans) == 1 else self.plans.pop(0)
 
     def spawn(self, spec: Any) -> Any:
-        rep = MemoryReplica(spec, self.sup)
+        rep = MemoryReplica(spec, self.sup.hooks)
         self.spawned.append(rep)
         return rep
 
@@ -365,9 +365,9 @@ def test_a_forward_running_past_the_hang_bound_restarts_the_worker() -> None:
         rep = h.sup.replicas["primary-0"]
         bound = h.sup.pools["primary"].settings.hang_bound_s
         assert bound == 10.0  # max(3 x 1000 ms, 10 s)
-        h.sup.on_health(rep, {"forward_running": True, "forward_running_s": bound - 0.1})
+        h.sup.hooks.on_health(rep, {"forward_running": True, "forward_running_s": bound - 0.1})
         assert not rep.hung_reasons
-        h.sup.on_health(rep, {"forward_running": True, "forward_running_s": bound + 0.5})
+        h.sup.hooks.on_health(rep, {"forward_running": True, "forward_running_s": bound + 0.5})
         await until(lambda: rep.hung_reasons)
         hung = h.of(ev.REPLICA_HUNG)
         assert hung[0]["replica"] == "primary-0" and hung[0]["bound_s"] == bound
@@ -385,8 +385,8 @@ def test_a_hung_worker_leaves_dispatch_at_once_and_is_reported_once() -> None:
     async def body(h: Harness) -> None:
         rep, pool = h.sup.replicas["primary-0"], h.sup.pools["primary"]
         doc: dict[str, object] = {"forward_running_s": pool.settings.hang_bound_s + 0.5}
-        h.sup.on_health(rep, doc)
-        h.sup.on_health(rep, doc)  # the next /health read, before the kill: not again
+        h.sup.hooks.on_health(rep, doc)
+        h.sup.hooks.on_health(rep, doc)  # the next /health read, before the kill: not again
         assert rep.state is ReplicaState.HUNG
         assert pool.replica("primary-0").state is ReplicaState.HUNG
         leases = [pool.acquire(0) for _ in range(3)]
@@ -436,7 +436,7 @@ async def test_router_views_come_through_the_constructor() -> None:
 def test_the_usage_sampler_reports_through_the_pool() -> None:
     async def body(h: Harness) -> None:
         rep = h.sup.replicas["primary-0"]
-        h.sup.on_usage(rep, {"cpu_percent": 50.0, "rss_bytes": 4096, "gpu": None})
+        h.sup.hooks.on_usage(rep, {"cpu_percent": 50.0, "rss_bytes": 4096, "gpu": None})
         doc = h.sup.inventory()["deployments"][0]["replicas"][0]
         assert doc["usage"] == {"cpu_percent": 50.0, "rss_bytes": 4096, "gpu": None}
 
@@ -472,7 +472,7 @@ def test_the_learners_report_reaches_the_inventory() -> None:
     async def body(h: Harness) -> None:
         rep = h.sup.replicas["primary-0"]
         report = {"mode": 1, "state": "exploring", "buckets": []}
-        h.sup.on_health(rep, {"adaptive_threads": report, "forward_running_s": 0.0})
+        h.sup.hooks.on_health(rep, {"adaptive_threads": report, "forward_running_s": 0.0})
         doc = h.sup.inventory()["deployments"][0]["replicas"][0]
         assert doc["adaptive_threads"] == report
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from tests.integration.test_supervisor_fake import spec_of
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import FakeClock
 from vllm_sr.plan import ReplicaSpec
+from vllm_sr.supervisor.keeper import OwnedTasks
 from vllm_sr.supervisor.reload import diff_plans
 
 
@@ -70,3 +72,25 @@ def test_a_json_log_line_gives_its_message_as_the_exit_reason() -> None:
     assert _message_of(line) == "golden check failed: cosine 0.2"
     assert _message_of("plain words") == "plain words"
     assert _message_of("{not json") == "{not json"
+
+
+def test_owned_tasks_are_held_until_they_end_and_the_stop_cancels_all_but_itself() -> None:
+    async def main() -> None:
+        tasks = OwnedTasks()
+        release = asyncio.Event()
+        waiting = tasks.start(release.wait(), "waiting")
+        done = tasks.start(asyncio.sleep(0), "done")
+        await done
+        assert tasks.owned() == {waiting}  # an ended task is let go
+
+        async def stop() -> str:
+            tasks.cancel_all()
+            await asyncio.sleep(0)
+            return "stopped"
+
+        stopping = tasks.start(stop(), "stop")
+        assert await stopping == "stopped"  # the caller is not cancelled by itself
+        assert waiting.cancelled()
+        assert tasks.owned() == set()
+
+    asyncio.run(main())

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from vllm_sr.errors import DeadlineExceeded, VllmSrError
@@ -73,9 +74,38 @@ class StreamRewrite(Protocol):
     def finish(self) -> bytes: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One chat to send to a backend and answer to the caller (one attempt of it).
+
+    ``body`` goes out with ``model`` rewritten to ``upstream_model`` when given (a modelRef's
+    LoRA goes by its own name, as upstream), else to the backend's name for the model;
+    ``request`` is the caller's (its headers, shaped by ``extra_headers`` / ``drop_headers``:
+    header_mutation, go to the backend, and the answer is written to it); ``headers`` are added
+    to the answer.
+
+    With ``early_failure``, a failure before the first byte reached the caller (the backend
+    cannot be reached or reset the connection, answered 429 or 5xx, or its stream broke or
+    ended before its first chunk, or nothing came within ``first_byte_timeout_s``) raises
+    :class:`AttemptFailed` instead of answering, so the caller can try another backend or
+    model. ``tap`` sees the answer as it goes out (the response cache's writer); ``rewrite``
+    turns a streamed answer into another as it goes out (the Responses API)."""
+
+    body: JsonObject
+    request: Request
+    headers: Mapping[str, str]
+    upstream_model: str | None = None
+    early_failure: bool = False
+    first_byte_timeout_s: float | None = None
+    tap: AnswerTap | None = None
+    extra_headers: Mapping[str, str] | None = None
+    drop_headers: Sequence[str] = ()
+    rewrite: StreamRewrite | None = None
+
+
 class AttemptFailed(Exception):
-    """A backend failed before the first byte reached the caller (``proxy(early_failure=
-    True)``): ``reason`` (``connect``, ``reset``, ``http_503``, ``stream_first_chunk``,
+    """A backend failed before the first byte reached the caller (an :class:`Exchange` with
+    ``early_failure``): ``reason`` (``connect``, ``reset``, ``http_503``, ``stream_first_chunk``,
     ``deadline``...) and what the caller gets if nothing else answers: ``answer`` (the
     backend's own error answer) or ``error``."""
 
@@ -98,65 +128,51 @@ class BackendProxy:
         self.clients = clients
         self.mark_failed = mark_failed
 
-    async def proxy(
-        self,
-        backend: Backend,
-        body: JsonObject,
-        request: Request,
-        headers: Mapping[str, str],
-        *,
-        upstream_model: str | None = None,
-        early_failure: bool = False,
-        first_byte_timeout_s: float | None = None,
-        tap: AnswerTap | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        drop_headers: Sequence[str] = (),
-        rewrite: StreamRewrite | None = None,
-    ) -> tuple[Response | StreamResponse, bool]:
-        """``BackendSet.proxy``'s work (see there) -> (the answer, whether the backend answered
-        well: below 400 and, for a stream, to its end). Raises :class:`AttemptFailed` (with
-        ``early_failure``), :class:`BackendUnavailable` or ``DeadlineExceeded``."""
+    async def proxy(self, backend: Backend, ex: Exchange) -> tuple[Response | StreamResponse, bool]:
+        """Send ``ex`` to ``backend`` and answer its request with what comes back, streamed
+        through when it is SSE -> (the answer, whether the backend answered well: below 400
+        and, for a stream, to its end). Raises :class:`AttemptFailed` (with
+        ``ex.early_failure``), :class:`BackendUnavailable` or ``DeadlineExceeded``."""
         payload = json.dumps(
-            {**body, "model": upstream_model or backend.model_id}, ensure_ascii=False
+            {**ex.body, "model": ex.upstream_model or backend.model_id}, ensure_ascii=False
         ).encode()
         loop = asyncio.get_running_loop()
-        deadline = None if first_byte_timeout_s is None else loop.time() + first_byte_timeout_s
+        timeout_s = ex.first_byte_timeout_s
+        deadline = None if timeout_s is None else loop.time() + timeout_s
 
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - loop.time())
 
-        outgoing = request_headers(backend, request, extra_headers, drop_headers)
+        outgoing = request_headers(backend, ex.request, ex.extra_headers, ex.drop_headers)
         try:
             client, prefix = self.clients.for_url(backend.api_base)
             path = f"{prefix}/chat/completions"
             upstream = await _wait(client.stream("POST", path, payload, headers=outgoing), left())
             try:
                 status = upstream.status
-                if (status == 429 or status >= 500) and early_failure:
-                    answer = await _whole(backend, upstream, headers)
+                if (status == 429 or status >= 500) and ex.early_failure:
+                    answer = await _whole(backend, upstream, ex.headers)
                     if status >= 500 and not backend.ejects_on_5xx:
                         self.mark_failed(backend, f"chat answered {status}")
                     raise AttemptFailed(f"http_{status}", answer)
                 if status < 400 and upstream.media_type == "text/event-stream":
-                    return await self._stream(
-                        backend, upstream, request, headers, early_failure, left(), tap, rewrite
-                    )
-                answer = await _whole(backend, upstream, headers)
-                if tap is not None:
-                    tap.whole(status, answer.body)
+                    return await self._stream(backend, upstream, ex, left())
+                answer = await _whole(backend, upstream, ex.headers)
+                if ex.tap is not None:
+                    ex.tap.whole(status, answer.body)
                 return answer, status < 400
             finally:
                 await upstream.aclose()
         except BROKEN as exc:
             if is_timeout(exc):
-                raise _timed_out(backend, first_byte_timeout_s, early_failure) from None
+                raise _timed_out(backend, timeout_s, ex.early_failure) from None
             self.mark_failed(backend, f"chat failed: {type(exc).__name__}: {exc}")
             error = BackendUnavailable(
                 f"backend {backend.api_base} of model {backend.model!r} cannot be reached: "
                 f"{type(exc).__name__}: {exc}",
                 model=backend.model,
             )
-            if early_failure:
+            if ex.early_failure:
                 raise AttemptFailed(connection_reason(exc), error=error) from None
             raise error from None
 
@@ -164,12 +180,8 @@ class BackendProxy:
         self,
         backend: Backend,
         upstream: StreamedAnswer,
-        request: Request,
-        headers: Mapping[str, str],
-        early_failure: bool,
+        ex: Exchange,
         first_chunk_s: float | None,
-        tap: AnswerTap | None,
-        rewrite: StreamRewrite | None = None,
     ) -> tuple[StreamResponse, bool]:
         """Chunks go out as they arrive; the caller's answer begins only once the backend's
         first chunk is in hand (so a stream that fails before it can go elsewhere).
@@ -192,15 +204,16 @@ class BackendProxy:
                 "before the first chunk",
                 model=backend.model,
             )
-            if early_failure:
+            if ex.early_failure:
                 raise AttemptFailed("stream_first_chunk", error=error)
             raise error
+        tap, rewrite = ex.tap, ex.rewrite
         content_type = rewrite.content_type if rewrite is not None else "text/event-stream"
         out = StreamResponse(upstream.status, content_type, {"Cache-Control": "no-cache"})
-        out.headers.update(headers)
+        out.headers.update(ex.headers)
         if rewrite is not None:
             out.headers.update(rewrite.headers)
-        await out.prepare(request)
+        await out.prepare(ex.request)
         chunk = first
         while True:
             if tap is not None:

@@ -26,23 +26,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.cluster.picking import weighted_pick
 from vllm_sr.config.routing import Providers
-from vllm_sr.httpserver import Request, Response, StreamResponse
+from vllm_sr.httpserver import Response, StreamResponse
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.backend import HEALTH_EVERY_S, Backend, pricing_of
 from vllm_sr.router.backend_client import BROKEN, MAX_CONNECTIONS, BackendClients
 from vllm_sr.router.backend_outlier import OutlierDetector
 from vllm_sr.router.backend_proxy import (
-    AnswerTap,
     AttemptFailed,
     BackendProxy,
     BackendUnavailable,
-    StreamRewrite,
+    Exchange,
 )
 from vllm_sr.router.backend_retry import RetryPolicy
 from vllm_sr.router.selection.observations import ModelObservations
@@ -198,54 +198,18 @@ class BackendSet:
         ]
 
     # -- proxy -------------------------------------------------------------------------------
-    async def proxy(
-        self,
-        backend: Backend,
-        body: JsonObject,
-        request: Request,
-        headers: Mapping[str, str],
-        *,
-        upstream_model: str | None = None,
-        early_failure: bool = False,
-        first_byte_timeout_s: float | None = None,
-        tap: AnswerTap | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        drop_headers: Sequence[str] = (),
-        rewrite: StreamRewrite | None = None,
-    ) -> Response | StreamResponse:
-        """Send the chat to ``backend`` and answer ``request`` with what comes back, streamed
-        through when it is SSE; ``headers`` are added to the answer. ``model`` is rewritten to
-        ``upstream_model`` when given (a modelRef's LoRA goes by its own name, as upstream),
-        else to the backend's name for the model.
-
-        With ``early_failure``, a failure before the first byte reached the caller (the backend
-        cannot be reached or reset the connection, answered 429 or 5xx, or its stream broke or
-        ended before its first chunk, or nothing came within ``first_byte_timeout_s``) raises
-        :class:`AttemptFailed` instead of answering, so the caller can try another model.
-        ``tap`` sees the answer as it goes out (the response cache's writer);
-        ``extra_headers`` / ``drop_headers`` shape the request to the backend
-        (header_mutation); ``rewrite`` turns a streamed answer into another as it goes out (the
-        Responses API). Counted in the backend's requests, errors and latency."""
+    async def proxy(self, backend: Backend, ex: Exchange) -> Response | StreamResponse:
+        """Send ``ex`` to ``backend`` (:meth:`BackendProxy.proxy`; ``ex`` says how) and count it
+        in the backend's requests, errors, latency and chats in flight, in its model's observed
+        timings (``ex.tap`` is wrapped to see them) and in its outlier detector."""
         proxy = self._started()
         started = self.clock.monotonic()
-        tap = self.observations.timing(backend.model, started, tap)
+        tap = self.observations.timing(backend.model, started, ex.tap)
         backend.inflight += 1
         ok = False
         failed_5xx: bool | None = None  # None: says nothing of the backend (caller's deadline)
         try:
-            answer, ok = await proxy.proxy(
-                backend,
-                body,
-                request,
-                headers,
-                upstream_model=upstream_model,
-                early_failure=early_failure,
-                first_byte_timeout_s=first_byte_timeout_s,
-                tap=tap,
-                extra_headers=extra_headers,
-                drop_headers=drop_headers,
-                rewrite=rewrite,
-            )
+            answer, ok = await proxy.proxy(backend, dataclasses.replace(ex, tap=tap))
             failed_5xx = answer.status >= 500
             return answer
         except AttemptFailed as exc:

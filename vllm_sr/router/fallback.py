@@ -36,7 +36,7 @@ from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import outgoing
 from vllm_sr.router.answers import answer_headers
-from vllm_sr.router.backend_proxy import AnswerTap, AttemptFailed, StreamRewrite
+from vllm_sr.router.backend_proxy import AnswerTap, AttemptFailed, Exchange, StreamRewrite
 from vllm_sr.router.plugins.replay import TeeTap
 from vllm_sr.router.route import RouteResult, RouterStats
 
@@ -245,8 +245,7 @@ async def forward(
         headers.update(how.headers)
         headers.update(attempts.headers())
         try:
-            answer = await backends.proxy(
-                backend,
+            exchange = Exchange(
                 sent,
                 request,
                 headers,
@@ -258,6 +257,7 @@ async def forward(
                 drop_headers=changes.drop,
                 rewrite=how.rewrite,
             )
+            answer = await backends.proxy(backend, exchange)
             attempts.answered(backend)
             return Forwarded(answer, model, attempts.failed, attempts.tried)
         except AttemptFailed as exc:

@@ -1,37 +1,44 @@
-"""How a worker's transitions reach the pool and the event bus: the ``ReplicaHooks`` each
-``ManagedReplica`` reports to (``on_*``), part of ``Supervisor`` and kept in its own module.
-Every state change is told to the pool through its methods (the pool is the one writer of its
-records) and published once, here. A replica that is no longer the published worker of its id
-(a retired or staged one) reaches the bus but no pool."""
+"""How a worker's transitions reach the pool and the event bus: ``LifecycleHooks``, the
+``ReplicaHooks`` each ``ManagedReplica`` reports to (``on_*``; the supervisor makes one and
+hands it to every worker it spawns). Every state change is told to the pool through its
+methods (the pool is the one writer of its records) and published once, here. A replica that
+is no longer the published worker of its id (a retired or staged one) reaches the bus but no
+pool."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from vllm_sr import events as ev
 from vllm_sr.clock import Clock
 from vllm_sr.events import EventBus
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.supervisor.fleet import Fleet, mark_ready, who
+from vllm_sr.supervisor.keeper import OwnedTasks
 from vllm_sr.supervisor.managed import ManagedReplica
 
 log = logging.getLogger("vllm_sr.supervisor")
 
 
 class LifecycleHooks:
-    fleet: Fleet
-    events: EventBus
-    clock: Clock
-    _wake: asyncio.Event
+    """Tells ``fleet``'s pools and ``events`` what a worker did; a hung worker's kill runs as
+    one of ``tasks``; ``wake`` wakes the maintenance pass (its reconcile revives a worker whose
+    life loop raised)."""
 
-    if TYPE_CHECKING:
-
-        def _task(
-            self, coro: Coroutine[object, object, object], name: str
-        ) -> asyncio.Task[object]: ...
+    def __init__(
+        self,
+        fleet: Fleet,
+        events: EventBus,
+        clock: Clock,
+        tasks: OwnedTasks,
+        wake: Callable[[], None],
+    ) -> None:
+        self.fleet = fleet
+        self.events = events
+        self.clock = clock
+        self.tasks = tasks
+        self.wake = wake
 
     def on_starting(self, rep: ManagedReplica, restarted: bool) -> None:
         pool = self.fleet.pool_of(rep)
@@ -75,7 +82,7 @@ class LifecycleHooks:
             forward_running_s=round(float(running), 3),
             bound_s=bound,
         )
-        self._task(rep.kill_hung(reason), f"hung-{rep.id}")
+        self.tasks.start(rep.kill_hung(reason), f"hung-{rep.id}")
 
     def on_exited(self, rep: ManagedReplica, returncode: int, reason: str) -> None:
         pool = self.fleet.pool_of(rep)
@@ -109,7 +116,7 @@ class LifecycleHooks:
             error=error,
             failures=rep.supervision_failures,
         )
-        self._wake.set()
+        self.wake()
 
     def on_failed(self, rep: ManagedReplica, reason: str) -> None:
         pool = self.fleet.pool_of(rep)

@@ -208,5 +208,5 @@ async def serve(planner: Planner, options: ServeOptions, *, scaler: Scaler | Non
     finally:
         await control.stop()
         await frontend.stop()
-        sup.kill_all_now()  # only reached with workers alive after an error
+        sup.shutdown.kill_all_now()  # only reached with workers alive after an error
     return 0

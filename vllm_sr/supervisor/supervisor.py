@@ -5,9 +5,11 @@ handlers and the control API only enqueue. Long work a command starts (a reload 
 workers, a drain before stop) runs as a task the supervisor owns, so the loop stays free to take
 a second signal (quick stop) or another command. Worker lifecycles are ``ManagedReplica`` tasks
 (made by the injected ``spawn`` factory, so tests can run the handlers without processes) that
-report through the ``on_*`` hooks (``hooks``): every state change reaches the pool and the
-event bus there, once. The commands and the stop live in ``handlers``. Nothing polls: the
-maintenance task sleeps until the pools' next timed transition, a requested probe or an event.
+report to the supervisor's ``LifecycleHooks`` (``hooks``): every state change reaches the
+pool and the event bus there, once. Commands are its ``CommandHandlers`` (``handlers``), the
+stop its ``Shutdown`` (``shutdown``); the tasks all of them start are its ``OwnedTasks``.
+Nothing polls: the maintenance task sleeps until the pools' next timed transition, a requested
+probe or an event.
 
 Router mode's views (the chat mount's backends and counters, router_replay's records) reach the
 inventory and the control API through the ``router`` given to the constructor; the supervisor
@@ -22,7 +24,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -42,11 +44,12 @@ from vllm_sr.supervisor.config_source import ConfigSource
 from vllm_sr.supervisor.fleet import Fleet, Spawn, size_caches, start_in_order
 from vllm_sr.supervisor.handlers import CommandHandlers
 from vllm_sr.supervisor.hooks import LifecycleHooks
-from vllm_sr.supervisor.keeper import TaskKeeper
+from vllm_sr.supervisor.keeper import OwnedTasks, TaskKeeper
 from vllm_sr.supervisor.managed import ManagedReplica, ProcessOptions
 from vllm_sr.supervisor.readiness import WorkerView, startup_status
 from vllm_sr.supervisor.reconfigure import Planner, Reconfiguration, Scaler
 from vllm_sr.supervisor.router_build import RouterBuilder, build_router
+from vllm_sr.supervisor.shutdown import Shutdown
 from vllm_sr.supervisor.signal_procs import SignalProcesses
 from vllm_sr.supervisor.systemd import SystemdNotifier, status_line
 from vllm_sr.supervisor.usage import GpuProbe, UsageSampler
@@ -84,7 +87,7 @@ class RouterViews(Protocol):
     ) -> JsonObject: ...
 
 
-class Supervisor(LifecycleHooks, CommandHandlers):
+class Supervisor:
     def __init__(
         self,
         planner: Planner,
@@ -118,12 +121,8 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self._wake = asyncio.Event()
         self.fleet = Fleet(clock, self.events.publish, on_wake=self._wake.set, directory=directory)
         self.keeper = TaskKeeper(clock, self.events.publish)
+        self.tasks = OwnedTasks()
         self.started_at = clock.time()
-        self.admitting = True
-        self.stopping = False
-        self._quick = asyncio.Event()
-        self._stopped = asyncio.Event()
-        self._tasks: set[asyncio.Task[object]] = set()
         self._announced_ready = False
         self._last_status = ""
         self._own_cpus: list[int] = []
@@ -133,6 +132,16 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self.router_builder = router_builder
         # Router mode's CPU-bound signals, off the frontend's loop (none: they stay on it)
         self.signal_procs = SignalProcesses(signal_processes, None, self.events.publish)
+        self.shutdown = Shutdown(
+            self.fleet,
+            self.events,
+            self.notifier,
+            self.options,
+            self.signal_procs,
+            self.tasks,
+            drain_timeout_s=drain_timeout_s,
+        )
+        self.hooks = LifecycleHooks(self.fleet, self.events, clock, self.tasks, self._wake.set)
         self.reconfiguration = Reconfiguration(
             self.fleet,
             planner,
@@ -141,13 +150,22 @@ class Supervisor(LifecycleHooks, CommandHandlers):
             notifier=self.notifier,
             ready_timeout_s=self.options.ready_timeout_s,
             drain_timeout_s=drain_timeout_s,
-            quick=self._quick,
+            quick=self.shutdown.quick,
             status=lambda: self._last_status or None,
             on_published=self.place_self,
             router=router_builder,
         )
         self.reconfiguration.cache_bytes = self.options.worker_cache_bytes
         self.reconfiguration.scaler = scaler
+        self.handlers = CommandHandlers(
+            self.fleet,
+            self.events,
+            self.queue,
+            self.options,
+            self.reconfiguration,
+            self.shutdown,
+            self.tasks,
+        )
         self.events.add_sink(self._on_event)
         self.config_source = config_source  # config.yaml's served and on-disk hashes
         if config_source is not None:
@@ -173,6 +191,15 @@ class Supervisor(LifecycleHooks, CommandHandlers):
     @property
     def generation(self) -> int:
         return self.fleet.generation
+
+    @property
+    def stopping(self) -> bool:
+        return self.shutdown.stopping
+
+    @property
+    def admitting(self) -> bool:
+        """Whether new chats are taken (off once a stop began)."""
+        return self.shutdown.admitting
 
     @property
     def scaler(self) -> Scaler | None:
@@ -303,8 +330,10 @@ class Supervisor(LifecycleHooks, CommandHandlers):
 
     def _spawn_process(self, spec: ReplicaSpec) -> ManagedReplica:
         if spec.endpoint:
-            return AttachedReplica(spec, self, self.options, self.clock)
-        return ManagedReplica(spec, self._socket_path(spec.id), self, self.options, self.clock)
+            return AttachedReplica(spec, self.hooks, self.options, self.clock)
+        return ManagedReplica(
+            spec, self._socket_path(spec.id), self.hooks, self.options, self.clock
+        )
 
     async def start(self) -> None:
         """Plan (in a thread: it may run rocm-smi), spawn every worker, publish the pools.
@@ -321,9 +350,9 @@ class Supervisor(LifecycleHooks, CommandHandlers):
         self.notifier.extend_timeout(self.options.ready_timeout_s + 30)
         self.place_self()
         # Kept: one that raises is reported and run again (supervision never dies silently).
-        self._task(self.keeper.keep("maintain", self._maintain), "maintain")
-        self._task(self.keeper.keep("watchdog", self.notifier.run_watchdog), "watchdog")
-        self._task(self.keeper.keep("usage", self._sample_usage), "usage")
+        self.tasks.start(self.keeper.keep("maintain", self._maintain), "maintain")
+        self.tasks.start(self.keeper.keep("watchdog", self.notifier.run_watchdog), "watchdog")
+        self.tasks.start(self.keeper.keep("usage", self._sample_usage), "usage")
         self.events.publish(
             ev.POOL_PUBLISHED, generation=self.generation, deployments=list(self.pools)
         )
@@ -331,10 +360,12 @@ class Supervisor(LifecycleHooks, CommandHandlers):
     def keep_task(self, name: str, factory: Callable[[], Awaitable[object]]) -> None:
         """A long-running task of the service, kept alive by the keeper (reported and run
         again when it raises) and ended by the stop."""
-        self._task(self.keeper.keep(name, factory), name)
+        self.tasks.start(self.keeper.keep(name, factory), name)
 
     async def _sample_usage(self) -> None:
-        await self.usage.run(lambda: list(self.replicas.values()), USAGE_EVERY_S, self.on_usage)
+        await self.usage.run(
+            lambda: list(self.replicas.values()), USAGE_EVERY_S, self.hooks.on_usage
+        )
 
     def place_self(self) -> None:
         """Keep the service's own per-request work off the workers' pinned CPUs (and start
@@ -354,9 +385,9 @@ class Supervisor(LifecycleHooks, CommandHandlers):
 
     async def run(self) -> None:
         """The one loop: apply commands until a stop has finished."""
-        while not self._stopped.is_set():
+        while not self.shutdown.stopped.is_set():
             getter = asyncio.ensure_future(self.queue.get())
-            stopped = asyncio.ensure_future(self._stopped.wait())
+            stopped = asyncio.ensure_future(self.shutdown.stopped.wait())
             done, _ = await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if getter not in done:
                 getter.cancel()
@@ -366,7 +397,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
             await self._apply(getter.result())
 
     async def _apply(self, cmd: Command) -> None:
-        handler = getattr(self, f"handle_{cmd.kind}", None)
+        handler = getattr(self.handlers, f"handle_{cmd.kind}", None)
         try:
             if handler is None:
                 raise NotFound(f"unknown command {cmd.kind!r}")
@@ -384,12 +415,6 @@ class Supervisor(LifecycleHooks, CommandHandlers):
             return
         if cmd.done is not None and not cmd.done.done() and result is not None:
             cmd.done.set_result(result)
-
-    def _task(self, coro: Coroutine[object, object, object], name: str) -> asyncio.Task[object]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     # ------------------------------------------------------------------ maintenance
     def _on_event(self, event: Event) -> None:
@@ -415,7 +440,7 @@ class Supervisor(LifecycleHooks, CommandHandlers):
                     if rid in probing or rid not in self.replicas:
                         continue
                     probing.add(rid)
-                    self._task(self._probe(pool, rid, probing), f"probe-{rid}")
+                    self.tasks.start(self._probe(pool, rid, probing), f"probe-{rid}")
             self._publish_status()
             timeout = min(delays) + 0.001 if delays else None
             with contextlib.suppress(TimeoutError):

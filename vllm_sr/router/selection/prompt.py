@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from vllm_sr.errors import DeadlineExceeded, VllmSrError
 from vllm_sr.httpserver import Request, Response
 from vllm_sr.jsontypes import JsonObject, json_object, json_str
-from vllm_sr.router.backend_proxy import AttemptFailed
+from vllm_sr.router.backend_proxy import AttemptFailed, Exchange
 from vllm_sr.router.selection.selectors import Selection
 
 if TYPE_CHECKING:
@@ -158,14 +158,14 @@ async def ask_helper(
         if left is not None and left <= 0:
             break
         try:
-            answer = await backends.proxy(
-                backend,
+            exchange = Exchange(
                 dict(body),
                 request,
                 {},
                 early_failure=attempts.more_after(backend),
                 first_byte_timeout_s=left,
             )
+            answer = await backends.proxy(backend, exchange)
         except AttemptFailed as exc:
             attempts.record(backend, exc)
             continue
