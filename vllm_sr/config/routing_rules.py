@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
 from vllm_sr.config.routing_kbs import kb_problems
+from vllm_sr.config.routing_plugins import shadow_model_problems
 from vllm_sr.config.routing_provider_rules import providers_problems
 from vllm_sr.config.routing_support import (
     REFUSED_SIGNAL_LISTS,
@@ -172,6 +173,7 @@ def check_routing(
             problems += _model_ref_problems(
                 ("routing", "decisions", i, "modelRefs", k), as_dict(ref), model_names, cards
             )
+        problems += shadow_model_problems(("routing", "decisions", i), dec, model_names)
     problems += _deployment_problems(signals, deployments, decision_deployment)
     return problems
 

@@ -75,8 +75,10 @@ from vllm_sr.router.chat_plugins import ChatPlugins, Replay
 from vllm_sr.router.learning.runtime import RouterLearning
 from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.learning.state import LearningState
+from vllm_sr.router.plugins.masking import apply_masking
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
+from vllm_sr.router.plugins.shadow import ShadowDispatcher
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouteResult, RouterStats
@@ -145,6 +147,7 @@ class ChatRouter(ChatPlugins):
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
         }
         self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
+        self.shadow = ShadowDispatcher(self.backends)  # shadow_dispatch's copies
 
     @property
     def stats(self) -> RouterStats:
@@ -199,6 +202,7 @@ class ChatRouter(ChatPlugins):
                     return await replay.done(cached, "cache", result.model)
             recorder = AnswerRecorder() if plan is not None else None
             outgoing = await self.select_tools(body, plugins, query)
+            outgoing = await apply_masking(outgoing, plugins.masking)
             sent = self.backends.clock.monotonic()
             answer, answered_by, failed = await self.forward(
                 outgoing,
@@ -213,6 +217,7 @@ class ChatRouter(ChatPlugins):
                 learning_headers=turn.headers() if turn is not None and debug else None,
             )
             latency = self.backends.clock.monotonic() - sent
+            self.shadow.submit(result.recipe, result.decision, plugins, outgoing)
             await self.learning.observe(turn, answered_by, answer.status, failed, latency)
             # (an answer from a fallback model is not filed under the chosen model)
             chosen_answered = answered_by == result.model
