@@ -330,7 +330,8 @@ def _recipe_problems(raw: dict[str, Any]) -> list[Problem]:
     providers = raw.get("providers")
 
     def check(routing: dict[str, Any]) -> list[Problem]:
-        return check_routing(providers, routing, {str(n) for n in deployments}, decision)
+        deps = {str(n) for n in deployments}
+        return check_routing(providers, routing, deps, decision, catalog.get("system"))
 
     problems = recipe_problems(raw, _raw_auto_names(as_dict(glob.get("router"))), slugs)
     return problems + recipe_routing_problems(raw, check)

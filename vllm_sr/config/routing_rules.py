@@ -20,6 +20,7 @@ from vllm_sr.config.routing_support import (
     looper_problems,
     support_problems,
 )
+from vllm_sr.config.signal_safety import safety_problems, system_problems
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -37,6 +38,7 @@ SIGNAL_LIST = {
     "language": "language",
     "metadata": "metadata",
     "authz": "role_bindings",
+    "safety": "safety",
 }
 LEAF_KEY = {"authz": "role"}
 
@@ -138,13 +140,18 @@ def rule_leaves(node: Any, path: Path) -> list[tuple[Path, str, str]]:
 
 
 def check_routing(
-    providers: Any, routing: Any, deployments: set[str], decision_deployment: str
+    providers: Any,
+    routing: Any,
+    deployments: set[str],
+    decision_deployment: str,
+    system: Any = None,
 ) -> list[Problem]:
     """Every Router-mode rule: the sections' own rules, plus a decision naming an unknown
     signal, model or LoRA, a provider model that is not a model card (when cards are
     declared), and a signal on a deployment that does not exist. ``providers`` and ``routing``
     are raw mappings or the models above (wrong types are tolerated: the field validation
-    reports those)."""
+    reports those). ``system``: the raw ``global.model_catalog.system`` (safety's default
+    heads)."""
     if hasattr(providers, "model_dump"):
         providers = providers.model_dump(by_alias=True, exclude_none=True)
     if hasattr(routing, "model_dump"):
@@ -175,6 +182,7 @@ def check_routing(
             )
         problems += shadow_model_problems(("routing", "decisions", i), dec, model_names)
     problems += _deployment_problems(signals, deployments, decision_deployment)
+    problems += safety_problems(routing, ("routing",), deployments, system)
     return problems
 
 
@@ -284,7 +292,9 @@ def routing_problems(raw: Any) -> list[Problem]:
     dm = as_dict(as_dict(catalog.get("system")).get("decision_model")).get("deployment")
     # The decision model's deployment, else the first declared one (as RootConfig says).
     decision = dm if isinstance(dm, str) else next(iter(as_dict(catalog.get("deployments"))), "")
-    problems = check_routing(raw.get("providers"), raw.get("routing"), deployments, decision)
+    problems = check_routing(
+        raw.get("providers"), raw.get("routing"), deployments, decision, catalog.get("system")
+    )
     if raw.get("routing") is not None and raw.get("providers") is None:
         problems.append(
             problem(
@@ -296,6 +306,8 @@ def routing_problems(raw: Any) -> list[Problem]:
     endpoint = looper_endpoint_of(raw.get("global"))
     problems += looper_problems(raw.get("routing"), endpoint)
     problems += kb_problems(raw.get("routing"), catalog)
+    system = catalog.get("system")
+    problems += system_problems(system, deployments)
     for i, rec in enumerate(as_list(raw.get("recipes"))):
         problems += looper_problems(
             as_dict(rec).get("routing"), endpoint, ("recipes", i, "routing")

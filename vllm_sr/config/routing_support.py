@@ -40,6 +40,7 @@ SUPPORTED_SIGNAL_LISTS = (
     "jailbreak",
     "pii",
     "kb",
+    "safety",
 )
 REFUSED_SIGNAL_LISTS = (
     "modality",
@@ -65,6 +66,7 @@ SUPPORTED_LEAF_TYPES = (
     "pii",
     "kb",
     "projection",
+    "safety",
 )
 STATIC = "static"
 LOOPER_TYPES = ("confidence", "ratings", "remom", "fusion", "workflows")

@@ -37,6 +37,7 @@ LeafType = Literal[
     "metadata",
     "classifier",
     "projection",
+    "safety",
 ]
 LEAF_TYPES: tuple[str, ...] = get_args(LeafType)
 

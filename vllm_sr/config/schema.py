@@ -173,6 +173,13 @@ class System(_Strict):
     hallucination_explainer: str | None = None
     """Upstream: NLI explainer path (hallucination plugin, refused)."""
 
+    safety: str | None = None
+    """v0.4: the deployment whose head answers safety rules that name none."""
+
+    hazard: str | None = None
+    """v0.4: the deployment whose head answers hazard blocks that name none (unset: the safety
+    rule's own head)."""
+
     feedback_detector: str | None = None
     """Upstream: feedback classifier path (user_feedback signals, refused)."""
 
@@ -262,6 +269,9 @@ class RootConfig(_Strict):
                     SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems)
                 )
         catalog = self.global_.model_catalog
+        routings = [self.routing, *(r.routing for r in self.recipes)]
+        for rule in (s for rt in routings if rt is not None for s in rt.signals.safety):
+            rule.bind_system(catalog.system.safety, catalog.system.hazard)
         if catalog.deployments is None and _needs_no_worker(raw):
             catalog.deployments = {}  # Router mode whose routing asks no model: no worker
         elif catalog.deployments is None:

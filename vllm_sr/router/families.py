@@ -21,6 +21,7 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     "authz": ("authz", "authz"),
     "jailbreak": ("jailbreak", "jailbreak"),
     "pii": ("pii", "pii"),
+    "safety": ("safety", "safety"),
     "kb": ("kb", "kb"),
     "conversation": ("conversation", "conversation"),
     "event": ("event", "event"),

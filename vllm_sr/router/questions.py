@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
+from vllm_sr.config.signal_safety import SafetySignal
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.message_text import QUESTION, message_text
 from vllm_sr.router.rules import SignalKey, leaves
@@ -97,6 +98,14 @@ class QuestionPlan:
             dep = next((r.deployment for r in rules if r.deployment), None)
             if dep and any((kind, r.name) in self.referenced for r in rules):
                 heads.setdefault(dep, ([], [], [], []))[slot].extend(rules)
+        safety: dict[str, tuple[list[SafetySignal], list[SafetySignal]]] = {}
+        for rule in sigs.safety:
+            if ("safety", rule.name) in self.referenced and rule.head is not None:
+                safety.setdefault(rule.head, ([], []))[0].append(rule)
+                if rule.hazard_head is not None:
+                    safety.setdefault(rule.hazard_head, ([], []))[1].append(rule)
+        for dep in safety:
+            heads.setdefault(dep, ([], [], [], []))
         # upstream's modules.classifier.domain.threshold, for labels whose domain sets none
         domain_module = getattr(getattr(modules, "classifier", None), "domain", None)
         domain_threshold = getattr(domain_module, "threshold", None)
@@ -123,6 +132,8 @@ class QuestionPlan:
                     referenced_domains=read,
                     domain_threshold=DOMAIN_THRESHOLD if domain_threshold is None
                     else domain_threshold,
+                    safety=safety.get(dep, ([], []))[0],
+                    hazards=safety.get(dep, ([], []))[1],
                 )  # fmt: skip
             if not embeddings.get(dep) and not referenced and fam is None and head is None:
                 continue  # only unreferenced domains there: nothing to ask
@@ -178,6 +189,7 @@ def declared_keys(routing: Routing) -> set[SignalKey]:
         ("preference", sigs.preferences),
         ("jailbreak", sigs.jailbreak),
         ("pii", sigs.pii),
+        ("safety", sigs.safety),
         ("kb", sigs.kb),
         ("user_feedback", sigs.user_feedbacks),
         ("fact_check", sigs.fact_check),

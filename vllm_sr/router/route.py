@@ -43,6 +43,7 @@ from vllm_sr.router.selection.decide import DecisionSelection, LiveFacts
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
+from vllm_sr.router.signals_safety import apply_hazards
 from vllm_sr.router.unknown import FAILED, Unknown, unknown_of
 
 if TYPE_CHECKING:
@@ -260,6 +261,7 @@ class Router:
         started = time.perf_counter()
         apply_partitions(self.routing, run.results)
         apply_composers(self.routing.signals, run.results)
+        apply_hazards(self.routing.signals.safety, run.results)
         if apply_projections(self.routing, run.results):
             run.timings_ms["projection"] = (time.perf_counter() - started) * 1000.0
         return run

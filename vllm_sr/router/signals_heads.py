@@ -25,7 +25,8 @@ domains: with ``method: classifier``):
   probability reaches the threshold, otherwise every label that reaches it is; the threshold
   is the label's domain's ``threshold`` when above 0, else upstream's
   ``modules.classifier.domain.threshold`` (0.5). A domain matches when a detected label
-  names it or is one of its ``mmlu_categories``; confidence the probability.
+  names it or is one of its ``mmlu_categories``; confidence the probability;
+- safety (v0.4) and its hazard block: vllm_sr/router/signals_safety.py, on the current text.
 
 All texts go as one ``classify`` task (no labels: the head answers) in the deployment's one
 bundle: the current text first, then the history when a jailbreak rule reads it.
@@ -36,10 +37,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vllm_sr.config.signal_safety import SafetySignal
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import FACT_CHECK_THRESHOLD, FEEDBACK_THRESHOLD, history
+from vllm_sr.router.signals_safety import hazard_key, safety_results
 
 TASK_CLASSIFY = "classify"
 POSITIVE_LABELS = frozenset({"jailbreak"})
@@ -60,8 +63,12 @@ class Heads:
         domains: list[Any] | None = None,
         referenced_domains: frozenset[str] = frozenset(),
         domain_threshold: float = DOMAIN_THRESHOLD,
+        safety: list[SafetySignal] | None = None,
+        hazards: list[SafetySignal] | None = None,
     ) -> None:
         self.jailbreak = jailbreak
+        self.safety = safety or []  # safety rules this head answers
+        self.hazards = hazards or []  # safety rules whose hazard block this head answers
         self.feedbacks = feedbacks or []
         self.fact_checks = fact_checks or []
         self.pii = pii or []
@@ -85,6 +92,8 @@ class Heads:
         keys += [("user_feedback", r.name) for r in self.feedbacks]
         keys += [("pii", r.name) for r in self.pii]
         keys += [("domain", name) for name in sorted(self.referenced_domains)]
+        keys += [("safety", r.name) for r in self.safety]
+        keys += [hazard_key(r) for r in self.hazards]
         return keys + [("fact_check", r.name) for r in self.fact_checks]
 
     def results(self, view: Any, rows: list[dict[str, Any]]) -> dict[SignalKey, SignalResult]:
@@ -103,6 +112,8 @@ class Heads:
         if self.pii:
             out.update(self._pii(probs))
         current = probs[0] if probs else {}
+        if self.safety or self.hazards:
+            out.update(safety_results(self.safety, self.hazards, current))
         if self.referenced_domains and rows:
             raw = {str(k): float(p) for k, p in rows[0]["probabilities"].items()}
             for name, res in head_domain_results(self.domains, raw, self.domain_threshold).items():
