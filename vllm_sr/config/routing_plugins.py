@@ -464,8 +464,10 @@ class DecisionPlugins:
     names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
 
 
-def decision_plugins(plugins: Any) -> DecisionPlugins:
-    """A decision's ``plugins`` list (validated at load) -> the typed plugins."""
+def decision_plugins(plugins: Any, replay_allowed: bool = True) -> DecisionPlugins:
+    """A decision's ``plugins`` list (validated at load) -> the typed plugins. With
+    ``replay_allowed`` false (the recipe's v0.4 ``data_policy.replay: false``), router_replay
+    is off whatever the decision or the global default says."""
     typed: dict[str, Any] = {}
     names: list[str] = []
     for entry in plugins or []:
@@ -474,6 +476,8 @@ def decision_plugins(plugins: Any) -> DecisionPlugins:
         names.append(kind)
         if kind in PLUGIN_MODELS:
             typed[kind] = PLUGIN_MODELS[kind].model_validate(raw.get("configuration") or {})
+    if not replay_allowed:
+        typed["router_replay"] = RouterReplayPlugin(enabled=False)
     return DecisionPlugins(**typed, names=tuple(names))
 
 
@@ -496,3 +500,9 @@ def shadow_model_problems(path: Path, decision: dict[str, Any], models: list[str
                 )
             )
     return out
+
+
+def replay_allowed(routing: Any) -> bool:
+    """False when the routing's v0.4 ``data_policy.replay`` is false."""
+    policy = getattr(routing, "data_policy", None)
+    return getattr(policy, "replay", None) is not False

@@ -46,6 +46,7 @@ from vllm_sr.config.recipes import (
     normalized_names,
 )
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
+from vllm_sr.config.routing_catalog import Evaluation
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
@@ -255,6 +256,10 @@ class RootConfig(_Strict):
     recipes: list[Recipe] = Field(default_factory=list, max_length=256)
     """Named routing profiles beside the default one."""
 
+    evaluation: Evaluation | None = None
+    """v0.4: benchmark definitions, indices and measured records (routing_catalog.py);
+    operator-rating records give model cards their quality."""
+
     _embedded_default: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
@@ -272,6 +277,9 @@ class RootConfig(_Strict):
         routings = [self.routing, *(r.routing for r in self.recipes)]
         for rule in (s for rt in routings if rt is not None for s in rt.signals.safety):
             rule.bind_system(catalog.system.safety, catalog.system.hazard)
+        ratings = self.evaluation.operator_ratings() if self.evaluation is not None else {}
+        for card in (c for rt in routings if rt is not None for c in rt.model_cards):
+            card.bind_rating(ratings.get(card.name))
         if catalog.deployments is None and _needs_no_worker(raw):
             catalog.deployments = {}  # Router mode whose routing asks no model: no worker
         elif catalog.deployments is None:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.config.routing_plugins import decision_plugins
+from vllm_sr.config.routing_plugins import decision_plugins, replay_allowed
 from vllm_sr.errors import EngineMode, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.router import eval as route_eval
@@ -146,7 +146,10 @@ class ChatRouter(ChatPlugins):
         self.decisions = {
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
         }
-        self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
+        self.plugins = {
+            (r, n): decision_plugins(d.plugins, replay_allowed(self.recipes[r].routing))
+            for (r, n), d in self.decisions.items()
+        }
         self.shadow = ShadowDispatcher(self.backends)  # shadow_dispatch's copies
 
     @property

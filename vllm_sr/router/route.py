@@ -39,6 +39,7 @@ from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, SignalKey, rank, static_order
+from vllm_sr.router.selection.candidates import CandidateFilter
 from vllm_sr.router.selection.decide import DecisionSelection, LiveFacts
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
@@ -188,6 +189,7 @@ class Router:
         self.selection = DecisionSelection(
             routing, LiveFacts(backends.observations, backends, providers, routing)
         )
+        self.candidates = CandidateFilter.of(routing)  # v0.4 candidate_requirements
         self.stats = stats if stats is not None else RouterStats()
         # Router Learning's settings (eval's preview says when learning may change the model)
         router_cfg = getattr(global_, "router", None)
@@ -281,7 +283,7 @@ class Router:
         choice = self.selection.choose(
             decision,
             self.default_model,
-            self.backends.healthy,
+            self.candidates.admit(view, self.backends.healthy),
             self.model_scores.get(decision.name) if decision is not None else None,
         )
         fallback = choice.fallback

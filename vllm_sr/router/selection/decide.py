@@ -51,9 +51,7 @@ class LiveFacts:
             if m.pricing is not None and m.pricing.configured
         }
         self.qualities = {
-            c.name: float(c.quality_score)
-            for c in routing.model_cards
-            if c.quality_score is not None
+            c.name: float(c.quality) for c in routing.model_cards if c.quality is not None
         }
 
     def tpot(self, model: str, percentile: int) -> float | None:
