@@ -82,6 +82,20 @@ class ModelBinding(Strict):
     """Upstream: calibrated thresholds."""
 
 
+class Admission(Strict):
+    max_concurrency: int | None = None
+    """Upstream v0.4: requests in flight on the deployment."""
+
+    max_queue: int | None = None
+    """Upstream: requests waiting."""
+
+    queue_timeout_ms: int | None = None
+    """Upstream: a queued request's limit."""
+
+    on_overflow: str | None = None
+    """Upstream: what a full queue does."""
+
+
 class Presentation(Strict):
     logo: str | None = None
     """Upstream: a logo."""

@@ -46,7 +46,7 @@ from vllm_sr.config.recipes import (
     normalized_names,
 )
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
-from vllm_sr.config.routing_catalog import Evaluation
+from vllm_sr.config.routing_catalog import Admission, Evaluation, ModelBinding
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
@@ -207,6 +207,13 @@ class ModelCatalog(_Strict):
 
     modules: Modules = Field(default_factory=Modules)
     """Upstream: classifier modules and prompt compression (refused when on)."""
+
+    bindings: dict[str, ModelBinding] = Field(default_factory=dict, max_length=256)
+    """v0.4 metadata: model consumer -> deployment (vllm_sr/config/routing_catalog.py)."""
+
+    admission: dict[str, Admission] = Field(default_factory=dict, max_length=256)
+    """v0.4: per-deployment admission limits (refused when any is written: a worker's
+    admission is its engine_args and the pool's own bounds)."""
 
 
 class GlobalSection(_Strict):

@@ -218,9 +218,27 @@ class HallucinationMitigation(Strict):
     """Upstream: NLI explainer."""
 
 
+class ComplexityBackend(Strict):
+    protocol: str | None = None
+    """Upstream v0.4: the remote complexity classifier's protocol."""
+
+    contract: str | None = None
+    """Upstream: its result contract."""
+
+    model: str | None = None
+    """Upstream: its model."""
+
+    deadline_ms: int | None = None
+    """Upstream: its deadline."""
+
+
 class ComplexityModule(Strict):
     prototype_scoring: PrototypeScoring | None = None
     """Upstream: prototype scoring of complexity signals (vllm-sr reads it too)."""
+
+    backend: ComplexityBackend | None = None
+    """Upstream v0.4: a remote complexity classifier (refused when set: vllm-sr's complexity
+    is its prototype margins on the decision deployment)."""
 
 
 class ModalityDetector(Strict):

@@ -22,6 +22,7 @@ from typing import Any
 from vllm_sr.config.learning_rules import learning_problems
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, as_list, refusal
+from vllm_sr.config.upstream_refusals_v04 import v04_refusals
 
 Path = tuple[str | int, ...]
 
@@ -48,6 +49,7 @@ def global_refusals(raw: Any) -> list[Problem]:
     problems = _router_refusals(as_dict(glob.get("router")))
     problems += _service_refusals(as_dict(glob.get("services")))
     problems += _store_refusals(raw, as_dict(glob.get("stores")))
+    problems += v04_refusals(raw)
     return problems + _catalog_refusals(raw, as_dict(glob.get("model_catalog")))
 
 
