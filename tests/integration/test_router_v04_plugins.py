@@ -5,6 +5,7 @@ as the caller. Masking uses presidio's recognizers (the pii family's detector)."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -157,3 +158,19 @@ async def test_a_failing_or_slow_secondary_changes_nothing_and_is_counted(stack:
     assert stack.secondary.max_inflight == 1
     # the secondary's failures did not touch its health (routing state)
     assert all(b.errors == 0 for b in stack.chat.backends.models["secondary"])
+
+
+async def test_retries_and_the_time_limit_bound_a_copy(stack: Stack) -> None:
+    conf = stack.chat.plugins[("default", "shadowed")].shadow_dispatch
+    assert conf is not None
+    retrying = conf.model_copy(update={"max_retries": 2, "timeout_seconds": 1})
+    stack.chat.plugins[("default", "shadowed")] = dataclasses.replace(
+        stack.chat.plugins[("default", "shadowed")], shadow_dispatch=retrying
+    )
+    stack.secondary.fault = "503"
+    assert await ask(stack.client, "shadow again") == "primary got: shadow again"
+    await wait_for(lambda: shadow_counts(stack.chat).get("failed") == 1, "the retried copy")
+    assert len(stack.secondary.received) == 3  # the copy and two retries
+    stack.secondary.fault, stack.secondary.slow_s = "slow", 2.0
+    assert await ask(stack.client, "shadow slow") == "primary got: shadow slow"
+    await wait_for(lambda: shadow_counts(stack.chat).get("timeout") == 1, "the timed-out copy")
