@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from vllm_sr.config.routing import Routing
@@ -133,3 +134,29 @@ def test_mom_v1_v04_vault_safety_is_refused_by_name_for_want_of_a_head() -> None
     rule = raw["recipes"][vault]["routing"]["signals"]["safety"]
     signals = Routing.model_validate({"signals": {"safety": rule}}).signals
     assert [r.name for r in signals.safety] == ["unsafe"] and signals.safety[0].head is None
+
+
+def test_a_multi_label_hazard_head_answers_independent_sigmoids() -> None:
+    import numpy
+
+    from vllm_sr.worker.artifacts import ArtifactSpec
+    from vllm_sr.worker.surfaces import ModelView, classify_finisher
+
+    spec = ArtifactSpec(
+        "h", Path("/nonexistent"), False, {"problem_type": "multi_label_classification"}
+    )
+    assert spec.multi_label and not ArtifactSpec("s", Path("/x"), False, {}).multi_label
+    labels = ["violence", "self_harm", "other"]
+
+    def view(multi: bool) -> ModelView:
+        return ModelView(
+            name="h", names=frozenset({"h"}), dimensions=2, max_length=16, head_labels=labels,
+            encode=lambda t: [[1]], truncate=lambda ids, n: ids[:n], multi_label_head=multi,
+        )  # fmt: skip
+
+    row = numpy.array([[0.0, 0.0, 2.0, 2.0, -2.0]])  # 2 pooled dims, then the head's logits
+    multi = classify_finisher(view(True), 1, None, None)(row)["data"][0]["probabilities"]
+    assert multi["violence"] == multi["self_harm"] == pytest.approx(1 / (1 + numpy.exp(-2.0)))
+    assert sum(multi.values()) > 1.0  # independent scores, not a distribution
+    single = classify_finisher(view(False), 1, None, None)(row)["data"][0]["probabilities"]
+    assert sum(single.values()) == pytest.approx(1.0)

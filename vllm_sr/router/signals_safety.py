@@ -11,9 +11,9 @@ upstream's ``evaluateSafetySignals`` computes it on the request's current text:
   be evaluated makes a matched rule unknown (upstream's ``safety_hazard_classification_
   failed``).
 
-The probabilities are what the head's worker answers: a softmax over its labels. A hazard
-checkpoint trained as a multi-label sigmoid head is therefore read as a distribution, not as
-independent scores (vllm-sr's workers have no sigmoid head)."""
+The probabilities are what the head's worker answers: a softmax over its labels, or for a
+multi-label head (config.json ``problem_type: multi_label_classification``, as hazard heads are
+trained) each label's sigmoid (vllm_sr/worker/classify.py ``by_sigmoid``)."""
 
 from __future__ import annotations
 
