@@ -174,3 +174,15 @@ async def test_retries_and_the_time_limit_bound_a_copy(stack: Stack) -> None:
     stack.secondary.fault, stack.secondary.slow_s = "slow", 2.0
     assert await ask(stack.client, "shadow slow") == "primary got: shadow slow"
     await wait_for(lambda: shadow_counts(stack.chat).get("timeout") == 1, "the timed-out copy")
+
+
+async def test_the_copies_counted_survive_a_config_reload(stack: Stack) -> None:
+    assert await ask(stack.client, "shadow once") == "primary got: shadow once"
+    await wait_for(lambda: shadow_counts(stack.chat).get("ok") == 1, "the copy")
+    providers = stack.chat.router.providers
+    routing = stack.chat.router.routing
+    reloaded = await start_router(providers, routing, stats=stack.chat.stats)
+    try:
+        assert shadow_counts(reloaded) == {"ok": 1.0}
+    finally:
+        await reloaded.backends.close()

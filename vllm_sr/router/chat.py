@@ -150,7 +150,7 @@ class ChatRouter(ChatPlugins):
             (r, n): decision_plugins(d.plugins, replay_allowed(self.recipes[r].routing))
             for (r, n), d in self.decisions.items()
         }
-        self.shadow = ShadowDispatcher(self.backends)  # shadow_dispatch's copies
+        self.shadow = ShadowDispatcher(self.backends, router.stats.shadow)  # kept on reload
 
     @property
     def stats(self) -> RouterStats:

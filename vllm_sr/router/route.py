@@ -111,6 +111,8 @@ class RouterStats:
     direct: Counter[str] = field(default_factory=Counter)  # chats naming a model directly
     # (model, reason): a model that failed before its first byte (router/fallback.py)
     backend_fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # (decision, model, outcome): shadow_dispatch's copies (router/plugins/shadow.py)
+    shadow: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def record(self, result: RouteResult) -> None:
         self.decisions[(result.decision or NO_DECISION, result.model)] += 1

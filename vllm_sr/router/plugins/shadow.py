@@ -66,10 +66,16 @@ class Lane:
 class ShadowDispatcher:
     """One config generation's shadow copies (their tasks, bounds and counters)."""
 
-    def __init__(self, backends: BackendSet, rand: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self,
+        backends: BackendSet,
+        outcomes: Counter[tuple[str, str, str]] | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         self.backends = backends
         self.rand = rand
-        self.outcomes: Counter[tuple[str, str, str]] = Counter()  # (decision, model, outcome)
+        # (decision, model, outcome); the router's stats keep it across config reloads
+        self.outcomes: Counter[tuple[str, str, str]] = Counter() if outcomes is None else outcomes
         self.lanes: dict[tuple[str, str], Lane] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
