@@ -5,9 +5,8 @@ fake exchange answers each head's ``classify`` task as a worker would (label pro
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,7 @@ from vllm_sr.router.chat import ChatRouter
 class HeadExchange(FakeWorkerExchange):
     """Heads by deployment: text -> label probabilities."""
 
-    heads: dict[str, Any] = field(default_factory=dict)
+    heads: dict[str, Callable[[str], dict[str, float]]] = field(default_factory=dict)
 
     async def __call__(
         self, deployment: str, path: str, body: bytes, timeout_ms: float | None

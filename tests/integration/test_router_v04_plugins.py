@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import openai
 import pytest
@@ -21,7 +20,7 @@ from vllm_sr.router.chat import ChatRouter
 from vllm_sr.router.metrics import RouterCollector
 
 
-def kw(name: str) -> dict[str, Any]:
+def kw(name: str) -> dict[str, object]:
     return {"operator": "AND", "conditions": [{"type": "keyword", "name": name}]}
 
 
@@ -122,7 +121,7 @@ async def test_masking_fails_closed(stack: Stack, monkeypatch: pytest.MonkeyPatc
     assert stack.primary.received == []
 
 
-async def wait_for(check: Any, what: str, timeout_s: float = 10.0) -> None:
+async def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not check():
             await asyncio.sleep(0.01)

@@ -4,8 +4,6 @@ name (or accepted as metadata), each at its path."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from pydantic import ValidationError
 
@@ -14,7 +12,7 @@ from vllm_sr.config.routing import BackendRef, ModelRef, ProviderDefaults, Provi
 from vllm_sr.config.schema import semantic_problems
 from vllm_sr.router.reasoning import apply_reasoning
 
-BODY: dict[str, Any] = {"model": "vllm-sr/auto", "messages": [{"role": "user", "content": "q"}]}
+BODY: dict[str, object] = {"model": "vllm-sr/auto", "messages": [{"role": "user", "content": "q"}]}
 LOCAL = BackendRef(endpoint="127.0.0.1:8000")
 
 

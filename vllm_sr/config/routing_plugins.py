@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from vllm_sr.config.routing_base import Path, Strict, as_dict, problem, refusal
+from vllm_sr.config.routing_base import Path, Strict, as_dict, as_list, problem, refusal
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -481,11 +481,13 @@ def decision_plugins(plugins: Any, replay_allowed: bool = True) -> DecisionPlugi
     return DecisionPlugins(**typed, names=tuple(names))
 
 
-def shadow_model_problems(path: Path, decision: dict[str, Any], models: list[str]) -> list[Problem]:
+def shadow_model_problems(
+    path: Path, decision: dict[str, object], models: list[str]
+) -> list[Problem]:
     """An enabled ``shadow_dispatch`` whose ``model`` is not a providers.models name (every
     copy must resolve to a backend, as upstream checks)."""
     out = []
-    for j, entry in enumerate(decision.get("plugins") or []):
+    for j, entry in enumerate(as_list(decision.get("plugins"))):
         raw = as_dict(entry)
         if canonical_type(raw.get("type")) != "shadow_dispatch":
             continue
@@ -502,7 +504,7 @@ def shadow_model_problems(path: Path, decision: dict[str, Any], models: list[str
     return out
 
 
-def replay_allowed(routing: Any) -> bool:
+def replay_allowed(routing: object) -> bool:
     """False when the routing's v0.4 ``data_policy.replay`` is false."""
     policy = getattr(routing, "data_policy", None)
     return getattr(policy, "replay", None) is not False

@@ -108,7 +108,7 @@ REFUSED_REASONING = {
 }
 
 
-def model_reasoning_problems(path: Path, model: dict[str, Any]) -> list[Problem]:
+def model_reasoning_problems(path: Path, model: dict[str, object]) -> list[Problem]:
     """v0.4's ``reasoning`` block and ``catalog`` of one provider model (see ModelReasoning)."""
     problems: list[Problem] = []
     if model.get("catalog") is not None:

@@ -144,7 +144,7 @@ def check_routing(
     routing: Any,
     deployments: set[str],
     decision_deployment: str,
-    system: Any = None,
+    system: object = None,
 ) -> list[Problem]:
     """Every Router-mode rule: the sections' own rules, plus a decision naming an unknown
     signal, model or LoRA, a provider model that is not a model card (when cards are

@@ -4,15 +4,13 @@ routing, the request or a service an operator relies on, and that vllm-sr does n
 
 from __future__ import annotations
 
-from typing import Any
-
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, as_list, refusal
 
 POLARITY_OFF = ("off", "disabled", "none", "")
 
 
-def v04_refusals(raw: Any) -> list[Problem]:
+def v04_refusals(raw: object) -> list[Problem]:
     if not isinstance(raw, dict):
         return []
     glob = as_dict(raw.get("global"))

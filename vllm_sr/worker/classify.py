@@ -87,7 +87,7 @@ def by_logits(logits: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
     return _results(softmax(logits.astype(numpy.float64)), names)
 
 
-def by_sigmoid(logits: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
+def by_sigmoid(logits: numpy.ndarray, names: list[str]) -> list[dict[str, object]]:
     """A multi-label head's rows: each label's sigmoid (independent scores; ``label`` is the
     highest)."""
     return _results(1.0 / (1.0 + numpy.exp(-logits.astype(numpy.float64))), names)
