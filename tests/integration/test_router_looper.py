@@ -36,7 +36,9 @@ def decision(name: str, block: dict[str, Any]) -> dict[str, Any]:
 ROUTING = {
     "modelCards": [{"name": "big", "param_size": "70b"}, {"name": "small", "param_size": "8b"}],
     "signals": {
-        "keywords": [{"name": n, "operator": "OR", "keywords": [n]} for n in ("cascade", "strict")]
+        "keywords": [
+            {"name": n, "operator": "OR", "keywords": [n]} for n in ("cascade", "strict", "masked")
+        ]
     },
     "decisions": [
         decision(
@@ -48,6 +50,10 @@ ROUTING = {
             },
         ),
         decision("strict", {"threshold": 0.72, "on_error": "fail"}),
+        {
+            **decision("masked", {"threshold": 0.72, "escalation_order": "small_to_large"}),
+            "plugins": [{"type": "masking", "configuration": {"enabled": True}}],
+        },
     ],
 }
 
@@ -100,6 +106,15 @@ async def ask(stack: Stack, text: str, stream: bool = False) -> tuple[str, Any, 
         return text_out, raw.headers, usage[-1] if usage else None
     parsed = raw.parse()
     return parsed.choices[0].message.content, raw.headers, parsed
+
+
+async def test_a_looper_decisions_internal_calls_get_the_masked_request(stack: Stack) -> None:
+    text, headers, _ = await ask(stack, "masked: mail john.doe@example.com")
+    assert headers["x-vsr-looper-models-used"] == "small,big"
+    sent = "masked: mail [EMAIL_ADDRESS_0]"
+    assert text == f"big got: {sent}"
+    for got in (stack.small.received[-1].body, stack.big.received[-1].body):
+        assert got["messages"][-1]["content"] == sent
 
 
 async def test_unsure_small_model_escalates_to_the_big_one(stack: Stack) -> None:

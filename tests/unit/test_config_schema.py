@@ -300,7 +300,7 @@ def test_unknown_top_level_key_and_optional_catalog() -> None:
     problems = _problems("global:\n  router: {}\nextra: 1\n")
     assert problems == [
         "config.yaml:3: extra: unknown key 'extra'; accepted: version, listeners, global, "
-        "providers, routing, entrypoints, recipes"
+        "providers, routing, entrypoints, recipes, evaluation"
     ]
 
 

@@ -122,7 +122,9 @@ def test_leaf_names_are_checked_against_the_rows_list(row: SignalFamily) -> None
 
 
 def test_declared_keys_cover_every_evaluated_list() -> None:
-    entries = {**MODEL_FREE, **NEEDS_MODEL}
+    # (safety needs a deployment named on the rule or system.safety: one named here)
+    safety = {"safety": {"name": "unsafe", "threshold": 0.5, "deployment": "guard"}}
+    entries = {**MODEL_FREE, **NEEDS_MODEL, **safety}
     raw = {"signals": {key: [entry] for key, entry in entries.items()}, "decisions": []}
     routing = Routing.model_validate(yaml.safe_load(yaml.safe_dump(raw)))
     kinds = {kind for kind, _ in declared_keys(routing)}

@@ -297,7 +297,7 @@ def test_bad_listener_fields_are_refused_at_their_lines() -> None:
     assert any(
         p.startswith(
             "config.yaml:6: listeners[0].tls: unknown key 'tls'; accepted: name, "
-            "address, port, timeout"
+            "address, port, timeout, api_keys"
         )
         for p in problems
     )
@@ -329,7 +329,7 @@ def test_unknown_keys_deep_in_global_still_fail_with_path_and_line() -> None:
         "'endpont'; accepted: type, endpoint, insecure",
         "config.yaml:11: global.router.learning.protection.tuning.switch_margn: unknown key "
         "'switch_margn'; accepted: idle_timeout_seconds, min_turns_before_switch, switch_margin, "
-        "stability_weight",
+        "stability_weight, progress_gate",
         "config.yaml:14: global.integrations.looper.endpont: unknown key 'endpont'; accepted: "
         "endpoint, grpc_max_msg_size_mb, max_response_bytes_mb, timeout_seconds, retry_count, "
         "headers, remom, fusion, flow",

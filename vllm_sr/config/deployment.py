@@ -110,6 +110,13 @@ def ejection_bounds_problem(base_ejection_ms: int, max_ejection_ms: int | None) 
     return None
 
 
+PRECISION_DTYPE: dict[str, Literal["float32", "bfloat16", "float16"]] = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+}
+
+
 class EngineArgs(Strict):
     max_num_seqs: MaxNumSeqs | None = None
     """Most rows one forward batches together. Unset: the worker's default. Set it to give
@@ -197,8 +204,23 @@ class Replica(Strict):
 
 
 class Deployment(Strict):
-    provider: Literal["model_runtime"] = "model_runtime"
-    """Who runs the workers; only model_runtime (vllm-sr's own workers) exists."""
+    provider: str = "model_runtime"
+    """Who runs the workers; only model_runtime (vllm-sr's own workers) exists. Upstream's
+    other providers (candle: its in-router engine; http: an external classifier) are refused
+    by name."""
+
+    @field_validator("provider")
+    @classmethod
+    def _only_model_runtime(cls, v: str) -> str:
+        if v != "model_runtime":
+            raise PydanticCustomError(
+                REFUSED_VALUE,
+                "provider '{value}' is refused: vllm-sr runs every deployment as its own "
+                "model_runtime workers (transformers on the deployment's device; an fp32 "
+                "precision is engine_args.dtype float32); accepted: 'model_runtime'",
+                {"value": v},
+            )
+        return v
 
     artifact: str = Field(default=DEFAULT_ARTIFACT, min_length=1, max_length=512)
     """Model artifact: a built-in name such as vllm-sr/d3-edge, vllm-sr/NAME for a model
@@ -218,6 +240,47 @@ class Deployment(Strict):
     public_name: str | None = Field(default=None, min_length=1, max_length=256)
     """Another name clients may use in a request's ``model`` for this deployment (v0.4's native
     API name); unique across deployments and not another deployment's name."""
+
+    precision: Literal["auto", "fp32", "fp16", "bf16"] | None = None
+    """v0.4's name for the forward's precision: fp32, fp16, bf16 set ``engine_args.dtype``
+    (float32, float16, bfloat16; auto: auto). Refused when engine_args.dtype says otherwise."""
+
+    compilation_cache_dir: str | None = Field(default=None, max_length=4096)
+    """v0.4: upstream's runtime compile cache (deployment: vllm-sr's workers run eager)."""
+
+    custom_ops_profile: str | None = Field(default=None, max_length=256)
+    """v0.4: upstream's runtime custom-op set (deployment: no effect here)."""
+
+    external_model: str | None = None
+    """v0.4: an external classifier behind a provider: http deployment; refused (every
+    vllm-sr deployment is its own model_runtime workers)."""
+
+    @field_validator("external_model")
+    @classmethod
+    def _refuse_external(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise PydanticCustomError(
+                REFUSED_VALUE,
+                "external_model '{value}' is refused: a deployment here is vllm-sr's own "
+                "model_runtime workers; accepted: artifact (and replicas or endpoint)",
+                {"value": v},
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _precision_is_dtype(self) -> Deployment:
+        if self.precision is None or self.precision == "auto":
+            return self
+        dtype = PRECISION_DTYPE[self.precision]
+        if "dtype" in self.engine_args.model_fields_set and self.engine_args.dtype != dtype:
+            raise PydanticCustomError(
+                REFUSED_VALUE,
+                "precision '{p}' and engine_args.dtype '{d}' disagree; accepted: one of them, "
+                "or the same precision ({dtype})",
+                {"p": self.precision, "d": self.engine_args.dtype, "dtype": dtype},
+            )
+        self.engine_args.dtype = dtype
+        return self
 
     @field_validator("profile")
     @classmethod

@@ -329,7 +329,8 @@ def _recipe_problems(raw: JsonObject) -> list[Problem]:
     providers = raw.get("providers")
 
     def check(routing: JsonObject) -> list[Problem]:
-        return routing_against(providers, routing, {str(n) for n in deployments}, decision)
+        deps = {str(n) for n in deployments}
+        return routing_against(providers, routing, deps, decision, catalog.get("system"))
 
     problems = recipe_problems(raw, _raw_auto_names(as_dict(glob.get("router"))), slugs)
     return problems + recipe_routing_problems(raw, check)

@@ -47,6 +47,10 @@ class Listener(Strict):
     """Upstream: Envoy's route timeout, a Go duration such as 300s. Accepted and shown;
     vllm-sr's own deadlines (the backend's) apply to chats."""
 
+    api_keys: list[str] = Field(default_factory=list, max_length=256)
+    """Upstream v0.4: keys of the listener's native API (/v1/systemone, /v1/decisions), which
+    vllm-sr does not serve: refused when not empty."""
+
 
 class Entrypoint(Strict):
     model_names: list[str] = Field(min_length=1, max_length=64)

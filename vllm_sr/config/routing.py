@@ -20,11 +20,19 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from vllm_sr.config.fallback_policy import FallbackPolicy
 from vllm_sr.config.learning_rules import CandidateSetField
 from vllm_sr.config.routing_base import Strict, raise_first, rules_run_by_caller
+from vllm_sr.config.routing_catalog import (
+    CandidateRequirements,
+    DataPolicy,
+    Distribution,
+    Modalities,
+    ModelBinding,
+    Presentation,
+)
 from vllm_sr.config.routing_projections import Projections
 from vllm_sr.config.routing_providers import (
     BackendRef,
@@ -115,6 +123,52 @@ class ModelCard(Strict):
 
     tags: list[str] = Field(default_factory=list, max_length=64)
     """Metadata tags."""
+
+    # v0.4's card fields (vllm_sr/config/routing_catalog.py): metadata, except
+    # max_output_tokens and modalities.input (candidate filtering)
+    display_name: str | None = Field(default=None, max_length=256)
+    """v0.4 metadata: the name shown."""
+
+    publisher: str | None = Field(default=None, max_length=256)
+    """v0.4 metadata: who publishes the model."""
+
+    presentation: Presentation | None = None
+    """v0.4 metadata: logo, monogram."""
+
+    distribution: Distribution | None = None
+    """v0.4 metadata: type, source, license."""
+
+    family: str | None = Field(default=None, max_length=128)
+    """v0.4 metadata: the model family."""
+
+    revision: str | None = Field(default=None, max_length=128)
+    """v0.4 metadata: the model revision."""
+
+    released_at: str | None = Field(default=None, max_length=64)
+    """v0.4 metadata: release date."""
+
+    knowledge_cutoff: str | None = Field(default=None, max_length=64)
+    """v0.4 metadata: knowledge cutoff."""
+
+    lifecycle: str | None = Field(default=None, max_length=64)
+    """v0.4 metadata: preview, stable, deprecated, ..."""
+
+    max_output_tokens: int | None = Field(default=None, ge=0)
+    """v0.4: the most tokens it writes (candidate_requirements.context reads it)."""
+
+    modalities: Modalities | None = None
+    """v0.4: input/output modalities (candidate_requirements.capabilities reads input)."""
+
+    _rated: float | None = PrivateAttr(default=None)
+
+    @property
+    def quality(self) -> float | None:
+        """``quality_score``, else the operator-rating record of the top-level
+        ``evaluation`` (RootConfig binds it)."""
+        return self.quality_score if self.quality_score is not None else self._rated
+
+    def bind_rating(self, score: float | None) -> None:
+        self._rated = score
 
 
 # -- decisions ------------------------------------------------------------------------------
@@ -360,6 +414,15 @@ class Routing(Strict):
 
     fallback: FallbackPolicy | None = None
     """v0.4: upstream's fallback policy (refused unless enabled: false)."""
+
+    candidate_requirements: CandidateRequirements | None = None
+    """v0.4: candidates filtered by context, protocol and capabilities before the choice."""
+
+    data_policy: DataPolicy | None = None
+    """v0.4: replay: false turns router_replay off for this recipe."""
+
+    model_bindings: dict[str, ModelBinding] = Field(default_factory=dict, max_length=256)
+    """v0.4 metadata: model consumer -> deployment (vllm_sr/config/routing_catalog.py)."""
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo[object]) -> Routing:

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from vllm_sr.config.routing_base import Path, Strict, problem, refusal
+from vllm_sr.config.routing_base import Path, Strict, as_dict, as_list, problem, refusal
 from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
-    from vllm_sr.config.routing import Plugin
+    from vllm_sr.config.routing import Plugin, Routing
 
 PLUGIN_ALIASES = {
     "semantic-cache": "response_cache",
@@ -274,6 +274,131 @@ class RouterReplayPlugin(Strict):
     """Upstream: tool trace steps (metadata)."""
 
 
+MASK_INDEX = "{index}"
+# Headers that carry a caller's credential: a shadow copy never carries them (upstream's
+# SHADOW_CREDENTIAL_HEADERS in its CLI's models.py, kept in step with its router).
+SHADOW_CREDENTIAL_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "x-user-openai-key",
+        "x-user-anthropic-key",
+        "x-user-azure-openai-key",
+        "x-user-bedrock-key",
+        "x-user-gemini-key",
+        "x-user-vertex-ai-key",
+        "x-user-minimax-key",
+    }
+)
+
+
+class MaskingPlugin(Strict):
+    """Upstream's ``masking`` (``C/plugin_masking.go``): detected PII in the request to the
+    backend is replaced by placeholders. It fails closed: a detector failure answers 503,
+    never the unmasked request."""
+
+    enabled: bool = False
+    """Masking runs only when true."""
+
+    threshold: float = Field(default=0.0, ge=0, le=1)
+    """Least detector score for a span to be masked (0: the detector's own floor,
+    vllm_sr/router/plugins/masking.py)."""
+
+    entity_types: list[str] = Field(default_factory=list, max_length=64)
+    """Only these types are masked (an include list; empty: every detected type)."""
+
+    placeholders: dict[str, str] = Field(default_factory=dict)
+    """Entity type -> template containing ``{index}`` (unset: ``[TYPE_{index}]``)."""
+
+    @field_validator("placeholders")
+    @classmethod
+    def _templates_have_index(cls, value: dict[str, str]) -> dict[str, str]:
+        for kind, template in value.items():
+            if MASK_INDEX not in template:
+                raise ValueError(
+                    f"placeholder {template!r} for {kind!r} has no {MASK_INDEX}; accepted: a "
+                    f"template containing {MASK_INDEX} (distinct values need distinct "
+                    "placeholders)"
+                )
+        return value
+
+    def template(self, entity_type: str) -> str:
+        return self.placeholders.get(entity_type) or f"[{entity_type}_{MASK_INDEX}]"
+
+
+class ShadowDispatchPlugin(Strict):
+    """Upstream's ``shadow_dispatch``: a bounded, sampled asynchronous copy of the request to
+    a secondary model after the primary dispatch; the caller's answer never waits for it
+    and never changes because of it (vllm_sr/router/plugins/shadow.py)."""
+
+    enabled: bool
+    """Required (upstream: an omitted flag must not read as on)."""
+
+    model: str | None = None
+    """The providers.models name the copy goes to (required when enabled)."""
+
+    sample_rate: float | None = Field(default=None, ge=0, le=1)
+    """Share of the decision's chats copied (unset: every one)."""
+
+    max_concurrency: int = Field(default=2, ge=0)
+    """Copies in flight at once for this decision (0: the default, 2)."""
+
+    max_queue_depth: int = Field(default=8, ge=0)
+    """Copies waiting for a slot; a copy beyond it is dropped and counted (0: the default,
+    8)."""
+
+    timeout_seconds: int = Field(default=30, ge=0)
+    """One copy's time limit, retries included (0: the default, 30)."""
+
+    max_response_bytes: int = Field(default=1048576, ge=0)
+    """The secondary's answer is read up to this many bytes (0: the default, 1 MiB); a longer
+    one counts as ``too_large``."""
+
+    max_retries: int = Field(default=0, ge=0, le=3)
+    """Further tries after a connection failure or a 5xx."""
+
+    capture_response_body: bool = False
+    """Upstream: keep the secondary's answer in its replay record. vllm-sr keeps none
+    (metadata; the outcome is counted)."""
+
+    max_capture_bytes: int = Field(default=4096, ge=0)
+    """Upstream: the captured answer's size (metadata, as capture_response_body)."""
+
+    tls_skip_verify: bool = False
+    """Refused when true: vllm-sr always verifies a backend's TLS."""
+
+    forward_headers: list[str] = Field(default_factory=list)
+    """Names set by the decision's header_mutation that the copy carries too; nothing else
+    the decision sets for the primary is forwarded. Credential headers are refused."""
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _no_credentials(cls, names: list[str]) -> list[str]:
+        for name in names:
+            bare = name.strip()
+            if not bare or bare.startswith(":"):
+                raise ValueError(
+                    f"forward_headers entry {name!r}; accepted: a header name (not empty, not "
+                    "a pseudo-header)"
+                )
+            if bare.lower() in SHADOW_CREDENTIAL_HEADERS:
+                raise ValueError(
+                    f"forward_headers entry {name!r} is a credential header; accepted: header "
+                    "names other than " + ", ".join(sorted(SHADOW_CREDENTIAL_HEADERS))
+                )
+        return names
+
+    @model_validator(mode="after")
+    def _model_when_enabled(self) -> ShadowDispatchPlugin:
+        if self.enabled and not (self.model or "").strip():
+            raise ValueError("shadow_dispatch: model is required when enabled is true")
+        return self
+
+
 PLUGIN_MODELS: dict[str, type[Strict]] = {
     "response_cache": ResponseCachePlugin,
     "system_prompt": SystemPromptPlugin,
@@ -283,6 +408,8 @@ PLUGIN_MODELS: dict[str, type[Strict]] = {
     "router_replay": RouterReplayPlugin,
     "tools": ToolsPlugin,
     "tool_selection": ToolSelectionPlugin,
+    "masking": MaskingPlugin,
+    "shadow_dispatch": ShadowDispatchPlugin,
 }
 SUPPORTED_PLUGIN_TYPES = tuple(PLUGIN_MODELS)
 
@@ -308,6 +435,14 @@ def plugin_problems(path: Path, kind: str, configuration: object) -> list[Proble
             value = err.get("input")
             out.append(problem(where, f"{err['msg']} (got {value!r}) in the plugin {kind!r}"))
         return out
+    if isinstance(typed, ShadowDispatchPlugin) and typed.tls_skip_verify:
+        return [
+            refusal(
+                (*path, "configuration", "tls_skip_verify"),
+                "shadow_dispatch tls_skip_verify: true (vllm-sr always verifies a backend's TLS)",
+                "false",
+            )
+        ]
     if isinstance(typed, RequestParamsPlugin) and typed.default_max_tokens == "auto":
         return [
             refusal(
@@ -343,12 +478,18 @@ class DecisionPlugins:
     router_replay: RouterReplayPlugin | None = None
     tools: ToolsPlugin | None = None
     tool_selection: ToolSelectionPlugin | None = None
+    masking: MaskingPlugin | None = None
+    shadow_dispatch: ShadowDispatchPlugin | None = None
     names: tuple[str, ...] = ()  # canonical types, YAML order (eval's decision_result.plugins)
 
 
-def decision_plugins(plugins: Sequence[Plugin | JsonObject] | None) -> DecisionPlugins:
+def decision_plugins(
+    plugins: Sequence[Plugin | JsonObject] | None, replay_allowed: bool = True
+) -> DecisionPlugins:
     """A decision's ``plugins`` list (its Plugin models or raw mappings, validated at load)
-    -> the typed plugins (a type given twice: the last one)."""
+    -> the typed plugins (a type given twice: the last one). With ``replay_allowed`` false
+    (the recipe's v0.4 ``data_policy.replay: false``), router_replay is off whatever the
+    decision or the global default says."""
     configs: JsonObject = {}
     names: list[str] = []
     for entry in plugins or []:
@@ -369,8 +510,38 @@ def decision_plugins(plugins: Sequence[Plugin | JsonObject] | None) -> DecisionP
         header_mutation=typed("header_mutation", HeaderMutationPlugin),
         request_params=typed("request_params", RequestParamsPlugin),
         fast_response=typed("fast_response", FastResponsePlugin),
-        router_replay=typed("router_replay", RouterReplayPlugin),
+        router_replay=typed("router_replay", RouterReplayPlugin)
+        if replay_allowed
+        else RouterReplayPlugin(enabled=False),
         tools=typed("tools", ToolsPlugin),
         tool_selection=typed("tool_selection", ToolSelectionPlugin),
+        masking=typed("masking", MaskingPlugin),
+        shadow_dispatch=typed("shadow_dispatch", ShadowDispatchPlugin),
         names=tuple(names),
     )
+
+
+def shadow_model_problems(path: Path, decision: JsonObject, models: list[str]) -> list[Problem]:
+    """An enabled ``shadow_dispatch`` whose ``model`` is not a providers.models name (every
+    copy must resolve to a backend, as upstream checks)."""
+    out: list[Problem] = []
+    for j, entry in enumerate(as_list(decision.get("plugins"))):
+        raw = as_dict(entry)
+        if canonical_type(raw.get("type")) != "shadow_dispatch":
+            continue
+        conf = as_dict(raw.get("configuration"))
+        model = conf.get("model")
+        if conf.get("enabled") is True and isinstance(model, str) and model not in models:
+            out.append(
+                problem(
+                    (*path, "plugins", j, "configuration", "model"),
+                    f"shadow_dispatch model {model!r} is not a providers.models name; "
+                    f"accepted: one of {', '.join(models) or '(no models)'}",
+                )
+            )
+    return out
+
+
+def replay_allowed(routing: Routing) -> bool:
+    """False when the routing's v0.4 ``data_policy.replay`` is false."""
+    return routing.data_policy is None or routing.data_policy.replay is not False

@@ -99,13 +99,69 @@ def _family_problems(families: JsonObject) -> list[Problem]:
     return problems
 
 
+FAMILY_TYPES = ("chat_template_kwargs", "reasoning_effort", "top_level_reasoning_effort")
+REFUSED_REASONING = {
+    "activation_parameter": "a separate reasoning on/off key",
+    "effort_flags": "one flag per reasoning effort",
+    "default": "the model's own default effort (providers.defaults.reasoning_effort and "
+    "modelRefs' reasoning_effort decide)",
+    "disabled": "a value sent to switch reasoning off",
+}
+
+
+def model_reasoning_problems(path: Path, model: JsonObject) -> list[Problem]:
+    """v0.4's ``reasoning`` block and ``catalog`` of one provider model (see ModelReasoning)."""
+    problems: list[Problem] = []
+    if model.get("catalog") is not None:
+        problems.append(
+            refusal(
+                (*path, "catalog"),
+                f"the built-in model catalog entry {model['catalog']!r}",
+                "the model's fields written inline (reasoning: {type, parameter})",
+            )
+        )
+    if "reasoning" not in model or model.get("reasoning") is None:
+        return problems
+    r = as_dict(model.get("reasoning"))
+    here = (*path, "reasoning")
+    if model.get("reasoning_family") is not None:
+        problems.append(
+            problem(here, "reasoning and reasoning_family are both set; accepted: one of them")
+        )
+    inline = any(r.get(k) not in (None, [], {}) for k in ("type", "parameter"))
+    if r.get("family") is not None and inline:
+        problems.append(
+            problem(here, "family and an inline type/parameter are both set; accepted: one")
+        )
+    elif r.get("family") is None and (r.get("type") is None or r.get("parameter") is None):
+        problems.append(problem(here, "accepted: family, or an inline type and parameter (both)"))
+    kind = r.get("type")
+    if kind == "reasoning_mode":
+        problems.append(
+            refusal((*here, "type"), "reasoning type 'reasoning_mode'", ", ".join(FAMILY_TYPES))
+        )
+    elif isinstance(kind, str) and kind not in FAMILY_TYPES:
+        problems.append(
+            problem((*here, "type"), f"{kind!r}; accepted: one of {', '.join(FAMILY_TYPES)}")
+        )
+    for key, what in REFUSED_REASONING.items():
+        if r.get(key) not in (None, [], {}):
+            problems.append(refusal((*here, key), what, "type and parameter (as a family)"))
+    return problems
+
+
 def _model_problems(path: Path, model: JsonObject, families: JsonObject) -> list[Problem]:
     problems: list[Problem] = []
+    problems += model_reasoning_problems(path, model)
     family = model.get("reasoning_family")
+    where: Path = (*path, "reasoning_family")
+    reasoning = as_dict(model.get("reasoning"))
+    if family is None and isinstance(reasoning.get("family"), str):
+        family, where = reasoning["family"], (*path, "reasoning", "family")
     if isinstance(family, str) and family not in families:
         problems.append(
             problem(
-                (*path, "reasoning_family"),
+                where,
                 f"{family!r} is not a providers.defaults.reasoning_families key; accepted: "
                 f"one of {', '.join(map(str, families)) or '(no reasoning_families declared)'}",
             )

@@ -24,6 +24,7 @@ from vllm_sr.config.renames import PROVIDER_DEFAULTS, both_names_error, current_
 from vllm_sr.config.routing_base import Strict, raise_first, rules_run_by_caller
 from vllm_sr.config.routing_provider_rules import (
     ENDPOINT_RE,
+    FAMILY_TYPES,
     go_duration_s,
     providers_problems,
     retry_on_words,
@@ -204,12 +205,60 @@ def seconds_or(value: str | None, default: float) -> float:
     return default if parsed is None else parsed
 
 
+class ModelReasoning(Strict):
+    """v0.4's ``providers.models[].reasoning``: a family by name, or the family inline. vllm-sr
+    acts on ``family`` (a ``defaults.reasoning_families`` key, as ``reasoning_family``) and on
+    an inline ``type`` + ``parameter``; ``levels``, ``modes`` and ``default_mode`` are metadata;
+    ``type: reasoning_mode``, ``activation_parameter``, ``effort_flags``, ``default`` and
+    ``disabled`` are refused by name (routing_provider_rules)."""
+
+    family: str | None = Field(default=None, min_length=1, max_length=64)
+    """A ``defaults.reasoning_families`` key (upstream: also its built-in families)."""
+
+    type: str | None = None
+    """Inline: chat_template_kwargs, reasoning_effort, top_level_reasoning_effort (as a
+    family's type); reasoning_mode is refused."""
+
+    parameter: str | None = Field(default=None, min_length=1, max_length=128)
+    """Inline: the JSON key set."""
+
+    activation_parameter: str | None = None
+    """Upstream: a separate on/off key (refused)."""
+
+    effort_flags: dict[str, str] = Field(default_factory=dict)
+    """Upstream: one flag per effort (refused)."""
+
+    levels: list[str] = Field(default_factory=list)
+    """Upstream: the efforts the model takes (metadata)."""
+
+    default: str | None = None
+    """Upstream: the model's own default effort (refused: providers.defaults.reasoning_effort
+    and modelRefs' reasoning_effort decide)."""
+
+    modes: list[str] = Field(default_factory=list)
+    """Upstream: enabled, disabled, adaptive (metadata)."""
+
+    default_mode: str | None = None
+    """Upstream: the default mode (metadata)."""
+
+    disabled: str | None = None
+    """Upstream: the value sent to switch reasoning off (refused)."""
+
+
 class ProviderModel(Strict):
     name: str = Field(min_length=1, max_length=128, pattern=r"^\S+$")
     """The model's name: what decisions' modelRefs and callers' ``model`` use."""
 
     reasoning_family: str | None = Field(default=None, min_length=1, max_length=64)
     """A ``defaults.reasoning_families`` key: how this model's reasoning is switched (§6)."""
+
+    reasoning: ModelReasoning | None = None
+    """v0.4's form of ``reasoning_family``: ``{family}`` or an inline ``{type, parameter}``
+    (see ModelReasoning); not both with reasoning_family."""
+
+    catalog: str | None = Field(default=None, max_length=256)
+    """v0.4: a built-in model catalog entry (refused: vllm-sr has no built-in catalog; write
+    the model's fields and ``reasoning`` inline)."""
 
     provider_model_id: str | None = Field(default=None, min_length=1, max_length=256)
     """The model name the backends expect in ``model`` (default: name)."""
@@ -229,6 +278,22 @@ class ProviderModel(Strict):
 
     backend_refs: list[BackendRef] = Field(default_factory=list, max_length=64)
     """The servers that serve this model; a request goes to a healthy one."""
+
+    @property
+    def family_name(self) -> str | None:
+        """The ``defaults.reasoning_families`` key: reasoning_family, else reasoning.family."""
+        if self.reasoning_family is not None:
+            return self.reasoning_family
+        return self.reasoning.family if self.reasoning is not None else None
+
+    @property
+    def inline_family(self) -> ReasoningFamily | None:
+        """v0.4's inline ``reasoning{type, parameter}`` as a family (None when not inline or
+        not one vllm-sr acts on; the config rules refuse those)."""
+        r = self.reasoning
+        if r is None or r.type not in FAMILY_TYPES or r.parameter is None:
+            return None
+        return ReasoningFamily.model_validate({"type": r.type, "parameter": r.parameter})
 
     @property
     def backend_model(self) -> str:
@@ -300,6 +365,9 @@ class Providers(Strict):
     def reasoning_family_of(self, model: str) -> ReasoningFamily | None:
         """The reasoning family of model ``model`` (None: no family, or no such model)."""
         m = self.model(model)
-        if m is None or m.reasoning_family is None:
+        if m is None:
             return None
-        return self.defaults.reasoning_families.get(m.reasoning_family)
+        if m.inline_family is not None:
+            return m.inline_family
+        name = m.family_name
+        return None if name is None else self.defaults.reasoning_families.get(name)

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
 from vllm_sr.config.routing_kbs import kb_problems
+from vllm_sr.config.routing_plugins import shadow_model_problems
 from vllm_sr.config.routing_provider_rules import providers_problems
 from vllm_sr.config.routing_selection import (
     prompt_problems,
@@ -24,6 +25,7 @@ from vllm_sr.config.signal_registry import (
     REFUSED_SIGNAL_LISTS,
     SUPPORTED_SIGNAL_LISTS,
 )
+from vllm_sr.config.signal_safety import safety_problems, system_problems
 from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
@@ -140,13 +142,18 @@ def rule_leaves(node: object, path: Path) -> list[tuple[Path, str, str]]:
 
 
 def check_routing(
-    providers: object, routing: object, deployments: set[str], decision_deployment: str
+    providers: object,
+    routing: object,
+    deployments: set[str],
+    decision_deployment: str,
+    system: object = None,
 ) -> list[Problem]:
     """Every Router-mode rule: the sections' own rules, plus a decision naming an unknown
     signal, model or LoRA, a provider model that is not a model card (when cards are
     declared), and a signal on a deployment that does not exist. ``providers`` and ``routing``
     are raw mappings or the models above (wrong types are tolerated: the field validation
-    reports those)."""
+    reports those). ``system``: the raw ``global.model_catalog.system`` (safety's default
+    heads)."""
     if isinstance(providers, BaseModel):
         providers = providers.model_dump(by_alias=True, exclude_none=True)
     if isinstance(routing, BaseModel):
@@ -154,11 +161,15 @@ def check_routing(
     problems = providers_problems(providers) if providers is not None else []
     if routing is None:
         return problems
-    return problems + routing_against(providers, routing, deployments, decision_deployment)
+    return problems + routing_against(providers, routing, deployments, decision_deployment, system)
 
 
 def routing_against(
-    providers: object, routing: object, deployments: set[str], decision_deployment: str
+    providers: object,
+    routing: object,
+    deployments: set[str],
+    decision_deployment: str,
+    system: object = None,
 ) -> list[Problem]:
     """:func:`check_routing` less ``providers``' own rules (a recipe's routing checked
     against the top level's providers, whose rules run once for the file); raw mappings."""
@@ -183,7 +194,9 @@ def routing_against(
             problems += _model_ref_problems(
                 ("routing", "decisions", i, "modelRefs", k), as_dict(ref), model_names, cards
             )
+        problems += shadow_model_problems(("routing", "decisions", i), dec, model_names)
     problems += _deployment_problems(signals, deployments, decision_deployment)
+    problems += safety_problems(routing, ("routing",), deployments, system)
     return problems
 
 
@@ -270,7 +283,12 @@ def _deployment_problems(
                         f"{dep!r} names no deployment; accepted: one of {accepted}",
                     )
                 )
-            elif dep is None and decision_deployment not in deployments and deployments:
+            elif (
+                dep is None
+                and kind != "safety"  # its default head is system.safety (signal_safety)
+                and decision_deployment not in deployments
+                and deployments
+            ):
                 problems.append(
                     problem(
                         ("routing", "signals", kind, i),
@@ -293,7 +311,9 @@ def routing_problems(raw: object) -> list[Problem]:
     dm = as_dict(as_dict(catalog.get("system")).get("decision_model")).get("deployment")
     # The decision model's deployment, else the first declared one (as RootConfig says).
     decision = dm if isinstance(dm, str) else next(iter(as_dict(catalog.get("deployments"))), "")
-    problems = check_routing(raw.get("providers"), raw.get("routing"), deployments, decision)
+    problems = check_routing(
+        raw.get("providers"), raw.get("routing"), deployments, decision, catalog.get("system")
+    )
     if raw.get("routing") is not None and raw.get("providers") is None:
         problems.append(
             problem(
@@ -306,6 +326,8 @@ def routing_problems(raw: object) -> list[Problem]:
     problems += looper_problems(raw.get("routing"), endpoint)
     problems += prompt_problems(raw.get("routing"), raw.get("providers"), endpoint)
     problems += kb_problems(raw.get("routing"), catalog)
+    system = catalog.get("system")
+    problems += system_problems(system, deployments)
     for i, rec in enumerate(as_list(raw.get("recipes"))):
         problems += looper_problems(
             as_dict(rec).get("routing"), endpoint, ("recipes", i, "routing")

@@ -39,6 +39,7 @@ from vllm_sr.config.signal_families import (
     StructureSignal,
 )
 from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
+from vllm_sr.config.signal_safety import SafetySignal
 from vllm_sr.config.upstream_catalog import PrototypeScoring
 
 DEFAULT_BM25_THRESHOLD = 0.1
@@ -296,6 +297,9 @@ class Signals(Strict):
 
     pii: list[PIISignal] = Field(default_factory=list, max_length=256)
     """PII detection (presidio's pattern recognizers)."""
+
+    safety: list[SafetySignal] = Field(default_factory=list, max_length=256)
+    """v0.4: unsafe content (and hazard categories) on a deployment's classification head."""
 
     kb: list[KBSignal] = Field(default_factory=list, max_length=1024)
     """Knowledge-base labels and groups (global.model_catalog.kbs)."""

@@ -39,6 +39,7 @@ LeafType = Literal[
     "projection",
     "input_modality",
     "decision",
+    "safety",
 ]
 LEAF_TYPES: tuple[str, ...] = get_args(LeafType)
 

@@ -46,6 +46,7 @@ from vllm_sr.config.recipes import (
 )
 from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
 from vllm_sr.config.routing_base import as_dict, rules_run_by_caller
+from vllm_sr.config.routing_catalog import Admission, Evaluation, ModelBinding
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
@@ -174,6 +175,13 @@ class System(_Strict):
     hallucination_explainer: str | None = None
     """Upstream: NLI explainer path (hallucination plugin, refused)."""
 
+    safety: str | None = None
+    """v0.4: the deployment whose head answers safety rules that name none."""
+
+    hazard: str | None = None
+    """v0.4: the deployment whose head answers hazard blocks that name none (unset: the safety
+    rule's own head)."""
+
     feedback_detector: str | None = None
     """Upstream: feedback classifier path (user_feedback signals, refused)."""
 
@@ -200,6 +208,13 @@ class ModelCatalog(_Strict):
 
     modules: Modules = Field(default_factory=Modules)
     """Upstream: classifier modules and prompt compression (refused when on)."""
+
+    bindings: dict[str, ModelBinding] = Field(default_factory=dict, max_length=256)
+    """v0.4 metadata: model consumer -> deployment (vllm_sr/config/routing_catalog.py)."""
+
+    admission: dict[str, Admission] = Field(default_factory=dict, max_length=256)
+    """v0.4: per-deployment admission limits (refused when any is written: a worker's
+    admission is its engine_args and the pool's own bounds)."""
 
 
 class GlobalSection(_Strict):
@@ -249,6 +264,10 @@ class RootConfig(_Strict):
     recipes: list[Recipe] = Field(default_factory=list, max_length=256)
     """Named routing profiles beside the default one."""
 
+    evaluation: Evaluation | None = None
+    """v0.4: benchmark definitions, indices and measured records (routing_catalog.py);
+    operator-rating records give model cards their quality."""
+
     _embedded_default: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
@@ -263,6 +282,12 @@ class RootConfig(_Strict):
                     SEMANTIC_ERROR, "; ".join(p.render_plain() for p in problems)
                 )
         catalog = self.global_.model_catalog
+        routings = [self.routing, *(r.routing for r in self.recipes)]
+        for rule in (s for rt in routings if rt is not None for s in rt.signals.safety):
+            rule.bind_system(catalog.system.safety, catalog.system.hazard)
+        ratings = self.evaluation.operator_ratings() if self.evaluation is not None else {}
+        for card in (c for rt in routings if rt is not None for c in rt.model_cards):
+            card.bind_rating(ratings.get(card.name))
         if catalog.deployments is None and _needs_no_worker(raw):
             catalog.deployments = {}  # Router mode whose routing asks no model: no worker
         elif catalog.deployments is None:

@@ -44,6 +44,7 @@ from vllm_sr.config.signal_families import (
     StructureSignal,
 )
 from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
+from vllm_sr.config.signal_safety import SafetySignal
 
 Evaluated = Literal["cpu_step", "loop", "deployment", "derived", "refused"]
 """Where the router evaluates a family:
@@ -286,6 +287,17 @@ FAMILIES: tuple[SignalFamily, ...] = (
         "deployment",
         eval_unmatched=False,
         leaf_names=lambda s: (e.name for e in s.kb),
+    ),
+    SignalFamily(  # v0.4: a classification head's unsafe labels (and hazard categories)
+        "safety",
+        "safety",
+        SafetySignal,
+        "safety",
+        "safety",
+        "deployment",
+        takes_deployment=True,
+        leaf_names_checked=True,
+        leaf_names=lambda s: (e.name for e in s.safety),
     ),
     SignalFamily("projection", None, None, "projection", "projections", "derived"),
     SignalFamily("modality", "modality", NamedSignal, "modality", "modality", "refused"),

@@ -71,6 +71,10 @@ class EmbeddingConfig(Strict):
     min_score_threshold: float | None = None
     """The soft-matching floor (0 or omitted: 0.5)."""
 
+    full_context: bool | None = None
+    """Upstream v0.4: embed the whole conversation (metadata: vllm-sr embeds the request's
+    text, sampled past 2048 characters)."""
+
     prototype_scoring: PrototypeScoring = Field(default_factory=PrototypeScoring)
     """How embedding signals' candidates become prototypes and are scored."""
 
@@ -93,6 +97,9 @@ class EmbeddingEndpoint(Strict):
 
     dimensions: int | None = None
     """Upstream: vector size."""
+
+    max_response_bytes: int | None = None
+    """Upstream v0.4: largest answer read from the endpoint."""
 
 
 class SemanticEmbeddings(Strict):
@@ -146,6 +153,17 @@ class ExternalEndpoint(Strict):
     """Upstream: prompt template."""
 
 
+class ExternalReasoning(Strict):
+    family: str
+    """Upstream: its reasoning family."""
+
+    use_reasoning: bool
+    """Upstream: reasoning on."""
+
+    reasoning_effort: str | None = None
+    """Upstream: the effort."""
+
+
 class ExternalModel(Strict):
     """An LLM upstream calls for llm classifiers and remote guards (signal families vllm-sr
     refuses)."""
@@ -182,6 +200,15 @@ class ExternalModel(Strict):
 
     temperature: float | None = None
     """Upstream: sampling temperature."""
+
+    max_request_bytes: int | None = None
+    """Upstream v0.4: largest request sent."""
+
+    max_response_bytes: int | None = None
+    """Upstream v0.4: largest answer read."""
+
+    reasoning: ExternalReasoning | None = None
+    """Upstream v0.4: the external model's reasoning switch."""
 
 
 class KnowledgeBaseSource(Strict):

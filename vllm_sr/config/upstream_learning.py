@@ -11,6 +11,8 @@ are typed so a misspelled key is still an error with its path and line.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from vllm_sr.config.learning_rules import CandidateSetField
@@ -44,6 +46,38 @@ class LearningIdentity(Strict):
     """Where protection reads the client's identity."""
 
 
+class ProgressGate(Strict):
+    enabled: bool | None = None
+    """Upstream v0.4: gate switches on measured progress (refused when true)."""
+
+    mode: Literal["observe", "enforce"] | None = None
+    """Upstream: observe or enforce."""
+
+    calibration_id: str | None = None
+    """Upstream: calibration."""
+
+    window_size: int | None = Field(default=None, ge=1, le=256)
+    """Upstream: outcomes per window."""
+
+    window_ttl_seconds: int | None = Field(default=None, ge=1, le=86400)
+    """Upstream: a window's lifetime."""
+
+    min_window_outcomes: int | None = Field(default=None, ge=0)
+    """Upstream: outcomes before it acts."""
+
+    min_consecutive_regressions: int | None = Field(default=None, ge=0)
+    """Upstream: regressions before a switch."""
+
+    min_consecutive_recoveries: int | None = Field(default=None, ge=0)
+    """Upstream: recoveries before a switch back."""
+
+    cooldown_seconds: float | None = Field(default=None, ge=0)
+    """Upstream: time between switches."""
+
+    max_switches_per_window: int | None = Field(default=None, ge=0, le=256)
+    """Upstream: switch budget."""
+
+
 class LearningTuning(Strict):
     idle_timeout_seconds: int | None = Field(default=None, ge=0)
     """Seconds without a turn after which a conversation starts over (default 300; 0: never)."""
@@ -56,6 +90,9 @@ class LearningTuning(Strict):
 
     stability_weight: float | None = Field(default=None, ge=0)
     """Scales the costs of switching (handoff, prefix cache, switch history; default 1)."""
+
+    progress_gate: ProgressGate | None = None
+    """Upstream v0.4: switches gated on measured progress (refused when enabled)."""
 
 
 class LearningProtection(Strict):
@@ -225,6 +262,9 @@ class TrainedSelector(Strict):
 class TrainedSelectors(Strict):
     models_path: str | None = None
     """Upstream: artifacts' directory."""
+
+    model_type: str | None = None
+    """Upstream v0.4: the trained selector family (its algorithms are refused)."""
 
     embedding_dim: int | None = None
     """Upstream: embedding size."""

@@ -54,6 +54,44 @@ class PromptCompression(Strict):
     """Upstream: sentences always kept at the end."""
 
 
+class SequenceWindow(Strict):
+    size: int | None = None
+    """Upstream: tokens per window of a long input."""
+
+    overlap: int | None = None
+    """Upstream: tokens shared by two windows."""
+
+
+class SequenceHead(Strict):
+    """Upstream v0.4: one built-in sequence head (safety, hazard)."""
+
+    model_id: str | None = None
+    """Upstream: model path."""
+
+    model_ref: str | None = None
+    """Upstream: a model_catalog.system role."""
+
+    use_cpu: bool | None = None
+    """Upstream: run on CPU."""
+
+    max_sequence_length: int | None = None
+    """Upstream: input budget (vllm-sr: the deployment's input.max_tokens)."""
+
+    window: SequenceWindow | None = None
+    """Upstream: long inputs in windows (vllm-sr: the deployment's input.overflow)."""
+
+
+class SafetyModules(Strict):
+    """Upstream v0.4: the built-in Safety and Hazard artifacts. vllm-sr's safety heads are
+    deployments (routing.signals.safety[].deployment, system.safety / system.hazard)."""
+
+    safety: SequenceHead | None = None
+    """Upstream: the binary Safety head."""
+
+    hazard: SequenceHead | None = None
+    """Upstream: the multi-label Hazard head."""
+
+
 class ClassifierModule(Strict):
     """One upstream classifier model module (prompt_guard, domain, pii, fact_check, detector,
     explainer, feedback_detector): the union of their upstream fields, all optional. They feed
@@ -73,6 +111,12 @@ class ClassifierModule(Strict):
 
     use_cpu: bool | None = None
     """Upstream: run on CPU."""
+
+    max_sequence_length: int | None = None
+    """Upstream v0.4: input budget (vllm-sr: the deployment's input.max_tokens)."""
+
+    window: SequenceWindow | None = None
+    """Upstream v0.4: long inputs in windows (vllm-sr: the deployment's input.overflow)."""
 
     use_modernbert: bool | None = None
     """Upstream: ModernBERT variant."""
@@ -174,9 +218,27 @@ class HallucinationMitigation(Strict):
     """Upstream: NLI explainer."""
 
 
+class ComplexityBackend(Strict):
+    protocol: str | None = None
+    """Upstream v0.4: the remote complexity classifier's protocol."""
+
+    contract: str | None = None
+    """Upstream: its result contract."""
+
+    model: str | None = None
+    """Upstream: its model."""
+
+    deadline_ms: int | None = None
+    """Upstream: its deadline."""
+
+
 class ComplexityModule(Strict):
     prototype_scoring: PrototypeScoring | None = None
     """Upstream: prototype scoring of complexity signals (vllm-sr reads it too)."""
+
+    backend: ComplexityBackend | None = None
+    """Upstream v0.4: a remote complexity classifier (refused when set: vllm-sr's complexity
+    is its prototype margins on the decision deployment)."""
 
 
 class ModalityDetector(Strict):
@@ -206,6 +268,9 @@ class ModalityDetector(Strict):
 
 
 class Modules(Strict):
+    safety: SafetyModules | None = None
+    """Upstream v0.4: the built-in Safety/Hazard artifacts (metadata here)."""
+
     prompt_compression: PromptCompression = Field(default_factory=PromptCompression)
     """Upstream: prompt compression (refused when on)."""
 

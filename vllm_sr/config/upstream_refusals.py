@@ -22,6 +22,7 @@ from vllm_sr.config.fallback_policy import fallback_problems
 from vllm_sr.config.learning_rules import learning_problems
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing_base import as_dict, as_list, refusal
+from vllm_sr.config.upstream_refusals_v04 import v04_refusals
 from vllm_sr.jsontypes import JsonObject
 
 Path = tuple[str | int, ...]
@@ -50,6 +51,7 @@ def global_refusals(raw: object) -> list[Problem]:
     problems = _router_refusals(as_dict(glob.get("router")))
     problems += _service_refusals(as_dict(glob.get("services")))
     problems += _store_refusals(raw, as_dict(glob.get("stores")))
+    problems += v04_refusals(raw)
     return problems + _catalog_refusals(raw, as_dict(glob.get("model_catalog")))
 
 

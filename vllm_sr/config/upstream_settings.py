@@ -9,6 +9,8 @@ key is still an error with its path and line.
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from vllm_sr.config.routing_base import Strict
 
 # -- services.observability --------------------------------------------------------------------
@@ -90,6 +92,9 @@ class Metrics(Strict):
 
 
 class Observability(Strict):
+    profiling: Profiling | None = None
+    """Upstream v0.4: a pprof server (refused when enabled)."""
+
     tracing: Tracing | None = None
     """Upstream: OpenTelemetry tracing. vllm-sr has its own logs and metrics."""
 
@@ -148,9 +153,39 @@ class BatchClassification(Strict):
     """Upstream: batch API metrics."""
 
 
+class EmbeddingsAPI(Strict):
+    enabled: bool | None = None
+    """Upstream v0.4: its diagnostics embeddings API (vllm-sr: each worker's /v1/embeddings)."""
+
+
+class RoutingPreviewAPI(Strict):
+    request_timeout_seconds: int | None = Field(default=None, ge=1, le=3600)
+    """Upstream v0.4: a preview's time limit (vllm-sr: the signals' own deadline)."""
+
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """Upstream v0.4: previews at once (vllm-sr: no limit of its own)."""
+
+
+class Profiling(Strict):
+    enabled: bool | None = None
+    """Upstream v0.4: Go's pprof server (refused when true: vllm-sr has none)."""
+
+    port: int | None = None
+    """Upstream: its port."""
+
+    bind: str | None = None
+    """Upstream: its address."""
+
+
 class API(Strict):
     batch_classification: BatchClassification | None = None
     """Upstream: limits of the batch classification API (vllm-sr does not serve it)."""
+
+    embeddings: EmbeddingsAPI | None = None
+    """Upstream v0.4: the diagnostics embeddings API switch (metadata)."""
+
+    routing_preview: RoutingPreviewAPI | None = None
+    """Upstream v0.4: /api/v1/routing/preview's limits (metadata; vllm-sr serves it)."""
 
 
 class ManagementToken(Strict):

@@ -16,6 +16,33 @@ from vllm_sr.config.routing_base import BackendSettings, Strict
 # -- global.stores -----------------------------------------------------------------------------
 
 
+class PolarityGuardNLI(Strict):
+    contradiction_threshold: float | None = None
+    """Upstream: the NLI contradiction threshold."""
+
+
+class PolarityGuard(Strict):
+    mode: str | None = None
+    """Upstream v0.4: off, observe, enforce (vllm-sr: only off, or unset)."""
+
+    nli: PolarityGuardNLI | None = None
+    """Upstream: the NLI model it asks."""
+
+
+class MemoryPersistence(Strict):
+    timeout_seconds: int | None = Field(default=None, ge=0)
+    """Upstream v0.4: a write's time limit (memory is refused when on)."""
+
+    concurrency: int | None = Field(default=None, ge=0, le=64)
+    """Upstream: writers."""
+
+    queue: int | None = Field(default=None, ge=0, le=1024)
+    """Upstream: queued writes."""
+
+    shutdown_grace_seconds: int | None = Field(default=None, ge=0)
+    """Upstream: drain time at shutdown."""
+
+
 class ResponseCache(Strict):
     """Upstream's response cache, the store of the decisions' ``response_cache`` plugins
     (vllm_sr/router/plugins/response_cache.py); ``enabled`` unset means on, as upstream."""
@@ -57,6 +84,10 @@ class ResponseCache(Strict):
     qdrant: BackendSettings | None = None
     """Upstream: Qdrant connection."""
 
+    polarity_guard: PolarityGuard | None = None
+    """Upstream v0.4: an NLI check that a semantic hit does not answer the opposite question
+    (refused unless its mode is off)."""
+
 
 class Memory(Strict):
     """Upstream's agentic memory (recall injected into requests)."""
@@ -87,6 +118,9 @@ class Memory(Strict):
 
     redis_cache: BackendSettings | None = None
     """Upstream: Redis read cache."""
+
+    persistence: MemoryPersistence | None = None
+    """Upstream v0.4: the memory writer's bounds."""
 
     embedding_model: str | None = None
     """Upstream: memory embedding model."""

@@ -210,6 +210,7 @@ class ChatMount:
         self.responses, self._responses_conf = staged.responses, staged.responses_conf
         retired = RetiredRouter(old_chat)
         if old_chat is not None:
+            retired.closing.append(old_chat.shadow.close)
             new = staged.chat
             if old_chat.cache is not None and (new is None or new.cache is not old_chat.cache):
                 retired.closing.append(old_chat.cache.store.close)
@@ -282,6 +283,7 @@ class ChatMount:
             await self.responses.store.close()
             self.responses, self._responses_conf = None, None
         if self.chat is not None:
+            await self.chat.shadow.close()
             await self.chat.learning.state.close()
         if self.chat is not None and self.chat.cache is not None:
             await self.chat.cache.store.close()

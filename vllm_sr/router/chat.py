@@ -6,8 +6,9 @@ name -> that model's backend, no signals; anything else -> 400 ``model "X" is no
 (upstream's status and message). The chosen model's backend gets the body with ``model``
 rewritten and, for a matched decision, upstream's reasoning fields (vllm_sr/router/reasoning.py)
 and the decision's plugins (vllm_sr/router/chat_plugins.py: fast_response, response cache,
-tools, tool_selection, router_replay; vllm_sr/router/outgoing.py: system_prompt,
-request_params, header_mutation), with the backend fallback before the first byte
+tools, tool_selection, masking, router_replay; vllm_sr/router/outgoing.py: system_prompt,
+request_params, header_mutation; shadow_dispatch's copy, queued by the backend stage once the
+answer started: vllm_sr/router/plugins/shadow.py), with the backend fallback before the first byte
 (vllm_sr/router/fallback.py); its answer comes back as it is (SSE streamed through). The
 stages run in vllm_sr/router/pipeline.py, over one ``ChatRun`` per request. Answer headers,
 as upstream names them (the plugins add ``x-vsr-cache-hit``, ``x-vsr-fast-response``,
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from vllm_sr.config.recipes import DEFAULT_RECIPE
 from vllm_sr.config.routing import Providers, Routing
-from vllm_sr.config.routing_plugins import decision_plugins
+from vllm_sr.config.routing_plugins import decision_plugins, replay_allowed
 from vllm_sr.errors import EngineMode, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.jsontypes import JsonObject
@@ -81,6 +82,7 @@ from vllm_sr.router.looper.dispatch import LooperDecisions
 from vllm_sr.router.pipeline import ChatRun
 from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
+from vllm_sr.router.plugins.shadow import ShadowDispatcher
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouterStats
 from vllm_sr.router.selection.decide import selection_inventory
@@ -153,7 +155,11 @@ class ChatRouter:
         self.decisions = {
             (name, d.name): d for name, r in self.recipes.items() for d in r.routing.decisions
         }
-        self.plugins = {key: decision_plugins(d.plugins) for key, d in self.decisions.items()}
+        # (a recipe's v0.4 data_policy.replay: false turns its decisions' router_replay off)
+        self.plugins = {
+            (r, n): decision_plugins(d.plugins, replay_allowed(self.recipes[r].routing))
+            for (r, n), d in self.decisions.items()
+        }
         # recipe -> the decisions whose looper vllm-sr runs (vllm_sr/router/looper); recipes
         # with none are left out, so their chats never enter the looper
         self.loopers = {
@@ -161,6 +167,8 @@ class ChatRouter:
             for name, r in self.recipes.items()
             if (loopers := LooperDecisions(r.routing, global_, r.providers)).looping
         }
+        # shadow_dispatch's copies; their counters are the router's stats, kept on reload
+        self.shadow = ShadowDispatcher(self.backends, router.stats.shadow)
 
     def routes(self) -> dict[str, dict[str, Handler]]:
         return {

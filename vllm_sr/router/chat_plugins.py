@@ -1,7 +1,10 @@
 """The matched decision's plugins as stages of a chat (vllm_sr/router/pipeline.py runs them in
 upstream's order; :func:`on_request` before the backend, :func:`on_answer` after it):
 ``fast_response``; a looper decision; the response cache's lookup and write; ``tools`` with
-``tool_selection`` before the backend; ``router_replay``'s record of the answer. What shapes
+``tool_selection``, then ``masking`` (vllm_sr/router/plugins/masking.py), before the backend;
+``router_replay``'s record of the answer (none where the recipe's v0.4 ``data_policy.replay``
+is false: ``decision_plugins`` turns the plugin off). ``shadow_dispatch``'s copy is submitted
+by the backend stage once the primary answer started (vllm_sr/router/pipeline.py). What shapes
 each backend attempt's body (reasoning, ``system_prompt``, ``request_params``,
 ``header_mutation``) is vllm_sr/router/outgoing.py. Each stage is a function over the chat's
 :class:`~vllm_sr.router.pipeline.ChatRun` and records its effect in ``run.effects``."""
@@ -20,6 +23,7 @@ from vllm_sr.router.looper.dispatch import run_looper
 from vllm_sr.router.outgoing import NO_PLUGINS
 from vllm_sr.router.plugins import shapers
 from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
+from vllm_sr.router.plugins.masking import apply_masking
 from vllm_sr.router.plugins.replay import H_REPLAY_ID, ReplayTap, effective
 from vllm_sr.router.plugins.tool_selection import apply_tool_selection
 from vllm_sr.router.replay.session import session_fields
@@ -48,7 +52,9 @@ async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
     """The request's plugins in upstream's order (steps 5-6): the decision's plugins and its
     replay are set on the run; then ``fast_response``; a looper decision (vllm_sr/router/looper:
     its calls go through ``forward`` themselves); the cache lookup; ``tools`` /
-    ``tool_selection``. -> an answer that ends the chat here, or the body for the backend."""
+    ``tool_selection`` and ``masking`` (:func:`backend_body`). -> an answer that ends the chat
+    here, or the body for the backend. Raises MaskingFailed (503) when masking's detector
+    fails: nothing unmasked goes out."""
     result = run.result
     assert result is not None  # routed before the plugins run
     run.plugins = plugins_of(chat, result)
@@ -60,7 +66,7 @@ async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
     loopers = chat.loopers.get(result.recipe)
     looping = loopers.settings(result) if loopers is not None else None
     if loopers is not None and looping is not None:  # never cached; replayed once
-        body = await select_tools(chat, run)
+        body = await backend_body(chat, run)
         final, model = await run_looper(
             chat,
             loopers,
@@ -80,7 +86,7 @@ async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
     if cached is not None:
         run.path, run.answered_by = "cache", result.model
         return cached
-    return await select_tools(chat, run)
+    return await backend_body(chat, run)
 
 
 async def on_answer(
@@ -172,6 +178,19 @@ async def cache_write(chat: ChatRouter, run: ChatRun, recorder: AnswerRecorder) 
     if chat.cache is not None and run.cache_plan is not None:
         await chat.cache.write(run.cache_plan, recorder.document())
         run.effects.append("cache:write")
+
+
+async def backend_body(chat: ChatRouter, run: ChatRun) -> JsonObject:
+    """The body the backend (or a looper's calls) gets: :func:`select_tools`, then
+    ``masking``'s placeholders for the detected PII (the run's own body stays as the caller
+    wrote it: the cache key and the replay record read it)."""
+    body = await select_tools(chat, run)
+    masking = run.plugins.masking
+    if masking is None or not masking.enabled:
+        return body
+    masked = await apply_masking(body, masking)
+    run.effects.append("masking")
+    return masked
 
 
 async def select_tools(chat: ChatRouter, run: ChatRun) -> JsonObject:

@@ -32,6 +32,7 @@ from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import Heads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import apply_projections
+from vllm_sr.router.signals_safety import apply_hazards
 
 # cpu_step families: the builder of each one's evaluator.
 STEP_BUILDERS: dict[str, StepBuilder] = {
@@ -58,6 +59,7 @@ ANSWERED_BY: dict[str, tuple[object, ...]] = {
     "jailbreak": (EmbeddedFamilies, Heads),
     "kb": (EmbeddedFamilies,),
     "pii": (Heads,),  # entries naming a deployment: its token classifier
+    "safety": (Heads, apply_hazards),  # v0.4: the heads' risks, narrowed by hazard heads
     "projection": (apply_projections,),
 }
 

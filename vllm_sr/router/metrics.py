@@ -4,7 +4,8 @@ routing fallbacks by reason, unknown signals by family and reason, backend fallb
 and reason, selector fallbacks by method, decision and reason, Router Learning's actions by
 decision, method and action, each backend's requests, errors and health, the response cache's
 hits, misses, writes, errors, entries and bytes, router_replay's records written and lost by
-store, and the Responses API's responses stored and not stored (its store failed)."""
+store, shadow_dispatch's copies by outcome, and the Responses API's responses stored and not
+stored (its store failed)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,13 @@ class RouterCollector(Collector):
         yield from backend_families(chat)
         yield from cache_families(chat)
         yield from replay_families(chat)
+        yield _counter(
+            "vllm_sr_router_shadow_copies",
+            "shadow_dispatch copies by decision, secondary model and outcome (ok, failed, "
+            "timeout, too_large, dropped: the decision's queue was full, sampled_out, cancelled)",
+            ["decision", "model", "outcome"],
+            {(d, m, o): n for (d, m, o), n in chat.shadow.outcomes.items()},
+        )
         yield from responses_families(self.responses())
 
 

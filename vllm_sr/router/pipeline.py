@@ -11,10 +11,12 @@ over it in upstream's fixed order (docs/internals.md "A routed chat"; upstream's
    winner; the model); then :func:`learning_stage` (Router Learning may move the chat);
 4. the decision's plugins (vllm_sr/router/chat_plugins.py): ``fast_response``; a looper
    decision (vllm_sr/router/looper); the response cache's lookup; ``tools`` and
-   ``tool_selection``;
+   ``tool_selection``; ``masking``;
 5. the backend (vllm_sr/router/fallback.py :func:`~vllm_sr.router.fallback.forward`, which
    shapes each attempt's body: reasoning, ``system_prompt``, ``request_params``,
-   ``header_mutation``), then the cache write and the replay record.
+   ``header_mutation``); once the primary answer started, ``shadow_dispatch``'s copy is
+   queued (vllm_sr/router/plugins/shadow.py, never waited for); then the cache write and the
+   replay record.
 
 Chat completions and the Responses API (which hands its translated body here) run
 :func:`run_chat`; ``/api/v1/eval`` and ``/api/v1/routing/preview`` run :func:`run_eval`: the
@@ -45,7 +47,6 @@ from vllm_sr.router.outgoing import NO_PLUGINS
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router, RouteResult, SignalRun
 from vllm_sr.router.rules import Match, Ranking
-from vllm_sr.router.selection.decide import SelectionRequest
 
 if TYPE_CHECKING:
     from vllm_sr.router.chat import ChatRouter
@@ -170,7 +171,7 @@ async def selection_stage(run: ChatRun) -> None:
     the chat's text, headers, start and query embedding), or the default model saying why;
     counted in the router's stats."""
     assert run.router is not None and run.signals is not None and run.view is not None
-    request = SelectionRequest(run.view.text, run.view.headers, run.started, run.query)
+    request = run.router.selection_request(run.view, run.started, run.query)
     run.result = await run.router.choose(run.signals, run.matches, request)
 
 
@@ -197,8 +198,9 @@ async def backend_stage(
     chat: ChatRouter, run: ChatRun, body: JsonObject
 ) -> Response | StreamResponse:
     """``body`` to the chosen model through :func:`~vllm_sr.router.fallback.forward` (the
-    chosen model's answer is recorded for the cache when it has a plan); Router Learning
-    observes the outcome."""
+    chosen model's answer is recorded for the cache when it has a plan); once its answer
+    started, the decision's ``shadow_dispatch`` copy of ``body`` is queued (the caller's
+    answer never waits for it); Router Learning observes the outcome."""
     result, replay = run.routed(), run.replay
     run.recorder = AnswerRecorder() if run.cache_plan is not None else None
     headers = dict(replay.headers) if replay is not None else {}
@@ -224,6 +226,7 @@ async def backend_stage(
     run.attempts, run.failed, run.answered_by = done.attempts, done.failed, done.answered_by
     run.path = "upstream"
     latency = chat.backends.clock.monotonic() - sent
+    chat.shadow.submit(result.recipe, result.decision, run.plugins, body)
     status = done.answer.status
     await chat.learning.observe(run.learning, done.answered_by, status, done.failed, latency)
     return done.answer

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
 from vllm_sr.config.signal_registry import FAMILIES
+from vllm_sr.config.signal_safety import SafetySignal
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.message_text import QUESTION, message_text
@@ -119,6 +120,14 @@ class QuestionPlan:
             if dep and any((kind, r.name) in self.referenced for r in rules):
                 slots = heads.setdefault(dep, ([], [], [], []))
                 (slots[1] if kind == "user_feedback" else slots[2]).extend(rules)
+        safety: dict[str, tuple[list[SafetySignal], list[SafetySignal]]] = {}
+        for rule in sigs.safety:
+            if ("safety", rule.name) in self.referenced and rule.head is not None:
+                safety.setdefault(rule.head, ([], []))[0].append(rule)
+                if rule.hazard_head is not None:
+                    safety.setdefault(rule.hazard_head, ([], []))[1].append(rule)
+        for dep in safety:
+            heads.setdefault(dep, ([], [], [], []))
         # upstream's modules.classifier.domain.threshold, for labels whose domain sets none
         classifier = modules.classifier if modules is not None else None
         domain_module = classifier.domain if classifier is not None else None
@@ -146,6 +155,8 @@ class QuestionPlan:
                     referenced_domains=read,
                     domain_threshold=DOMAIN_THRESHOLD if domain_threshold is None
                     else domain_threshold,
+                    safety=safety.get(dep, ([], []))[0],
+                    hazards=safety.get(dep, ([], []))[1],
                 )  # fmt: skip
             if not embeddings.get(dep) and not referenced and fam is None and head is None:
                 continue  # only unreferenced domains there: nothing to ask

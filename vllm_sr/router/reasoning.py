@@ -182,10 +182,15 @@ def external_ids(model: ProviderModelLike) -> frozenset[str]:
 def family_of(
     model: ProviderModelLike, defaults: ProviderDefaultsLike
 ) -> ReasoningFamilyLike | None:
-    """The model's reasoning family, or None when it has none or names an undeclared one."""
-    if not model.reasoning_family:
+    """The model's reasoning family, or None when it has none or names an undeclared one
+    (v0.4's ``reasoning`` block: its inline family, or its ``family`` name)."""
+    inline = getattr(model, "inline_family", None)
+    if inline is not None:
+        return inline
+    name = getattr(model, "family_name", None) or model.reasoning_family
+    if not name:
         return None
-    return (defaults.reasoning_families or {}).get(model.reasoning_family)
+    return (defaults.reasoning_families or {}).get(name)
 
 
 def sent_name(model_ref: ModelRefLike | None, model: ProviderModelLike) -> str:

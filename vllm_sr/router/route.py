@@ -46,11 +46,13 @@ from vllm_sr.router.learning.settings import LearningSettings
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, Ranking, SignalKey, rank, rank_all, static_order
+from vllm_sr.router.selection.candidates import CandidateFilter
 from vllm_sr.router.selection.decide import SelectionRequest, for_router
 from vllm_sr.router.signal_dispatch import SignalDispatch, SignalProcessFailed
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
+from vllm_sr.router.signals_safety import apply_hazards
 from vllm_sr.router.unknown import (
     FAILED,
     TIMEOUT,
@@ -62,6 +64,7 @@ from vllm_sr.router.unknown import (
 
 if TYPE_CHECKING:
     from vllm_sr.config.schema import GlobalSection
+    from vllm_sr.router.cache.embedding import QueryEmbedding
 
 log = logging.getLogger("vllm_sr.router")
 
@@ -133,6 +136,8 @@ class RouterStats:
     looper_runs: Counter[tuple[str, str]] = field(default_factory=Counter)
     looper_calls: Counter[tuple[str, str]] = field(default_factory=Counter)
     looper_iterations: Counter[str] = field(default_factory=Counter)
+    # (decision, model, outcome): shadow_dispatch's copies (router/plugins/shadow.py)
+    shadow: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def record(self, result: RouteResult) -> None:
         self.decisions[(result.decision or NO_DECISION, result.model)] += 1
@@ -232,6 +237,7 @@ class Router:
             exchange,
             signal_timeout_ms,
         )
+        self.candidates = CandidateFilter.of(routing)  # v0.4 candidate_requirements
         self.stats = stats if stats is not None else RouterStats()
         # Router Learning's settings (eval's preview says when learning may change the model)
         self.learning = LearningSettings.from_config(
@@ -307,6 +313,7 @@ class Router:
         apply_partitions(self.routing, run.results)
         apply_composers(self.routing.signals, run.results)
         plan.embedding.keep_top_k(run.results)
+        apply_hazards(self.routing.signals.safety, run.results)
         if apply_projections(self.routing, run.results):
             run.timings_ms["projection"] = (time.perf_counter() - started) * 1000.0
         return run
@@ -369,8 +376,16 @@ class Router:
         vllm_sr/router/pipeline.py, run these three one by one)."""
         started = self.backends.clock.monotonic()
         run = await self.signals(view, self.plan)
-        request = SelectionRequest(view.text, view.headers, started)
-        return await self.choose(run, self.winner(run), request)
+        return await self.choose(run, self.winner(run), self.selection_request(view, started))
+
+    def selection_request(
+        self, view: RequestView, started: float, query: QueryEmbedding | None = None
+    ) -> SelectionRequest:
+        """What the selection reads of the chat: its text, headers, start, query embedding,
+        and what it needs of a candidate (v0.4 ``candidate_requirements``; None: none)."""
+        return SelectionRequest(
+            view.text, view.headers, started, query, self.candidates.needs(view)
+        )
 
     async def choose(
         self, run: SignalRun, matches: list[Match], request: SelectionRequest
@@ -385,7 +400,7 @@ class Router:
         choice = await self.selection.choose(
             decision,
             self.default_model,
-            self.backends.healthy,
+            self.candidates.admit(request.needs, self.backends.healthy),
             self.model_scores.get(decision.name) if decision is not None else None,
             request,
         )

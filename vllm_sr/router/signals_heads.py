@@ -25,7 +25,8 @@ domains: with ``method: classifier``):
   probability reaches the threshold, otherwise every label that reaches it is; the threshold
   is the label's domain's ``threshold`` when above 0, else upstream's
   ``modules.classifier.domain.threshold`` (0.5). A domain matches when a detected label
-  names it or is one of its ``mmlu_categories``; confidence the probability.
+  names it or is one of its ``mmlu_categories``; confidence the probability;
+- safety (v0.4) and its hazard block: vllm_sr/router/signals_safety.py, on the current text.
 
 All texts go as one ``classify`` task (no labels: the head answers) in the deployment's one
 bundle: the current text first, then the history when a jailbreak rule reads it.
@@ -36,11 +37,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from vllm_sr.config.signal_safety import SafetySignal
 from vllm_sr.jsontypes import JsonObject, json_object, json_type
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import FACT_CHECK_THRESHOLD, FEEDBACK_THRESHOLD, history
+from vllm_sr.router.signals_safety import hazard_key, safety_results
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing_signals import DomainSignal
@@ -66,8 +69,12 @@ class Heads:
         domains: list[DomainSignal] | None = None,
         referenced_domains: frozenset[str] = frozenset(),
         domain_threshold: float = DOMAIN_THRESHOLD,
+        safety: list[SafetySignal] | None = None,
+        hazards: list[SafetySignal] | None = None,
     ) -> None:
         self.jailbreak = jailbreak
+        self.safety = safety or []  # safety rules this head answers
+        self.hazards = hazards or []  # safety rules whose hazard block this head answers
         self.feedbacks = feedbacks or []
         self.fact_checks = fact_checks or []
         self.pii = pii or []
@@ -93,6 +100,8 @@ class Heads:
         keys += [("user_feedback", r.name) for r in self.feedbacks]
         keys += [("pii", r.name) for r in self.pii]
         keys += [("domain", name) for name in sorted(self.referenced_domains)]
+        keys += [("safety", r.name) for r in self.safety]
+        keys += [hazard_key(r) for r in self.hazards]
         return keys + [("fact_check", r.name) for r in self.fact_checks]
 
     def results(self, view: RequestView, rows: list[object]) -> dict[SignalKey, SignalResult]:
@@ -111,6 +120,8 @@ class Heads:
         if self.pii:
             out.update(self._pii(probs))
         current = probs[0] if probs else {}
+        if self.safety or self.hazards:
+            out.update(safety_results(self.safety, self.hazards, current))
         if self.referenced_domains and rows:
             domains = head_domain_results(self.domains, raw_rows[0], self.domain_threshold)
             for name, res in domains.items():

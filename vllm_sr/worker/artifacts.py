@@ -57,6 +57,13 @@ class ArtifactSpec:
         return any(str(a).endswith("ForTokenClassification") for a in archs)
 
     @property
+    def multi_label(self) -> bool:
+        """A multi-label sequence head (config.json ``problem_type:
+        multi_label_classification``, e.g. a hazard head): each label's probability is the
+        sigmoid of its logit, not a share of a softmax."""
+        return self.config.get("problem_type") == "multi_label_classification"
+
+    @property
     def classifier_labels(self) -> list[str] | None:
         """The head's labels when config.json states ``id2label`` (saved only when set)."""
         id2label = self.config.get("id2label")

@@ -87,6 +87,12 @@ def by_logits(logits: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
     return _results(softmax(logits.astype(numpy.float64)), names)
 
 
+def by_sigmoid(logits: numpy.ndarray, names: list[str]) -> list[dict[str, object]]:
+    """A multi-label head's rows: each label's sigmoid (independent scores; ``label`` is the
+    highest)."""
+    return _results(1.0 / (1.0 + numpy.exp(-logits.astype(numpy.float64))), names)
+
+
 def by_token_maxima(maxima: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
     """A token head's rows (each label's highest token probability): ``label`` is the label
     with the highest, ``probabilities`` those maxima (they need not sum to 1)."""

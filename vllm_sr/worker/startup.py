@@ -108,6 +108,7 @@ def load_and_check(
         truncate=loaded.tokenizer.truncate,
         vocab_size=loaded.vocab_size,
         token_head=loaded.runner.token,
+        multi_label_head=loaded.spec.multi_label and not loaded.runner.token,
         limit_name=limit.name,
         overflow_truncates=opts.overflow == "truncate",
     )

@@ -36,6 +36,7 @@ class ModelView:
     truncate: Callable[[list[int], int], list[int]]
     vocab_size: int | None = None  # token ids a caller may send are 0 .. vocab_size - 1
     token_head: bool = False  # the head's outputs are per-label token maxima, not logits
+    multi_label_head: bool = False  # sigmoid per label (problem_type multi_label_classification)
     limit_name: str = "the model's maximum"  # what max_length is, in a max_length_exceeded error
     overflow_truncates: bool = False  # input.overflow truncate: cut over-long inputs by default
 
@@ -270,6 +271,8 @@ def classify_finisher(
             head = out[:, view.dimensions :]
             if view.token_head:
                 data = classify.by_token_maxima(head, view.head_labels)
+            elif view.multi_label_head:
+                data = classify.by_sigmoid(head, view.head_labels)
             else:
                 data = classify.by_logits(head, view.head_labels)
         return {

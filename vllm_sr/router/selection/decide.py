@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.cache.embedding import QueryEmbedding
     from vllm_sr.router.route import Exchange
+    from vllm_sr.router.selection.candidates import Needs
     from vllm_sr.router.selection.observations import ModelObservations
 
 log = logging.getLogger("vllm_sr.router")
@@ -86,9 +87,7 @@ class LiveFacts:
             if m.pricing is not None and m.pricing.configured
         }
         self.qualities = {
-            c.name: float(c.quality_score)
-            for c in routing.model_cards
-            if c.quality_score is not None
+            c.name: float(c.quality) for c in routing.model_cards if c.quality is not None
         }
 
     def tpot(self, model: str, percentile: int) -> float | None:
@@ -140,6 +139,9 @@ class SelectionRequest:
     # the chat's query embedding (routing's own bundle answer when it asked the decision
     # deployment): router_dc reads it instead of asking again
     embedding: QueryEmbedding | None = None
+    # what the chat needs of a candidate (v0.4 candidate_requirements, selection/candidates.py;
+    # None: the routing requires nothing): the router narrows the healthy modelRefs by it
+    needs: Needs | None = None
 
 
 @dataclass
