@@ -191,6 +191,8 @@ async def test_a_routed_chat_enters_the_router_top_down(stack: Stack) -> None:
     # one way to a backend: fallback.forward, entered from the pipeline only
     callers = {c for (c, m) in entered if m == "vllm_sr.router.fallback"}
     assert callers == {"vllm_sr.router.pipeline"}
-    assert {c for (c, m) in entered if m == "vllm_sr.router.backend_proxy"} == {
-        "vllm_sr.router.backends"
-    }
+    # the proxy is called by backends only; fallback enters backend_proxy once per attempt,
+    # to build the attempt's Exchange (a frozen dataclass declared there), never to send
+    proxied = {c for (c, m) in entered if m == "vllm_sr.router.backend_proxy"}
+    assert proxied == {"vllm_sr.router.backends", "vllm_sr.router.fallback"}
+    assert entered[("vllm_sr.router.fallback", "vllm_sr.router.backend_proxy")] == 1
