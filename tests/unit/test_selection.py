@@ -442,9 +442,9 @@ BASE = "routing.decisions[0].algorithm"
             ["'random'", "cheapest, first, fail"],
         ),
         (
-            {"type": "multi_factor", "multi_factor": {"expected_output_tokens": 256}},
-            "multi_factor.expected_output_tokens",
-            ["unknown key 'expected_output_tokens'", "weights, objective, quality"],
+            {"type": "multi_factor", "multi_factor": {"objective_v2": 1}},
+            "multi_factor.objective_v2",
+            ["unknown key 'objective_v2'", "weights, objective, quality"],
         ),
         (
             {"type": "multi_factor", "multi_factor": {}, "latency_aware": {"ttft_percentile": 5}},

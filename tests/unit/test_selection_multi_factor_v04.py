@@ -294,6 +294,11 @@ LEX = {"strategy": "lexicographic", "priorities": [{"factor": "quality"}]}
             ["2", "from 0 to 1"],
         ),
         (
+            {"expected_output_tokens": 4096},
+            "expected_output_tokens",
+            ["expected_output_tokens 4096", "not supported", "completion price", "latency_metric"],
+        ),
+        (
             {"quality": {"index": "i", "source": "x"}},
             "quality.source",
             ["unknown key 'source'", "index, on_missing, min_score, min_coverage"],

@@ -37,8 +37,8 @@ Upstream's rules, kept here:
   on_missing: exclude (default) | disable_quality, min_score (finite; only with exclude),
   min_coverage (0-1)}``; ``latency_metric`` ttft or tpot.
 
-Unknown keys are refused with the accepted ones named (upstream's v0.4
-``expected_output_tokens`` is one: docs/router.md "Model selection")."""
+v0.4's ``expected_output_tokens`` is refused by name with why (:data:`OUTPUT_FORECAST_REFUSAL`).
+Unknown keys are refused with the accepted ones named."""
 
 from __future__ import annotations
 
@@ -608,8 +608,28 @@ def _latency_aware_problems(base: Path, block: JsonObject) -> list[Problem]:
     return problems
 
 
+OUTPUT_FORECAST_REFUSAL = (
+    "upstream v0.4's forecast of a request's output tokens: its cost factor is the request's "
+    "estimated price (input tokens x prompt price + this forecast x completion price); "
+    "vllm-sr's cost factor is the prompt price per 1M tokens (as at 3d48f8c9), which needs "
+    "no forecast"
+)
+
+
 def _multi_factor_problems(base: Path, block: JsonObject) -> list[Problem]:
-    problems = _unknown(base, block, tuple(MultiFactorSettings.model_fields))
+    accepted = tuple(MultiFactorSettings.model_fields)
+    problems = _unknown(
+        base, {k: v for k, v in block.items() if k != "expected_output_tokens"}, accepted
+    )
+    if "expected_output_tokens" in block:
+        value = block["expected_output_tokens"]
+        problems.append(
+            refusal(
+                (*base, "expected_output_tokens"),
+                f"expected_output_tokens {value!r} ({OUTPUT_FORECAST_REFUSAL})",
+                ", ".join(accepted),
+            )
+        )
     weights = block.get("weights")
     if weights is not None and not isinstance(weights, dict):
         problems.append(problem((*base, "weights"), f"{weights!r}; accepted: a mapping"))
