@@ -17,6 +17,7 @@ from vllm_sr.config.problems import format_path
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.routing_selection import MultiFactorSettings, parse_settings
+from vllm_sr.router.selection.decide import DecisionSelection
 from vllm_sr.router.selection.observations import ModelObservations
 from vllm_sr.router.selection.selectors import NoCandidates, multi_factor
 
@@ -214,6 +215,32 @@ def test_the_weighted_objective_reads_latency_metric_too() -> None:
     default = parse_settings("multi_factor", block)
     assert isinstance(default, MultiFactorSettings)
     assert multi_factor(REFS[:2], default, ObservedFacts(obs)).ref.model == "a"  # TPOT first
+
+
+async def test_a_decision_with_mom_v1s_block_chooses_through_decision_selection() -> None:
+    algorithm = copy.deepcopy(BLOCKS["balance/reasoning"])
+    decision = {
+        "name": "reasoning",
+        "modelRefs": [{"model": "a"}, {"model": "b"}, {"model": "c"}],
+        "algorithm": algorithm,
+    }
+    routing = Routing.model_validate({"decisions": [decision]})
+    facts = ObservedFacts(
+        observed(FakeClock(), tpot={"a": 0.05, "b": 0.02, "c": 0.01}),
+        qualities={"a": 90.0, "b": 88.0},  # c has no figure: excluded
+    )
+    selection = DecisionSelection(routing, facts)
+    choice = await selection.choose(routing.decisions[0], "dflt", lambda m: True)
+    assert (choice.model, choice.method, choice.fallback) == ("b", "multi_factor", None)
+    # b is down: a alone has evidence among the healthy
+    down = await selection.choose(routing.decisions[0], "dflt", lambda m: m != "b")
+    assert (down.model, down.method) == ("a", "multi_factor")
+    # nobody healthy has evidence: mom-v1's on_no_candidates fail, the first modelRef answers
+    assert not selection.fallbacks
+    none = await selection.choose(routing.decisions[0], "dflt", lambda m: m == "c")
+    assert (none.model, none.method) == ("c", "multi_factor")
+    assert dict(selection.fallbacks) == {("multi_factor", "reasoning", "selector_error"): 1}
+    assert selection.preview(routing.decisions[0]).status == "selected"
 
 
 def problems_of(block: dict[str, Any]) -> dict[str, str]:
