@@ -442,9 +442,9 @@ BASE = "routing.decisions[0].algorithm"
             ["'random'", "cheapest, first, fail"],
         ),
         (
-            {"type": "multi_factor", "multi_factor": {"objective": {"strategy": "lexicographic"}}},
-            "multi_factor.objective",
-            ["unknown key 'objective'", "weights, slo, latency_percentile, on_no_candidates"],
+            {"type": "multi_factor", "multi_factor": {"objective_v2": 1}},
+            "multi_factor.objective_v2",
+            ["unknown key 'objective_v2'", "weights, objective, quality"],
         ),
         (
             {"type": "multi_factor", "multi_factor": {}, "latency_aware": {"ttft_percentile": 5}},

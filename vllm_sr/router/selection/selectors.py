@@ -19,7 +19,21 @@ multi_factor
     normalised and inverted; equal values across candidates score 0.5. The highest score
     wins (the first on ties). Nobody left after the SLO filter: ``on_no_candidates`` picks
     the cheapest by prompt price (a model without a price never; none priced: the first), the
-    first modelRef, or fails (:class:`NoCandidates`)."""
+    first modelRef, or fails (:class:`NoCandidates`).
+
+multi_factor's v0.4 keys (``pkg/selection/multi_factor_objective.go``)
+    ``latency_metric`` names the latency observation (``tpot`` or ``ttft``; absent: TPOT,
+    else TTFT), for the SLO-free latency factor. ``quality`` requires quality evidence: after
+    the SLO filter, ``on_missing: exclude`` drops a candidate without a quality figure or
+    below ``min_score``; ``disable_quality`` leaves the quality factor out of the selection
+    when any candidate lacks one. The figure is :meth:`Facts.quality` (the modelCard's); the
+    ``index`` it stands for is named in the reason. ``objective.strategy: lexicographic``
+    compares the ``priorities`` in order: at each stage the candidates with a value for the
+    factor are compared, those within ``tolerance`` x |best| of the best (higher quality,
+    lower latency / cost / load) stay, the rest (and those without a value, when another
+    has one) leave with score ``stage / (len(priorities) + 1)``; a stage where no candidate
+    has a value is skipped; one left ends it. The survivors score 1 and the first of them
+    wins."""
 
 from __future__ import annotations
 
@@ -144,34 +158,86 @@ def _normal(value: float, span: tuple[float, float], inverted: bool) -> float:
     return 1.0 - x if inverted else x
 
 
+def _latency(model: str, settings: MultiFactorSettings, facts: Facts) -> float | None:
+    p = settings.percentile
+    if settings.latency_metric == "ttft":
+        return facts.ttft(model, p)
+    latency = facts.tpot(model, p)
+    if latency is None and settings.latency_metric is None:
+        latency = facts.ttft(model, p)
+    return latency
+
+
+def _quality_evidence(
+    rows: list[_Row], settings: MultiFactorSettings
+) -> tuple[list[_Row], list[str]]:
+    """The rows kept by ``quality`` and why each other one left; under disable_quality with a
+    figure missing, every row loses its quality figure instead."""
+    evidence = settings.quality
+    if evidence is None:
+        return rows, []
+    if evidence.on_missing == "disable_quality":
+        if any(r.quality is None for r in rows):
+            for r in rows:
+                r.quality = None
+        return rows, []
+    kept: list[_Row] = []
+    lacking: list[str] = []
+    for r in rows:
+        if r.quality is None:
+            lacking.append(f"{r.ref.model}:no quality for {evidence.index}")
+        elif evidence.min_score is not None and r.quality < evidence.min_score:
+            lacking.append(f"{r.ref.model}:quality={r.quality:g}<{evidence.min_score:g}")
+        else:
+            kept.append(r)
+    return kept, lacking
+
+
 def multi_factor(
     refs: Sequence[ModelRef], settings: MultiFactorSettings, facts: Facts
 ) -> Selection:
-    kept: list[tuple[ModelRef, None]] = []
-    dropped: list[tuple[ModelRef, str]] = []
+    kept: list[ModelRef] = []
+    dropped: list[str] = []
     for ref in refs:
         breach = _slo_breach(ref, settings, facts)
         if breach is None:
-            kept.append((ref, None))
+            kept.append(ref)
         else:
-            dropped.append((ref, breach))
+            dropped.append(f"{ref.model}:{breach}")
     if not kept:
-        return _no_candidates(refs, settings, facts, [f"{r.model}:{b}" for r, b in dropped])
-    p = settings.percentile
-    rows = []
-    for ref, _ in kept:
-        latency = facts.tpot(ref.model, p)
-        if latency is None:
-            latency = facts.ttft(ref.model, p)
-        rows.append(
-            _Row(
-                ref,
-                facts.quality(ref.model),
-                latency,
-                facts.prompt_price(ref.model),
-                float(facts.inflight(ref.model)),
-            )
+        return _no_candidates(refs, settings, facts, dropped, "the SLO dropped every candidate")
+    rows = [
+        _Row(
+            ref,
+            facts.quality(ref.model),
+            _latency(ref.model, settings, facts),
+            facts.prompt_price(ref.model),
+            float(facts.inflight(ref.model)),
         )
+        for ref in kept
+    ]
+    rows, lacking = _quality_evidence(rows, settings)
+    dropped += lacking
+    if not rows:
+        cause = "the SLO and the quality evidence dropped every candidate"
+        return _no_candidates(refs, settings, facts, dropped, cause)
+    if settings.objective.lexicographic:
+        best, scores, how = _lexicographic(rows, settings)
+    else:
+        best, scores, how = _weighted(rows, settings)
+    p = settings.percentile
+    metric = settings.latency_metric or "tpot|ttft"
+    reason = f"multi_factor: {how}, latency {metric} p{p}, kept={len(rows)}, dropped={len(dropped)}"
+    if settings.quality is not None:
+        reason += f", quality index {settings.quality.index}"
+    if dropped:
+        reason += " (" + ", ".join(dropped) + ")"
+    return Selection(best, "multi_factor", reason, scores)
+
+
+def _weighted(
+    rows: list[_Row], settings: MultiFactorSettings
+) -> tuple[ModelRef, dict[str, float], str]:
     w = settings.weights.normalised()
     spans = {
         "quality": _spread([r.quality for r in rows]),
@@ -199,19 +265,61 @@ def multi_factor(
         if best is None or score > best[0]:
             best = (score, row.ref)
     assert best is not None
-    reason = (
-        f"multi_factor: weights q={w.quality:.2f} l={w.latency:.2f} c={w.cost:.2f} "
-        f"L={w.load:.2f}, latency p{p}, kept={len(kept)}, dropped={len(dropped)}"
-    )
-    if dropped:
-        reason += " (" + ", ".join(f"{r.model}:{b}" for r, b in dropped) + ")"
-    return Selection(best[1], "multi_factor", reason, scores)
+    how = f"weights q={w.quality:.2f} l={w.latency:.2f} c={w.cost:.2f} L={w.load:.2f}"
+    return best[1], scores, how
+
+
+def _factor(row: _Row, factor: str) -> float | None:
+    if factor == "quality":
+        return row.quality
+    if factor == "latency":
+        return row.latency
+    if factor == "cost":
+        return row.cost
+    return row.load
+
+
+def _lexicographic(
+    rows: list[_Row], settings: MultiFactorSettings
+) -> tuple[ModelRef, dict[str, float], str]:
+    priorities = settings.objective.priorities
+    denominator = float(len(priorities) + 1)
+    scores: dict[str, float] = {}
+    active = list(rows)
+    for stage, priority in enumerate(priorities):
+        values = {id(r): v for r in active if (v := _factor(r, priority.factor)) is not None}
+        if not values:
+            continue
+        higher = priority.factor == "quality"
+        best = max(values.values()) if higher else min(values.values())
+        margin = abs(best) * priority.tolerance
+        retained = []
+        for r in active:
+            value = values.get(id(r))
+            within = value is not None and (
+                value >= best - margin if higher else value <= best + margin
+            )
+            if within:
+                retained.append(r)
+            else:
+                scores.setdefault(r.ref.model, stage / denominator)
+        active = retained
+        if len(active) == 1:
+            break
+    for r in active:
+        scores.setdefault(r.ref.model, 1.0)
+    how = "lexicographic[" + ",".join(f"{p.factor}±{p.tolerance:g}" for p in priorities) + "]"
+    return active[0].ref, scores, how
 
 
 def _no_candidates(
-    refs: Sequence[ModelRef], settings: MultiFactorSettings, facts: Facts, why: list[str]
+    refs: Sequence[ModelRef],
+    settings: MultiFactorSettings,
+    facts: Facts,
+    why: list[str],
+    cause: str,
 ) -> Selection:
-    cause = "the SLO dropped every candidate (" + ", ".join(why) + ")"
+    cause = f"{cause} (" + ", ".join(why) + ")"
     if settings.on_no_candidates == "fail":
         raise NoCandidates(f"multi_factor: {cause}")
     if settings.on_no_candidates == "first":
