@@ -83,7 +83,8 @@ def router_process(port: int, backend_port: int) -> None:
     import uvloop
 
     from tests.support.router_app import serve_routes, start_router
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
 
     async def serve() -> None:
         providers = Providers.model_validate(

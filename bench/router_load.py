@@ -30,7 +30,8 @@ async def in_process(
 ) -> dict[str, Any]:
     """``Router.route(RequestView.from_chat(body, headers))`` per chat, ``n`` chats, and the
     time per family (upstream's eval metrics for the deterministic ones)."""
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.request_view import RequestView
     from vllm_sr.router.route import Router

@@ -94,7 +94,8 @@ def router_process(spec_path: str, port: int) -> None:
     """Router mode on our HTTP server, with its chat handler and ``forward`` timed per chat;
     ``GET /bench/timings``: the samples so far (and forgets them)."""
     from vllm_sr import aio, wire
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.httpserver import HttpServer, PathRoutes, Request, Response, StreamResponse
     from vllm_sr.httpserver import answer as answer_route
     from vllm_sr.router.chat import build_chat_router

@@ -126,7 +126,8 @@ def router_process(spec_path: str, port: int, uds: str | None) -> None:
     """The local and standalone targets: the Router-mode handlers on our HTTP server in their
     own process, as the frontend mounts them (``resolve`` over ``ChatRouter.routes()``)."""
     from vllm_sr import aio, wire
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.errors import VllmSrError
     from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
     from vllm_sr.router.chat import build_chat_router, error_response

@@ -175,7 +175,8 @@ def router_process(
     signal_procs: int = 0,
     min_chars: int | None = None,
 ) -> None:
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.chat import build_chat_router
@@ -363,7 +364,8 @@ async def handoff(chats: int, leave_out: frozenset[str]) -> None:
 async def per_family(chats: int, leave_out: frozenset[str]) -> None:
     """In this process: the mean milliseconds per chat of each family's step (the
     model-backed families share their deployment's one bundle, so they show its time)."""
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.request_view import RequestView
     from vllm_sr.router.route import Router

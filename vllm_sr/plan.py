@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from vllm_sr.jsontypes import JsonObject
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.config.schema import GlobalSection
     from vllm_sr.pool.settings import PoolSettings
 

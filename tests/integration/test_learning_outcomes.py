@@ -19,7 +19,8 @@ from tests.support.backends import FakeWorkerExchange, StandInBackend
 from tests.support.control_fake import FakeBackend, StubRouter
 from tests.support.workers import short_socket_dir
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.config.schema import GlobalSection
 from vllm_sr.control.client import AsyncControlClient
 from vllm_sr.control.server import ControlServer

@@ -16,7 +16,8 @@ from tests.integration.test_router_plugins import AUTO, DECISIONS, SIGNALS
 from tests.support.backends import StandInBackend
 from tests.support.redis_server import HAVE_REDIS, RedisServer, redis_process
 from tests.support.router_app import serve_routes, start_router
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.config.schema import GlobalSection
 from vllm_sr.router.chat import ChatRouter
 

@@ -17,7 +17,8 @@ import pytest
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend
 from tests.support.workers import free_tcp_port
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.errors import DeadlineExceeded, Overloaded, Unavailable
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
 from vllm_sr.router.backends import BackendSet

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 
 from tests.support.backends import StandInBackend
 from tests.support.router_app import AUTO, Served, serve_routes, start_router
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.router.chat import ChatRouter
 from vllm_sr.wire import DEADLINE_HEADER
 

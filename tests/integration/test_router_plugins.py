@@ -16,7 +16,8 @@ import pytest
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend
 from tests.support.router_app import AUTO, Served, serve_routes, start_router
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.router.chat import ChatRouter
 
 

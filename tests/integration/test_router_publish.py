@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tests.support.backends import StandInBackend
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.frontend.app import Frontend
 from vllm_sr.frontend.chat_mount import ChatMount
 from vllm_sr.httpserver import Request, Response, StreamResponse

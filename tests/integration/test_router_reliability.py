@@ -17,7 +17,8 @@ import pytest
 from tests.support.backends import StandInBackend
 from tests.support.router_app import AUTO, serve_routes, start_router
 from vllm_sr.clock import SYSTEM_CLOCK, Clock, FakeClock
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.router.backends import BackendSet
 
 # "fallback" in a chat: the decision tries m, then other

@@ -24,7 +24,8 @@ from aiohttp import web
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend, last_user_text
 from tests.support.router_app import AUTO, Served, serve_routes, start_router
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.config.schema import GlobalSection
 from vllm_sr.router.chat import ChatRouter
 from vllm_sr.router.metrics import RouterCollector

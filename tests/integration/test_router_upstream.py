@@ -19,7 +19,8 @@ import yaml
 
 from tests.support.backends import StandInBackend
 from tests.support.router_app import serve_routes, start_router
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.router.chat import ChatRouter
 from vllm_sr.router.route import AuthzOptions
 

@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.errors import Overloaded
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
 from vllm_sr.router.backends import BackendSet

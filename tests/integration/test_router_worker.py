@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from tests.support.workers import WorkerHandle, short_socket_dir, start_worker, stop_worker
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import Router

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from vllm_sr import events as ev
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.events import EventBus
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.cpu_signals import ViewFields

@@ -14,7 +14,8 @@ import openai
 
 from tests.support.backends import FakeWorkerExchange, StandInBackend
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.httpserver import Handler, HttpServer, PathRoutes, Request, Response, StreamResponse
 from vllm_sr.httpserver import answer as answer_route
 from vllm_sr.router.backends import BackendSet

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from vllm_sr.config.deployment import Deployment
-from vllm_sr.config.routing import BackendRef, ModelRef, ProviderDefaults, ProviderModel
+from vllm_sr.config.routing import ModelRef
+from vllm_sr.config.routing_providers import BackendRef, ProviderDefaults, ProviderModel
 from vllm_sr.config.schema import semantic_problems
 from vllm_sr.router.reasoning import apply_reasoning
 

@@ -16,7 +16,9 @@ import yaml
 
 from tests.support.backends import FakeWorkerExchange, answer_bundle
 from vllm_sr.config.files import parse_config
-from vllm_sr.config.routing import EmbeddingSignal, Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
+from vllm_sr.config.routing_signals import EmbeddingSignal
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.embedding_matching import EmbeddingMatching, embedding_score
 from vllm_sr.router.questions import QuestionPlan, declared_keys

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from vllm_sr.config.routing import Routing, RuleNode
+from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_rules import routing_local_problems
-from vllm_sr.config.routing_tree import RuleLeaf
+from vllm_sr.config.routing_tree import RuleLeaf, RuleNode
 from vllm_sr.router.rules import RuleValue, SignalKey, evaluate3, rank, rank_all
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers

@@ -13,10 +13,9 @@ from pydantic import ValidationError
 
 from vllm_sr.clock import FakeClock
 from vllm_sr.config.problems import format_path
-from vllm_sr.config.routing import Providers
 from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_provider_rules import go_duration_s, providers_problems
-from vllm_sr.config.routing_providers import seconds_or
+from vllm_sr.config.routing_providers import Providers, seconds_or
 from vllm_sr.router.backend_outlier import MAX_EJECTION_S, OutlierDetector
 from vllm_sr.router.backend_proxy import AttemptFailed
 from vllm_sr.router.backend_retry import RetryPolicy, covering_words

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from vllm_sr.config.routing import BackendRef, ModelRef, ProviderDefaults, ProviderModel
+from vllm_sr.config.routing import ModelRef
+from vllm_sr.config.routing_providers import BackendRef, ProviderDefaults, ProviderModel
 from vllm_sr.router.reasoning import (
     apply_reasoning,
     dialect_of,

@@ -106,7 +106,8 @@ async def test_upstreams_default_store_is_redis_on_this_host() -> None:
 
 
 async def test_a_reload_keeps_the_store_while_its_settings_stay() -> None:
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.frontend.chat_mount import ChatMount
     from vllm_sr.pool.directory import PoolDirectory
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.backends import StandInBackend
 from tests.support.workers import free_tcp_port
-from vllm_sr.config.routing import Providers
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.errors import DeadlineExceeded
 from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse
 from vllm_sr.pool.client import Broken

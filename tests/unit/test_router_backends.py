@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests.support.backends import StandInBackend
 from vllm_sr.clock import FakeClock
 from vllm_sr.cluster.picking import weighted_pick
-from vllm_sr.config.routing import ModelRef, Providers, Routing
+from vllm_sr.config.routing import ModelRef, Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.httpserver import Request, Response
 from vllm_sr.router.backend import health_probe
 from vllm_sr.router.backend_proxy import Exchange

@@ -11,14 +11,10 @@ from pydantic import ValidationError
 
 from vllm_sr.config.files import line_of, parse_document, to_plain
 from vllm_sr.config.problems import format_path
-from vllm_sr.config.routing import (
-    AutoModelNames,
-    KeywordSignal,
-    Providers,
-    Routing,
-    check_routing,
-    routing_problems,
-)
+from vllm_sr.config.routing import AutoModelNames, Routing
+from vllm_sr.config.routing_providers import Providers
+from vllm_sr.config.routing_rules import check_routing, routing_problems
+from vllm_sr.config.routing_signals import KeywordSignal
 
 CONFIG = textwrap.dedent(
     """\

@@ -14,7 +14,8 @@ import pytest
 from tests.support.backends import FakeWorkerExchange
 from vllm_sr import wire
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.errors import InvalidRequest, Overloaded
 from vllm_sr.httpserver import Request
 from vllm_sr.router import chat_plugins, outgoing, pipeline

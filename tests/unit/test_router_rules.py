@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from vllm_sr.config.routing import Decision, RuleNode
+from vllm_sr.config.routing import Decision
+from vllm_sr.config.routing_tree import RuleNode
 from vllm_sr.router.rules import RuleValue, choose_model, evaluate, leaves, rank
 from vllm_sr.router.signals import SignalResult
 

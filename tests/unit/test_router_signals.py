@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from vllm_sr.config.routing import DomainSignal, KeywordSignal, Signals
+from vllm_sr.config.routing_signals import DomainSignal, KeywordSignal, Signals
 from vllm_sr.router.signals import (
     SignalResult,
     domain_results,

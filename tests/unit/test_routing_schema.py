@@ -13,28 +13,22 @@ from pydantic import ValidationError
 
 from vllm_sr.config.files import parse_document, to_plain
 from vllm_sr.config.problems import format_path
-from vllm_sr.config.routing import (
-    BackendRef,
-    Decision,
-    KeywordSignal,
-    Providers,
-    Routing,
-    RuleLeaf,
-    Signals,
-    effective_algorithm,
-    looper_would_run,
-    routing_problems,
-)
+from vllm_sr.config.routing import Decision, Routing
 from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES
-from vllm_sr.config.routing_rules import routing_local_problems
+from vllm_sr.config.routing_providers import BackendRef, Providers
+from vllm_sr.config.routing_rules import routing_local_problems, routing_problems
 from vllm_sr.config.routing_selection import RUN_SELECTORS, parse_settings
+from vllm_sr.config.routing_signals import KeywordSignal, Signals
 from vllm_sr.config.routing_support import (
     DEFAULT_LOOPER_ENDPOINT,
     LOOPER_TYPES,
     RUN_LOOPERS,
+    effective_algorithm,
     looper_problems,
+    looper_would_run,
 )
+from vllm_sr.config.routing_tree import RuleLeaf
 
 # upstream config/config.yaml's providers, minus what vllm-sr refuses (see the refusal test)
 PROVIDERS = textwrap.dedent(

@@ -14,8 +14,9 @@ from pydantic import Field
 
 from tests.unit.test_deployment_needs import MODEL_FREE, NEEDS_MODEL
 from vllm_sr.config.problems import format_path
-from vllm_sr.config.routing import KeywordSignal, Routing, Signals
+from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_rules import check_routing
+from vllm_sr.config.routing_signals import KeywordSignal, Signals
 from vllm_sr.config.routing_support import support_problems
 from vllm_sr.config.routing_tree import LEAF_TYPES
 from vllm_sr.config.signal_registry import (

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from vllm_sr.config.routing import Signals
+from vllm_sr.config.routing_signals import Signals
 from vllm_sr.config.signal_families import ContextSignal, parse_token_count
 from vllm_sr.router.context_estimate import (
     IMAGE_TOKENS,

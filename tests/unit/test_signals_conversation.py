@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from vllm_sr.config.routing import Signals
+from vllm_sr.config.routing_signals import Signals
 from vllm_sr.config.signal_families import ConversationSignal
 from vllm_sr.router.deterministic import DeterministicSignals, conversation_count
 from vllm_sr.router.request_view import ConversationFacts, RequestView

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing import Signals
+from vllm_sr.config.routing_signals import Signals
 from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.family_step import FamilyMetric
 from vllm_sr.router.request_view import RequestView

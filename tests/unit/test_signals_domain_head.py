@@ -9,8 +9,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from vllm_sr.config.routing import DomainSignal, Routing
-from vllm_sr.config.routing_signals import MMLU_CATEGORIES
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_signals import MMLU_CATEGORIES, DomainSignal
 from vllm_sr.config.upstream_modules import Modules
 from vllm_sr.router.questions import QuestionPlan
 from vllm_sr.router.request_view import RequestView

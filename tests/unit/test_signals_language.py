@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from vllm_sr.config.routing import Signals
+from vllm_sr.config.routing_signals import Signals
 from vllm_sr.config.signal_families import LanguageSignal
 from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.language import detect_language, language_detector, language_floor

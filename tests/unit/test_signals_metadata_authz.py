@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from vllm_sr.config.routing import Signals
+from vllm_sr.config.routing_signals import Signals
 from vllm_sr.config.signal_metadata import MetadataSignal, RoleBinding
 from vllm_sr.errors import InvalidRequest
 from vllm_sr.router.deterministic import AuthzRequired, DeterministicSignals

@@ -11,8 +11,9 @@ import pytest
 
 from tests.support.backends import FakeWorkerExchange
 from tests.unit.test_signals_projections import PROJECTIONS, routing
-from vllm_sr.config.routing import Providers, Routing, RuleNode
-from vllm_sr.config.routing_tree import RuleLeaf
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
+from vllm_sr.config.routing_tree import RuleLeaf, RuleNode
 from vllm_sr.errors import DeadlineExceeded, Overloaded, VllmSrError, WorkerFailed
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.request_view import RequestView

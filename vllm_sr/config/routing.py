@@ -1,7 +1,7 @@
 """pydantic models of Router mode's config: ``routing:`` (modelCards, signals, projections,
 decisions, strategy) and ``global.router.auto_model_names``; ``providers:`` lives in
 ``routing_providers``, the signal families in ``routing_signals``, the rule tree in
-``routing_tree`` (all re-exported here).
+``routing_tree`` (import each from its own module: this one holds only what it defines).
 
 Field names and meanings follow the upstream vLLM Semantic Router v0.3 (``C/decision_config.go``,
 ``C/canonical_config.go``), so an upstream file parses unchanged. What vllm-sr does not act on
@@ -9,7 +9,7 @@ is refused by name by ``routing_support`` ("not supported by vllm-sr", with what
 
 Cross-field rules (a decision naming an unknown signal or model, a signal on a deployment that
 does not exist, duplicate names, a regex that does not compile) live in
-``routing_rules.check_routing`` (re-exported here), which works on raw mappings like
+``routing_rules.check_routing``, which works on raw mappings like
 ``schema.semantic_problems`` so a file gets every problem in one run, each at its YAML path.
 The models run the rules that need nothing outside their own section and raise them as
 ``SEMANTIC_ERROR`` (reported once, by path, through ``routing_problems``).
@@ -34,53 +34,12 @@ from vllm_sr.config.routing_catalog import (
     Presentation,
 )
 from vllm_sr.config.routing_projections import Projections
-from vllm_sr.config.routing_providers import (
-    BackendRef,
-    ModelPricing,
-    ProviderDefaults,
-    ProviderModel,
-    ProviderReliability,
-    Providers,
-    ReasoningFamily,
-)
-from vllm_sr.config.routing_rules import check_routing, routing_local_problems, routing_problems
+from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.routing_signals import (
-    DEFAULT_BM25_THRESHOLD,
-    DEFAULT_NGRAM_ARITY,
-    DEFAULT_NGRAM_THRESHOLD,
-    DomainSignal,
-    EmbeddingSignal,
-    KeywordSignal,
     Signals,
 )
-from vllm_sr.config.routing_support import effective_algorithm, looper_would_run
-from vllm_sr.config.routing_tree import Predicate, RuleLeaf, RuleNode
+from vllm_sr.config.routing_tree import RuleLeaf, RuleNode
 from vllm_sr.jsontypes import JsonObject
-
-__all__ = [
-    "DEFAULT_BM25_THRESHOLD",
-    "DEFAULT_NGRAM_ARITY",
-    "DEFAULT_NGRAM_THRESHOLD",
-    "BackendRef",
-    "DomainSignal",
-    "EmbeddingSignal",
-    "KeywordSignal",
-    "ModelPricing",
-    "Predicate",
-    "Projections",
-    "ProviderDefaults",
-    "ProviderModel",
-    "ProviderReliability",
-    "Providers",
-    "ReasoningFamily",
-    "RuleLeaf",
-    "RuleNode",
-    "Signals",
-    "check_routing",
-    "effective_algorithm",
-    "looper_would_run",
-    "routing_problems",
-]
 
 DEFAULT_AUTO_MODEL_NAMES = ("vllm-sr/auto", "auto")
 

@@ -44,9 +44,10 @@ from vllm_sr.config.recipes import (
     Recipe,
     normalized_names,
 )
-from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Providers, Routing
+from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Routing
 from vllm_sr.config.routing_base import as_dict, rules_run_by_caller
 from vllm_sr.config.routing_catalog import Admission, Evaluation, ModelBinding
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,

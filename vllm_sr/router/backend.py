@@ -26,8 +26,7 @@ from collections.abc import Mapping
 
 from vllm_sr.clock import Clock
 from vllm_sr.cluster.health import HealthProbe
-from vllm_sr.config.routing import BackendRef, ProviderModel
-from vllm_sr.config.routing_providers import seconds_or
+from vllm_sr.config.routing_providers import BackendRef, ProviderModel, seconds_or
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool.stats import LatencyWindow, RateWindow
 

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 
 from vllm_sr.clock import Clock
 from vllm_sr.cluster.ejection import EjectionRules, Streak, decide
-from vllm_sr.config.routing import ProviderModel
-from vllm_sr.config.routing_providers import seconds_or
+from vllm_sr.config.routing_providers import ProviderModel, seconds_or
 
 DEFAULT_BASE_EJECTION_S = 30.0
 DEFAULT_MAX_EJECTION_PERCENT = 50

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_sr.config.routing import ProviderModel
+from vllm_sr.config.routing_providers import ProviderModel
 
 # reason -> the retry_on words that cover it
 _COVERED_BY: dict[str, frozenset[str]] = {

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.cluster.picking import weighted_pick
-from vllm_sr.config.routing import Providers
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.httpserver import Response, StreamResponse
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.backend import HEALTH_EVERY_S, Backend, pricing_of

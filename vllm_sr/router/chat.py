@@ -47,8 +47,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from vllm_sr.config.recipes import DEFAULT_RECIPE
-from vllm_sr.config.routing import Providers, Routing
+from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_plugins import decision_plugins, replay_allowed
+from vllm_sr.config.routing_providers import Providers
 from vllm_sr.errors import EngineMode, VllmSrError
 from vllm_sr.httpserver import Handler, Request, Response, StreamResponse
 from vllm_sr.jsontypes import JsonObject

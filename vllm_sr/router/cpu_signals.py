@@ -24,7 +24,7 @@ from vllm_sr.router.request_view import ConversationFacts, RequestView
 from vllm_sr.router.signals import SignalResult
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import Signals
+    from vllm_sr.config.routing_signals import Signals
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from vllm_sr.config.routing import DomainSignal, EmbeddingSignal
+from vllm_sr.config.routing_signals import DomainSignal, EmbeddingSignal
 from vllm_sr.errors import VllmSrError
 from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router import bundle

@@ -54,7 +54,7 @@ from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.structure import StructureRule, text_units
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import Signals
+    from vllm_sr.config.routing_signals import Signals
 
 DEFAULT_USER_ID_HEADER = "x-authz-user-id"
 DEFAULT_USER_GROUPS_HEADER = "x-authz-user-groups"

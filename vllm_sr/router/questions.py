@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing import DomainSignal, EmbeddingSignal, Routing
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_signals import DomainSignal, EmbeddingSignal
 from vllm_sr.config.signal_registry import FAMILIES
 from vllm_sr.config.signal_safety import SafetySignal
 from vllm_sr.router.deployment_questions import DeploymentQuestions

@@ -32,8 +32,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing import Decision, ModelRef, Providers, Routing, effective_algorithm
+from vllm_sr.config.routing import Decision, ModelRef, Routing
 from vllm_sr.config.routing_kbs import KnowledgeBase, knowledge_bases
+from vllm_sr.config.routing_providers import Providers
+from vllm_sr.config.routing_support import effective_algorithm
 from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
 from vllm_sr.pool.exchange import RoutingExchange

@@ -39,7 +39,7 @@ import numpy.typing as npt
 from vllm_sr.router.unknown import Unknown
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import DomainSignal, KeywordSignal, Signals
+    from vllm_sr.config.routing_signals import DomainSignal, KeywordSignal, Signals
     from vllm_sr.router.family_step import StepReport
     from vllm_sr.router.request_view import RequestView
 

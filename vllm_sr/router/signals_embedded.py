@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing import Signals
 from vllm_sr.config.routing_kbs import manifest_labels
+from vllm_sr.config.routing_signals import Signals
 from vllm_sr.config.signal_embedded import COMPLEXITY_LEVELS as LEVELS
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey, decision_value, leaves

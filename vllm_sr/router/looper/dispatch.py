@@ -32,8 +32,9 @@ from vllm_sr.router.looper.runner import LoopResult, run_confidence
 from vllm_sr.router.looper.workflows import run_workflows
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import Providers, Routing
+    from vllm_sr.config.routing import Routing
     from vllm_sr.config.routing_plugins import DecisionPlugins
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.config.schema import GlobalSection
     from vllm_sr.httpserver import Request
     from vllm_sr.router.chat import ChatRouter

@@ -55,7 +55,8 @@ from vllm_sr.router.selection.selectors import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from vllm_sr.config.routing import Decision, ModelRef, Providers, Routing
+    from vllm_sr.config.routing import Decision, ModelRef, Routing
+    from vllm_sr.config.routing_providers import Providers
     from vllm_sr.config.upstream_learning import ModelSelection
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.cache.embedding import QueryEmbedding
