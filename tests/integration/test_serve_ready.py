@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from tests.integration.test_serve import free_port
 from tests.integration.test_supervisor_fake import FAKE_MODULE, REPO_ROOT, wait_for
@@ -183,9 +184,11 @@ async def test_router_mode_preview_on_a_real_serve(tmp_path: Path, tiny_bert_dir
     from tests.support.backends import StandInBackend
 
     coder, general = await StandInBackend("coder").start(), await StandInBackend("general").start()
-    (tmp_path / "config.yaml").write_text(
-        config_text(tiny_bert_dir, coder.endpoint, general.endpoint, 0.99)
-    )
+    doc = yaml.safe_load(config_text(tiny_bert_dir, coder.endpoint, general.endpoint, 0.99))
+    # thresholds alone decide (upstream's default soft matching at 0.5 would match billing)
+    semantic = {"embedding_config": {"enable_soft_matching": False, "top_k": 0}}
+    doc["global"]["model_catalog"]["embeddings"] = {"semantic": semantic}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
     body = {"text": "I was charged twice, debug this function", "options": {"trace": True}}
     try:
         async with serve_loading(tmp_path, fake=False) as served:

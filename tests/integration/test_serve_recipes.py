@@ -263,7 +263,12 @@ async def test_accuracy_loads_unchanged_and_answers_through_its_loopers(tmp_path
                 assert text in answer
                 assert int(raw.headers["x-vsr-looper-iterations"]) >= 3
                 iterations = int(raw.headers["x-vsr-looper-iterations"])
-                assert parsed.usage is not None and parsed.usage.total_tokens == 2 * iterations
+                # the usage is summed over the calls that answered (2 tokens each from the
+                # stand-in); a panel or step call still running when its round's quorum
+                # (min_successful_responses: 2) is reached is cancelled and adds none
+                assert parsed.usage is not None
+                total = parsed.usage.total_tokens
+                assert total % 2 == 0 and 2 * 3 <= total <= 2 * iterations, (total, iterations)
             await client.close()
     finally:
         await backend.stop()
@@ -284,7 +289,8 @@ async def test_multi_objective_loads_unchanged_and_routes_each_algorithm_as_eval
     probes = yaml.safe_load((RECIPES / "multi-objective" / "probes.yaml").read_text())
     firsts: dict[str, dict[str, Any]] = {}
     for probe in probes["decisions"]:
-        firsts.setdefault(probe["expected_algorithm"], probe)
+        if "query" in probe["variants"][0]:  # a text probe (others send messages or tools)
+            firsts.setdefault(probe["expected_algorithm"], probe)
     loopers = {"confidence", "ratings", "remom", "fusion", "workflows"}
     assert {"static", "multi_factor", "confidence", "remom", "fusion", "workflows"} <= set(firsts)
     port = free_port()
