@@ -4,6 +4,7 @@ config is refused with a 409 in upstream's error envelope, on both preview paths
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -123,3 +124,54 @@ async def test_the_mount_gives_each_generation_its_plans_hash() -> None:
     finally:
         await mount.close()
         await backend.stop()
+
+
+async def test_previews_past_max_concurrency_are_refused_429(stack: Stack) -> None:
+    """``max_concurrency``: with one preview held in evaluation, the next is answered 429 at
+    once (both paths share the gate); once it finishes, previews are answered again."""
+    from vllm_sr.router.preview_limits import PreviewGate
+
+    stack.chat.preview_gate = PreviewGate(max_concurrency=1)
+    release, entered = asyncio.Event(), asyncio.Event()
+    evaluate = stack.chat.evaluate
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await evaluate(*args, **kwargs)
+
+    stack.chat.evaluate = held  # type: ignore[method-assign]
+    first = asyncio.ensure_future(stack.post("/api/v1/routing/preview", {}))
+    await asyncio.wait_for(entered.wait(), 10)
+    for path in PATHS:
+        status, doc = await stack.post(path, {})
+        assert status == 429, doc
+        assert doc["error"]["code"] == "TOO_MANY_REQUESTS"
+        assert "max_concurrency" in doc["error"]["message"]
+    release.set()
+    status, doc = await first
+    assert status == 200, doc
+    assert stack.chat.preview_gate.in_flight == 0
+    assert (await stack.post("/api/v1/routing/preview", {}))[0] == 200
+
+
+async def test_a_preview_past_its_deadline_is_answered_504(stack: Stack) -> None:
+    """``request_timeout_seconds``: a preview still evaluating at its deadline is cancelled and
+    answered 504 REQUEST_TIMEOUT in the error envelope (a short deadline set on the gate)."""
+    from vllm_sr.router.preview_limits import PreviewGate
+
+    stack.chat.preview_gate = PreviewGate(timeout_s=0.05)
+    cancelled = asyncio.Event()
+
+    async def stuck(*args: Any, **kwargs: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    stack.chat.evaluate = stuck  # type: ignore[method-assign]
+    status, doc = await stack.post("/api/v1/routing/preview", {})
+    assert status == 504, doc
+    assert doc["error"]["code"] == "REQUEST_TIMEOUT"
+    assert set(doc["error"]) == {"code", "message", "timestamp"}
+    assert cancelled.is_set() and stack.chat.preview_gate.in_flight == 0

@@ -40,3 +40,20 @@ def test_check_expected() -> None:
     assert info.value.http_status == 409 and info.value.code == "CONFIG_HASH_MISMATCH"
     with pytest.raises(ConfigHashMismatch):
         check_expected({"x-sr-bench-expected-config-hash": "ab"}, None)
+
+
+def test_the_gate_reads_global_services_api_routing_preview() -> None:
+    from vllm_sr.config.schema import GlobalSection
+    from vllm_sr.router.preview_limits import PreviewGate
+
+    default = PreviewGate.of(None)
+    assert (default.timeout_s, default.max_concurrency) == (120, 16)
+    set_ = GlobalSection.model_validate(
+        {"services": {"api": {"routing_preview": {"request_timeout_seconds": 7}}}}
+    )
+    gate = PreviewGate.of(set_)
+    assert (gate.timeout_s, gate.max_concurrency) == (7, 16)
+    both = GlobalSection.model_validate(
+        {"services": {"api": {"routing_preview": {"max_concurrency": 2}}}}
+    )
+    assert PreviewGate.of(both).max_concurrency == 2
