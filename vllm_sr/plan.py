@@ -145,6 +145,9 @@ class RouterPlan:
     recipes: Mapping[str, Routing] = field(default_factory=dict)  # by name, "default" included
     entrypoints: Mapping[str, str] = field(default_factory=dict)  # model name -> recipe
     global_: GlobalSection | None = None
+    # SHA-256 of the config.yaml text this plan came from (the inventory's served_hash once
+    # published); None for a plan built without a file
+    config_hash: str | None = None
 
 
 @dataclass

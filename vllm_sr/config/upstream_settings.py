@@ -160,10 +160,10 @@ class EmbeddingsAPI(Strict):
 
 class RoutingPreviewAPI(Strict):
     request_timeout_seconds: int | None = Field(default=None, ge=1, le=3600)
-    """Upstream v0.4: a preview's time limit (vllm-sr: the signals' own deadline)."""
+    """Upstream v0.4: a preview's time limit (acted on: vllm_sr/router/preview_limits.py)."""
 
     max_concurrency: int | None = Field(default=None, ge=1)
-    """Upstream v0.4: previews at once (vllm-sr: no limit of its own)."""
+    """Upstream v0.4: previews at once (acted on: vllm_sr/router/preview_limits.py)."""
 
 
 class Profiling(Strict):

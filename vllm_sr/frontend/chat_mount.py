@@ -195,6 +195,7 @@ class ChatMount:
             cache=old_cache if same_store and old_cache is not None else True,
             signal_dispatch=self.signal_dispatch,
         )
+        chat.config_hash = plan.config_hash
         for router in chat.recipes.values():
             # The language models load in seconds: here, before the router serves.
             await asyncio.to_thread(router.deterministic.warm)

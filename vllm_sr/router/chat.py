@@ -85,6 +85,8 @@ from vllm_sr.router.plugins.replay import ReplayLog
 from vllm_sr.router.plugins.response_cache import ResponseCache, build_store
 from vllm_sr.router.plugins.shadow import ShadowDispatcher
 from vllm_sr.router.plugins.tool_selection import ToolEmbeddings
+from vllm_sr.router.preview_identity import check_expected
+from vllm_sr.router.preview_limits import PreviewGate
 from vllm_sr.router.route import AuthzOptions, Exchange, Router, RouterStats
 from vllm_sr.router.selection.decide import selection_inventory
 
@@ -150,6 +152,8 @@ class ChatRouter:
         self.authz = authz or AuthzOptions()
         self.replay = replay if replay is not None else ReplayLog()
         self.replay_enabled = False
+        self.config_hash: str | None = None  # the served config's (router/preview_identity.py)
+        self.preview_gate = PreviewGate.of(global_)
         self.tool_embeddings = tool_embeddings
         self.learning = learning if learning is not None else RouterLearning(LearningSettings())
         # (recipe, decision) -> the decision and its plugins
@@ -209,6 +213,7 @@ class ChatRouter:
             if request.error is not None:
                 raise route_eval.EvalError("INVALID_INPUT", request.error.message)
             strict = request.path == route_preview.PREVIEW_PATH
+            check_expected(request.headers, self.config_hash)
             if strict:
                 payload = route_preview.parse_body(request.body)
                 route_preview.parse_preview(payload)
@@ -230,9 +235,12 @@ class ChatRouter:
                     '(e.g. {"trace": true})',
                 )
             want_trace = "trace=true" in request.query.split("&") or bool(options.get("trace"))
-            doc = await self.evaluate(
-                payload, model=model, recipe=recipe, want_trace=want_trace, request=request
+            doc = await self.preview_gate.run(
+                self.evaluate(
+                    payload, model=model, recipe=recipe, want_trace=want_trace, request=request
+                )
             )
+            doc["config_hash"] = self.config_hash
             status = 503 if "decision_error" in doc else 200  # v0.4 on_unknown: fail_request
             return Response(json.dumps(doc).encode(), status=status)
         except route_eval.EvalError as exc:

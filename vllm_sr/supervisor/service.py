@@ -4,6 +4,7 @@ supervisor's ``ServicePlan`` (``vllm_sr.plan``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,6 +123,8 @@ def config_planner(
         if artifacts_dir is not None:
             check_artifacts(config, text, str(config_path), artifacts_dir)
         planned = service_plan(config, list(planner.plan(config).replicas))
+        if planned.router is not None:
+            planned.router = dataclasses.replace(planned.router, config_hash=digest)
         if source is not None:
             source.planned(digest)
         return planned
