@@ -5,7 +5,9 @@ names from it."""
 
 from __future__ import annotations
 
+import json
 import typing
+from collections.abc import Mapping
 from typing import get_args
 
 import pytest
@@ -26,12 +28,15 @@ from vllm_sr.config.signal_registry import (
     SUPPORTED_LEAF_TYPES,
     SignalFamily,
 )
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import cpu_signals, families
 from vllm_sr.router.answers import answer_headers
 from vllm_sr.router.cpu_signals import CpuSignals, cpu_report
+from vllm_sr.router.deployment_questions import SignalAnswerError
 from vllm_sr.router.eval import grouped
+from vllm_sr.router.family_deployment import DeploymentAsk
 from vllm_sr.router.family_step import Names, SignalKey, StepReport
-from vllm_sr.router.questions import declared_keys
+from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import RouteResult
 from vllm_sr.router.signals import SignalResult
@@ -183,3 +188,61 @@ def test_evaluated_kinds_are_literal_values() -> None:
     from vllm_sr.config.signal_registry import Evaluated
 
     assert {f.evaluated for f in FAMILIES} == set(get_args(Evaluated))
+
+
+class EchoAsk:
+    """A made-up deployment family: one classify-style task, matched when its head says yes."""
+
+    family = "echo"
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def signal_keys(self) -> list[SignalKey]:
+        return [("echo", n) for n in self.names]
+
+    def tasks(self, view: RequestView) -> list[JsonObject]:
+        return [{"id": "echo", "classify": {"input": [view.text]}}]
+
+    def results(
+        self, answers: Mapping[str, object], view: RequestView
+    ) -> dict[SignalKey, SignalResult]:
+        body = answers.get("echo")
+        if not isinstance(body, dict) or not isinstance(body.get("yes"), bool):
+            raise ValueError("no echo answer")
+        return {k: SignalResult(body["yes"], 1.0) for k in self.signal_keys()}
+
+
+def echo_builder(
+    signals: Signals, referenced: frozenset[SignalKey], decision: str
+) -> dict[str, DeploymentAsk]:
+    return {"echoer": EchoAsk(sorted(n for kind, n in referenced if kind == "echo"))}
+
+
+def test_a_bound_deployment_family_is_asked_in_the_bundle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    row = SignalFamily("echo", None, None, "echo", None, "deployment", takes_deployment=True)
+    monkeypatch.setattr(families, "FAMILIES", (*FAMILIES, row))
+    monkeypatch.setattr(families, "DEPLOYMENT_BUILDERS", {"echo": echo_builder})
+    assert families._bind()["echo"].deployment is echo_builder
+    routing = Routing.model_validate({"decisions": []})
+    plan = QuestionPlan(routing, "primary", wanted={("echo", "e1")})
+    dq = plan.deployments["echoer"]
+    assert dq.signal_keys() == [("echo", "e1")] and dq.kinds() == ["echo"]
+    view = RequestView(text="hello")
+    sent = json.loads(dq.bundle("hello", view))
+    assert {"id": "echo", "classify": {"input": ["hello"]}} in sent["tasks"]
+
+    def answer(body: object) -> bytes:
+        results = [{"id": "echo", "status": 200, "body": body}]
+        if not dq.cached:
+            results.append({"id": "candidates", "status": 200, "body": {"data": []}})
+        return json.dumps({"results": results}).encode()
+
+    assert dq.read(answer({"yes": True}), view=view)[("echo", "e1")].matched
+    assert not dq.read(answer({"yes": False}), view=view)[("echo", "e1")].matched
+    with pytest.raises(SignalAnswerError, match="echo family"):
+        dq.read(answer({}), view=view)
+    # unreferenced: not asked anywhere
+    assert "echoer" not in QuestionPlan(routing, "primary", wanted={("keyword", "x")}).deployments

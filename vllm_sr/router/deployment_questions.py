@@ -9,6 +9,7 @@ the bundle has this shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy
 
@@ -27,6 +28,9 @@ from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
 from vllm_sr.router.signals_prototypes import PrototypeBank
 from vllm_sr.worker import classify
 from vllm_sr.worker.classify import LabelKey
+
+if TYPE_CHECKING:
+    from vllm_sr.router.family_deployment import DeploymentAsk
 
 TASK_QUERY = "query"
 TASK_CANDIDATES = "candidates"
@@ -50,6 +54,8 @@ class DeploymentQuestions:
     heads: Heads | None = None  # signals its classification head answers
     # embedding_config's scoring (prototype banks of the candidates)
     matching: EmbeddingMatching = field(default_factory=EmbeddingMatching)
+    # bound deployment families' asks (families.DEPLOYMENT_BUILDERS)
+    asks: list[DeploymentAsk] = field(default_factory=list)
     # Embedded once per config generation: the candidates, the domains' examples, the
     # families' example banks.
     texts: list[str] = field(default_factory=list)
@@ -90,7 +96,8 @@ class DeploymentQuestions:
         out: list[SignalKey] = [("embedding", s.name) for s in self.embeddings]
         out += [("domain", name) for name in sorted(self.referenced_domains)]
         out += self.families.signal_keys() if self.families is not None else []
-        return out + (self.heads.signal_keys() if self.heads is not None else [])
+        out += self.heads.signal_keys() if self.heads is not None else []
+        return out + [key for ask in self.asks for key in ask.signal_keys()]
 
     def kinds(self) -> list[str]:
         """The signal families answered here (KB metric values are not a family)."""
@@ -116,6 +123,8 @@ class DeploymentQuestions:
             tasks.append(bundle.embed_task(TASK_QUERY, query))
         if self.heads is not None:
             tasks.append(self.heads.task(view or RequestView(text=text)))
+        for ask in self.asks:
+            tasks.extend(ask.tasks(view or RequestView(text=text)))
         if not self.cached:
             tasks.append(bundle.embed_task(TASK_CANDIDATES, self.texts))
         return bundle.request(tasks)
@@ -140,6 +149,14 @@ class DeploymentQuestions:
         out: dict[SignalKey, SignalResult] = {}
         if self.heads is not None:
             out.update(self._head_results(results, view))
+        for ask in self.asks:
+            try:
+                out.update(ask.results(results, view or RequestView(text="")))
+            except ValueError as exc:
+                raise SignalAnswerError(
+                    f"deployment {self.deployment!r} answered the routing bundle without what "
+                    f"the {ask.family} family asked ({exc})"
+                ) from None
         if not self.embeds:
             return out
         if TASK_QUERY not in results or self.candidates is None:

@@ -5,8 +5,11 @@ derived from the rows (eval's ``matched_signals`` keys, the ``x-vsr-matched-<wor
 A ``cpu_step`` family's evaluator is the builder of its
 :class:`~vllm_sr.router.family_step.StepFamily`: ``cpu_signals`` builds every such family a
 generation references from :data:`STEP_BUILDERS` and runs them, on the loop or in a signal
-process. The other families name the evaluator that answers them: authz on the loop
-(``DeterministicSignals``), the deployment families through the deployment's one routing bundle
+process. A ``deployment`` family outside the built-in questions binds the builder of its
+per-deployment :class:`~vllm_sr.router.family_deployment.DeploymentAsk` in
+:data:`DEPLOYMENT_BUILDERS`; ``QuestionPlan`` asks every referenced one. The other families
+name the evaluator that answers them: authz on the loop (``DeterministicSignals``), the
+built-in deployment families through the deployment's one routing bundle
 (``DeploymentQuestions``: embedding matching, the domain centroids, the embedded families, the
 classification heads), projections after every other signal (``signals_projections``).
 """
@@ -24,6 +27,7 @@ from vllm_sr.router.deterministic import (
     MetadataFamily,
     StructureFamily,
 )
+from vllm_sr.router.family_deployment import DeploymentBuilder
 from vllm_sr.router.family_step import StepBuilder
 from vllm_sr.router.input_modality import InputModalityFamily
 from vllm_sr.router.language import LanguageFamily
@@ -45,6 +49,10 @@ STEP_BUILDERS: dict[str, StepBuilder] = {
     "input_modality": InputModalityFamily.build,
     "pii": PiiSignals.build,
 }
+
+# deployment families beyond DeploymentQuestions' built-in questions: the builder of each
+# one's per-deployment asks (QuestionPlan puts them in the deployment's bundle).
+DEPLOYMENT_BUILDERS: dict[str, DeploymentBuilder] = {}
 
 # The other evaluated families: what answers them (a class, or a function over results).
 ANSWERED_BY: dict[str, tuple[object, ...]] = {
@@ -68,6 +76,7 @@ ANSWERED_BY: dict[str, tuple[object, ...]] = {
 class Binding:
     row: SignalFamily
     step: StepBuilder | None
+    deployment: DeploymentBuilder | None
     answered_by: tuple[object, ...]
 
 
@@ -75,7 +84,12 @@ def _bind() -> dict[str, Binding]:
     out = {}
     for row in FAMILIES:
         if row.supported:
-            out[row.name] = Binding(row, STEP_BUILDERS.get(row.name), ANSWERED_BY.get(row.name, ()))
+            out[row.name] = Binding(
+                row,
+                STEP_BUILDERS.get(row.name),
+                DEPLOYMENT_BUILDERS.get(row.name),
+                ANSWERED_BY.get(row.name, ()),
+            )
     return out
 
 

@@ -36,6 +36,7 @@ from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_signals import DomainSignal, EmbeddingSignal
 from vllm_sr.config.signal_registry import FAMILIES
 from vllm_sr.config.signal_safety import SafetySignal
+from vllm_sr.router import families as bound
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.message_text import QUESTION, message_text
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from vllm_sr.config.signal_embedded import JailbreakSignal, NamedSignal, PIISignal
     from vllm_sr.config.upstream_catalog import KnowledgeBase
     from vllm_sr.config.upstream_modules import Modules
+    from vllm_sr.router.family_deployment import DeploymentAsk
 
     # a head's rules: jailbreak, user_feedback, fact_check, pii
     HeadRules = tuple[list[JailbreakSignal], list[NamedSignal], list[NamedSignal], list[PIISignal]]
@@ -139,8 +141,15 @@ class QuestionPlan:
             if read:
                 head_domains[dep] = (doms, read)
                 heads.setdefault(dep, ([], [], [], []))
+        # bound deployment families (families.DEPLOYMENT_BUILDERS): their asks by deployment
+        asks: dict[str, list[DeploymentAsk]] = {}
+        referenced_keys = frozenset(self.referenced)
+        for name, build in bound.DEPLOYMENT_BUILDERS.items():
+            if any(kind == name for kind, _ in referenced_keys):
+                for dep, ask in build(sigs, referenced_keys, decision_deployment).items():
+                    asks.setdefault(dep, []).append(ask)
         self.deployments: dict[str, DeploymentQuestions] = {}
-        deps = set(embeddings) | set(domains) | set(heads)
+        deps = set(embeddings) | set(domains) | set(heads) | set(asks)
         deps |= {decision_deployment} if families.active else set()
         for dep in sorted(deps):
             referenced = frozenset(
@@ -159,7 +168,13 @@ class QuestionPlan:
                     safety=safety.get(dep, ([], []))[0],
                     hazards=safety.get(dep, ([], []))[1],
                 )  # fmt: skip
-            if not embeddings.get(dep) and not referenced and fam is None and head is None:
+            if (
+                not embeddings.get(dep)
+                and not referenced
+                and fam is None
+                and head is None
+                and not asks.get(dep)
+            ):
                 continue  # only unreferenced domains there: nothing to ask
             self.deployments[dep] = DeploymentQuestions(
                 dep,
@@ -169,6 +184,7 @@ class QuestionPlan:
                 fam,
                 head,
                 self.embedding,
+                asks.get(dep, []),
             )
 
     def keyword_results(self, text: str) -> dict[SignalKey, SignalResult]:
