@@ -39,7 +39,7 @@ def closed_port() -> int:
 SIGNALS = {
     "keywords": [{"name": n, "operator": "OR", "keywords": [n]}
                  for n in ("cacheme", "busy", "shape", "fallback", "deadpath", "globalcache",
-                           "replayme", "privateq", "toolpick")],
+                           "replayme", "privateq", "toolpick", "vaulted")],
     "embeddings": [{"name": "billing", "threshold": 0.6,
                     "candidates": ["refund my order", "I was charged twice"]}],
 }  # fmt: skip
@@ -48,6 +48,10 @@ DECISIONS = [
      "plugins": [{"type": "fast_response", "configuration": {"message": "Busy, try later."}}]},
     {"name": "exact", "priority": 90, "rules": kw("cacheme"), "modelRefs": [{"model": "general"}],
      "plugins": [cache(mode="exact", request_controls={"enabled": True})]},
+    {"name": "vault", "priority": 88, "rules": kw("vaulted"), "modelRefs": [{"model": "general"}],
+     "plugins": [cache(mode="exact", scope="global"),
+                 {"type": "memory", "configuration": {"enabled": False}}],
+     "emits": [{"kind": "retention", "retention": {"drop": True, "keep_current_model": True}}]},
     {"name": "shared", "priority": 85, "rules": kw("globalcache"),
      "modelRefs": [{"model": "general"}], "plugins": [cache(mode="exact", scope="global")]},
     {"name": "shaped", "priority": 80, "rules": kw("shape"), "modelRefs": [{"model": "coder"}],
@@ -203,6 +207,22 @@ async def test_cache_control_no_store_and_no_cache(stack: Stack) -> None:
     )
     assert "x-vsr-cache-hit" not in nocache.headers
     assert len(stack.general.received) == 3
+
+
+async def test_retention_drop_never_writes_and_shows_in_debug_headers(stack: Stack) -> None:
+    debug = {"extra_headers": {"x-vsr-debug": "true"}}
+    first = await ask(stack.client, "vaulted private question", **debug)
+    second = await ask(stack.client, "vaulted private question")
+    assert len(stack.general.received) == 2  # never written, so never a hit
+    assert "x-vsr-cache-hit" not in second.headers
+    assert first.headers["x-vsr-selected-decision"] == "vault"
+    assert first.headers["x-vsr-retention-drop"] == "true"
+    assert first.headers["x-vsr-retention-keep-current-model"] == "true"
+    assert "x-vsr-retention-ttl-turns" not in first.headers  # unset: left out
+    assert not any(h.startswith("x-vsr-retention-") for h in second.headers)  # debug only
+    assert stack.chat.cache is not None
+    assert stack.chat.cache.stats.skipped["retention.drop"] == 2
+    assert stack.chat.cache.stats.misses[("vault", "exact")] == 2  # the lookup still ran
 
 
 async def test_errors_are_not_cached(stack: Stack) -> None:

@@ -1,6 +1,7 @@
 """The response cache's parts apart from HTTP: the memory store's bounds on a fake clock, the
 keys and controls, a streamed answer assembled and replayed, the query embedding reused from
-routing's answer or asked once, ages and TTLs on the plugin's clock."""
+routing's answer or asked once, ages and TTLs on the plugin's clock, a decision's retention
+directive (no write on drop, the TTL from ttl_turns)."""
 
 from __future__ import annotations
 
@@ -146,7 +147,9 @@ class _Decision:
     plugins: tuple[Any, ...] = ()
 
 
-def _plan(cache: Any, plugin: Any, text: str, control: str = "", user: str = "u") -> Any:
+def _plan(
+    cache: Any, plugin: Any, text: str, control: str = "", user: str = "u", retention: Any = None
+) -> Any:
     from vllm_sr.router.cache.embedding import QueryEmbedding
 
     headers = {"x-authz-user-id": user, "x-vsr-cache-control": control}
@@ -155,6 +158,7 @@ def _plan(cache: Any, plugin: Any, text: str, control: str = "", user: str = "u"
         plugin, body=body, headers=headers, recipe="default", decision=_Decision(),
         selected_model="m", user_id_header="x-authz-user-id",
         user_groups_header="x-authz-user-groups", embedding=QueryEmbedding("primary", text),
+        retention=retention,
     )  # fmt: skip
 
 
@@ -204,3 +208,80 @@ async def test_semantic_tier_is_skipped_when_no_embedding_can_be_had() -> None:
     exchange.raise_error = Unavailable("the deployment is down")
     assert await cache.lookup(_plan(cache, plugin, "what is the capital of France?")) is None
     assert not cache.stats.errors  # not a store failure: the tier was skipped
+
+
+def _cache(clock: FakeClock) -> Any:
+    from vllm_sr.router.plugins.response_cache import ResponseCache
+
+    return ResponseCache(
+        MemoryStore(clock=clock), exchange=FakeWorkerExchange({"primary"}), clock=clock
+    )
+
+
+async def test_retention_drop_skips_the_write_but_not_the_lookup() -> None:
+    from vllm_sr.config.routing import Retention
+    from vllm_sr.config.routing_plugins import ResponseCachePlugin
+
+    clock = FakeClock()
+    cache = _cache(clock)
+    plugin = ResponseCachePlugin(enabled=True, mode="exact")
+    drop = Retention(drop=True)
+    await cache.write(_plan(cache, plugin, "q", retention=drop), ANSWER)
+    assert await cache.lookup(_plan(cache, plugin, "q")) is None  # nothing was written
+    assert cache.stats.skipped["retention.drop"] == 1 and not cache.stats.writes
+    await cache.write(_plan(cache, plugin, "q"), ANSWER)  # written by a decision without it
+    assert await cache.lookup(_plan(cache, plugin, "q", retention=drop)) is not None
+    kept = Retention(drop=False, keep_current_model=True, prefer_prefix_retention=True)
+    await cache.write(_plan(cache, plugin, "other", retention=kept), ANSWER)
+    assert cache.stats.writes["d"] == 2 and cache.stats.skipped["retention.drop"] == 1
+
+
+async def test_retention_ttl_turns_sets_the_entry_lifetime_on_the_clock() -> None:
+    from vllm_sr.config.routing import Retention
+    from vllm_sr.config.routing_plugins import ResponseCachePlugin
+
+    clock = FakeClock()
+    cache = _cache(clock)
+    plugin = ResponseCachePlugin.model_validate(
+        {"enabled": True, "mode": "exact", "ttl_seconds": 30,
+         "request_controls": {"enabled": True, "allowed": ["ttl"]}}
+    )  # fmt: skip
+    two = Retention(ttl_turns=2)
+    # 60 s a turn, over the plugin's 30 s and the request's ttl=5 (upstream applies it last)
+    plan = _plan(cache, plugin, "q", control="ttl=5", retention=two)
+    assert plan.ttl_s == 120
+    await cache.write(plan, ANSWER)
+    clock.advance(119.9)
+    assert await cache.lookup(_plan(cache, plugin, "q")) is not None
+    clock.advance(0.2)
+    assert await cache.lookup(_plan(cache, plugin, "q")) is None
+    # ttl_turns 0 (or unset) leaves the configured lifetime
+    assert _plan(cache, plugin, "q", retention=Retention(ttl_turns=0)).ttl_s == 30
+    assert _plan(cache, plugin, "q", control="ttl=5").ttl_s == 5
+
+
+def test_retention_directive_and_its_debug_headers_are_tri_state() -> None:
+    from vllm_sr.config.routing import Decision
+    from vllm_sr.router import retention
+
+    dec = Decision.model_validate(
+        {"name": "d", "emits": [{"kind": "retention", "retention": {"ttl_turns": 0,
+                                                                    "keep_current_model": False}}]}
+    )  # fmt: skip
+    found = retention.directive(dec.emits)
+    assert found is not None and not retention.drops(found)
+    assert retention.ttl_override_s(found) is None
+    assert retention.debug_headers(found) == {
+        "x-vsr-retention-ttl-turns": "0",
+        "x-vsr-retention-keep-current-model": "false",
+    }
+    assert retention.directive(Decision(name="d").emits) is None
+    assert retention.debug_headers(None) == {}
+    every = Decision.model_validate(
+        {"name": "d", "emits": [{"kind": "retention", "retention": {
+            "drop": True, "prefer_prefix_retention": True}}]}
+    )  # fmt: skip
+    assert retention.debug_headers(retention.directive(every.emits)) == {
+        "x-vsr-retention-drop": "true",
+        "x-vsr-retention-prefer-prefix": "true",
+    }

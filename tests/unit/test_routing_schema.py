@@ -432,6 +432,12 @@ def test_plugin_fragments_load_or_are_refused_by_type(rel: str) -> None:
                 "supported: mode: filter (the request's own tools, ranked by relevance to the "
                 "query)"
             )
+        if plugin["type"] == "memory" and plugin["configuration"].get("enabled") is True:
+            expected[f"routing.decisions[0].plugins[{j}].configuration.enabled"] = (
+                "the memory plugin enabled: true (agentic memory: recall from and writes to a "
+                f"memory store, which vllm-sr does not have) is {NOT_SUPPORTED}; supported: "
+                "enabled: false"
+            )
     assert found == expected
 
 
@@ -509,7 +515,6 @@ def test_decision_refusals_and_leaf_rules() -> None:
                 "emits": [
                     {"kind": "retention", "retention": {"drop": True}},
                     {"kind": "retention", "retention": {"ttl_turns": 3}},
-                    {"kind": "retention", "retention": {"prefer_prefix_retention": True}},
                 ],
                 "annotations": {"a": 1},
             }
@@ -522,9 +527,8 @@ def test_decision_refusals_and_leaf_rules() -> None:
     assert "the rule leaf type 'event' is not supported" in found[f"{d0}.rules.conditions[1].type"]
     assert "'apply' under adaptations.mode 'observe'" in found[f"{d0}.adaptations.adaptation.mode"]
     assert f"{d0}.adaptations" not in found  # Router Learning's controls are acted on
-    assert NOT_SUPPORTED in found[f"{d0}.emits[0].retention.drop"]
-    assert NOT_SUPPORTED in found[f"{d0}.emits[1].retention.ttl_turns"]
-    assert not any(p.startswith(f"{d0}.emits[2]") for p in found)
+    assert not any(p.startswith(f"{d0}.emits[0]") for p in found)  # acted on
+    assert "one retention per decision" in found[f"{d0}.emits[1].kind"]
     assert not any(p.startswith(f"{d0}.annotations") for p in found)
     with pytest.raises(ValidationError, match=NOT_SUPPORTED):
         Routing.model_validate(routing)

@@ -3,8 +3,9 @@ name: ``algorithm.minimum_candidates`` (checked as upstream's validator), ``acti
 ``modelRefs[].reasoning_mode`` (refused), the fallback policy in its three places (refused
 unless ``enabled: false``), ``request_params.default_max_tokens`` (acted on; ``auto``
 refused), ``router_replay.capture_personal_data``, and the hallucination family,
-``jailbreak[].direction`` and ``classifiers[].disable_rationale``. The released mom-v1 bundle's
-decisions are upstream's own fragments."""
+``jailbreak[].direction`` and ``classifiers[].disable_rationale``; ``emits`` retention (acted
+on, upstream's contract checked) and a disabled ``memory`` plugin (an enabled one refused). The
+released mom-v1 bundle's decisions are upstream's own fragments."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from vllm_sr.config.problems import Problem
-from vllm_sr.config.routing_plugins import RequestParamsPlugin, plugin_problems
+from vllm_sr.config.routing import Decision
+from vllm_sr.config.routing_plugins import RequestParamsPlugin, decision_plugins, plugin_problems
 from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.upstream_refusals import global_refusals
 from vllm_sr.router.plugins.shapers import apply_request_params
+from vllm_sr.router.retention import directive, drops
 
 MOM_V1 = Path(__file__).resolve().parents[1] / "fixtures/upstream/v0.4/mom-v1/config.yaml"
 REF = {"model": "m"}
@@ -160,3 +164,86 @@ def test_what_needs_a_generative_decision_model_is_refused_with_the_reason() -> 
         in problems[("routing", "decisions", 0, "plugins", 0, "type")]
     )
     assert all("not supported by vllm-sr" in m for m in problems.values())
+
+
+# -- mom-v1's vault: emits retention and the memory plugin -------------------------------------
+
+
+def test_mom_v1s_vault_decisions_load_with_their_retention_and_memory() -> None:
+    doc = yaml.safe_load(MOM_V1.read_text(encoding="utf-8"))
+    (vault,) = [r for r in doc["recipes"] if r["name"] == "vault"]
+    decisions = vault["routing"]["decisions"]
+    assert {d["name"] for d in decisions if "emits" in d} == {d["name"] for d in decisions}
+    for dec in decisions:
+        own = {k: dec[k] for k in ("name", "modelRefs", "plugins", "emits") if k in dec}
+        assert routing_local_problems({"decisions": [own]}) == [], dec["name"]
+        typed = Decision.model_validate(own)
+        assert drops(directive(typed.emits)), dec["name"]
+        assert "memory" in decision_plugins(typed.plugins).names
+
+
+def emits_problems(*emits: dict[str, Any]) -> dict[tuple[object, ...], str]:
+    found = routing_local_problems({"decisions": [decision(emits=list(emits))]})
+    return {p.path[3:]: p.message for p in found}
+
+
+def test_retention_drop_and_ttl_turns_are_accepted_alone_and_refused_together() -> None:
+    assert emits_problems({"kind": "retention", "retention": {"drop": True}}) == {}
+    assert emits_problems({"kind": "retention", "retention": {"ttl_turns": 3}}) == {}
+    both = emits_problems({"kind": "retention", "retention": {"drop": True, "ttl_turns": 2}})
+    assert list(both) == [("emits", 0, "retention")]
+    message = both[("emits", 0, "retention")]
+    assert "drop: true with ttl_turns 2" in message and "accepted: one of them" in message
+    # drop: false with a ttl is not a conflict (upstream checks drop == true)
+    ok = {"kind": "retention", "retention": {"drop": False, "ttl_turns": 2}}
+    assert emits_problems(ok) == {}
+
+
+def test_one_retention_per_decision_with_its_payload() -> None:
+    twice = emits_problems(
+        {"kind": "retention", "retention": {"drop": True}},
+        {"kind": "retention", "retention": {"prefer_prefix_retention": True}},
+    )
+    assert list(twice) == [("emits", 1, "kind")]
+    assert "emits[0] is one" in twice[("emits", 1, "kind")]
+    assert "accepted: one retention per decision" in twice[("emits", 1, "kind")]
+    bare = emits_problems({"kind": "retention"})
+    assert list(bare) == [("emits", 0, "retention")]
+    assert "accepted: retention: {drop, ttl_turns" in bare[("emits", 0, "retention")]
+    with pytest.raises(ValidationError):
+        Decision.model_validate(decision(emits=[{"kind": "log", "retention": {}}]))
+    with pytest.raises(ValidationError):
+        Decision.model_validate(decision(emits=[{"kind": "retention", "retention": {"ttl": 1}}]))
+    with pytest.raises(ValidationError):
+        Decision.model_validate(
+            decision(emits=[{"kind": "retention", "retention": {"ttl_turns": -1}}])
+        )
+
+
+def memory(**conf: Any) -> list[Problem]:
+    return routing_local_problems(
+        {"decisions": [decision(plugins=[{"type": "memory", "configuration": conf}])]}
+    )
+
+
+def test_a_disabled_memory_plugin_is_accepted_and_an_enabled_one_refused_by_name() -> None:
+    full = {
+        "enabled": False,
+        "retrieval_limit": 5,
+        "similarity_threshold": 0.7,
+        "auto_store": True,
+        "hybrid_search": True,
+        "hybrid_mode": "rrf",
+        "reflection": {"enabled": True, "max_inject_tokens": 200, "block_patterns": ["x"]},
+    }
+    assert memory(**full) == []
+    assert memory() == []  # enabled defaults to false, as upstream's bool
+    (on,) = memory(enabled=True)
+    assert on.path[-2:] == ("configuration", "enabled")
+    assert "the memory plugin enabled: true" in on.message
+    assert "not supported by vllm-sr; supported: enabled: false" in on.message
+    assert "memory store" in on.message
+    (extra,) = memory(enabled=False, recall_everything=True)
+    assert extra.path[-1] == "recall_everything" and "'memory'" in extra.message
+    (threshold,) = memory(similarity_threshold=1.5)
+    assert threshold.path[-1] == "similarity_threshold" and "1.5" in threshold.message

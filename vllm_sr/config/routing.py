@@ -225,14 +225,19 @@ class Plugin(Strict):
 
 
 class Retention(Strict):
+    """Upstream's retention directive (vllm_sr/router/retention.py acts on it). Every field is
+    tri-state: unset is not the same as false or 0 (the debug headers show only set ones)."""
+
     drop: bool | None = None
-    """Upstream: do not write the answer to the response cache (refused)."""
+    """True: the decision's answers are never written to the response cache (reads stay)."""
 
     ttl_turns: int | None = Field(default=None, ge=0)
-    """Upstream: the cache entry's TTL, 60 s per turn (refused when > 0)."""
+    """> 0: the cache entry lives 60 s per turn, whatever the plugin, store or request say;
+    not with ``drop: true``."""
 
     keep_current_model: bool | None = None
-    """Upstream: Router Learning's model-switch gate stays (metadata: no learning here)."""
+    """Upstream: a model-switch gate's forced stay (not wired in upstream's router; metadata
+    here)."""
 
     prefer_prefix_retention: bool | None = None
     """Upstream: a hint header to the pool (metadata)."""
@@ -240,10 +245,10 @@ class Retention(Strict):
 
 class Emit(Strict):
     kind: Literal["retention"]
-    """The directive's kind."""
+    """The directive's kind (upstream's only one; at most one per decision)."""
 
     retention: Retention | None = None
-    """The retention directive."""
+    """The retention directive (required: upstream refuses an emit without it)."""
 
 
 class LearningAdaptation(Strict):
@@ -314,13 +319,13 @@ class Decision(Strict):
     """How to pick among modelRefs (omitted: static)."""
 
     plugins: list[Plugin] = Field(default_factory=list, max_length=64)
-    """Request/response plugins (refused by vllm-sr for now)."""
+    """Request/response plugins (vllm_sr/config/routing_plugins.py types them)."""
 
     adaptations: Adaptations | None = None
     """Upstream's Router Learning controls for this decision."""
 
     emits: list[Emit] = Field(default_factory=list, max_length=16)
-    """Declarative directives (retention)."""
+    """Declarative directives: one ``retention`` at most (acted on by the response cache)."""
 
     annotations: JsonObject | None = None
     """Metadata with no effect (at most 32 keys, 4 KiB as JSON, as upstream)."""

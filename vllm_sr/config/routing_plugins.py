@@ -4,6 +4,9 @@ and defaults. A decision's ``plugins`` entries stay ``{type, configuration}`` ma
 ``routing.Decision``; :func:`plugin_problems` checks one entry (at its YAML path) and
 :func:`decision_plugins` turns a decision's entries into these models for the router.
 
+``memory`` (upstream's agentic memory) is typed and accepted only disabled: vllm-sr has no
+memory store.
+
 Aliases: ``semantic-cache``, ``semantic_cache`` and ``response-cache`` name ``response_cache``
 (upstream's normalisation); one plugin per type after aliasing."""
 
@@ -274,6 +277,56 @@ class RouterReplayPlugin(Strict):
     """Upstream: tool trace steps (metadata)."""
 
 
+class MemoryReflection(Strict):
+    """Upstream's recall post-processing (``MemoryReflectionConfig``; metadata here)."""
+
+    enabled: bool | None = None
+    """Upstream: reflection on (unset: on)."""
+
+    algorithm: str | None = None
+    """Upstream: the reflection algorithm."""
+
+    max_inject_tokens: int | None = None
+    """Upstream: most tokens of recalled memories injected."""
+
+    recency_decay_days: int | None = None
+    """Upstream: older memories weigh less over this many days."""
+
+    dedup_threshold: float | None = None
+    """Upstream: near-duplicate memories above this similarity are merged."""
+
+    block_patterns: list[str] = Field(default_factory=list)
+    """Upstream: memories matching these patterns are never injected."""
+
+
+class MemoryPlugin(Strict):
+    """Upstream's per-decision agentic memory (``MemoryPluginConfig``): recalled memories
+    injected into the request, conversations stored. vllm-sr has no agentic memory store, so
+    only ``enabled: false`` is accepted; it has no effect here, as in upstream when the global
+    memory is off (``global.stores.memory.enabled: true`` is refused too)."""
+
+    enabled: bool = False
+    """Upstream: memory on for this decision (refused when true)."""
+
+    retrieval_limit: int | None = None
+    """Upstream: memories recalled per request."""
+
+    similarity_threshold: float | None = Field(default=None, ge=0, le=1)
+    """Upstream: recall's cosine threshold (0 to 1, as upstream checks)."""
+
+    auto_store: bool | None = None
+    """Upstream: store this decision's conversations."""
+
+    hybrid_search: bool = False
+    """Upstream: hybrid search on."""
+
+    hybrid_mode: str | None = None
+    """Upstream: the hybrid search's mode."""
+
+    reflection: MemoryReflection | None = None
+    """Upstream: recall post-processing."""
+
+
 MASK_INDEX = "{index}"
 # Headers that carry a caller's credential: a shadow copy never carries them (upstream's
 # SHADOW_CREDENTIAL_HEADERS in its CLI's models.py, kept in step with its router).
@@ -410,6 +463,7 @@ PLUGIN_MODELS: dict[str, type[Strict]] = {
     "tool_selection": ToolSelectionPlugin,
     "masking": MaskingPlugin,
     "shadow_dispatch": ShadowDispatchPlugin,
+    "memory": MemoryPlugin,
 }
 SUPPORTED_PLUGIN_TYPES = tuple(PLUGIN_MODELS)
 
@@ -450,6 +504,15 @@ def plugin_problems(path: Path, kind: str, configuration: object) -> list[Proble
                 "default_max_tokens 'auto' (each candidate model's own output limit, from "
                 "upstream's native model limits)",
                 "a positive integer",
+            )
+        ]
+    if isinstance(typed, MemoryPlugin) and typed.enabled:
+        return [
+            refusal(
+                (*path, "configuration", "enabled"),
+                "the memory plugin enabled: true (agentic memory: recall from and writes to a "
+                "memory store, which vllm-sr does not have)",
+                "enabled: false",
             )
         ]
     if isinstance(typed, ToolSelectionPlugin) and typed.enabled and typed.mode != "filter":

@@ -2,7 +2,7 @@
 family, leaf type, algorithm, plugin or decision option upstream has that would change routing
 or the request but that vllm-sr does not implement is a problem at its YAML path saying
 "not supported by vllm-sr" and naming what is supported instead. Metadata (descriptions, tags,
-annotations, retention hints with no effect here) is accepted.
+annotations, the retention hints keep_current_model and prefer_prefix_retention) is accepted.
 
 Looper algorithms (confidence, ratings, remom, fusion, workflows) are accepted where upstream
 itself runs them as ``static``: with no looper endpoint configured, or with too few modelRefs
@@ -322,30 +322,47 @@ def _decision_problems(path: Path, dec: JsonObject) -> list[Problem]:
             (*path, "plugins", j), kind, as_dict(plugin).get("configuration")
         )
     problems += adaptations_problems((*path, "adaptations"), dec.get("adaptations"))
-    for k, emit in enumerate(as_list(dec.get("emits"))):
-        ret = as_dict(as_dict(emit).get("retention"))
+    problems += _emits_problems((*path, "emits"), dec.get("emits"))
+    return problems
+
+
+def _emits_problems(path: Path, emits: object) -> list[Problem]:
+    """Upstream's emit contract (``C/validator_decision_emit.go``): one ``retention`` per
+    decision, its payload required, ``drop: true`` not with ``ttl_turns`` > 0. The directive
+    is acted on (vllm_sr/router/retention.py)."""
+    problems: list[Problem] = []
+    first: int | None = None
+    for k, emit in enumerate(as_list(emits)):
+        entry = as_dict(emit)
+        if entry.get("kind") != "retention":
+            continue  # the model refuses another kind
+        if first is None:
+            first = k
+        else:
+            problems.append(
+                problem(
+                    (*path, k, "kind"),
+                    f"a second retention directive (emits[{first}] is one); accepted: one "
+                    "retention per decision (upstream refuses a duplicate kind)",
+                )
+            )
+        if entry.get("retention") is None:
+            problems.append(
+                problem(
+                    (*path, k, "retention"),
+                    "kind retention without its retention mapping; accepted: retention: "
+                    "{drop, ttl_turns, keep_current_model, prefer_prefix_retention}",
+                )
+            )
+            continue
+        ret = as_dict(entry.get("retention"))
         ttl = ret.get("ttl_turns")
-        if ret.get("drop") is True:
-            problems.append(
-                refusal(
-                    (*path, "emits", k, "retention", "drop"),
-                    "retention drop (a response-cache directive)",
-                    "keep_current_model and prefer_prefix_retention, as metadata",
-                )
-            )
-        if isinstance(ttl, int) and ttl > 0:
-            problems.append(
-                refusal(
-                    (*path, "emits", k, "retention", "ttl_turns"),
-                    "retention ttl_turns > 0 (a response-cache directive)",
-                    "ttl_turns 0; keep_current_model and prefer_prefix_retention, as metadata",
-                )
-            )
         if ret.get("drop") is True and isinstance(ttl, int) and ttl > 0:
             problems.append(
                 problem(
-                    (*path, "emits", k, "retention"),
-                    "drop with ttl_turns > 0; accepted: one of them (upstream rejects both)",
+                    (*path, k, "retention"),
+                    f"drop: true with ttl_turns {ttl}; accepted: one of them (drop skips the "
+                    "cache write, ttl_turns sets its lifetime; upstream refuses both)",
                 )
             )
     return problems

@@ -1,6 +1,7 @@
 """The matched decision's plugins as stages of a chat (vllm_sr/router/pipeline.py runs them in
 upstream's order; :func:`on_request` before the backend, :func:`on_answer` after it):
-``fast_response``; a looper decision; the response cache's lookup and write; ``tools`` with
+``fast_response``; a looper decision; the response cache's lookup and write (the write under
+the decision's retention directive, set on the run: vllm_sr/router/retention.py); ``tools`` with
 ``tool_selection``, then ``masking`` (vllm_sr/router/plugins/masking.py), before the backend;
 ``router_replay``'s record of the answer (none where the recipe's v0.4 ``data_policy.replay``
 is false: ``decision_plugins`` turns the plugin off). ``shadow_dispatch``'s copy is submitted
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from vllm_sr.config.routing_plugins import DecisionPlugins
 from vllm_sr.httpserver import Response, StreamResponse
 from vllm_sr.jsontypes import JsonObject
+from vllm_sr.router import retention
 from vllm_sr.router.answers import H_ALGORITHM, H_DECISION, H_MODEL, H_RECIPE
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
 from vllm_sr.router.looper.dispatch import run_looper
@@ -30,6 +32,7 @@ from vllm_sr.router.replay.session import session_fields
 from vllm_sr.router.route import RouteResult
 
 if TYPE_CHECKING:
+    from vllm_sr.config.routing import Retention
     from vllm_sr.router.chat import ChatRouter
     from vllm_sr.router.pipeline import ChatRun
 
@@ -58,6 +61,7 @@ async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
     result = run.result
     assert result is not None  # routed before the plugins run
     run.plugins = plugins_of(chat, result)
+    run.retention = retention_of(chat, result)
     run.replay = Replay(chat, run)
     fast = fast_response(run)
     if fast is not None:
@@ -110,6 +114,14 @@ def plugins_of(chat: ChatRouter, result: RouteResult) -> DecisionPlugins:
     return chat.plugins.get((result.recipe, result.decision), NO_PLUGINS)
 
 
+def retention_of(chat: ChatRouter, result: RouteResult) -> Retention | None:
+    """The matched decision's retention directive (none for a named model or no decision)."""
+    if not result.routed or result.decision is None:
+        return None
+    decision = chat.decisions.get((result.recipe, result.decision))
+    return retention.directive(decision.emits) if decision is not None else None
+
+
 def fast_response(run: ChatRun) -> Response | None:
     """``fast_response``: the decision's canned answer (whole or as SSE), no backend."""
     plugin = run.plugins.fast_response
@@ -150,6 +162,7 @@ async def cache_lookup(chat: ChatRouter, run: ChatRun) -> Response | None:
         user_id_header=chat.authz.user_id_header,
         user_groups_header=chat.authz.user_groups_header,
         embedding=run.query,
+        retention=run.retention,
     )
     run.cache_plan = plan
     if plan is None:

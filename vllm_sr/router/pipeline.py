@@ -15,8 +15,8 @@ over it in upstream's fixed order (docs/internals.md "A routed chat"; upstream's
 5. the backend (vllm_sr/router/fallback.py :func:`~vllm_sr.router.fallback.forward`, which
    shapes each attempt's body: reasoning, ``system_prompt``, ``request_params``,
    ``header_mutation``); once the primary answer started, ``shadow_dispatch``'s copy is
-   queued (vllm_sr/router/plugins/shadow.py, never waited for); then the cache write and the
-   replay record.
+   queued (vllm_sr/router/plugins/shadow.py, never waited for); then the cache write (under
+   the winner's retention directive: vllm_sr/router/retention.py) and the replay record.
 
 Chat completions and the Responses API (which hands its translated body here) run
 :func:`run_chat`; ``/api/v1/eval`` and ``/api/v1/routing/preview`` run :func:`run_eval`: the
@@ -37,7 +37,7 @@ from vllm_sr.config.routing_plugins import DecisionPlugins
 from vllm_sr.errors import VllmSrError
 from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
 from vllm_sr.jsontypes import JsonObject
-from vllm_sr.router import chat_plugins
+from vllm_sr.router import chat_plugins, retention
 from vllm_sr.router.answers import ModelNotAvailable, is_debug, parse_chat
 from vllm_sr.router.backend_proxy import StreamRewrite
 from vllm_sr.router.cache.answer import AnswerRecorder
@@ -49,6 +49,7 @@ from vllm_sr.router.route import Router, RouteResult, SignalRun
 from vllm_sr.router.rules import Match, Ranking
 
 if TYPE_CHECKING:
+    from vllm_sr.config.routing import Retention
     from vllm_sr.router.chat import ChatRouter
     from vllm_sr.router.chat_plugins import Replay
     from vllm_sr.router.learning.runtime import Turn
@@ -78,6 +79,7 @@ class ChatRun:
     learning: Turn | None = None  # Router Learning's turn, when it touched the chat
     query: QueryEmbedding | None = None  # the text's embedding (cache, tool_selection)
     plugins: DecisionPlugins = NO_PLUGINS
+    retention: Retention | None = None  # the winner's retention directive (router/retention.py)
     effects: list[str] = field(default_factory=list)  # the plugins' effects, in order
     cache_plan: CachePlan | None = None
     recorder: AnswerRecorder | None = None  # the chosen model's answer, for the cache
@@ -206,6 +208,8 @@ async def backend_stage(
     headers = dict(replay.headers) if replay is not None else {}
     if run.learning is not None and run.debug:
         headers.update(run.learning.headers())
+    if run.debug:
+        headers.update(retention.debug_headers(run.retention))
     sent = chat.backends.clock.monotonic()
     done = await forward(
         chat.upstream,

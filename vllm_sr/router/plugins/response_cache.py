@@ -6,8 +6,10 @@ Active for a chat when the store is on, the matched decision's plugin has ``enab
 and the scope's identity is present (upstream's rule). Lookup: ``exact`` mode asks the exact
 key, ``semantic`` the nearest entry of the semantic group at or above the threshold,
 ``exact_then_semantic`` both in that order. Write: only a 200, complete answer (see
-cache/answer.py); never when the request said ``no-store``/``bypass``; never an answer from a
-fallback model (the entry would be filed under a model that did not write it). A store that
+cache/answer.py); never when the request said ``no-store``/``bypass`` or the decision's
+retention directive says ``drop`` (vllm_sr/router/retention.py, which also makes ``ttl_turns``
+the entry's lifetime); never an answer from a fallback model (the entry would be filed under a
+model that did not write it). A store that
 fails (Redis down) is counted in ``errors`` and logged; the chat goes on uncached."""
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.config.routing_plugins import ResponseCachePlugin
 from vllm_sr.errors import VllmSrError
 from vllm_sr.jsontypes import JsonObject
+from vllm_sr.router import retention as retention_rules
 from vllm_sr.router.cache import keys
 from vllm_sr.router.cache.answer import as_hit
 from vllm_sr.router.cache.embedding import QueryEmbedding
 from vllm_sr.router.cache.store import DEFAULT_TTL_S, CacheStore, Entry, normalise
 
 if TYPE_CHECKING:
-    from vllm_sr.config.routing import Decision
+    from vllm_sr.config.routing import Decision, Retention
     from vllm_sr.config.schema import GlobalSection
     from vllm_sr.router.route import Exchange
 
@@ -62,7 +65,8 @@ class CacheStats:
 
 @dataclass
 class CachePlan:
-    """One chat's cache work: its keys, what the request allows, its TTL."""
+    """One chat's cache work: its keys, what the request allows, its TTL, whether the
+    decision's retention directive forbids the write (``drop``)."""
 
     plugin: ResponseCachePlugin
     decision: str
@@ -71,6 +75,7 @@ class CachePlan:
     controls: keys.Controls
     ttl_s: int
     embedding: QueryEmbedding
+    drop: bool = False
 
     @property
     def mode(self) -> str:
@@ -120,8 +125,11 @@ class ResponseCache:
         user_id_header: str,
         user_groups_header: str,
         embedding: QueryEmbedding,
+        retention: Retention | None = None,
     ) -> CachePlan | None:
-        """The chat's plan, or None when it is not cached (no identity for the scope)."""
+        """The chat's plan, or None when it is not cached (no identity for the scope). The
+        TTL: the plugin's (else the store's), bounded by the request's ``ttl=``; a
+        ``retention`` directive's ``ttl_turns`` replaces it (upstream applies it last)."""
         scope = plugin.effective_scope
         identity = keys.scope_identity(scope, headers, user_id_header, user_groups_header)
         if identity is None:
@@ -139,14 +147,16 @@ class ResponseCache:
         )
         controls = keys.parse_controls(plugin.controls(), headers)
         configured = plugin.ttl_seconds if plugin.ttl_seconds is not None else self.default_ttl_s
+        ttl = retention_rules.ttl_override_s(retention)
         return CachePlan(
             plugin,
             decision.name,
             keys.exact_key(part, body),
             keys.semantic_group(part, body),
             controls,
-            keys.effective_ttl(configured, controls.ttl_s),
+            ttl if ttl is not None else keys.effective_ttl(configured, controls.ttl_s),
             embedding,
+            drop=retention_rules.drops(retention),
         )
 
     async def lookup(self, plan: CachePlan) -> Hit | None:
@@ -194,6 +204,9 @@ class ResponseCache:
             return
         if not plan.controls.write:
             self.stats.skipped["no-store"] += 1
+            return
+        if plan.drop:
+            self.stats.skipped[retention_rules.DROP_REASON] += 1
             return
         if plan.ttl_s <= 0:
             return
