@@ -12,9 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.integration.test_serve_router import serve
 from tests.integration.test_supervisor_fake import REPO_ROOT
 from tests.support.models import build_tiny_bert
+from tests.support.serving import serve
 from tests.unit.test_artifact_check import PAGE_OUTLIER_EXAMPLE
 
 pytestmark = pytest.mark.slow

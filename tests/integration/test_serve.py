@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -22,17 +21,12 @@ import psutil
 import pytest
 
 from tests.integration.test_supervisor_fake import FAKE_MODULE, REPO_ROOT, wait_for
+from tests.support.serving import free_port
 from tests.support.workers import short_socket_dir
 from vllm_sr.control.client import ControlClient
 from vllm_sr.placement.apply import apply_scale
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,8 +18,15 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.integration.test_serve import free_port
-from tests.integration.test_supervisor_fake import FAKE_MODULE, REPO_ROOT, wait_for
+from tests.integration.test_supervisor_fake import FAKE_MODULE, wait_for
+from tests.support.serving import (
+    REPO_ROOT,
+    free_port,
+    running,
+    serve_argv,
+    serve_env,
+    stand_ins,
+)
 from tests.support.workers import short_socket_dir
 
 pytestmark = pytest.mark.slow
@@ -51,21 +56,20 @@ async def serve_loading(tmp: Path, *flags: str, fake: bool) -> AsyncIterator[Ser
     port = free_port()
     run = short_socket_dir(prefix="vsr-ready-") / "run"
     log = tmp / "serve.log"
-    argv = [sys.executable, "-m", "vllm_sr.cli", "serve", *flags]
-    argv += ["--config", str(tmp / "config.yaml")]
-    argv += ["--listen", f"127.0.0.1:{port}", "--runtime-dir", str(run)]
-    argv += ["--control-socket", str(run / "control.sock")]
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    env.pop("VLLM_SR_WORKER_ARGV", None)
+    argv = serve_argv(
+        tmp / "config.yaml",
+        *flags,
+        "--listen",
+        f"127.0.0.1:{port}",
+        run=run,
+        control=run / "control.sock",
+    )
+    fakes = {}
     if fake:
-        env["VLLM_SR_WORKER_ARGV"] = f"{sys.executable} -m {FAKE_MODULE} worker"
-        env["FAKE_READY_FILE"] = str(tmp / "loaded-{replica}")
-    with open(log, "wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=out, stderr=out, env=env, cwd=REPO_ROOT
-        )
-    served = Served(f"http://127.0.0.1:{port}", log, {})
-    try:
+        fakes["VLLM_SR_WORKER_ARGV"] = f"{sys.executable} -m {FAKE_MODULE} worker"
+        fakes["FAKE_READY_FILE"] = str(tmp / "loaded-{replica}")
+    async with running(argv, serve_env(fakes), log, cwd=REPO_ROOT) as proc:
+        served = Served(f"http://127.0.0.1:{port}", log, {})
         await wait_for(
             lambda: "serving on" in served.text() or proc.returncode is not None,
             60,
@@ -74,14 +78,6 @@ async def serve_loading(tmp: Path, *flags: str, fake: bool) -> AsyncIterator[Ser
         )
         assert proc.returncode is None, served.text()
         yield served
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 def engine_mode(artifact: str, replicas: int) -> tuple[str, ...]:
@@ -181,16 +177,14 @@ async def test_router_mode_preview_on_a_real_serve(tmp_path: Path, tiny_bert_dir
     model signal still loading is only listed in signal_errors); once /ready is 200 the same
     preview has every signal evaluated; the envelope is strict through the real frontend."""
     from tests.integration.test_serve_router import config_text
-    from tests.support.backends import StandInBackend
 
-    coder, general = await StandInBackend("coder").start(), await StandInBackend("general").start()
-    doc = yaml.safe_load(config_text(tiny_bert_dir, coder.endpoint, general.endpoint, 0.99))
-    # thresholds alone decide (upstream's default soft matching at 0.5 would match billing)
-    semantic = {"embedding_config": {"enable_soft_matching": False, "top_k": 0}}
-    doc["global"]["model_catalog"]["embeddings"] = {"semantic": semantic}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
     body = {"text": "I was charged twice, debug this function", "options": {"trace": True}}
-    try:
+    async with stand_ins("coder", "general") as (coder, general):
+        doc = yaml.safe_load(config_text(tiny_bert_dir, coder.endpoint, general.endpoint, 0.99))
+        # thresholds alone decide (upstream's default soft matching at 0.5 would match billing)
+        semantic = {"embedding_config": {"enable_soft_matching": False, "top_k": 0}}
+        doc["global"]["model_catalog"]["embeddings"] = {"semantic": semantic}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
         async with serve_loading(tmp_path, fake=False) as served:
 
             async def preview(payload: dict[str, Any]) -> tuple[int, Any]:
@@ -222,6 +216,3 @@ async def test_router_mode_preview_on_a_real_serve(tmp_path: Path, tiny_bert_dir
             assert status == 400
             assert doc["error"]["message"].startswith("field temperature: unknown field")
             assert coder.received == [] and general.received == []
-    finally:
-        await coder.stop()
-        await general.stop()

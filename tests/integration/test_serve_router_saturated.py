@@ -15,8 +15,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.test_serve_router import Served, serve
-from tests.support.backends import StandInBackend
+from tests.support.serving import Served, one_deployment, serve, stand_ins, two_models
 
 pytestmark = pytest.mark.slow
 
@@ -25,19 +24,12 @@ ROUNDS_DEADLINE_S = 120.0
 
 
 def config_text(artifact: Path, coder: str, general: str) -> str:
-    return f"""\
-providers:
-  defaults: {{default_model: general}}
-  models:
-    - name: general
-      backend_refs: [{{endpoint: "{general}"}}]
-    - name: coder
-      backend_refs: [{{endpoint: "{coder}"}}]
+    routing = """\
 routing:
   strategy: priority
   signals:
     keywords:
-      - {{name: code, operator: OR, keywords: [code, function, debug]}}
+      - {name: code, operator: OR, keywords: [code, function, debug]}
     embeddings:
       - name: billing
         threshold: 0.99
@@ -45,19 +37,14 @@ routing:
   decisions:
     - name: coding
       priority: 100
-      rules: {{type: keyword, name: code}}
-      modelRefs: [{{model: coder}}]
+      rules: {type: keyword, name: code}
+      modelRefs: [{model: coder}]
     - name: billing
       priority: 50
-      rules: {{type: embedding, name: billing}}
-      modelRefs: [{{model: general}}]
-global:
-  model_catalog:
-    deployments:
-      primary:
-        artifact: {artifact}
-        replicas: [{{device: cpu}}]
+      rules: {type: embedding, name: billing}
+      modelRefs: [{model: general}]
 """
+    return two_models(coder, general) + routing + one_deployment(artifact)
 
 
 async def chat(session: aiohttp.ClientSession, url: str, text: str) -> tuple[str, dict[str, str]]:
@@ -83,10 +70,9 @@ async def unknown_counts(svc: Served) -> dict[tuple[str, str], float]:
 async def test_a_saturated_replica_leaves_keyword_decisions_routing(
     tmp_path: Path, tiny_bert_dir: Path
 ) -> None:
-    coder, general = await StandInBackend("coder").start(), await StandInBackend("general").start()
     config = tmp_path / "config.yaml"
-    config.write_text(config_text(tiny_bert_dir, coder.endpoint, general.endpoint))
-    try:
+    async with stand_ins("coder", "general") as (coder, general):
+        config.write_text(config_text(tiny_bert_dir, coder.endpoint, general.endpoint))
         async with serve(config) as svc:
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=connector) as session:
@@ -113,6 +99,3 @@ async def test_a_saturated_replica_leaves_keyword_decisions_routing(
                 assert counts.get(("embedding", "overloaded"), 0) > 0, counts
                 assert sum(counts.values()) == unknown, counts
                 assert general.received == []  # nothing went to the default model
-    finally:
-        await coder.stop()
-        await general.stop()

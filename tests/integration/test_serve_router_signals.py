@@ -6,16 +6,13 @@ them (``requests_by_kind``)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.integration.test_serve_router import Served, serve
-from tests.support.backends import StandInBackend
+from tests.support.serving import serve, stand_ins, two_models
 
 pytestmark = pytest.mark.slow
 
@@ -37,14 +34,9 @@ def config_text(artifact: Path, coder: str, general: str) -> str:
         "modelRefs: [{model: coder}]}"
         for i, (kind, name) in enumerate(EIGHT)
     )
-    return f"""\
-providers:
-  defaults: {{default_model: general}}
-  models:
-    - name: general
-      backend_refs: [{{endpoint: "{general}"}}]
-    - name: coder
-      backend_refs: [{{endpoint: "{coder}"}}]
+    return (
+        two_models(coder, general)
+        + f"""\
 routing:
   signals:
     complexity:
@@ -81,35 +73,16 @@ global:
         artifact: {artifact}
         replicas: [{{device: cpu}}]
 """
-
-
-async def routing_by_deployment(svc: Served) -> dict[str, int]:
-    inv = await svc.inventory()
-    return {
-        dep["name"]: sum(r["requests_by_kind"].get("routing", 0) for r in dep["replicas"])
-        for dep in inv["deployments"]
-    }
-
-
-async def all_ready(svc: Served) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        deps = (await svc.inventory())["deployments"]
-        if len(deps) == 2 and all(d["ready_replicas"] == len(d["replicas"]) for d in deps):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("not ready:\n" + svc.log.read_text()[-3000:])
+    )
 
 
 async def test_eight_model_backed_signals_cost_one_exchange_per_deployment(
     tmp_path: Path, tiny_bert_dir: Path
 ) -> None:
-    coder, general = await StandInBackend("coder").start(), await StandInBackend("general").start()
     config = tmp_path / "config.yaml"
-    config.write_text(config_text(tiny_bert_dir, coder.endpoint, general.endpoint))
-    try:
-        async with serve(config) as svc:
-            await all_ready(svc)
+    async with stand_ins("coder", "general") as (coder, general):
+        config.write_text(config_text(tiny_bert_dir, coder.endpoint, general.endpoint))
+        async with serve(config, deployments=2) as svc:
             client = openai.AsyncOpenAI(base_url=svc.url + "/v1", api_key="unused")
             messages: list[Any] = [
                 {"role": "user", "content": "what is the integral of x"},
@@ -122,15 +95,12 @@ async def test_eight_model_backed_signals_cost_one_exchange_per_deployment(
                 model="auto", messages=messages
             )
             assert first.headers["x-vsr-selected-model"] == "coder"
-            before = await routing_by_deployment(svc)
+            before = await svc.routing_exchanges()
             for n in (1, 2):
                 raw = await client.chat.completions.with_raw_response.create(
                     model="auto", messages=messages
                 )
                 assert raw.headers["x-vsr-selected-model"] == "coder"
-                after = await routing_by_deployment(svc)
+                after = await svc.routing_exchanges()
                 assert after == {"primary": before["primary"] + n, "side": before["side"] + n}
             await client.close()
-    finally:
-        await coder.stop()
-        await general.stop()

@@ -9,50 +9,36 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.integration.test_serve_router import Served, serve
-from tests.support.backends import StandInBackend
+from tests.support.serving import Served, one_deployment, serve, stand_ins, two_models
 
 pytestmark = pytest.mark.slow
 
 
 def config_text(artifact: Path, coder: str, general: str) -> str:
-    return f"""\
-providers:
-  defaults: {{default_model: general}}
-  models:
-    - name: general
-      backend_refs: [{{endpoint: "{general}"}}]
-    - name: coder
-      backend_refs: [{{endpoint: "{coder}"}}]
+    routing = """\
 routing:
   signals:
     keywords:
-      - {{name: code, operator: OR, keywords: [code, function, debug]}}
+      - {name: code, operator: OR, keywords: [code, function, debug]}
     pii:
-      - {{name: card, threshold: 0.5}}
+      - {name: card, threshold: 0.5}
   decisions:
     - name: coding
       priority: 100
-      rules: {{type: keyword, name: code}}
-      modelRefs: [{{model: coder}}]
+      rules: {type: keyword, name: code}
+      modelRefs: [{model: coder}]
     - name: private
       priority: 50
-      rules: {{type: pii, name: card}}
-      modelRefs: [{{model: general}}]
-global:
-  model_catalog:
-    deployments:
-      primary:
-        artifact: {artifact}
-        replicas: [{{device: cpu}}]
+      rules: {type: pii, name: card}
+      modelRefs: [{model: general}]
 """
+    return two_models(coder, general) + routing + one_deployment(artifact)
 
 
 async def chat(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -67,22 +53,21 @@ async def signal_procs(svc: Served) -> list[dict[str, Any]]:
 
 
 async def until(svc: Served, check: Any, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        procs = await signal_procs(svc)
-        if procs and check(procs[0]):
-            return procs
-        assert time.monotonic() < deadline, (procs, svc.log.read_text()[-3000:])
-        await asyncio.sleep(0.05)
+    """The signal processes, once the first one passes ``check``."""
+
+    def procs_if(inventory: dict[str, Any]) -> list[dict[str, Any]] | None:
+        procs = list(inventory.get("signal_processes") or [])
+        return procs if procs and check(procs[0]) else None
+
+    return await svc.until(procs_if, timeout_s)
 
 
 async def test_a_killed_signal_process_costs_its_chats_their_signals_never_a_5xx(
     tmp_path: Path, tiny_bert_dir: Path
 ) -> None:
-    coder, general = await StandInBackend("coder").start(), await StandInBackend("general").start()
     config = tmp_path / "config.yaml"
-    config.write_text(config_text(tiny_bert_dir, coder.endpoint, general.endpoint))
-    try:
+    async with stand_ins("coder", "general") as (coder, general):
+        config.write_text(config_text(tiny_bert_dir, coder.endpoint, general.endpoint))
         async with serve(config, "--signal-processes", "1") as svc, aiohttp.ClientSession() as s:
             (proc,) = await until(svc, lambda p: p["state"] == "ready")
             answers = await asyncio.gather(*(chat(s, svc.url) for _ in range(16)))
@@ -111,6 +96,3 @@ async def test_a_killed_signal_process_costs_its_chats_their_signals_never_a_5xx
             assert answers == [(200, "coder")] * 4  # routed again by the new process
         log = svc.log.read_text()
         assert "signal_process_exited" in log and "killed by signal 9" in log
-    finally:
-        await coder.stop()
-        await general.stop()

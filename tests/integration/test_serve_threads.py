@@ -4,22 +4,24 @@ what the learner does (issue 12: nothing filled this outside the control fake)."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.integration.test_serve_router import serve
-from tests.integration.test_supervisor_fake import REPO_ROOT
+from tests.support.serving import REPO_ROOT, serve
 
 pytestmark = pytest.mark.slow
+
+
+def adaptive_threads(inventory: dict[str, Any]) -> Any:
+    """The first replica's adaptive-thread report (None until the supervisor has one)."""
+    return inventory["deployments"][0]["replicas"][0]["adaptive_threads"]
 
 
 async def test_the_learner_reaches_ctl_threads_and_the_inventory(
@@ -37,12 +39,7 @@ async def test_the_learner_reaches_ctl_threads_and_the_inventory(
                 async with s.post(svc.url + "/v1/embeddings", json=body) as r:
                     assert r.status == 200
 
-        report: Any = None
-        deadline = time.monotonic() + 30
-        while report is None:
-            assert time.monotonic() < deadline, svc.log.read_text()[-3000:]
-            await asyncio.sleep(0.1)
-            report = (await svc.inventory())["deployments"][0]["replicas"][0]["adaptive_threads"]
+        report = await svc.until(adaptive_threads, 30)
         assert report["mode"] == 1 and report["state"] in ("exploring", "learned", "retired")
 
         ctl = [sys.executable, "-m", "vllm_sr.cli", "ctl", "threads", "--socket", str(svc.control)]
@@ -74,12 +71,7 @@ async def test_a_recorded_drift_retires_a_restarted_worker_in_ctl_threads(
     # The record is kept per served dtype: pin float32, the dtype host_facts() names.
     flags = (str(tiny_bert_dir), "-e", "--platform", "cpu", "--dtype", "float32")
     async with serve(tmp_path / "config.yaml", *flags, env=env) as svc:
-        report: Any = None
-        deadline = time.monotonic() + 30
-        while report is None:
-            assert time.monotonic() < deadline, svc.log.read_text()[-3000:]
-            await asyncio.sleep(0.1)
-            report = (await svc.inventory())["deployments"][0]["replicas"][0]["adaptive_threads"]
+        report = await svc.until(adaptive_threads, 30)
         assert report["state"] == "retired" and report["recorded_drift"] is True
         assert report["shadow_passes"] == 0
         ctl = [sys.executable, "-m", "vllm_sr.cli", "ctl", "threads", "--socket", str(svc.control)]

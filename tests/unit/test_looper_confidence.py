@@ -14,8 +14,7 @@ import yaml
 
 from vllm_sr.config.routing_looper import ConfidenceSettings, confidence_problems
 from vllm_sr.errors import DeadlineExceeded, Unavailable
-from vllm_sr.router.looper.confidence import ordered, parse_size, score
-from vllm_sr.router.looper.runner import run_confidence
+from vllm_sr.router.looper.confidence import ordered, parse_size, run_confidence, score
 
 FRAGMENT = (
     Path(__file__).parents[1] / "fixtures/upstream/fragments/algorithm/looper/confidence.yaml"

@@ -142,6 +142,12 @@ class Backend:
         if not ok:
             self.errors += 1
 
+    def record_cancelled(self) -> None:
+        """A chat we cancelled before it ended (a looper's round at its quorum, a caller
+        gone): a request, not an error, and its cut-short time is not the backend's latency."""
+        self.requests += 1
+        self.rate.add()
+
     def inventory(self) -> JsonObject:
         p50, p99 = self.latency.percentiles(0.5, 0.99)
         return {

@@ -201,12 +201,15 @@ class BackendSet:
     async def proxy(self, backend: Backend, ex: Exchange) -> Response | StreamResponse:
         """Send ``ex`` to ``backend`` (:meth:`BackendProxy.proxy`; ``ex`` says how) and count it
         in the backend's requests, errors, latency and chats in flight, in its model's observed
-        timings (``ex.tap`` is wrapped to see them) and in its outlier detector."""
+        timings (``ex.tap`` is wrapped to see them) and in its outlier detector. A chat
+        cancelled on our side (a looper's round that reached its quorum, a caller gone) is
+        not the backend's fault: a request, never an error, a latency or an outlier's 5xx."""
         proxy = self._started()
         started = self.clock.monotonic()
         tap = self.observations.timing(backend.model, started, ex.tap)
         backend.inflight += 1
         ok = False
+        cancelled = False
         failed_5xx: bool | None = None  # None: says nothing of the backend (caller's deadline)
         try:
             answer, ok = await proxy.proxy(backend, dataclasses.replace(ex, tap=tap))
@@ -219,9 +222,15 @@ class BackendSet:
         except BackendUnavailable:
             failed_5xx = True
             raise
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             backend.inflight -= 1
-            backend.record(self.clock.monotonic() - started, ok)
+            if cancelled:
+                backend.record_cancelled()
+            else:
+                backend.record(self.clock.monotonic() - started, ok)
             if failed_5xx is not None and self.outliers[backend.model].record(
                 backend.index, failed_5xx
             ):

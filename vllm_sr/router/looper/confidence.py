@@ -1,5 +1,5 @@
-"""The ``confidence`` looper's order and scores (its settings and their checks:
-vllm_sr/config/routing_looper.py).
+"""The ``confidence`` looper (its settings and their checks: vllm_sr/config/routing_looper.py):
+the escalation order, the answers' scores and the loop over the models.
 
 Scores are 0-1: ``avg_logprob`` is the exponent of the mean token logprob (the geometric mean
 token probability); ``margin`` the mean gap between the chosen token's probability and the
@@ -12,7 +12,9 @@ import re
 from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_base import as_dict
+from vllm_sr.errors import DeadlineExceeded, VllmSrError
 from vllm_sr.jsontypes import JsonObject
+from vllm_sr.router.looper.runner import Loop, looper
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -93,3 +95,44 @@ def score(tokens: Sequence[JsonObject], settings: ConfidenceSettings) -> float |
     if method == "margin":
         return margin
     return settings.logprob_weight * avg + settings.margin_weight * margin
+
+
+@looper("confidence")
+async def run_confidence(
+    loop: Loop, models: Sequence[str], body: JsonObject, settings: ConfidenceSettings
+) -> None:
+    """Ask ``models`` (in the escalation order, :func:`ordered`) one by one, each with
+    logprobs on, until an answer's confidence reaches the threshold (else the last answer is
+    kept). The caller's deadline bounds the whole loop: once it has passed, no further call
+    starts and the best answer so far is kept (none: DeadlineExceeded). ``on_error: skip``
+    passes a failing model over; ``fail`` (or a failure of every model) raises its error."""
+    result = loop.result
+    inner = {**body, "stream": False, "logprobs": True}
+    if settings.confidence_method != "avg_logprob":
+        inner.setdefault("top_logprobs", 2)
+    inner.pop("stream_options", None)
+    last_error: VllmSrError | None = None
+    for model in models:
+        if loop.expired():
+            if result.answer is None:
+                raise DeadlineExceeded("the looper's deadline passed before any answer")
+            break
+        try:
+            got = await loop.ask(model, inner)
+        except VllmSrError as exc:
+            if settings.on_error == "fail":
+                raise
+            last_error = exc
+            continue
+        confidence = score(token_logprobs(got.answer), settings)
+        result.scores.append(confidence)
+        result.answer, result.model = got.answer, got.model
+        if confidence is not None and confidence >= settings.threshold:
+            break
+    if result.answer is None:
+        raise last_error or DeadlineExceeded("no model answered the looper")
+    if "logprobs" not in body:
+        choices = result.answer.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if isinstance(choice, dict):
+                choice.pop("logprobs", None)

@@ -24,11 +24,11 @@ from vllm_sr.httpserver import Response
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.answers import answer_headers
 from vllm_sr.router.fallback import Sending, forward
-from vllm_sr.router.looper.confidence import ordered, parse_size
+from vllm_sr.router.looper.confidence import ordered, parse_size, run_confidence
 from vllm_sr.router.looper.fusion import run_fusion
 from vllm_sr.router.looper.ratings import run_ratings
 from vllm_sr.router.looper.remom import run_remom
-from vllm_sr.router.looper.runner import LoopResult, run_confidence
+from vllm_sr.router.looper.runner import LoopResult
 from vllm_sr.router.looper.workflows import run_workflows
 
 if TYPE_CHECKING:

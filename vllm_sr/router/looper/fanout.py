@@ -1,8 +1,10 @@
-"""One round of concurrent internal calls (ratings' models, a remom round, fusion's panel):
-at most ``max_concurrent`` at once, ended by a quorum of usable answers, by the round's
-timeout or the caller's deadline (whichever is sooner), or by the first failure with
-``on_error: fail``; the calls still running then are cancelled. Also the request edits the
-loopers make (tool-free internal calls, the last user turn replaced or appended)."""
+"""One round of concurrent internal calls (ratings' models, a remom round, fusion's panel, a
+workflows step): at most ``max_concurrent`` at once, ended by a quorum of usable answers, by
+the round's timeout or the caller's deadline (whichever is sooner), or by the first failure
+with ``on_error: fail``; the calls still running then are cancelled. A looper states a round
+as a :class:`RoundSpec` (its block's knobs) and runs it through its run's
+:meth:`~vllm_sr.router.looper.runner.Loop.round`. Also the request edits the loopers make
+(tool-free internal calls, the last user turn replaced or appended)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,33 @@ class Answered:
     index: int  # the call's place in the round
     model: str  # the model that answered (the call's, or the chat's fallback)
     answer: JsonObject
+
+
+def any_answer(_: JsonObject) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """One round as a looper's block states it: ``max_concurrent`` calls at once and a
+    ``quorum`` of usable answers (0, or more than the round's calls: all of them), its own
+    ``timeout_s`` (0: the caller's deadline alone), ``on_error`` (``skip`` or ``fail``) and
+    which answers are ``usable`` (count toward the quorum)."""
+
+    max_concurrent: int = 0
+    quorum: int = 0
+    timeout_s: float = 0
+    on_error: str = "skip"
+    usable: Callable[[JsonObject], bool] = any_answer
+
+    def bounded(self, calls: int) -> tuple[int, int]:
+        """(calls at once, quorum) for a round of ``calls`` calls."""
+        return up_to(self.max_concurrent, calls), up_to(self.quorum, calls)
+
+
+def up_to(value: int, calls: int) -> int:
+    """``value`` when it is 1 to ``calls``, else ``calls``."""
+    return value if 0 < value < calls else calls
 
 
 @dataclass
@@ -62,7 +91,7 @@ async def fan_out(
     timeout_s: float | None,
     why: str = "timeout",
     sleep: Sleep = asyncio.sleep,
-    usable: Callable[[JsonObject], bool] = lambda _: True,
+    usable: Callable[[JsonObject], bool] = any_answer,
 ) -> Round:
     """Run ``jobs`` (model, body) through ``call``. The round ends once ``quorum`` usable
     answers are in, every call has ended, ``timeout_s`` has passed on ``sleep``'s clock

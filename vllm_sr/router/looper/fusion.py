@@ -19,28 +19,25 @@ with the caller's tools.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import TYPE_CHECKING
 
 from vllm_sr.errors import DeadlineExceeded, Unavailable, VllmSrError
 from vllm_sr.router.looper.fanout import (
+    RoundSpec,
     content_of,
-    fan_out,
     last_user_text,
     reasoning_of,
-    round_timeout,
     tool_free,
     with_user_turn,
 )
-from vllm_sr.router.looper.runner import LoopResult
+from vllm_sr.router.looper.runner import Loop, looper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from vllm_sr.config.routing_looper_fanout import FusionOverride, FusionSettings
     from vllm_sr.jsontypes import JsonObject
-    from vllm_sr.router.looper.fanout import Call, Sleep
 
 ANALYSIS_KEYS = (
     "consensus",
@@ -127,17 +124,11 @@ def _asked(
     return out
 
 
+@looper("fusion")
 async def run_fusion(
-    call: Call,
-    refs: Sequence[str],
-    body: JsonObject,
-    settings: FusionSettings,
-    monotonic: Callable[[], float],
-    deadline: float | None = None,
-    sleep: Sleep = asyncio.sleep,
-) -> LoopResult:
-    started = monotonic()
-    result = LoopResult("fusion")
+    loop: Loop, refs: Sequence[str], body: JsonObject, settings: FusionSettings
+) -> None:
+    result = loop.result
     panel_models = list(dict.fromkeys(settings.analysis_models or refs))
     if not panel_models:
         raise Unavailable("fusion: no analysis models")
@@ -145,88 +136,75 @@ async def run_fusion(
     original = last_user_text(body)
     plain = tool_free(body)
     n = len(panel_models)
-    try:
-        timeout, why = round_timeout(settings.round_timeout_seconds, deadline, monotonic)
-        limit, quorum = settings.max_concurrent, settings.min_successful_responses
-        done = await fan_out(
-            call,
-            [(m, _asked(plain, settings, settings.overrides.get(m))) for m in panel_models],
-            max_concurrent=limit if 0 < limit <= n else n,
-            quorum=quorum if 0 < quorum <= n else n,
-            on_error=settings.on_error,
-            timeout_s=timeout,
-            why=why,
-            sleep=sleep,
-        )
-        for got in done.answers:
-            result.add(got.model, got.answer)
-        failed: list[object] = [{"model": m, "error": e} for m, e in done.failures]
-        if done.cut_short:
-            failed.append({"model": "panel", "error": done.cut_short})
-            if settings.on_error == "fail" or not done.answers:
-                raise (DeadlineExceeded if why == "deadline" else Unavailable)(
-                    f"fusion panel: {done.cut_short} before any answer"
-                    if not done.answers
-                    else f"fusion panel: {done.cut_short}"
-                )
-        if not done.answers:
-            raise Unavailable(f"fusion panel failed: all {n} analysis models failed")
-        panel = [(g.model, g.answer) for g in done.answers]
-        responses = panel_text(panel)
-        analysis = await _analysis(call, plain, settings, judge, original, responses, result)
-        if analysis is None or analysis.get("parse_failed"):
-            analysis_text = NO_ANALYSIS
-        else:
-            analysis_text = json.dumps(analysis, indent=2)
-        if settings.synthesis_template:
-            prompt = render(settings.synthesis_template, original, responses, analysis_text)
-        else:
-            prompt = FINAL_PROMPT.format(
-                original=original, analysis=analysis_text, responses=responses
+    spec = RoundSpec(
+        max_concurrent=settings.max_concurrent,
+        quorum=settings.min_successful_responses,
+        timeout_s=settings.round_timeout_seconds,
+        on_error=settings.on_error,
+    )
+    done = await loop.round(
+        [(m, _asked(plain, settings, settings.overrides.get(m))) for m in panel_models], spec
+    )
+    failed: list[object] = [{"model": m, "error": e} for m, e in done.failures]
+    if done.cut_short:
+        failed.append({"model": "panel", "error": done.cut_short})
+        if settings.on_error == "fail" or not done.answers:
+            raise (DeadlineExceeded if done.cut_short == "deadline" else Unavailable)(
+                f"fusion panel: {done.cut_short} before any answer"
+                if not done.answers
+                else f"fusion panel: {done.cut_short}"
             )
-        round_timeout(0, deadline, monotonic)  # the deadline passed: no synthesis starts
-        final_body = _asked(with_user_turn({**body, "stream": False}, prompt), settings, None)
-        final_body.pop("stream_options", None)
-        try:
-            answered_by, answer = await call(judge, final_body)
-        except VllmSrError as exc:
-            raise Unavailable(
-                f"fusion final synthesis failed for judge model {judge!r}: {exc}"
-            ) from None
-        result.add(answered_by, answer)
-        result.answer, result.model = answer, answered_by
-        result.iterations = n + 2  # as upstream: the panel, the analysis, the synthesis
-        result.models_used = list(dict.fromkeys([*panel_models, judge]))
-        if settings.include_analysis or settings.include_intermediate_responses or failed:
-            trace: dict[str, object] = {
-                "judge_model": judge,
-                "analysis_models": panel_models,
-                "prompt_version": settings.judge_prompt_version,
-            }
-            if failed:
-                trace["failed_models"] = failed
-            if settings.include_analysis and analysis is not None:
-                trace["analysis"] = analysis
-            if settings.include_intermediate_responses:
-                trace["responses"] = [
-                    {"model": m, "content": content_of(a)}
-                    | ({"reasoning": reasoning_of(a)} if reasoning_of(a) else {})
-                    for m, a in panel
-                ]
-            result.extra["fusion"] = trace
-        return result
-    finally:
-        result.latency_s = monotonic() - started
+    if not done.answers:
+        raise Unavailable(f"fusion panel failed: all {n} analysis models failed")
+    panel = [(g.model, g.answer) for g in done.answers]
+    responses = panel_text(panel)
+    analysis = await _analysis(loop, plain, settings, judge, original, responses)
+    if analysis is None or analysis.get("parse_failed"):
+        analysis_text = NO_ANALYSIS
+    else:
+        analysis_text = json.dumps(analysis, indent=2)
+    if settings.synthesis_template:
+        prompt = render(settings.synthesis_template, original, responses, analysis_text)
+    else:
+        prompt = FINAL_PROMPT.format(original=original, analysis=analysis_text, responses=responses)
+    loop.check_deadline()  # the deadline passed: no synthesis starts
+    final_body = _asked(with_user_turn({**body, "stream": False}, prompt), settings, None)
+    final_body.pop("stream_options", None)
+    try:
+        final = await loop.ask(judge, final_body)
+    except VllmSrError as exc:
+        raise Unavailable(
+            f"fusion final synthesis failed for judge model {judge!r}: {exc}"
+        ) from None
+    result.answer, result.model = final.answer, final.model
+    result.iterations = n + 2  # as upstream: the panel, the analysis, the synthesis
+    result.models_used = list(dict.fromkeys([*panel_models, judge]))
+    if settings.include_analysis or settings.include_intermediate_responses or failed:
+        trace: dict[str, object] = {
+            "judge_model": judge,
+            "analysis_models": panel_models,
+            "prompt_version": settings.judge_prompt_version,
+        }
+        if failed:
+            trace["failed_models"] = failed
+        if settings.include_analysis and analysis is not None:
+            trace["analysis"] = analysis
+        if settings.include_intermediate_responses:
+            trace["responses"] = [
+                {"model": m, "content": content_of(a)}
+                | ({"reasoning": reasoning_of(a)} if reasoning_of(a) else {})
+                for m, a in panel
+            ]
+        result.extra["fusion"] = trace
 
 
 async def _analysis(
-    call: Call,
+    loop: Loop,
     plain: JsonObject,
     settings: FusionSettings,
     judge: str,
     original: str,
     responses: str,
-    result: LoopResult,
 ) -> JsonObject | None:
     """The judge's analysis of the panel (None: the call failed; ``parse_failed`` with the
     raw text: not JSON)."""
@@ -235,12 +213,9 @@ async def _analysis(
     else:
         prompt = ANALYSIS_PROMPT.format(original=original, responses=responses)
     try:
-        answered_by, answer = await call(
-            judge, _asked(with_user_turn(plain, prompt), settings, None)
-        )
+        got = await loop.ask(judge, _asked(with_user_turn(plain, prompt), settings, None))
     except VllmSrError:
         return None
-    result.add(answered_by, answer)
-    text = content_of(answer)
+    text = content_of(got.answer)
     parsed = parse_analysis(text)
     return parsed if parsed is not None else {"raw": text, "parse_failed": True}

@@ -6,70 +6,46 @@ answer at all is a failure. The caller's deadline ends the round with the answer
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from vllm_sr.errors import DeadlineExceeded, Unavailable
-from vllm_sr.router.looper.fanout import content_of, fan_out, round_timeout, tool_free
-from vllm_sr.router.looper.runner import LoopResult
+from vllm_sr.router.looper.fanout import RoundSpec, content_of, tool_free
+from vllm_sr.router.looper.runner import Loop, looper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from vllm_sr.config.routing_looper_fanout import RatingsSettings
     from vllm_sr.jsontypes import JsonObject
-    from vllm_sr.router.looper.fanout import Call, Sleep
 
 
+@looper("ratings")
 async def run_ratings(
-    call: Call,
-    models: Sequence[str],
-    body: JsonObject,
-    settings: RatingsSettings,
-    monotonic: Callable[[], float],
-    deadline: float | None = None,
-    sleep: Sleep = asyncio.sleep,
-) -> LoopResult:
-    started = monotonic()
-    result = LoopResult("ratings")
-    try:
-        timeout, why = round_timeout(0, deadline, monotonic)
-        limit = settings.max_concurrent
-        done = await fan_out(
-            call,
-            [(m, tool_free(body)) for m in models],
-            max_concurrent=limit if 0 < limit < len(models) else len(models),
-            quorum=len(models),
-            on_error=settings.on_error,
-            timeout_s=timeout,
-            why=why,
-            sleep=sleep,
-        )
-        for got in done.answers:
-            result.add(got.model, got.answer)
-        if not done.answers:
-            if done.cut_short:
-                raise DeadlineExceeded("the looper's deadline passed before any answer")
-            reasons = "; ".join(f"{m}: {why}" for m, why in done.failures)
-            raise Unavailable(f"ratings: every model failed ({reasons})")
-        result.iterations = len(models)  # as upstream: every call made, failures too
-        names = [got.model for got in done.answers]
-        result.model = names[-1]
-        result.answer = {
-            "id": f"chatcmpl-looper-{done.answers[0].answer.get('id', 'ratings')}",
-            "object": "chat.completion",
-            "created": done.answers[0].answer.get("created", 0),
-            "model": ",".join(names),
-            "choices": [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": content_of(got.answer)},
-                    "finish_reason": "stop",
-                    "model": got.model,
-                }
-                for i, got in enumerate(done.answers)
-            ],
-        }
-        return result
-    finally:
-        result.latency_s = monotonic() - started
+    loop: Loop, models: Sequence[str], body: JsonObject, settings: RatingsSettings
+) -> None:
+    result = loop.result
+    spec = RoundSpec(max_concurrent=settings.max_concurrent, on_error=settings.on_error)
+    done = await loop.round([(m, tool_free(body)) for m in models], spec)
+    if not done.answers:
+        if done.cut_short:
+            raise DeadlineExceeded("the looper's deadline passed before any answer")
+        reasons = "; ".join(f"{m}: {why}" for m, why in done.failures)
+        raise Unavailable(f"ratings: every model failed ({reasons})")
+    result.iterations = len(models)  # as upstream: every call made, failures too
+    names = [got.model for got in done.answers]
+    result.model = names[-1]
+    result.answer = {
+        "id": f"chatcmpl-looper-{done.answers[0].answer.get('id', 'ratings')}",
+        "object": "chat.completion",
+        "created": done.answers[0].answer.get("created", 0),
+        "model": ",".join(names),
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": content_of(got.answer)},
+                "finish_reason": "stop",
+                "model": got.model,
+            }
+            for i, got in enumerate(done.answers)
+        ],
+    }

@@ -20,7 +20,6 @@ from upstream (the spread of calls over models is the same)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 from typing import TYPE_CHECKING
@@ -28,22 +27,20 @@ from typing import TYPE_CHECKING
 from vllm_sr.config.routing_looper_fanout import REMOM_TEMPLATE_FIELD
 from vllm_sr.errors import DeadlineExceeded, Unavailable, VllmSrError
 from vllm_sr.router.looper.fanout import (
+    RoundSpec,
     content_of,
-    fan_out,
     last_user_text,
     reasoning_of,
-    round_timeout,
     tool_free,
     with_last_message,
 )
-from vllm_sr.router.looper.runner import LoopResult
+from vllm_sr.router.looper.runner import Loop, looper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from vllm_sr.config.routing_looper_fanout import RemomSettings
     from vllm_sr.jsontypes import JsonObject
-    from vllm_sr.router.looper.fanout import Call, Sleep
 
 INTRO = (
     "You are given a problem and a list of reference responses. Your job is to analyze these "
@@ -169,17 +166,11 @@ def final_answer(rounds: Sequence[JsonObject], completed: bool) -> JsonObject:
     return best
 
 
+@looper("remom")
 async def run_remom(
-    call: Call,
-    refs: Sequence[tuple[str, float]],
-    body: JsonObject,
-    settings: RemomSettings,
-    monotonic: Callable[[], float],
-    deadline: float | None = None,
-    sleep: Sleep = asyncio.sleep,
-) -> LoopResult:
-    started = monotonic()
-    result = LoopResult("remom")
+    loop: Loop, refs: Sequence[tuple[str, float]], body: JsonObject, settings: RemomSettings
+) -> None:
+    result = loop.result
     original = last_user_text(body)
     base = tool_free(body)
     if settings.temperature > 0:
@@ -189,76 +180,59 @@ async def run_remom(
         base["max_completion_tokens"] = settings.max_completion_tokens
     schedule = [*settings.breadth_schedule, 1]
     rounds: list[JsonObject] = []
-    try:
-        for number, breadth in enumerate(schedule, start=1):
-            last = number == len(schedule)
-            asked = base
-            if rounds:
-                asked = with_last_message(
-                    base, synthesis_prompt(settings, original, _responses(rounds[-1]))
-                )
-            models = distribute(settings, breadth, refs)
-            if last and settings.synthesis_model:
-                models = [settings.synthesis_model]
-            try:
-                record = await _round(
-                    call, settings, number, models, asked, result, monotonic, deadline, sleep
-                )
-            except VllmSrError:
-                if settings.on_error == "fail" or not rounds or not _responses(rounds[-1]):
-                    raise
-                break
-            rounds.append(record)
-        final = final_answer(rounds, len(rounds) == len(schedule))
-        result.model = str(final.get("model") or "")
-        result.answer = {
-            "id": "chatcmpl-remom",
-            "object": "chat.completion",
-            "created": 0,
-            "model": result.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": final.get("content")},
-                    "finish_reason": "stop",
-                }
-            ],
-        }
-        if settings.include_intermediate_responses:
-            result.extra["reasoning_mom_responses"] = rounds
-        return result
-    finally:
-        result.latency_s = monotonic() - started
+    for number, breadth in enumerate(schedule, start=1):
+        last = number == len(schedule)
+        asked = base
+        if rounds:
+            asked = with_last_message(
+                base, synthesis_prompt(settings, original, _responses(rounds[-1]))
+            )
+        models = distribute(settings, breadth, refs)
+        if last and settings.synthesis_model:
+            models = [settings.synthesis_model]
+        try:
+            record = await _round(loop, settings, number, models, asked)
+        except VllmSrError:
+            if settings.on_error == "fail" or not rounds or not _responses(rounds[-1]):
+                raise
+            break
+        rounds.append(record)
+    final = final_answer(rounds, len(rounds) == len(schedule))
+    result.model = str(final.get("model") or "")
+    result.answer = {
+        "id": "chatcmpl-remom",
+        "object": "chat.completion",
+        "created": 0,
+        "model": result.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": final.get("content")},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    if settings.include_intermediate_responses:
+        result.extra["reasoning_mom_responses"] = rounds
+
+
+def _usable(answer: JsonObject) -> bool:
+    """An answer with content or reasoning (one without says nothing to the next round)."""
+    return bool(synthesis_text(answer).strip())
 
 
 async def _round(
-    call: Call,
-    settings: RemomSettings,
-    number: int,
-    models: Sequence[str],
-    asked: JsonObject,
-    result: LoopResult,
-    monotonic: Callable[[], float],
-    deadline: float | None,
-    sleep: Sleep,
+    loop: Loop, settings: RemomSettings, number: int, models: Sequence[str], asked: JsonObject
 ) -> JsonObject:
-    timeout, why = round_timeout(settings.round_timeout_seconds, deadline, monotonic)
-    n = len(models)
-    limit, quorum = settings.max_concurrent, settings.min_successful_responses
-    done = await fan_out(
-        call,
-        [(m, asked) for m in models],
-        max_concurrent=limit if 0 < limit < n else n,
-        quorum=quorum if 0 < quorum < n else n,
+    spec = RoundSpec(
+        max_concurrent=settings.max_concurrent,
+        quorum=settings.min_successful_responses,
+        timeout_s=settings.round_timeout_seconds,
         on_error=settings.on_error,
-        timeout_s=timeout,
-        why=why,
-        sleep=sleep,
-        usable=lambda a: bool(synthesis_text(a).strip()),
+        usable=_usable,
     )
-    for got in done.answers:
-        result.add(got.model, got.answer)
-    usable = [(g.model, g.answer) for g in done.answers if synthesis_text(g.answer).strip()]
+    done = await loop.round([(m, asked) for m in models], spec)
+    usable = [(g.model, g.answer) for g in done.answers if _usable(g.answer)]
     if settings.on_error == "fail" and (done.cut_short or len(usable) < len(done.answers)):
         raise Unavailable(f"remom round {number}: {done.cut_short or 'an unusable answer'}")
     if not usable:

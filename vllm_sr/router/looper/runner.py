@@ -1,27 +1,32 @@
 """The looper runner: vllm-sr runs a looper decision itself, each internal call through
 ``call`` (the chat path's own backends, retries, ejection and fallback; never cached nor
-replayed as a chat of its own), within the caller's deadline. What it keeps: the final answer,
-the models used, the iterations and the summed usage, as upstream's ``x-vsr-looper-*``
-headers report them. The final answer goes back whole, or as an SSE stream when the caller
-asked for one."""
+replayed as a chat of its own), within the caller's deadline. What every looper shares lives
+here: the entry point's signature (:class:`Looper`, made by :func:`looper` from an algorithm),
+the run an algorithm works on (:class:`Loop`: its internal calls, one at a time or as a round,
+and the caller's deadline) and what the run keeps (:class:`LoopResult`: the final answer, the
+models used, the iterations and the summed usage, as upstream's ``x-vsr-looper-*`` headers
+report them). The final answer goes back whole, or as an SSE stream when the caller asked for
+one. Each looper module owns only its algorithm."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from vllm_sr.config.routing_looper import ConfidenceSettings
-from vllm_sr.errors import DeadlineExceeded, VllmSrError
 from vllm_sr.jsontypes import JsonObject
-from vllm_sr.router.looper.confidence import score, token_logprobs
+from vllm_sr.router.looper.fanout import Answered, fan_out, round_timeout
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    # (model, body) -> (the model that answered: the model, or the chat's fallback; its whole
-    # answer, an OpenAI chat completion); raises VllmSrError when nothing answered.
-    Call = Callable[[str, JsonObject], Awaitable[tuple[str, JsonObject]]]
+    from vllm_sr.router.looper.fanout import Call, Round, RoundSpec, Sleep
+
+M = TypeVar("M")
+S = TypeVar("S")
+M_in = TypeVar("M_in", contravariant=True)
+S_in = TypeVar("S_in", contravariant=True)
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -107,53 +112,114 @@ class LoopResult:
         return out + b"data: [DONE]\n\n"
 
 
-async def run_confidence(
-    call: Call,
-    models: Sequence[str],
-    body: JsonObject,
-    settings: ConfidenceSettings,
-    monotonic: Callable[[], float],
-    deadline: float | None = None,
-) -> LoopResult:
-    """Ask ``models`` (in the escalation order, :func:`.confidence.ordered`) one by one,
-    each with logprobs on, until an answer's confidence reaches the threshold (else the last
-    answer is kept). ``deadline`` (on ``monotonic``'s clock) bounds the whole loop: once it
-    has passed, no further call starts and the best answer so far is kept (none:
-    DeadlineExceeded). ``on_error: skip`` passes a failing model over; ``fail`` (or a
-    failure of every model) raises its error."""
-    started = monotonic()
-    result = LoopResult("confidence")
-    inner = {**body, "stream": False, "logprobs": True}
-    if settings.confidence_method != "avg_logprob":
-        inner.setdefault("top_logprobs", 2)
-    inner.pop("stream_options", None)
-    last_error: VllmSrError | None = None
-    try:
-        for model in models:
-            if deadline is not None and monotonic() >= deadline:
-                if result.answer is None:
-                    raise DeadlineExceeded("the looper's deadline passed before any answer")
-                break
+@dataclass
+class Loop:
+    """One looper run as its algorithm sees it: ``call`` (model, body) -> (the model that
+    answered, its answer), the clock, the caller's ``deadline`` on it (None: none), the
+    ``sleep`` rounds time out on, and the run's record, where every answer is counted."""
+
+    call: Call
+    monotonic: Callable[[], float]
+    deadline: float | None
+    sleep: Sleep
+    result: LoopResult
+
+    def expired(self) -> bool:
+        """Whether the caller's deadline has passed."""
+        return self.deadline is not None and self.monotonic() >= self.deadline
+
+    def check_deadline(self) -> None:
+        """Raises DeadlineExceeded when the caller's deadline has passed (no call starts)."""
+        round_timeout(0, self.deadline, self.monotonic)
+
+    async def ask(self, model: str, body: JsonObject) -> Answered:
+        """One internal call, its answer counted; raises the call's VllmSrError."""
+        answered_by, answer = await self.call(model, body)
+        self.result.add(answered_by, answer)
+        return Answered(0, answered_by, answer)
+
+    def round(self, jobs: Sequence[tuple[str, JsonObject]], spec: RoundSpec) -> Awaitable[Round]:
+        """``jobs`` (model, body) as one round (:func:`.fanout.fan_out`) within ``spec``'s
+        timeout or the caller's deadline, whichever is sooner; every answer counted. A
+        deadline that has passed already raises DeadlineExceeded here, before the round is
+        awaited (so a caller can tell it from the round's own failures)."""
+        timeout, why = round_timeout(spec.timeout_s, self.deadline, self.monotonic)
+        return self._round(jobs, spec, timeout, why)
+
+    async def _round(
+        self,
+        jobs: Sequence[tuple[str, JsonObject]],
+        spec: RoundSpec,
+        timeout: float | None,
+        why: str,
+    ) -> Round:
+        max_concurrent, quorum = spec.bounded(len(jobs))
+        done = await fan_out(
+            self.call,
+            jobs,
+            max_concurrent=max_concurrent,
+            quorum=quorum,
+            on_error=spec.on_error,
+            timeout_s=timeout,
+            why=why,
+            sleep=self.sleep,
+            usable=spec.usable,
+        )
+        for got in done.answers:
+            self.result.add(got.model, got.answer)
+        return done
+
+
+class Looper(Protocol[M_in, S_in]):
+    """Every looper's entry point: ``call`` for its internal calls, the decision's
+    ``models`` (as the looper reads them), the caller's ``body``, the looper's ``settings``,
+    the clock, the caller's ``deadline`` on it and the ``sleep`` rounds time out on -> the
+    run's :class:`LoopResult`. Raises VllmSrError when the loop fails."""
+
+    def __call__(
+        self,
+        call: Call,
+        models: Sequence[M_in],
+        body: JsonObject,
+        settings: S_in,
+        monotonic: Callable[[], float],
+        deadline: float | None = None,
+        sleep: Sleep = ...,
+    ) -> Awaitable[LoopResult]: ...
+
+
+def looper(
+    algorithm: str,
+) -> Callable[[Callable[[Loop, Sequence[M], JsonObject, S], Awaitable[None]]], Looper[M, S]]:
+    """Makes ``steps(loop, models, body, settings)`` (an algorithm, named ``algorithm`` in
+    the ``x-vsr-looper-algorithm`` header) into its :class:`Looper`: a fresh :class:`Loop`
+    and :class:`LoopResult` per run, its latency taken however the run ends."""
+
+    def entry(
+        steps: Callable[[Loop, Sequence[M], JsonObject, S], Awaitable[None]],
+    ) -> Looper[M, S]:
+        async def run(
+            call: Call,
+            models: Sequence[M],
+            body: JsonObject,
+            settings: S,
+            monotonic: Callable[[], float],
+            deadline: float | None = None,
+            sleep: Sleep = asyncio.sleep,
+        ) -> LoopResult:
+            started = monotonic()
+            loop = Loop(call, monotonic, deadline, sleep, LoopResult(algorithm))
             try:
-                answered_by, answer = await call(model, inner)
-            except VllmSrError as exc:
-                if settings.on_error == "fail":
-                    raise
-                last_error = exc
-                continue
-            result.add(answered_by, answer)
-            confidence = score(token_logprobs(answer), settings)
-            result.scores.append(confidence)
-            result.answer, result.model = answer, answered_by
-            if confidence is not None and confidence >= settings.threshold:
-                break
-        if result.answer is None:
-            raise last_error or DeadlineExceeded("no model answered the looper")
-        if "logprobs" not in body:
-            choices = result.answer.get("choices")
-            for choice in choices if isinstance(choices, list) else []:
-                if isinstance(choice, dict):
-                    choice.pop("logprobs", None)
-        return result
-    finally:
-        result.latency_s = monotonic() - started
+                await steps(loop, models, body, settings)
+                return loop.result
+            finally:
+                loop.result.latency_s = monotonic() - started
+
+        run.__name__, run.__qualname__, run.__doc__ = (
+            steps.__name__,
+            steps.__qualname__,
+            steps.__doc__,
+        )
+        return run
+
+    return entry

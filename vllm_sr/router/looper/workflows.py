@@ -24,7 +24,6 @@ each run by one or more worker models at once, then a final synthesis.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -32,23 +31,21 @@ from typing import TYPE_CHECKING
 from vllm_sr.errors import DeadlineExceeded, Unavailable, VllmSrError
 from vllm_sr.router.looper.fanout import (
     Answered,
+    RoundSpec,
     content_of,
-    fan_out,
     last_user_text,
     reasoning_of,
-    round_timeout,
     tool_free,
     with_user_turn,
 )
 from vllm_sr.router.looper.fusion import candidates
-from vllm_sr.router.looper.runner import LoopResult
+from vllm_sr.router.looper.runner import Loop, looper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from vllm_sr.config.routing_looper_fanout import WorkflowsSettings
     from vllm_sr.jsontypes import JsonObject
-    from vllm_sr.router.looper.fanout import Call, Sleep
 
 STEP_PROMPT = "Work on the original user request and provide a concise, useful result."
 ROLE_PROMPTS = {
@@ -355,112 +352,94 @@ def _asked(body: JsonObject, settings: WorkflowsSettings, planner: bool = False)
     return out
 
 
+@looper("workflows")
 async def run_workflows(
-    call: Call,
-    workers: Sequence[str],
-    body: JsonObject,
-    settings: WorkflowsSettings,
-    monotonic: Callable[[], float],
-    deadline: float | None = None,
-    sleep: Sleep = asyncio.sleep,
-) -> LoopResult:
-    started = monotonic()
-    result = LoopResult("workflows")
+    loop: Loop, workers: Sequence[str], body: JsonObject, settings: WorkflowsSettings
+) -> None:
+    result = loop.result
     original = last_user_text(body)
     plain = tool_free(body)
     planner_used = False
-    try:
-        if settings.mode == "dynamic":
-            prompt = PLANNER_PROMPT.format(
-                models="\n".join(workers),
-                max_steps=settings.max_steps,
-                max_parallel=settings.max_parallel,
-                original=original,
-            )
-            asked = _asked(with_user_turn(plain, prompt), settings, planner=True)
-            try:
-                answered_by, answer = await call(settings.planner_model, asked)
-            except VllmSrError as exc:
-                raise Unavailable(
-                    f"workflow planner {settings.planner_model!r} failed: {exc}"
-                ) from None
-            planner_used = True
-            result.add(answered_by, answer)
-            plan = parse_plan(content_of(answer)) or parse_plan(reasoning_of(answer))
-        else:
-            plan = static_plan(settings)
-        plan = _with_final(plan, settings) if plan is not None else None
-        try:
-            if plan is None:
-                raise Unavailable(
-                    f"workflow planner {settings.planner_model!r} returned invalid plan"
-                )
-            plan = checked_plan(plan, workers, settings)
-        except Unavailable:
-            if settings.mode != "dynamic" or settings.on_error != "skip":
-                raise
-            plan = checked_plan(
-                _with_final(fallback_plan(workers, settings), settings), workers, settings
-            )
-        results = await _steps(
-            call, plan, plain, original, settings, result, monotonic, deadline, sleep
-        )
-        final_model = (
-            plan.final_model
-            or settings.final_model
-            or settings.planner_model
-            or results[0].answers[0].model
-        )
-        prompt = FINAL_PROMPT.format(
-            instruction=plan.final_prompt or DEFAULT_FINAL,
+    if settings.mode == "dynamic":
+        prompt = PLANNER_PROMPT.format(
+            models="\n".join(workers),
+            max_steps=settings.max_steps,
+            max_parallel=settings.max_parallel,
             original=original,
-            outputs=outputs_text(results),
         )
-        final = await _final(
-            call, final_model, with_user_turn(plain, prompt), settings, monotonic, deadline, sleep
+        asked = _asked(with_user_turn(plain, prompt), settings, planner=True)
+        try:
+            planned = await loop.ask(settings.planner_model, asked)
+        except VllmSrError as exc:
+            raise Unavailable(
+                f"workflow planner {settings.planner_model!r} failed: {exc}"
+            ) from None
+        planner_used = True
+        plan = parse_plan(content_of(planned.answer)) or parse_plan(reasoning_of(planned.answer))
+    else:
+        plan = static_plan(settings)
+    plan = _with_final(plan, settings) if plan is not None else None
+    try:
+        if plan is None:
+            raise Unavailable(f"workflow planner {settings.planner_model!r} returned invalid plan")
+        plan = checked_plan(plan, workers, settings)
+    except Unavailable:
+        if settings.mode != "dynamic" or settings.on_error != "skip":
+            raise
+        plan = checked_plan(
+            _with_final(fallback_plan(workers, settings), settings), workers, settings
         )
-        if final is None:  # skip: the latest step answer with content or reasoning
-            final = fallback_answer(results)
-        result.add(final.model, final.answer)
-        result.answer, result.model = final.answer, final.model
-        failed = [{"model": m, "error": e} for r in results for m, e in r.failed]
-        result.iterations = 1 + planner_used + sum(len(r.answers) + len(r.failed) for r in results)
-        used = [settings.planner_model] if settings.planner_model else []
-        used += [a.model for r in results for a in r.answers] + [final.model]
-        result.models_used = list(dict.fromkeys(used))
-        if settings.include_intermediate_responses or failed:
-            trace: dict[str, object] = {
-                "mode": settings.mode,
-                "template": settings.template,
-                "worker_models": list(workers),
+    results = await _steps(loop, plan, plain, original, settings)
+    final_model = (
+        plan.final_model
+        or settings.final_model
+        or settings.planner_model
+        or results[0].answers[0].model
+    )
+    prompt = FINAL_PROMPT.format(
+        instruction=plan.final_prompt or DEFAULT_FINAL,
+        original=original,
+        outputs=outputs_text(results),
+    )
+    final = await _final(loop, final_model, with_user_turn(plain, prompt), settings)
+    if final is None:  # skip: the latest step answer with content or reasoning
+        final = fallback_answer(results)
+    result.answer, result.model = final.answer, final.model
+    failed = [{"model": m, "error": e} for r in results for m, e in r.failed]
+    result.iterations = 1 + planner_used + sum(len(r.answers) + len(r.failed) for r in results)
+    used = [settings.planner_model] if settings.planner_model else []
+    used += [a.model for r in results for a in r.answers] + [final.model]
+    result.models_used = list(dict.fromkeys(used))
+    if settings.include_intermediate_responses or failed:
+        trace: dict[str, object] = {
+            "mode": settings.mode,
+            "template": settings.template,
+            "worker_models": list(workers),
+        }
+        if settings.planner_model:
+            trace["planner_model"] = settings.planner_model
+        if settings.include_intermediate_responses:
+            trace["plan"] = {
+                "steps": [s.trace() for s in plan.steps],
+                "final": {"model": plan.final_model, "prompt": plan.final_prompt},
             }
-            if settings.planner_model:
-                trace["planner_model"] = settings.planner_model
-            if settings.include_intermediate_responses:
-                trace["plan"] = {
-                    "steps": [s.trace() for s in plan.steps],
-                    "final": {"model": plan.final_model, "prompt": plan.final_prompt},
+            trace["steps"] = [
+                {
+                    **r.step.trace(),
+                    "responses": [
+                        {
+                            "agent_id": r.step.agent(a.model),
+                            "model": a.model,
+                            "content": content_of(a.answer),
+                        }
+                        for a in r.answers
+                    ],
                 }
-                trace["steps"] = [
-                    {
-                        **r.step.trace(),
-                        "responses": [
-                            {
-                                "agent_id": r.step.agent(a.model),
-                                "model": a.model,
-                                "content": content_of(a.answer),
-                            }
-                            for a in r.answers
-                        ],
-                    }
-                    for r in results
-                ]
-            if failed:
-                trace["failed_models"] = failed
-            result.extra["flow"] = trace
-        return result
-    finally:
-        result.latency_s = monotonic() - started
+                for r in results
+            ]
+        if failed:
+            trace["failed_models"] = failed
+        result.extra["flow"] = trace
 
 
 def fallback_answer(results: Sequence[StepResult]) -> Answered:
@@ -483,36 +462,22 @@ def _with_final(plan: Plan, settings: WorkflowsSettings) -> Plan:
 
 
 async def _steps(
-    call: Call,
-    plan: Plan,
-    plain: JsonObject,
-    original: str,
-    settings: WorkflowsSettings,
-    result: LoopResult,
-    monotonic: Callable[[], float],
-    deadline: float | None,
-    sleep: Sleep,
+    loop: Loop, plan: Plan, plain: JsonObject, original: str, settings: WorkflowsSettings
 ) -> list[StepResult]:
     results: list[StepResult] = []
     for step in plan.steps:
         asked = _asked(with_user_turn(plain, step_prompt(step, results, original)), settings)
-        timeout, why = round_timeout(settings.round_timeout_seconds, deadline, monotonic)
-        n, quorum = len(step.models), settings.min_successful_responses
+        spec = RoundSpec(
+            max_concurrent=settings.max_parallel,
+            quorum=settings.min_successful_responses,
+            timeout_s=settings.round_timeout_seconds,
+            on_error=settings.on_error,
+        )
+        running = loop.round([(m, asked) for m in step.models], spec)  # the deadline: as is
         try:
-            done = await fan_out(
-                call,
-                [(m, asked) for m in step.models],
-                max_concurrent=min(settings.max_parallel, n),
-                quorum=quorum if 0 < quorum < n else n,
-                on_error=settings.on_error,
-                timeout_s=timeout,
-                why=why,
-                sleep=sleep,
-            )
+            done = await running
         except VllmSrError as exc:
             raise Unavailable(f"workflow step {step.id!r} failed: {exc}") from None
-        for got in done.answers:
-            result.add(got.model, got.answer)
         if not done.answers or (done.cut_short and settings.on_error == "fail"):
             if done.cut_short == "deadline":
                 raise DeadlineExceeded(f"workflow step {step.id!r}: the deadline passed")
@@ -522,27 +487,13 @@ async def _steps(
 
 
 async def _final(
-    call: Call,
-    model: str,
-    asked: JsonObject,
-    settings: WorkflowsSettings,
-    monotonic: Callable[[], float],
-    deadline: float | None,
-    sleep: Sleep,
+    loop: Loop, model: str, asked: JsonObject, settings: WorkflowsSettings
 ) -> Answered | None:
-    """The final synthesis (None: it failed and ``skip`` takes the fallback answer)."""
+    """The final synthesis, its answer counted (None: it failed and ``skip`` takes the
+    fallback answer)."""
     try:
-        timeout, why = round_timeout(settings.round_timeout_seconds, deadline, monotonic)
-        done = await fan_out(
-            call,
-            [(model, _asked(asked, settings))],
-            max_concurrent=1,
-            quorum=1,
-            on_error="fail",
-            timeout_s=timeout,
-            why=why,
-            sleep=sleep,
-        )
+        spec = RoundSpec(timeout_s=settings.round_timeout_seconds, on_error="fail")
+        done = await loop.round([(model, _asked(asked, settings))], spec)
         if done.answers:
             return done.answers[0]
         error: VllmSrError = Unavailable(f"workflow final synthesis {done.cut_short}")
