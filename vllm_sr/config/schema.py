@@ -48,6 +48,7 @@ from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Routing
 from vllm_sr.config.routing_base import as_dict, rules_run_by_caller
 from vllm_sr.config.routing_catalog import Admission, Evaluation, ModelBinding
 from vllm_sr.config.routing_providers import Providers
+from vllm_sr.config.signal_classifiers import BINDING_PREFIX
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
@@ -295,6 +296,11 @@ class RootConfig(_Strict):
             # Filled in so every consumer (plans, config show, kube) sees what runs.
             catalog.deployments = embedded_default_deployments()
             self._embedded_default = True
+        for rt in (r for r in routings if r is not None):  # a binding naming a deployment
+            for clf in rt.signals.classifiers:
+                binding = rt.model_bindings.get(BINDING_PREFIX + clf.name)
+                dep = binding.deployment if binding is not None else None
+                clf.bind_deployment(dep if dep in catalog.deployments else None)
         return self
 
     @property
