@@ -287,6 +287,12 @@ class RootConfig(_Strict):
         routings = [self.routing, *(r.routing for r in self.recipes)]
         for rule in (s for rt in routings if rt is not None for s in rt.signals.safety):
             rule.bind_system(catalog.system.safety, catalog.system.hazard)
+        declared = catalog.deployments or {}  # (the embedded default is no binding's)
+        for rt in (r for r in routings if r is not None):
+            for clf in rt.signals.classifiers:
+                binding = rt.model_bindings.get(BINDING_PREFIX + clf.name)
+                dep = binding.deployment if binding is not None else None
+                clf.bind_deployment(dep if dep in declared else None)
         ratings = self.evaluation.operator_ratings() if self.evaluation is not None else {}
         for card in (c for rt in routings if rt is not None for c in rt.model_cards):
             card.bind_rating(ratings.get(card.name))
@@ -296,11 +302,6 @@ class RootConfig(_Strict):
             # Filled in so every consumer (plans, config show, kube) sees what runs.
             catalog.deployments = embedded_default_deployments()
             self._embedded_default = True
-        for rt in (r for r in routings if r is not None):  # a binding naming a deployment
-            for clf in rt.signals.classifiers:
-                binding = rt.model_bindings.get(BINDING_PREFIX + clf.name)
-                dep = binding.deployment if binding is not None else None
-                clf.bind_deployment(dep if dep in catalog.deployments else None)
         return self
 
     @property

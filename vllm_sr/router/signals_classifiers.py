@@ -23,7 +23,7 @@ matched probability. Where the probabilities come from:
   request (``classifier:query``).
 
 :class:`LabelBanks` is that zero-shot scorer; the safety family's rules with no head use it
-too (vllm_sr/router/signals_safety.py)."""
+too (vllm_sr/router/signals_safety_builtin.py)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,10 @@ class LabelBanks:
         for label in self.labels:
             if label == UNSAFE:
                 texts = [t for examples in builtin.HAZARDS.values() for t in examples]
-            else:
-                texts = list(builtin.HAZARDS[label])  # config refuses other labels at load
+            elif label in builtin.HAZARDS:
+                texts = list(builtin.HAZARDS[label])
+            else:  # (a config loaded with its file rules refuses it by name)
+                raise ValueError(f"label {label!r} has no built-in examples")
             self.banks.add(label, texts, None)
         self.banks.add(SAFE_BANK, builtin.SAFE, None)
         self.cached = False
