@@ -338,3 +338,36 @@ def test_the_built_in_sets_flag_clear_prompts_and_leave_benign_ones_with_the_rea
     ):
         probs = banks.probabilities(normalize_rows(embed([text]))[0])
         assert max(probs.values()) < 0.5, (text, probs)
+
+
+async def test_eval_reports_label_values_and_name_label_matches() -> None:
+    from vllm_sr.clock import FakeClock
+    from vllm_sr.httpserver import Request
+    from vllm_sr.router import eval as eval_doc
+    from vllm_sr.router import pipeline
+    from vllm_sr.router.chat import build_chat_router
+    from vllm_sr.router.pipeline import ChatRun
+
+    chat = build_chat_router(
+        PROVIDERS,
+        vault_routing(),
+        exchange=FakeWorkerExchange({"primary"}),
+        decision_deployment="primary",
+        auto_model_names=["auto"],
+        entrypoints={},
+        backends=BackendSet(PROVIDERS, FakeClock()),
+        cache=False,
+    )
+    run = ChatRun(Request("POST", "/api/v1/eval", "", {}, b""), 0.0)
+    await pipeline.run_eval(chat, run, {"text": builtin.HAZARDS["weapons"][0]}, "default")
+    doc = eval_doc.document(run, model="auto", want_trace=False)
+    values = doc["signal_values"]
+    assert isinstance(values, dict)
+    assert {f"classifier:content-risk:{label}" for label in BUILTIN_LABELS} <= set(values)
+    result = doc["decision_result"]
+    assert isinstance(result, dict) and result["decision_name"] == "sensitive"
+    matched = result["matched_signals"]
+    assert isinstance(matched, dict)
+    assert "content-risk:weapons" in matched["classifier"] and matched["safety"] == ["unsafe"]
+    assert "content-risk:hate" in result["unmatched_signals"]["classifier"]
+    assert doc["signal_errors"] == {}
