@@ -53,6 +53,8 @@ NEEDS_MODEL: dict[str, dict[str, Any]] = {
     },
     "jailbreak": {"name": "inject", "threshold": 0.5},
     "kb": {"name": "private", "kb": "privacy_kb", "target": {"kind": "label", "value": "pii"}},
+    "classifiers": {"name": "risk", "type": "local", "labels": ["violence"]},
+    "safety": {"name": "unsafe", "threshold": 0.5},
 }
 
 

@@ -101,7 +101,7 @@ def test_the_policy_applies_only_where_the_root_is_unknown(
 
 def test_an_explicit_policy_overrides_a_classifier_leafs_on_error() -> None:
     leaf = {"type": "classifier", "name": "c", "label": "x", "predicate": {"gte": 0.5}}
-    results = {("classifier", "c"): SignalResult.unknown_because(LATE)}
+    results = {("classifier", "c:x"): SignalResult.unknown_because(LATE)}
     legacy = RuleLeaf.model_validate({**leaf, "on_error": "match"})
     policy = RuleLeaf.model_validate({**leaf, "on_error": "match", "on_unknown": "no_match"})
     decisions = [

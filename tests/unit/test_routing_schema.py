@@ -17,7 +17,7 @@ from vllm_sr.config.routing import Decision, Routing
 from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES
 from vllm_sr.config.routing_providers import BackendRef, Providers
-from vllm_sr.config.routing_rules import routing_local_problems, routing_problems
+from vllm_sr.config.routing_rules import check_routing, routing_local_problems, routing_problems
 from vllm_sr.config.routing_selection import RUN_SELECTORS, parse_settings
 from vllm_sr.config.routing_signals import KeywordSignal, Signals
 from vllm_sr.config.routing_support import (
@@ -237,7 +237,6 @@ SUPPORTED_SIGNAL_DIRS = {
 }
 # fragment folder -> the routing.signals list it fills (refused families)
 REFUSED_SIGNAL_DIRS = {
-    "classifier": "classifiers",
     "event": "events",
     "modality": "modality",
 }
@@ -259,7 +258,7 @@ def local(routing: Any) -> dict[str, str]:
 
 def test_every_upstream_signal_fragment_is_here() -> None:
     dirs = {p.parent.name for p in (FRAGMENTS / "signal").rglob("*.yaml")}
-    assert dirs == SUPPORTED_SIGNAL_DIRS | set(REFUSED_SIGNAL_DIRS) | {"embedding"}
+    assert dirs == SUPPORTED_SIGNAL_DIRS | set(REFUSED_SIGNAL_DIRS) | {"embedding", "classifier"}
 
 
 @pytest.mark.parametrize("rel", fragments("signal"))
@@ -270,6 +269,13 @@ def test_signal_fragments_load_or_are_refused_by_family(rel: str) -> None:
     if family_dir in SUPPORTED_SIGNAL_DIRS or rel == "signal/embedding/support.yaml":
         assert found == {}
         Routing.model_validate(routing)  # the typed model takes it unchanged
+    elif family_dir == "classifier":  # type llm: refused by name where deployments are known
+        assert found == {}
+        Routing.model_validate(routing)
+        problems = check_routing(None, routing, {"primary"}, "primary")
+        assert [format_path(p.path) for p in problems] == ["routing.signals.classifiers[0].type"]
+        assert "a classifier of type 'llm'" in problems[0].message
+        assert NOT_SUPPORTED in problems[0].message
     elif family_dir == "embedding":  # image-routing: query_modality image
         assert set(found) == {
             f"routing.signals.embeddings[{i}].query_modality"

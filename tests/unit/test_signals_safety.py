@@ -55,11 +55,26 @@ def messages(raw: object) -> dict[str, str]:
     return {".".join(map(str, p.path)): p.message for p in semantic_problems(raw)}
 
 
-def test_a_safety_rule_on_a_deployment_loads_and_the_others_are_refused_by_name() -> None:
+def test_safety_rules_load_with_a_head_or_the_built_in_labels_and_others_are_refused() -> None:
     assert messages(config([{"name": "unsafe", "threshold": 0.5, "deployment": "guard"}])) == {}
-    found = messages(config([{"name": "unsafe", "threshold": 0.5}]))
-    assert "no deployment" in found["routing.signals.safety.0"]
-    assert "system.safety" in found["routing.signals.safety.0"]
+    # no head: the built-in sets, which know "unsafe" and the hazard labels only
+    assert messages(config([{"name": "unsafe", "threshold": 0.5}])) == {}
+    found = messages(
+        config([{"name": "unsafe", "unsafe_labels": ["unsafe", "Controversial"],
+                 "hazard": {"categories": ["violence", "elections"]}}])
+    )  # fmt: skip
+    assert set(found) == {
+        "routing.signals.safety.0.unsafe_labels.1",
+        "routing.signals.safety.0.hazard.categories.1",
+    }
+    assert (
+        "'Controversial' on a safety rule with no head"
+        in found["routing.signals.safety.0.unsafe_labels.1"]
+    )
+    assert "built-in labels unsafe, violence" in found["routing.signals.safety.0.unsafe_labels.1"]
+    # a hazard with a head of its own may name any label
+    hazard = {"deployment": "hazard", "categories": ["elections"]}
+    assert messages(config([{"name": "unsafe", "hazard": hazard}])) == {}
     found = messages(
         config([{"name": "unsafe", "model": "ext", "deployment": "guard",
                  "hazard": {"model": "ext2", "categories": ["violence"]}}])
@@ -125,12 +140,11 @@ def test_risk_is_the_unsafe_labels_probability_and_a_hazard_narrows_it() -> None
     assert not failed.matched and failed.unknown is not None
 
 
-def test_mom_v1_v04_vault_safety_is_refused_by_name_for_want_of_a_head() -> None:
+def test_mom_v1_v04_vault_safety_loads_with_no_head() -> None:
     raw = yaml.safe_load(MOM_V04.read_text(encoding="utf-8"))
     found = messages(raw)
+    assert not any(".safety" in k for k in found)
     vault = next(i for i, r in enumerate(raw["recipes"]) if r["name"] == "vault")
-    assert "no deployment" in found[f"recipes.{vault}.routing.signals.safety.0"]
-    assert not any(".safety" in k and "rules" in k for k in found)  # the leaf type is known
     rule = raw["recipes"][vault]["routing"]["signals"]["safety"]
     signals = Routing.model_validate({"signals": {"safety": rule}}).signals
     assert [r.name for r in signals.safety] == ["unsafe"] and signals.safety[0].head is None

@@ -62,7 +62,7 @@ def test_http_statuses_and_unknown_reasons() -> None:
 def test_an_unknown_leaf_does_not_match_unless_on_error_says_so() -> None:
     results = {
         ("embedding", "e"): SignalResult.unknown_because(BUSY),
-        ("classifier", "c"): SignalResult.unknown_because(BUSY),
+        ("classifier", "c:x"): SignalResult.unknown_because(BUSY),  # a leaf with label x
     }
     leaf = {"type": "embedding", "name": "e"}
     assert evaluate(RuleLeaf.model_validate(leaf), results) == RuleValue(False, 0.0)
@@ -76,7 +76,7 @@ def test_an_unknown_leaf_does_not_match_unless_on_error_says_so() -> None:
     on_error = RuleLeaf.model_validate({**classifier, "on_error": "match"})
     assert evaluate(on_error, results) == RuleValue(True, 1.0)
     # a result that was evaluated is read as ever
-    results[("classifier", "c")] = SignalResult(False, 0.0, 0.2)
+    results[("classifier", "c:x")] = SignalResult(False, 0.0, 0.2)
     assert evaluate(on_error, results) == RuleValue(False, 0.0)
 
 

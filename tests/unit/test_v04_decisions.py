@@ -132,10 +132,9 @@ def test_hallucination_direction_and_disable_rationale() -> None:
         ("routing", "signals", "hallucination"),
         ("routing", "signals", "jailbreak", 1, "direction"),
     ]
-    # disable_rationale is read; the classifiers family itself stays refused by name
-    classifiers = [{"name": "c", "labels": ["a"], "disable_rationale": True}]
-    (refused,) = routing_local_problems({"signals": {"classifiers": classifiers}})
-    assert refused.path == ("routing", "signals", "classifiers")
+    # disable_rationale is read (an llm classifier's: that type is refused when loaded)
+    classifiers = [{"name": "c", "type": "llm", "labels": ["a"], "disable_rationale": True}]
+    assert routing_local_problems({"signals": {"classifiers": classifiers}}) == []
 
 
 def test_what_needs_a_generative_decision_model_is_refused_with_the_reason() -> None:

@@ -19,6 +19,7 @@ from vllm_sr.config.routing_selection import (
     prompt_problems,
 )
 from vllm_sr.config.routing_support import looper_endpoint_of, looper_problems, support_problems
+from vllm_sr.config.signal_classifiers import classifier_problems
 from vllm_sr.config.signal_registry import (
     DEPLOYMENT_LISTS,
     LEAF_NAME_LISTS,
@@ -197,6 +198,7 @@ def routing_against(
         problems += shadow_model_problems(("routing", "decisions", i), dec, model_names)
     problems += _deployment_problems(signals, deployments, decision_deployment)
     problems += safety_problems(routing, ("routing",), deployments, system)
+    problems += classifier_problems(routing, ("routing",), deployments)
     return problems
 
 

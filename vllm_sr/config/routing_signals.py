@@ -6,11 +6,11 @@ vllm-sr evaluates keywords, embeddings, domains, the deterministic families (con
 structure, conversation, language, metadata, role_bindings; their models live in
 ``signal_families`` and ``signal_metadata``), pii (presidio's pattern recognizers) and the
 embedding-only families (fact_check, user_feedbacks, reasks, preferences, complexity,
-jailbreak, kb; see ``vllm_sr/router/signals_embedded.py``). Those, and modality, events and
-classifiers (typed so that a typo is still an unknown-key error; ``routing_support`` refuses
-each one used by name), live in ``signal_embedded``; this module keeps the families vllm-sr
-matches itself (keywords, embeddings, domains) and the ``Signals`` section that holds them
-all."""
+jailbreak, kb; see ``vllm_sr/router/signals_embedded.py``). Those, and modality and events
+(typed so that a typo is still an unknown-key error; ``routing_support`` refuses each one used
+by name), live in ``signal_embedded``, classifiers in ``signal_classifiers``; this module
+keeps the families vllm-sr matches itself (keywords, embeddings, domains) and the
+``Signals`` section that holds them all."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from vllm_sr.config.routing_base import Description, Strict
+from vllm_sr.config.signal_classifiers import ClassifierSignal
 from vllm_sr.config.signal_embedded import (
-    ClassifierSignal,
     ComplexitySignal,
     EventSignal,
     HallucinationSignal,
@@ -308,7 +308,8 @@ class Signals(Strict):
     """Upstream (refused by vllm-sr): event words."""
 
     classifiers: list[ClassifierSignal] = Field(default_factory=list, max_length=256)
-    """Upstream (refused by vllm-sr): local or LLM label classifiers."""
+    """Label classifiers: a deployment's head, else built-in label sets (type llm refused;
+    vllm_sr/config/signal_classifiers.py)."""
 
     decision: list[dict[str, object]] = Field(default_factory=list, max_length=256)
     """Upstream's decision-model questions (refused: they need a generative decision

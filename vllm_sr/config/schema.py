@@ -48,6 +48,7 @@ from vllm_sr.config.routing import DEFAULT_AUTO_MODEL_NAMES, Routing
 from vllm_sr.config.routing_base import as_dict, rules_run_by_caller
 from vllm_sr.config.routing_catalog import Admission, Evaluation, ModelBinding
 from vllm_sr.config.routing_providers import Providers
+from vllm_sr.config.signal_classifiers import BINDING_PREFIX
 from vllm_sr.config.upstream_catalog import Embeddings, ExternalModel, KnowledgeBase
 from vllm_sr.config.upstream_global import (
     Integrations,
@@ -286,6 +287,12 @@ class RootConfig(_Strict):
         routings = [self.routing, *(r.routing for r in self.recipes)]
         for rule in (s for rt in routings if rt is not None for s in rt.signals.safety):
             rule.bind_system(catalog.system.safety, catalog.system.hazard)
+        declared = catalog.deployments or {}  # (the embedded default is no binding's)
+        for rt in (r for r in routings if r is not None):
+            for clf in rt.signals.classifiers:
+                binding = rt.model_bindings.get(BINDING_PREFIX + clf.name)
+                dep = binding.deployment if binding is not None else None
+                clf.bind_deployment(dep if dep in declared else None)
         ratings = self.evaluation.operator_ratings() if self.evaluation is not None else {}
         for card in (c for rt in routings if rt is not None for c in rt.model_cards):
             card.bind_rating(ratings.get(card.name))

@@ -1,7 +1,7 @@
 """pydantic models of the ``routing.signals`` families answered from embeddings or a
 deployment's classifier head (fact_check, user_feedbacks, reasks, preferences, complexity,
 jailbreak, kb), pii (presidio's pattern recognizers), and the families vllm-sr refuses
-(modality, events, classifiers), with upstream's field names and defaults.
+(modality, events), with upstream's field names and defaults.
 
 The evaluation of the answered ones lives in ``vllm_sr/router/signals_embedded.py`` (and
 ``signals_heads``, ``signals_pii``); the refused ones are typed so that a typo is still an
@@ -261,35 +261,6 @@ class EventSignal(Strict):
 
     temporal: bool = False
     """Match time-sensitive markers."""
-
-
-class ClassifierSignal(Strict):
-    name: str = Field(min_length=1, max_length=128)
-    """The signal's name."""
-
-    description: str | None = Description
-    """Free text for people."""
-
-    type: Literal["local", "llm"]
-    """local (a model path) or llm (an external chat model)."""
-
-    model: str | None = Field(default=None, max_length=256)
-    """llm: a global.model_catalog.external name."""
-
-    model_path: str | None = Field(default=None, max_length=1000)
-    """local: the model's path."""
-
-    labels: list[str] = Field(min_length=1, max_length=256)
-    """The labels."""
-
-    instructions: str | None = Field(default=None, max_length=20000)
-    """llm: the instructions."""
-
-    use_cpu: bool = False
-    """local: run on CPU."""
-
-    disable_rationale: bool | None = None
-    """v0.4, llm: ask for no rationale with the label (the family is refused)."""
 
 
 class HallucinationSignal(Strict):

@@ -23,9 +23,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from vllm_sr.config.routing_signals import DomainSignal, EmbeddingSignal, KeywordSignal, Signals
+from vllm_sr.config.signal_classifiers import ClassifierSignal
 from vllm_sr.config.signal_embedded import (
     COMPLEXITY_LEVELS,
-    ClassifierSignal,
     ComplexitySignal,
     EventSignal,
     HallucinationSignal,
@@ -299,10 +299,21 @@ FAMILIES: tuple[SignalFamily, ...] = (
         leaf_names_checked=True,
         leaf_names=lambda s: (e.name for e in s.safety),
     ),
+    SignalFamily(  # a head's label probabilities, else built-in label sets; upstream sends
+        # no debug header for it; rule leaves name NAME with a label (key NAME:LABEL)
+        "classifier",
+        "classifiers",
+        ClassifierSignal,
+        "classifier",
+        None,
+        "deployment",
+        takes_deployment=True,
+        leaf_names_checked=True,
+        leaf_names=lambda s: (f"{c.name}:{label}" for c in s.classifiers for label in c.labels),
+    ),
     SignalFamily("projection", None, None, "projection", "projections", "derived"),
     SignalFamily("modality", "modality", NamedSignal, "modality", "modality", "refused"),
     SignalFamily("event", "events", EventSignal, "event", "event", "refused", eval_unmatched=False),
-    SignalFamily("classifier", "classifiers", ClassifierSignal, "classifier", None, "refused"),
     # v0.4: a generative decision model's verdict (refused: docs/router.md; its entries are
     # not modelled, so no model)
     SignalFamily("decision", "decision", None, "decision", "decision", "refused"),

@@ -7,8 +7,11 @@ head must reach ``hazard.threshold`` too.
 
 Which head answers: the rule's ``deployment``, else ``global.model_catalog.system.safety``
 (the hazard: ``hazard.deployment``, else ``system.hazard``, else the rule's own head). A rule
-with neither, or naming upstream's external classifier (``model``), is refused by name
-(``routing_support``)."""
+with neither (upstream's built-in Vela Safety model) is answered zero-shot on the decision
+deployment, as jailbreak ``method: classifier`` is without a head: built-in unsafe against
+safe example sets, and for ``hazard`` with no hazard head the built-in hazard label sets
+(``signal_classifiers.BUILTIN_LABELS``; another label is refused by name). A rule naming
+upstream's external classifier (``model``) is refused by name."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, PrivateAttr
 
 from vllm_sr.config.routing_base import Description, Strict, as_dict, as_list, problem, refusal
+from vllm_sr.config.signal_classifiers import BUILTIN_LABELS
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
@@ -135,18 +139,34 @@ def safety_problems(
                     "hazard.deployment: a deployment whose artifact is a hazard head",
                 )
             )
-        if rule.get("deployment") is None and not isinstance(default_head, str):
-            problems.append(
-                refusal(
-                    here,
-                    "a safety rule with no deployment (upstream's built-in Vela Safety model)",
-                    "deployment: (a deployment whose artifact is a safety classification "
-                    "head) on the rule, or global.model_catalog.system.safety",
-                )
+        head = rule.get("deployment") or default_head
+        if head is None:  # the built-in unsafe/safe sets (and hazard labels)
+            problems += _builtin_label_problems(
+                (*here, "unsafe_labels"), rule.get("unsafe_labels"), ("unsafe", *BUILTIN_LABELS)
+            )
+        if hazard and (hazard.get("deployment") or sys_map.get("hazard") or head) is None:
+            problems += _builtin_label_problems(
+                (*here, "hazard", "categories"), hazard.get("categories"), BUILTIN_LABELS
             )
         # (the rule's own deployment is checked with every DEPLOYMENT_LISTS entry's)
         named((*here, "hazard", "deployment"), hazard.get("deployment"))
     return problems
+
+
+def _builtin_label_problems(
+    path: tuple[str | int, ...], labels: object, known: tuple[str, ...]
+) -> list[Problem]:
+    return [
+        refusal(
+            (*path, j),
+            f"the label {label!r} on a safety rule with no head (no deployment:, and no "
+            "global.model_catalog.system.safety or .hazard)",
+            "a deployment whose head has the label, or one of the built-in labels "
+            + ", ".join(known),
+        )
+        for j, label in enumerate(as_list(labels))
+        if isinstance(label, str) and label.lower() not in known
+    ]
 
 
 def system_problems(system: object, deployments: set[str]) -> list[Problem]:

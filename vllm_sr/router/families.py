@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_sr.config.signal_registry import FAMILIES, SignalFamily
+from vllm_sr.router import signals_classifiers
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.deterministic import (
     ContextFamily,
@@ -37,6 +38,7 @@ from vllm_sr.router.signals_heads import Heads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import apply_projections
 from vllm_sr.router.signals_safety import apply_hazards
+from vllm_sr.router.signals_safety_builtin import build_builtin as build_builtin_safety
 
 # cpu_step families: the builder of each one's evaluator.
 STEP_BUILDERS: dict[str, StepBuilder] = {
@@ -52,7 +54,10 @@ STEP_BUILDERS: dict[str, StepBuilder] = {
 
 # deployment families beyond DeploymentQuestions' built-in questions: the builder of each
 # one's per-deployment asks (QuestionPlan puts them in the deployment's bundle).
-DEPLOYMENT_BUILDERS: dict[str, DeploymentBuilder] = {}
+DEPLOYMENT_BUILDERS: dict[str, DeploymentBuilder] = {
+    "classifier": signals_classifiers.build,
+    "safety": build_builtin_safety,  # rules no head answers (the others: Heads)
+}
 
 # The other evaluated families: what answers them (a class, or a function over results).
 ANSWERED_BY: dict[str, tuple[object, ...]] = {

@@ -125,10 +125,12 @@ class QuestionPlan:
                 (slots[1] if kind == "user_feedback" else slots[2]).extend(rules)
         safety: dict[str, tuple[list[SafetySignal], list[SafetySignal]]] = {}
         for rule in sigs.safety:
-            if ("safety", rule.name) in self.referenced and rule.head is not None:
+            if ("safety", rule.name) not in self.referenced:
+                continue  # (a rule or hazard with no head: families.DEPLOYMENT_BUILDERS)
+            if rule.head is not None:
                 safety.setdefault(rule.head, ([], []))[0].append(rule)
-                if rule.hazard_head is not None:
-                    safety.setdefault(rule.hazard_head, ([], []))[1].append(rule)
+            if rule.hazard_head is not None:
+                safety.setdefault(rule.hazard_head, ([], []))[1].append(rule)
         for dep in safety:
             heads.setdefault(dep, ([], [], [], []))
         # upstream's modules.classifier.domain.threshold, for labels whose domain sets none

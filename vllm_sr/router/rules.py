@@ -57,6 +57,9 @@ ALWAYS = RuleValue(True, 0.0)
 
 
 def leaf_key(node: RuleLeaf) -> SignalKey:
+    """A leaf's signal key; a classifier leaf with a ``label`` reads ``NAME:LABEL``."""
+    if node.label is not None:
+        return (str(node.type).lower(), f"{node.name}:{node.label}")
     return (str(node.type).lower(), node.name)
 
 

@@ -13,7 +13,10 @@ upstream's ``evaluateSafetySignals`` computes it on the request's current text:
 
 The probabilities are what the head's worker answers: a softmax over its labels, or for a
 multi-label head (config.json ``problem_type: multi_label_classification``, as hazard heads are
-trained) each label's sigmoid (vllm_sr/worker/classify.py ``by_sigmoid``)."""
+trained) each label's sigmoid (vllm_sr/worker/classify.py ``by_sigmoid``).
+
+A rule with no head (upstream's built-in Vela Safety model), and a hazard with no hazard head,
+are answered zero-shot on the decision deployment: vllm_sr/router/signals_safety_builtin.py."""
 
 from __future__ import annotations
 
