@@ -95,7 +95,15 @@ def test_workers_are_the_admitted_provider_models_in_the_providers_order() -> No
     assert got.workers(routed("agent"), lambda m: True) == ["c", "a", "b"]
     assert got.workers(routed("agent"), lambda m: m != "a") == ["c", "b"]
     # fewer admitted than minimum_candidates (2): no looper, the routed model answers
-    assert got.workers(routed("agent"), lambda m: m == "b") == []
+    assert got.workers(routed("agent"), lambda m: m == "b") is None
+
+
+def test_fusion_with_its_own_analysis_models_is_not_unbound() -> None:
+    review = copy.deepcopy(bundle_decisions()["review"])
+    review["algorithm"]["fusion"]["analysis_models"] = ["a", "b"]
+    got = loopers(raw_config([review]))
+    assert "review" in got.looping and got.unbound == {}
+    assert got.workers(routed("review"), lambda m: False) == []  # its panel: analysis_models
 
 
 def test_a_bound_decision_keeps_its_modelrefs() -> None:

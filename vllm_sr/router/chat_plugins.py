@@ -65,8 +65,9 @@ async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
         return fast
     loopers = chat.loopers.get(result.recipe)
     looping = loopers.settings(result) if loopers is not None else None
-    workers = looper_workers(chat, run, loopers) if looping is not None else []
-    if loopers is not None and looping is not None and workers:  # never cached; replayed once
+    workers = looper_workers(chat, run, loopers) if looping is not None else None
+    if loopers is not None and looping is not None and workers is not None:
+        # never cached; replayed once
         body = await backend_body(chat, run)
         final, model = await run_looper(
             chat,
@@ -105,12 +106,14 @@ async def on_answer(
     return await run.replay.done(answer, run)
 
 
-def looper_workers(chat: ChatRouter, run: ChatRun, loopers: LooperDecisions | None) -> list[str]:
+def looper_workers(
+    chat: ChatRouter, run: ChatRun, loopers: LooperDecisions | None
+) -> list[str] | None:
     """The models the matched looper decision runs over, as the recipe's router admits
-    candidates for this chat (health and ``candidate_requirements``)."""
+    candidates for this chat (health and ``candidate_requirements``); None: no looper."""
     router, result = run.router, run.result
     if loopers is None or router is None or run.view is None or result is None:
-        return []
+        return None
     usable = router.candidates.admit(router.candidates.needs(run.view), chat.backends.healthy)
     return loopers.workers(result, usable)
 

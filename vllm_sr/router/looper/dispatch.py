@@ -106,15 +106,16 @@ class LooperDecisions:
             return None
         return self.looping.get(result.decision)
 
-    def workers(self, result: RouteResult, usable: Callable[[str], bool]) -> list[str]:
+    def workers(self, result: RouteResult, usable: Callable[[str], bool]) -> list[str] | None:
         """The models a looper decision runs over: its modelRefs' (in order; their health is
-        the calls' own fallback), or, with none, the provider models ``usable`` admits (the
-        chat's health and candidate requirements), in the providers' order; [] when too few
-        are admitted (the chat then goes to the routed model)."""
+        the calls' own fallback; none for fusion with its own ``analysis_models``), or, for
+        an unbound decision, the provider models ``usable`` admits (the chat's health and
+        candidate requirements), in the providers' order; None when too few are admitted (no
+        looper: the chat goes to the routed model)."""
         if result.decision not in self.unbound:
             return list(dict.fromkeys(r.model for r in result.decision_refs))
         admitted = [m for m in self.models if usable(m)]
-        return admitted if len(admitted) >= self.unbound[result.decision] else []
+        return admitted if len(admitted) >= self.unbound[result.decision] else None
 
 
 async def run_looper(
