@@ -188,7 +188,12 @@ def test_upstream_reference_blocks_pass() -> None:
         ("fusion", {"grounding": {"policy": "drop"}}, ("grounding", "policy"), "weight"),
         ("fusion", {"grounding": {"min_score": 2}}, ("grounding", "min_score"), "0-1"),
         ("workflows", {"mode": "loop"}, ("mode",), "static, dynamic"),
-        ("workflows", {"mode": "dynamic"}, ("planner", "model"), "a model name"),
+        (
+            "workflows",
+            {"mode": "dynamic", "roles": [{"name": "r", "models": ["a"]}]},
+            ("roles",),
+            "no roles with mode dynamic",
+        ),
         ("workflows", {"mode": "static"}, ("roles",), "a non-empty list of roles"),
         (
             "workflows",
@@ -519,6 +524,22 @@ async def test_workflows_dynamic_plan_fallback_and_failures() -> None:
     call.fail = {"a"}
     with pytest.raises(Unavailable, match="step 'step-1'"):
         await run_workflows(call, ["a", "b"], BODY, WorkflowsSettings.from_block(block), clock)
+
+
+async def test_workflows_dynamic_without_a_planner_model_plans_with_the_first_worker() -> None:
+    call, clock = FakeCall(), Clock()
+    block = {"mode": "dynamic", "planner": {"max_completion_tokens": 64}, "final": {}}
+    assert looper_block_problems(("b",), "workflows", block, [], ENDPOINT) == []
+    call.replies["qwen3-8b"] = json.dumps({"steps": [{"models": ["b"]}]})
+    settings = WorkflowsSettings.from_block(block)
+    loop = await run_workflows(call, ["qwen3-8b", "b"], BODY, settings, clock)
+    planner, step, final = call.calls
+    assert planner[0] == "qwen3-8b" and planner[1]["max_completion_tokens"] == 64
+    assert planner[1]["chat_template_kwargs"] == {"enable_thinking": False}  # by its name
+    assert step[0] == "b"
+    assert final[0] == "qwen3-8b"  # no final.model nor plan final: the planner synthesizes
+    assert loop.models_used == ["qwen3-8b", "b"]
+    assert loop.final_body()["flow"]["planner_model"] == "qwen3-8b"
 
 
 async def test_workflows_deadline_on_a_fake_clock() -> None:

@@ -636,7 +636,10 @@ def test_looper_decisions_follow_the_looper_endpoint() -> None:
         {
             "name": "c",
             "modelRefs": [{"model": "x"}],
-            "algorithm": {"type": "workflows", "workflows": {"mode": "dynamic"}},
+            "algorithm": {
+                "type": "workflows",
+                "workflows": {"mode": "dynamic", "roles": [{"name": "r", "models": ["x"]}]},
+            },
         },
         {"name": "d", "modelRefs": [{"model": "x"}], "algorithm": {"type": "remom"}},
         {
@@ -651,7 +654,7 @@ def test_looper_decisions_follow_the_looper_endpoint() -> None:
     raw: dict[str, Any] = {"routing": {"decisions": decisions}}
     # Omitted, the endpoint is upstream's default: every looper with enough models runs, in
     # vllm-sr too; what vllm-sr does not run of a running looper is refused by name (fusion's
-    # grounding); upstream's own checks apply either way (workflows dynamic needs a planner).
+    # grounding); upstream's own checks apply either way (workflows dynamic takes no roles).
     problems = semantic_problems(raw)
     refused = [p for p in problems if NOT_SUPPORTED in p.message]
     assert [p.path for p in refused] == [
@@ -659,7 +662,7 @@ def test_looper_decisions_follow_the_looper_endpoint() -> None:
     ]
     invalid = [p for p in problems if NOT_SUPPORTED not in p.message and "algorithm" in p.path]
     assert [p.path for p in invalid] == [
-        ("routing", "decisions", 2, "algorithm", "workflows", "planner", "model")
+        ("routing", "decisions", 2, "algorithm", "workflows", "roles")
     ]
     raw["global"] = {"integrations": {"looper": {"endpoint": ""}}}
     problems = [p for p in semantic_problems(raw) if "algorithm" in p.path]

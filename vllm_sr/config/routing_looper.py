@@ -21,10 +21,20 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from vllm_sr.config.routing_base import NOT_SUPPORTED, Path, Strict, as_dict, problem, refusal
+from vllm_sr.config.routing_base import (
+    NOT_SUPPORTED,
+    Path,
+    Strict,
+    as_dict,
+    as_list,
+    problem,
+    refusal,
+)
 
 if TYPE_CHECKING:
     from vllm_sr.config.problems import Problem
+    from vllm_sr.config.routing import Decision
+    from vllm_sr.jsontypes import JsonObject
 
 METHODS = ("avg_logprob", "margin", "hybrid", "self_verify", "automix_entailment")
 RUN_METHODS = ("avg_logprob", "margin", "hybrid")
@@ -226,3 +236,56 @@ def looper_block_problems(
     if runs:
         return problems
     return [p for p in problems if NOT_SUPPORTED not in str(p)]
+
+
+# -- looper decisions with no modelRefs ------------------------------------------------------
+
+
+def runs_unbound(decision: Decision | JsonObject, endpoint: str) -> bool:
+    """A looper decision with no modelRefs (v0.4's built-in bundle before upstream's ``recipe
+    builtin init`` binds them) that vllm-sr runs over the provider models because ``endpoint``
+    is set (vllm_sr/router/looper/dispatch.py). Upstream's rule (``looper_would_run``) counts
+    modelRefs, so it would serve such a decision as static; fusion with its own
+    ``analysis_models`` already runs."""
+    from vllm_sr.config.routing_support import LOOPER_TYPES, looper_would_run
+
+    raw = (
+        decision
+        if isinstance(decision, dict)
+        else decision.model_dump(by_alias=True, exclude_none=True)
+    )
+    kind = as_dict(raw.get("algorithm")).get("type")
+    return (
+        bool(endpoint)
+        and kind in LOOPER_TYPES
+        and not as_list(raw.get("modelRefs"))
+        and not looper_would_run(raw, endpoint)
+    )
+
+
+def least_workers(decision: Decision) -> int:
+    """The fewest admitted provider models an unbound looper decision runs with: upstream's
+    count for its kind (confidence, ratings: 2; the others: 1), or ``minimum_candidates``
+    when larger."""
+    from vllm_sr.config.routing_support import SINGLE_REF_LOOPERS
+
+    algo = decision.algorithm
+    kind_least = 1 if algo is not None and algo.type in SINGLE_REF_LOOPERS else 2
+    return max(kind_least, (algo.minimum_candidates or 0) if algo is not None else 0)
+
+
+def unbound_refusals(routing: object, endpoint: str, base: Path = ("routing",)) -> list[Problem]:
+    """vllm-sr's refusals by name (fusion ``grounding.enabled``, a remom template with Go
+    actions) for the decisions :func:`runs_unbound` runs: the routing rules check a looper
+    that upstream would not run only by upstream's own rules."""
+    problems = []
+    for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
+        raw = as_dict(dec)
+        if not runs_unbound(raw, endpoint):
+            continue
+        kind = str(as_dict(raw.get("algorithm")).get("type"))
+        block = as_dict(raw.get("algorithm")).get(kind)
+        path = (*base, "decisions", i, "algorithm", kind)
+        got = looper_block_problems(path, kind, block, [], endpoint)
+        problems += [p for p in got if NOT_SUPPORTED in str(p)]
+    return problems

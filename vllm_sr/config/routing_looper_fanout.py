@@ -325,8 +325,9 @@ def fusion_problems(base: Path, block: object, runs: bool) -> list[Problem]:
 
 
 def workflows_problems(base: Path, block: object, ref_models: Sequence[str]) -> list[Problem]:
-    """``ValidateWorkflowsAlgorithmConfig`` and the decision rule that static roles' models and
-    ``final.model`` are modelRefs."""
+    """``ValidateWorkflowsAlgorithmConfig`` (except its ``planner.model`` requirement for mode
+    dynamic, which v0.4's bundle does not meet) and the decision rule that static roles' models
+    and ``final.model`` are modelRefs."""
     check = _Checker(base, block, WORKFLOWS_FIELDS)
     if block is not None:
         _workflows_block(check, ref_models)
@@ -357,11 +358,8 @@ def _workflows_block(check: _Checker, ref_models: Sequence[str]) -> None:
     check.text("template")
     check.one_of("on_error", ON_ERROR)
     roles = check.present("roles")
-    planner_model = planner.got.get("model")
-    if mode == "dynamic" and not (isinstance(planner_model, str) and planner_model.strip()):
-        check.problems.append(
-            _bad((*base, "planner", "model"), planner_model, "a model name (mode dynamic)")
-        )
+    # mode dynamic without planner.model: the planner is the decision's first worker (upstream
+    # v0.4's own bundle omits it; 3d48f8c9's Go validator required it)
     if mode == "dynamic" and roles:
         check.problems.append(_bad((*base, "roles"), roles, "no roles with mode dynamic"))
     if mode == "static":
@@ -540,7 +538,7 @@ class WorkflowsSettings:
 
     mode: str = "static"
     template: str = "micro_agent"
-    planner_model: str = ""
+    planner_model: str = ""  # "" with mode dynamic: the first worker plans
     planner_max_completion_tokens: int = 2048
     roles: tuple[WorkflowRole, ...] = ()
     final_model: str = ""

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from vllm_sr.config.routing_base import Path, as_dict, as_list, duplicates, problem
 from vllm_sr.config.routing_kbs import kb_problems
+from vllm_sr.config.routing_looper import unbound_refusals
 from vllm_sr.config.routing_plugins import shadow_model_problems
 from vllm_sr.config.routing_provider_rules import providers_problems
 from vllm_sr.config.routing_selection import (
@@ -326,12 +327,16 @@ def routing_problems(raw: object) -> list[Problem]:
         )
     endpoint = looper_endpoint_of(raw.get("global"))
     problems += looper_problems(raw.get("routing"), endpoint)
+    problems += unbound_refusals(raw.get("routing"), endpoint)
     problems += prompt_problems(raw.get("routing"), raw.get("providers"), endpoint)
     problems += kb_problems(raw.get("routing"), catalog)
     system = catalog.get("system")
     problems += system_problems(system, deployments)
     for i, rec in enumerate(as_list(raw.get("recipes"))):
         problems += looper_problems(
+            as_dict(rec).get("routing"), endpoint, ("recipes", i, "routing")
+        )
+        problems += unbound_refusals(
             as_dict(rec).get("routing"), endpoint, ("recipes", i, "routing")
         )
         problems += prompt_problems(

@@ -21,7 +21,7 @@ from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import retention
 from vllm_sr.router.answers import H_ALGORITHM, H_DECISION, H_MODEL, H_RECIPE
 from vllm_sr.router.cache.answer import AnswerRecorder, replay_sse
-from vllm_sr.router.looper.dispatch import run_looper
+from vllm_sr.router.looper.dispatch import LooperDecisions, run_looper
 from vllm_sr.router.outgoing import NO_PLUGINS
 from vllm_sr.router.plugins import shapers
 from vllm_sr.router.plugins.fast_response import H_FAST, fast_body
@@ -69,13 +69,16 @@ async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
         return fast
     loopers = chat.loopers.get(result.recipe)
     looping = loopers.settings(result) if loopers is not None else None
-    if loopers is not None and looping is not None:  # never cached; replayed once
+    workers = looper_workers(chat, run, loopers) if looping is not None else None
+    if loopers is not None and looping is not None and workers is not None:
+        # never cached; replayed once
         body = await backend_body(chat, run)
         final, model = await run_looper(
             chat,
             loopers,
             looping,
             result,
+            workers,
             run.plugins,
             body,
             run.request,
@@ -105,6 +108,18 @@ async def on_answer(
     if run.replay is None:
         return answer
     return await run.replay.done(answer, run)
+
+
+def looper_workers(
+    chat: ChatRouter, run: ChatRun, loopers: LooperDecisions | None
+) -> list[str] | None:
+    """The models the matched looper decision runs over, as the recipe's router admits
+    candidates for this chat (health and ``candidate_requirements``); None: no looper."""
+    router, result = run.router, run.result
+    if loopers is None or router is None or run.view is None or result is None:
+        return None
+    usable = router.candidates.admit(router.candidates.needs(run.view), chat.backends.healthy)
+    return loopers.workers(result, usable)
 
 
 def plugins_of(chat: ChatRouter, result: RouteResult) -> DecisionPlugins:

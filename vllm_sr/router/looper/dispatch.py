@@ -3,7 +3,14 @@ internal calls through the chat path's own ``forward`` (vllm_sr/router/fallback.
 model's backends, retries, outlier ejection, then the chat's fallback to the default model),
 never through the response cache nor the replay log. Upstream sends them to
 ``global.integrations.looper.endpoint`` (its own proxy); vllm-sr is that proxy,
-so the endpoint only switches loopers on."""
+so the endpoint only switches loopers on.
+
+A looper decision with no modelRefs (v0.4's built-in bundle leaves them to upstream's
+``recipe builtin init``) runs over the provider models, in the providers' order, that are
+healthy and meet ``routing.candidate_requirements`` for the chat (the filter the selection
+applies to modelRefs: vllm_sr/router/selection/candidates.py); with fewer of them than its kind
+needs (confidence, ratings: 2, the others 1) or than ``algorithm.minimum_candidates``, the chat
+goes to the routed model (the default model) as a decision without a looper."""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing_looper import ConfidenceSettings
+from vllm_sr.config.routing_looper import ConfidenceSettings, least_workers, runs_unbound
 from vllm_sr.config.routing_looper_fanout import (
     FusionSettings,
     RatingsSettings,
@@ -32,6 +39,8 @@ from vllm_sr.router.looper.runner import LoopResult
 from vllm_sr.router.looper.workflows import run_workflows
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from vllm_sr.config.routing import Routing
     from vllm_sr.config.routing_plugins import DecisionPlugins
     from vllm_sr.config.routing_providers import Providers
@@ -54,16 +63,24 @@ ALGORITHM_OF: dict[type, str] = {
 
 class LooperDecisions:
     """Per config generation: the decisions whose looper vllm-sr runs (a looper endpoint is
-    set and upstream would run it), with their settings, and the modelCards' sizes and the
-    providers' prices the escalation orders read."""
+    set and upstream would run it, or it has no modelRefs: :func:`runs_unbound`), with their
+    settings, and the modelCards' sizes and the providers' prices the escalation orders
+    read."""
 
     def __init__(
         self, routing: Routing, global_: GlobalSection | None, providers: Providers
     ) -> None:
         endpoint = looper_endpoint_of(global_)
         self.looping: dict[str, LooperSettings] = {}
+        # an unbound decision -> the fewest admitted provider models it runs with
+        self.unbound: dict[str, int] = {}
+        self.models = [m.name for m in providers.models]  # the providers' order
         for d in routing.decisions:
-            if d.algorithm is None or not looper_would_run(d, endpoint):
+            if d.algorithm is None:
+                continue
+            if runs_unbound(d, endpoint):
+                self.unbound[d.name] = least_workers(d)
+            elif not looper_would_run(d, endpoint):
                 continue
             kind = d.algorithm.type
             block = getattr(d.algorithm, kind, None)
@@ -89,12 +106,24 @@ class LooperDecisions:
             return None
         return self.looping.get(result.decision)
 
+    def workers(self, result: RouteResult, usable: Callable[[str], bool]) -> list[str] | None:
+        """The models a looper decision runs over: its modelRefs' (in order; their health is
+        the calls' own fallback; none for fusion with its own ``analysis_models``), or, for
+        an unbound decision, the provider models ``usable`` admits (the chat's health and
+        candidate requirements), in the providers' order; None when too few are admitted (no
+        looper: the chat goes to the routed model)."""
+        if result.decision not in self.unbound:
+            return list(dict.fromkeys(r.model for r in result.decision_refs))
+        admitted = [m for m in self.models if usable(m)]
+        return admitted if len(admitted) >= self.unbound[result.decision] else None
+
 
 async def run_looper(
     chat: ChatRouter,
     loopers: LooperDecisions,
     settings: LooperSettings,
     result: RouteResult,
+    workers: Sequence[str],
     plugins: DecisionPlugins,
     body: JsonObject,
     request: Request,
@@ -102,8 +131,9 @@ async def run_looper(
     debug: bool,
     stats: RouterStats,
 ) -> tuple[Response, str]:
-    """The decision's looper over its modelRefs -> (the final answer, whole or as SSE as the
-    caller asked, with the ``x-vsr-looper-*`` headers; the model that gave it)."""
+    """The decision's looper over ``workers`` (:meth:`LooperDecisions.workers`) -> (the final
+    answer, whole or as SSE as the caller asked, with the ``x-vsr-looper-*`` headers; the
+    model that gave it)."""
     refs = {r.model: r for r in result.decision_refs}
     algorithm = ALGORITHM_OF[type(settings)]
 
@@ -129,17 +159,18 @@ async def run_looper(
     try:
         loop: LoopResult
         if isinstance(settings, ConfidenceSettings):
-            models = ordered(list(refs), settings, loopers.sizes.get, loopers.prices.get)
+            models = ordered(list(workers), settings, loopers.sizes.get, loopers.prices.get)
             loop = await run_confidence(call, models, body, settings, clock, deadline)
         elif isinstance(settings, RatingsSettings):
-            loop = await run_ratings(call, list(refs), body, settings, clock, deadline)
+            loop = await run_ratings(call, workers, body, settings, clock, deadline)
         elif isinstance(settings, RemomSettings):
             weighted = [(r.model, r.weight) for r in result.decision_refs]
+            weighted = weighted or [(m, 0.0) for m in workers]  # unbound: unweighted
             loop = await run_remom(call, weighted, body, settings, clock, deadline)
         elif isinstance(settings, FusionSettings):
-            loop = await run_fusion(call, list(refs), body, settings, clock, deadline)
+            loop = await run_fusion(call, workers, body, settings, clock, deadline)
         else:
-            loop = await run_workflows(call, list(refs), body, settings, clock, deadline)
+            loop = await run_workflows(call, workers, body, settings, clock, deadline)
     except Exception:
         stats.looper_runs[(algorithm, "error")] += 1
         raise

@@ -2,8 +2,9 @@
 each run by one or more worker models at once, then a final synthesis.
 
 - The plan: ``mode: static`` turns ``roles`` into steps (id from the name, upstream's prompt
-  per role name unless given); ``mode: dynamic`` asks ``planner.model`` for a JSON plan
-  (upstream's planner prompt; ``response_format: json_object``). A plan is checked: 1 to
+  per role name unless given); ``mode: dynamic`` asks ``planner.model`` (none given: the
+  first worker, as v0.4's bundle leaves it out) for a JSON plan (upstream's planner prompt;
+  ``response_format: json_object``). A plan is checked: 1 to
   ``max_steps`` steps, 1 to ``max_parallel`` models per step, each a modelRef, an
   ``access_list`` naming only earlier steps or agents, a final model among the modelRefs. A
   dynamic plan that cannot be read or fails the check is replaced, with ``on_error: skip``,
@@ -332,7 +333,8 @@ def step_prompt(step: Step, previous: Sequence[StepResult], original: str) -> st
     return text
 
 
-def _asked(body: JsonObject, settings: WorkflowsSettings, planner: bool = False) -> JsonObject:
+def _asked(body: JsonObject, settings: WorkflowsSettings, planner: str = "") -> JsonObject:
+    """The body of a step or final call; of the planner's call when ``planner`` names it."""
     out = dict(body)
     if settings.temperature is not None:
         out["temperature"] = settings.temperature
@@ -341,7 +343,7 @@ def _asked(body: JsonObject, settings: WorkflowsSettings, planner: bool = False)
     if planner:
         out["max_completion_tokens"] = settings.planner_max_completion_tokens
         out["response_format"] = {"type": "json_object"}
-        name = settings.planner_model.lower()
+        name = planner.lower()
         kwargs = {}
         if "qwen" in name or "qwq" in name:
             kwargs["enable_thinking"] = False
@@ -360,20 +362,20 @@ async def run_workflows(
     original = last_user_text(body)
     plain = tool_free(body)
     planner_used = False
-    if settings.mode == "dynamic":
+    dynamic = settings.mode == "dynamic"
+    planner = settings.planner_model or (workers[0] if dynamic and workers else "")
+    if dynamic:
         prompt = PLANNER_PROMPT.format(
             models="\n".join(workers),
             max_steps=settings.max_steps,
             max_parallel=settings.max_parallel,
             original=original,
         )
-        asked = _asked(with_user_turn(plain, prompt), settings, planner=True)
+        asked = _asked(with_user_turn(plain, prompt), settings, planner=planner)
         try:
-            planned = await loop.ask(settings.planner_model, asked)
+            planned = await loop.ask(planner, asked)
         except VllmSrError as exc:
-            raise Unavailable(
-                f"workflow planner {settings.planner_model!r} failed: {exc}"
-            ) from None
+            raise Unavailable(f"workflow planner {planner!r} failed: {exc}") from None
         planner_used = True
         plan = parse_plan(content_of(planned.answer)) or parse_plan(reasoning_of(planned.answer))
     else:
@@ -381,21 +383,16 @@ async def run_workflows(
     plan = _with_final(plan, settings) if plan is not None else None
     try:
         if plan is None:
-            raise Unavailable(f"workflow planner {settings.planner_model!r} returned invalid plan")
+            raise Unavailable(f"workflow planner {planner!r} returned invalid plan")
         plan = checked_plan(plan, workers, settings)
     except Unavailable:
-        if settings.mode != "dynamic" or settings.on_error != "skip":
+        if not dynamic or settings.on_error != "skip":
             raise
         plan = checked_plan(
             _with_final(fallback_plan(workers, settings), settings), workers, settings
         )
     results = await _steps(loop, plan, plain, original, settings)
-    final_model = (
-        plan.final_model
-        or settings.final_model
-        or settings.planner_model
-        or results[0].answers[0].model
-    )
+    final_model = plan.final_model or settings.final_model or planner or results[0].answers[0].model
     prompt = FINAL_PROMPT.format(
         instruction=plan.final_prompt or DEFAULT_FINAL,
         original=original,
@@ -407,7 +404,7 @@ async def run_workflows(
     result.answer, result.model = final.answer, final.model
     failed = [{"model": m, "error": e} for r in results for m, e in r.failed]
     result.iterations = 1 + planner_used + sum(len(r.answers) + len(r.failed) for r in results)
-    used = [settings.planner_model] if settings.planner_model else []
+    used = [planner] if planner else []
     used += [a.model for r in results for a in r.answers] + [final.model]
     result.models_used = list(dict.fromkeys(used))
     if settings.include_intermediate_responses or failed:
@@ -416,8 +413,8 @@ async def run_workflows(
             "template": settings.template,
             "worker_models": list(workers),
         }
-        if settings.planner_model:
-            trace["planner_model"] = settings.planner_model
+        if planner:
+            trace["planner_model"] = planner
         if settings.include_intermediate_responses:
             trace["plan"] = {
                 "steps": [s.trace() for s in plan.steps],

@@ -1,0 +1,138 @@
+"""A looper decision as v0.4's built-in bundle writes it (no modelRefs; workflows mode dynamic
+with no ``planner.model``), end to end: the Router-mode handlers on our HTTP server, real
+stand-in provider models, the openai SDK. The looper runs over the provider models the chat
+admits (a card whose context window is too small is passed over), in the providers' order,
+the first of them planning; with fewer admitted than ``minimum_candidates`` the chat goes to
+the default model as a plain chat."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import pytest
+
+from tests.support.backends import StandInBackend
+from tests.support.router_app import AUTO, Served, serve_routes, start_router
+from vllm_sr.config.routing import Routing
+from vllm_sr.config.routing_providers import Providers
+from vllm_sr.router.chat import ChatRouter
+
+ORDER = ("tiny", "b", "a")  # the providers' order; a is the default model
+
+
+def v04_agent(name: str, minimum: int) -> dict[str, object]:
+    """A decision shaped like mom-v1's ``accuracy`` recipe's ``agent`` before binding."""
+    return {
+        "name": name,
+        "priority": 10,
+        "rules": {"operator": "AND", "conditions": [{"type": "keyword", "name": name}]},
+        "algorithm": {
+            "type": "workflows",
+            "minimum_candidates": minimum,
+            "workflows": {
+                "mode": "dynamic",
+                "template": "micro_agent",
+                "max_steps": 3,
+                "max_parallel": 2,
+                "min_successful_responses": 2,
+                "on_error": "skip",
+                "planner": {"max_completion_tokens": 512},
+                "final": {},
+                "include_intermediate_responses": False,
+            },
+        },
+    }
+
+
+ROUTING = {
+    "candidate_requirements": {"context": "known_limits"},
+    "modelCards": [{"name": "tiny", "context_window_size": 2}],
+    "signals": {
+        "keywords": [{"name": n, "operator": "OR", "keywords": [n]} for n in ("agent", "crowd")]
+    },
+    "decisions": [v04_agent("agent", 2), v04_agent("crowd", 3)],
+}
+PLAN = {
+    "steps": [{"id": "solve", "role": "worker", "models": ["a", "b"], "prompt": "Solve it."}],
+    "final": {"prompt": "Give the answer."},
+}
+
+
+@dataclass
+class Stack:
+    backends: dict[str, StandInBackend]
+    chat: ChatRouter
+    served: Served
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    backends = {n: await StandInBackend(n).start() for n in ORDER}
+    providers = Providers.model_validate(
+        {
+            "defaults": {"model": "a"},
+            "models": [
+                {"name": n, "backend_refs": [{"endpoint": b.endpoint}]} for n, b in backends.items()
+            ],
+        }
+    )
+    chat = await start_router(providers, Routing.model_validate(ROUTING))
+    served = await serve_routes(chat.routes())
+    try:
+        yield Stack(backends, chat, served)
+    finally:
+        await served.close()
+        await chat.backends.close()
+        for b in backends.values():
+            await b.stop()
+
+
+async def ask(stack: Stack, text: str) -> tuple[str, Mapping[str, str]]:
+    raw = await stack.served.client().chat.completions.with_raw_response.create(
+        model=AUTO, messages=[{"role": "user", "content": text}]
+    )
+    parsed = raw.parse()
+    return parsed.choices[0].message.content or "", raw.headers
+
+
+def prompts(backend: StandInBackend) -> list[str]:
+    return [str(r.body["messages"][-1]["content"]) for r in backend.received]  # type: ignore[index]
+
+
+async def test_an_unbound_workflows_decision_runs_over_the_admitted_provider_models(
+    stack: Stack,
+) -> None:
+    b = stack.backends["b"]
+    b.reply = json.dumps(PLAN)  # b is the first admitted model: it plans
+    answer, headers = await ask(stack, "agent: why is the sky blue at noon?")
+    assert headers["x-vsr-selected-decision"] == "agent"
+    assert headers["x-vsr-looper-algorithm"] == "workflows"
+    # the planner b, the step's two workers, then the final synthesis by the planner
+    assert headers["x-vsr-looper-models-used"] == "b,a"
+    assert headers["x-vsr-looper-iterations"] == "4"
+    planned = b.received[0].body
+    assert planned["response_format"] == {"type": "json_object"}
+    assert planned["max_completion_tokens"] == 512
+    assert "Available worker models, and the only worker models you may use:\nb\na\n" in str(
+        planned["messages"][-1]["content"]  # type: ignore[index]
+    )
+    assert prompts(stack.backends["a"]) and all(
+        p.startswith('Router Flow step "solve" (worker).') for p in prompts(stack.backends["a"])
+    )
+    assert prompts(b)[-1].startswith("You are the Router Flow final synthesizer.")
+    assert answer == json.dumps(PLAN)  # b's reply, as the final synthesis
+    assert stack.backends["tiny"].received == []  # its context window is too small
+    assert stack.chat.stats.looper_runs[("workflows", "ok")] == 1
+
+
+async def test_too_few_admitted_models_send_the_chat_to_the_default_model(stack: Stack) -> None:
+    answer, headers = await ask(stack, "crowd: why is the sky blue at noon?")
+    assert headers["x-vsr-selected-decision"] == "crowd"
+    assert "x-vsr-looper-algorithm" not in headers
+    assert headers["x-vsr-selected-model"] == "a"
+    assert prompts(stack.backends["a"]) == ["crowd: why is the sky blue at noon?"]
+    assert stack.backends["b"].received == [] and stack.backends["tiny"].received == []
+    assert answer.startswith("a got:")
+    assert stack.chat.stats.looper_runs == {}
