@@ -187,7 +187,11 @@ async def test_a_retired_worker_answers_what_it_has_in_flight_itself() -> None:
         assert sum(1 for a in answers if a["replica"] == "primary-1") == on_victim
         assert pool.retries == 0
         await wait_for(lambda: not psutil.pid_exists(victim_pid or -1), 20, "primary-1 stopped")
+        # the process can be gone a moment before the supervisor has reaped it and said so
+        await wait_for(
+            lambda: bool(events_of(svc, ev.REPLICA_STOPPED, "primary-1")), 20, "replica_stopped"
+        )
         stopped = events_of(svc, ev.REPLICA_STOPPED, "primary-1")
-        assert stopped and stopped[0].fields["pid"] == victim_pid
+        assert stopped[0].fields["pid"] == victim_pid
     finally:
         await svc.stop()
