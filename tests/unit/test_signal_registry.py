@@ -27,6 +27,7 @@ from vllm_sr.config.signal_registry import (
     FAMILIES,
     SUPPORTED_LEAF_TYPES,
     SignalFamily,
+    entry_asks_deployment,
 )
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import cpu_signals, families
@@ -110,6 +111,14 @@ def test_refused_families_are_refused_by_list_and_leaf_from_the_row(row: SignalF
     message = paths["routing.decisions[0].rules.type"]
     assert f"the rule leaf type {row.name!r}" in message
     assert ", ".join(SUPPORTED_LEAF_TYPES) in message
+    if row.refusal_reason is not None:  # the row's reason, on the list and on the leaf
+        assert row.refusal_reason in message
+        assert row.refusal_reason in paths[f"routing.signals.{row.config_key}"]
+
+
+def test_the_decision_family_is_refused_for_the_reason_its_row_gives() -> None:
+    assert [f.name for f in FAMILIES if f.refusal_reason] == ["decision"]
+    assert "generative decision model" in str(BY_NAME["decision"].refusal_reason)
 
 
 @pytest.mark.parametrize("row", [f for f in FAMILIES if f.takes_deployment], ids=lambda f: f.name)
@@ -118,6 +127,32 @@ def test_deployment_names_are_checked_for_the_rows_that_take_one(row: SignalFami
     routing = {"signals": {row.config_key: [{"name": "x", "deployment": "nowhere"}]}}
     paths = {format_path(p.path) for p in check_routing(None, routing, {"primary"}, "primary")}
     assert f"routing.signals.{row.config_key}[0].deployment" in paths
+
+
+def unset_deployment_paths(routing: JsonObject, system: JsonObject | None = None) -> set[str]:
+    """The entries flagged for asking the decision model's deployment, which is not declared."""
+    found = check_routing(None, routing, {"other"}, "primary", system)
+    return {format_path(p.path) for p in found if "decision model's deployment" in p.message}
+
+
+@pytest.mark.parametrize("row", [f for f in FAMILIES if f.takes_deployment], ids=lambda f: f.name)
+def test_an_entry_naming_no_deployment_asks_what_its_row_says(row: SignalFamily) -> None:
+    assert row.config_key is not None
+    path = f"routing.signals.{row.config_key}[0]"
+    entry = {"name": "x", "labels": ["violence"]} if row.name == "classifier" else {"name": "x"}
+    routing: JsonObject = {"signals": {row.config_key: [entry]}}
+    flagged = unset_deployment_paths(routing)
+    if not entry_asks_deployment(row, None):  # pii: the CPU step
+        assert flagged == set()
+        return
+    assert flagged == {path}  # the decision model's deployment, which does not exist
+    if row.unset_deployment == "system_safety":
+        assert unset_deployment_paths(routing, {"safety": "other"}) == set()
+    if row.unset_deployment == "model_binding":
+        bound = {**routing, "model_bindings": {"classifier.x": {"deployment": "other"}}}
+        assert unset_deployment_paths(bound) == set()
+        undeclared = {**routing, "model_bindings": {"classifier.x": {"deployment": "hazard"}}}
+        assert unset_deployment_paths(undeclared) == {path}  # bound only to a declared one
 
 
 @pytest.mark.parametrize("row", [f for f in FAMILIES if f.leaf_names_checked], ids=lambda f: f.name)
