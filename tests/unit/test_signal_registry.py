@@ -41,6 +41,7 @@ from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import RouteResult
 from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals_heads import Heads
 
 SUPPORTED = [f for f in FAMILIES if f.supported]
 REFUSED = [f for f in FAMILIES if not f.supported]
@@ -259,7 +260,8 @@ def test_a_bound_deployment_family_is_asked_in_the_bundle(
     row = SignalFamily("echo", None, None, "echo", None, "deployment", takes_deployment=True)
     monkeypatch.setattr(families, "FAMILIES", (*FAMILIES, row))
     monkeypatch.setattr(families, "DEPLOYMENT_BUILDERS", {"echo": echo_builder})
-    assert families._bind()["echo"].deployment is echo_builder
+    monkeypatch.setattr(families, "BINDINGS", families._bind())
+    assert families.BINDINGS["echo"].deployment is echo_builder
     routing = Routing.model_validate({"decisions": []})
     plan = QuestionPlan(routing, "primary", wanted={("echo", "e1")})
     dq = plan.deployments["echoer"]
@@ -280,3 +282,34 @@ def test_a_bound_deployment_family_is_asked_in_the_bundle(
         dq.read(answer({}), view=view)
     # unreferenced: not asked anywhere
     assert "echoer" not in QuestionPlan(routing, "primary", wanted={("keyword", "x")}).deployments
+
+
+def test_the_families_a_head_answers_bind_their_part_of_the_heads() -> None:
+    headed = {name for name, b in families.BINDINGS.items() if Heads in b.answered_by}
+    assert headed == set(families.HEAD_BUILDERS)
+    for name in headed:
+        assert families.BINDINGS[name].heads is families.HEAD_BUILDERS[name], name
+        assert families.BINDINGS[name].row.takes_deployment, name
+
+
+def test_two_families_on_one_head_share_the_deployments_classify_task() -> None:
+    routing = Routing.model_validate(
+        {
+            "signals": {
+                "jailbreak": [{"name": "jb", "method": "classifier", "deployment": "guard"}],
+                "safety": [{"name": "unsafe", "deployment": "guard"}],
+                "pii": [{"name": "ids", "deployment": "guard"}],
+            },
+            "decisions": [],
+        }
+    )
+    wanted = {("jailbreak", "jb"), ("safety", "unsafe"), ("pii", "ids")}
+    plan = QuestionPlan(routing, "primary", wanted=wanted)
+    assert set(plan.deployments) == {"guard"}
+    dq = plan.deployments["guard"]
+    assert set(dq.signal_keys()) == wanted and dq.asks == []
+    sent = json.loads(dq.bundle("hi", RequestView(text="hi")))
+    assert [t["id"] for t in sent["tasks"]] == ["classify"]
+    # unreferenced: no part of the head
+    only_jb = QuestionPlan(routing, "primary", wanted={("jailbreak", "jb")})
+    assert only_jb.deployments["guard"].signal_keys() == [("jailbreak", "jb")]
