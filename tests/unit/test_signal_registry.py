@@ -229,6 +229,7 @@ class EchoAsk:
     """A made-up deployment family: one classify-style task, matched when its head says yes."""
 
     family = "echo"
+    shares_query = False
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
