@@ -314,3 +314,14 @@ def test_two_families_on_one_head_share_the_deployments_classify_task() -> None:
     # unreferenced: no part of the head
     only_jb = QuestionPlan(routing, "primary", wanted={("jailbreak", "jb")})
     assert only_jb.deployments["guard"].signal_keys() == [("jailbreak", "jb")]
+
+
+@pytest.mark.parametrize("row", [f for f in FAMILIES if f.takes_deployment], ids=lambda f: f.name)
+def test_an_entry_naming_a_deployment_is_asked_there_by_its_binding(row: SignalFamily) -> None:
+    assert row.config_key is not None and row.leaf_names is not None
+    entry = {**{**MODEL_FREE, **NEEDS_MODEL}[row.config_key], "deployment": "guard"}
+    routing = Routing.model_validate({"signals": {row.config_key: [entry]}, "decisions": []})
+    wanted = {(row.name, name) for name in row.leaf_names(routing.signals)}
+    plan = QuestionPlan(routing, "primary", wanted=wanted)
+    assert set(plan.deployments) == {"guard"}  # its head, its ask or its embedding question
+    assert wanted <= set(plan.deployments["guard"].signal_keys())

@@ -124,13 +124,6 @@ class SignalFamily:
     """A refused family: why, where it says more than "not supported" (the refusals of its
     ``routing.signals`` list and of its rule leaves carry it)."""
 
-    def entries(self, signals: Signals) -> list[BaseModel]:
-        """The family's declared entries in a loaded ``routing.signals`` ([] for projections)."""
-        if self.config_key is None:
-            return []
-        found: list[BaseModel] = getattr(signals, self.config_key)
-        return found
-
     @property
     def supported(self) -> bool:
         return self.evaluated != "refused"
