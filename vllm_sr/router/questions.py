@@ -17,7 +17,11 @@ history (jailbreak ``include_history``). Everything else is computed here from t
   built-in examples of those categories, ``signals_builtin.MMLU_EXAMPLES``);
 - a deployment whose domains say ``method: classifier`` (by configuration: the router does
   not probe the artifact) gets no embedding task for them: its head's ``classify`` task (the
-  one jailbreak/pii/user_feedbacks/fact_check heads share) answers them (``signals_heads``);
+  one every family's head rules on that deployment share) answers them (``signals_heads``);
+  which rules each head answers is each family's ``HeadBuilder`` (``head_rules``, bound in
+  ``families.HEAD_BUILDERS``), and the asks of the families bound in
+  ``families.DEPLOYMENT_BUILDERS`` join the same bundle (the zero-shot ones read its ``query``
+  row);
 - on the decision deployment, the embedding-only families (complexity, reask, preference,
   jailbreak, kb, user_feedback, fact_check): ``signals_embedded``.
 
