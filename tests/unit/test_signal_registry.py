@@ -154,6 +154,14 @@ def test_an_entry_naming_no_deployment_asks_what_its_row_says(row: SignalFamily)
         assert unset_deployment_paths(bound) == set()
         undeclared = {**routing, "model_bindings": {"classifier.x": {"deployment": "hazard"}}}
         assert unset_deployment_paths(undeclared) == {path}  # bound only to a declared one
+    found = check_routing(None, routing, {"other"}, "primary")
+    (message,) = [p.message for p in found if "decision model" in p.message]
+    alternative = {
+        "decision_model": "one of other",
+        "system_safety": "one of other, or global.model_catalog.system.safety",
+        "model_binding": "one of other, or routing.model_bindings['classifier.x'].deployment",
+    }[row.unset_deployment]
+    assert message.endswith(alternative)
 
 
 @pytest.mark.parametrize("row", [f for f in FAMILIES if f.leaf_names_checked], ids=lambda f: f.name)

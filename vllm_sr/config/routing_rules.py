@@ -309,7 +309,9 @@ def _deployment_problems(
                         ("routing", "signals", kind, i),
                         f"the decision model's deployment {decision_deployment!r} does not "
                         f"exist; accepted: set deployment: to one of {accepted}"
-                        + _UNSET_ALTERNATIVE[row.unset_deployment],
+                        + _UNSET_ALTERNATIVE[row.unset_deployment].format(
+                            name=as_dict(sig).get("name")
+                        ),
                     )
                 )
     return problems
@@ -318,7 +320,7 @@ def _deployment_problems(
 _UNSET_ALTERNATIVE: dict[UnsetDeployment, str] = {
     "decision_model": "",
     "system_safety": ", or global.model_catalog.system.safety",
-    "model_binding": f", or a routing.model_bindings['{BINDING_PREFIX}NAME'] naming one",
+    "model_binding": f", or routing.model_bindings['{BINDING_PREFIX}{{name}}'].deployment",
 }
 
 
