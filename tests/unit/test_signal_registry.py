@@ -27,6 +27,7 @@ from vllm_sr.config.signal_registry import (
     FAMILIES,
     SUPPORTED_LEAF_TYPES,
     SignalFamily,
+    entry_asks_deployment,
 )
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import cpu_signals, families
@@ -40,6 +41,7 @@ from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import RouteResult
 from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals_heads import Heads
 
 SUPPORTED = [f for f in FAMILIES if f.supported]
 REFUSED = [f for f in FAMILIES if not f.supported]
@@ -110,6 +112,14 @@ def test_refused_families_are_refused_by_list_and_leaf_from_the_row(row: SignalF
     message = paths["routing.decisions[0].rules.type"]
     assert f"the rule leaf type {row.name!r}" in message
     assert ", ".join(SUPPORTED_LEAF_TYPES) in message
+    if row.refusal_reason is not None:  # the row's reason, on the list and on the leaf
+        assert row.refusal_reason in message
+        assert row.refusal_reason in paths[f"routing.signals.{row.config_key}"]
+
+
+def test_the_decision_family_is_refused_for_the_reason_its_row_gives() -> None:
+    assert [f.name for f in FAMILIES if f.refusal_reason] == ["decision"]
+    assert "generative decision model" in str(BY_NAME["decision"].refusal_reason)
 
 
 @pytest.mark.parametrize("row", [f for f in FAMILIES if f.takes_deployment], ids=lambda f: f.name)
@@ -118,6 +128,40 @@ def test_deployment_names_are_checked_for_the_rows_that_take_one(row: SignalFami
     routing = {"signals": {row.config_key: [{"name": "x", "deployment": "nowhere"}]}}
     paths = {format_path(p.path) for p in check_routing(None, routing, {"primary"}, "primary")}
     assert f"routing.signals.{row.config_key}[0].deployment" in paths
+
+
+def unset_deployment_paths(routing: JsonObject, system: JsonObject | None = None) -> set[str]:
+    """The entries flagged for asking the decision model's deployment, which is not declared."""
+    found = check_routing(None, routing, {"other"}, "primary", system)
+    return {format_path(p.path) for p in found if "decision model's deployment" in p.message}
+
+
+@pytest.mark.parametrize("row", [f for f in FAMILIES if f.takes_deployment], ids=lambda f: f.name)
+def test_an_entry_naming_no_deployment_asks_what_its_row_says(row: SignalFamily) -> None:
+    assert row.config_key is not None
+    path = f"routing.signals.{row.config_key}[0]"
+    entry = {"name": "x", "labels": ["violence"]} if row.name == "classifier" else {"name": "x"}
+    routing: JsonObject = {"signals": {row.config_key: [entry]}}
+    flagged = unset_deployment_paths(routing)
+    if not entry_asks_deployment(row, None):  # pii: the CPU step
+        assert flagged == set()
+        return
+    assert flagged == {path}  # the decision model's deployment, which does not exist
+    if row.unset_deployment == "system_safety":
+        assert unset_deployment_paths(routing, {"safety": "other"}) == set()
+    if row.unset_deployment == "model_binding":
+        bound = {**routing, "model_bindings": {"classifier.x": {"deployment": "other"}}}
+        assert unset_deployment_paths(bound) == set()
+        undeclared = {**routing, "model_bindings": {"classifier.x": {"deployment": "hazard"}}}
+        assert unset_deployment_paths(undeclared) == {path}  # bound only to a declared one
+    found = check_routing(None, routing, {"other"}, "primary")
+    (message,) = [p.message for p in found if "decision model" in p.message]
+    alternative = {
+        "decision_model": "one of other",
+        "system_safety": "one of other, or global.model_catalog.system.safety",
+        "model_binding": "one of other, or routing.model_bindings['classifier.x'].deployment",
+    }[row.unset_deployment]
+    assert message.endswith(alternative)
 
 
 @pytest.mark.parametrize("row", [f for f in FAMILIES if f.leaf_names_checked], ids=lambda f: f.name)
@@ -193,6 +237,7 @@ class EchoAsk:
     """A made-up deployment family: one classify-style task, matched when its head says yes."""
 
     family = "echo"
+    shares_query = False
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
@@ -224,7 +269,8 @@ def test_a_bound_deployment_family_is_asked_in_the_bundle(
     row = SignalFamily("echo", None, None, "echo", None, "deployment", takes_deployment=True)
     monkeypatch.setattr(families, "FAMILIES", (*FAMILIES, row))
     monkeypatch.setattr(families, "DEPLOYMENT_BUILDERS", {"echo": echo_builder})
-    assert families._bind()["echo"].deployment is echo_builder
+    monkeypatch.setattr(families, "BINDINGS", families._bind())
+    assert families.BINDINGS["echo"].deployment is echo_builder
     routing = Routing.model_validate({"decisions": []})
     plan = QuestionPlan(routing, "primary", wanted={("echo", "e1")})
     dq = plan.deployments["echoer"]
@@ -245,3 +291,45 @@ def test_a_bound_deployment_family_is_asked_in_the_bundle(
         dq.read(answer({}), view=view)
     # unreferenced: not asked anywhere
     assert "echoer" not in QuestionPlan(routing, "primary", wanted={("keyword", "x")}).deployments
+
+
+def test_the_families_a_head_answers_bind_their_part_of_the_heads() -> None:
+    headed = {name for name, b in families.BINDINGS.items() if Heads in b.answered_by}
+    assert headed == set(families.HEAD_BUILDERS)
+    for name in headed:
+        assert families.BINDINGS[name].heads is families.HEAD_BUILDERS[name], name
+        assert families.BINDINGS[name].row.takes_deployment, name
+
+
+def test_two_families_on_one_head_share_the_deployments_classify_task() -> None:
+    routing = Routing.model_validate(
+        {
+            "signals": {
+                "jailbreak": [{"name": "jb", "method": "classifier", "deployment": "guard"}],
+                "safety": [{"name": "unsafe", "deployment": "guard"}],
+                "pii": [{"name": "ids", "deployment": "guard"}],
+            },
+            "decisions": [],
+        }
+    )
+    wanted = {("jailbreak", "jb"), ("safety", "unsafe"), ("pii", "ids")}
+    plan = QuestionPlan(routing, "primary", wanted=wanted)
+    assert set(plan.deployments) == {"guard"}
+    dq = plan.deployments["guard"]
+    assert set(dq.signal_keys()) == wanted and dq.asks == []
+    sent = json.loads(dq.bundle("hi", RequestView(text="hi")))
+    assert [t["id"] for t in sent["tasks"]] == ["classify"]
+    # unreferenced: no part of the head
+    only_jb = QuestionPlan(routing, "primary", wanted={("jailbreak", "jb")})
+    assert only_jb.deployments["guard"].signal_keys() == [("jailbreak", "jb")]
+
+
+@pytest.mark.parametrize("row", [f for f in FAMILIES if f.takes_deployment], ids=lambda f: f.name)
+def test_an_entry_naming_a_deployment_is_asked_there_by_its_binding(row: SignalFamily) -> None:
+    assert row.config_key is not None and row.leaf_names is not None
+    entry = {**{**MODEL_FREE, **NEEDS_MODEL}[row.config_key], "deployment": "guard"}
+    routing = Routing.model_validate({"signals": {row.config_key: [entry]}, "decisions": []})
+    wanted = {(row.name, name) for name in row.leaf_names(routing.signals)}
+    plan = QuestionPlan(routing, "primary", wanted=wanted)
+    assert set(plan.deployments) == {"guard"}  # its head, its ask or its embedding question
+    assert wanted <= set(plan.deployments["guard"].signal_keys())

@@ -253,17 +253,24 @@ async def test_vault_rules_on_the_built_in_sets_with_the_test_encoder() -> None:
     assert all(v is not None and 0.0 <= v <= 1.0 for v in values)
     result = await router.route(view)
     assert (result.decision, result.model) == ("sensitive", "careful")
-    # the example sets went once: the next bundles carry only the query texts
+    # the example sets went once: the next bundles carry only the deployment's query task,
+    # one row for the request's text that both families read
     first = [t["id"] for t in exchange.bodies[0][1]["tasks"]]
-    assert sorted(first) == ["classifier:banks", "classifier:query", "safety:banks", "safety:query"]
-    assert sorted(t["id"] for t in exchange.bodies[-1][1]["tasks"]) == [
-        "classifier:query",
-        "safety:query",
-    ]
+    assert sorted(first) == ["classifier:banks", "query", "safety:banks"]
+    (query,) = exchange.bodies[-1][1]["tasks"]
+    assert query["id"] == "query" and query["embeddings"]["input"] == [view.sampled_text()]
     benign = RequestView.from_chat({"messages": [{"role": "user", "content": builtin.SAFE[3]}]}, {})
     run = await router.signals(benign, router.plan)
     assert not [k for k, r in run.results.items() if r.matched]
     assert (await router.route(benign)).decision == "private"
+    for _, body in exchange.bodies:  # each chat: one embed row per request text, banks aside
+        rows = [
+            text
+            for task in body["tasks"]
+            if "embeddings" in task and not task["id"].endswith(":banks")
+            for text in task["embeddings"]["input"]
+        ]
+        assert len(rows) == 1 and rows[0] in (view.sampled_text(), benign.sampled_text())
 
 
 async def test_a_failed_deployment_makes_the_classifier_and_safety_signals_unknown() -> None:

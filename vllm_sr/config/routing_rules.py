@@ -20,12 +20,20 @@ from vllm_sr.config.routing_selection import (
     prompt_problems,
 )
 from vllm_sr.config.routing_support import looper_endpoint_of, looper_problems, support_problems
-from vllm_sr.config.signal_classifiers import classifier_problems
+from vllm_sr.config.signal_classifiers import (
+    BINDING_PREFIX,
+    bound_deployment,
+    classifier_problems,
+)
 from vllm_sr.config.signal_registry import (
+    BY_CONFIG_KEY,
     DEPLOYMENT_LISTS,
     LEAF_NAME_LISTS,
     REFUSED_SIGNAL_LISTS,
     SUPPORTED_SIGNAL_LISTS,
+    SignalFamily,
+    UnsetDeployment,
+    entry_asks_deployment,
 )
 from vllm_sr.config.signal_safety import safety_problems, system_problems
 from vllm_sr.jsontypes import JsonObject
@@ -197,7 +205,7 @@ def routing_against(
                 ("routing", "decisions", i, "modelRefs", k), as_dict(ref), model_names, cards
             )
         problems += shadow_model_problems(("routing", "decisions", i), dec, model_names)
-    problems += _deployment_problems(signals, deployments, decision_deployment)
+    problems += _deployment_problems(rt, deployments, decision_deployment, system)
     problems += safety_problems(routing, ("routing",), deployments, system)
     problems += classifier_problems(routing, ("routing",), deployments)
     return problems
@@ -272,11 +280,15 @@ def _card_problems(cards: JsonObject, models: list[object]) -> list[Problem]:
 
 
 def _deployment_problems(
-    signals: JsonObject, deployments: set[str], decision_deployment: str
+    routing: JsonObject, deployments: set[str], decision_deployment: str, system: object
 ) -> list[Problem]:
+    """An entry's ``deployment:`` must be declared, and an entry naming none asks what its row's
+    ``unset_deployment`` says: the decision model's deployment must then exist."""
+    signals = as_dict(routing.get("signals"))
     problems = []
     accepted = ", ".join(sorted(deployments)) or "(none declared)"
     for kind in DEPLOYMENT_LISTS:
+        row = BY_CONFIG_KEY[kind]
         for i, sig in enumerate(as_list(signals.get(kind))):
             dep = as_dict(sig).get("deployment")
             if isinstance(dep, str) and dep not in deployments:
@@ -288,18 +300,43 @@ def _deployment_problems(
                 )
             elif (
                 dep is None
-                and kind != "safety"  # its default head is system.safety (signal_safety)
+                and entry_asks_deployment(row, dep)
                 and decision_deployment not in deployments
                 and deployments
+                and _unset_deployment(row, as_dict(sig), routing, deployments, system) is None
             ):
                 problems.append(
                     problem(
                         ("routing", "signals", kind, i),
                         f"the decision model's deployment {decision_deployment!r} does not "
-                        f"exist; accepted: set deployment: to one of {accepted}",
+                        f"exist; accepted: set deployment: to one of {accepted}"
+                        + _UNSET_ALTERNATIVE[row.unset_deployment].format(
+                            name=as_dict(sig).get("name")
+                        ),
                     )
                 )
     return problems
+
+
+_UNSET_ALTERNATIVE: dict[UnsetDeployment, str] = {
+    "decision_model": "",
+    "system_safety": ", or global.model_catalog.system.safety",
+    "model_binding": f", or routing.model_bindings['{BINDING_PREFIX}{{name}}'].deployment",
+}
+
+
+def _unset_deployment(
+    row: SignalFamily, entry: JsonObject, routing: JsonObject, deployments: set[str], system: object
+) -> str | None:
+    """The deployment an entry naming none asks instead of the decision model's (None: the
+    decision model's), as its row's ``unset_deployment`` says."""
+    if row.unset_deployment == "system_safety":
+        head = as_dict(system).get("safety")
+        return head if isinstance(head, str) else None  # (system_problems checks the name)
+    name = entry.get("name")
+    if row.unset_deployment == "model_binding" and isinstance(name, str):
+        return bound_deployment(routing, name, deployments)
+    return None
 
 
 def routing_problems(raw: object) -> list[Problem]:

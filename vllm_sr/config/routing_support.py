@@ -25,9 +25,13 @@ from vllm_sr.config.routing_selection import (
     trained_selector_refusal,
 )
 from vllm_sr.config.signal_registry import (
+    BY_CONFIG_KEY,
+    BY_NAME,
+    GENERATIVE_MODEL_NEEDED,
     REFUSED_SIGNAL_LISTS,
     SUPPORTED_LEAF_TYPES,
     SUPPORTED_SIGNAL_LISTS,
+    SignalFamily,
 )
 from vllm_sr.jsontypes import JsonObject
 
@@ -83,16 +87,11 @@ RUN_LOOPERS = LOOPER_TYPES
 DEFAULT_LOOPER_ENDPOINT = "http://localhost:8899/v1/chat/completions"
 SUPPORTED_PLUGINS: tuple[str, ...] = SUPPORTED_PLUGIN_TYPES
 
-# Item 4 of issue 38: what needs a generative decision model, refused with the reason.
-GENERATIVE = (
-    "needs a generative decision model (upstream asks global.model_catalog.system."
-    "decision_model questions and reads its answer); vllm-sr's workers are encoders "
-    "(embeddings and classification heads)"
-)
+# Item 4 of issue 38: what needs a generative decision model, refused with the reason (the
+# decision signal family and its leaves: its registry row's refusal_reason).
 GENERATIVE_REFUSALS = {
-    "signal": f"the signal family 'decision' ({GENERATIVE})",
-    "leaf": f"the rule leaf type 'decision' ({GENERATIVE})",
-    "algorithm": f"the algorithm 'decision' (which candidate should answer: {GENERATIVE})",
+    "algorithm": "the algorithm 'decision' (which candidate should answer: "
+    f"{GENERATIVE_MODEL_NEEDED})",
     "prompt_cache": "the plugin 'prompt_cache' (Anthropic prompt-cache markers after route "
     "selection: vllm-sr forwards the OpenAI chat API only, with no Anthropic provider)",
 }
@@ -205,20 +204,12 @@ def support_problems(routing: object, base: Path = ("routing",)) -> list[Problem
     rt = as_dict(routing)
     signals = as_dict(rt.get("signals"))
     problems: list[Problem] = []
-    if as_list(signals.get("decision")):
-        problems.append(
-            refusal(
-                (*base, "signals", "decision"), GENERATIVE_REFUSALS["signal"], SIGNALS_SUPPORTED
-            )
-        )
     for family in REFUSED_SIGNAL_LISTS:
-        if family == "decision":
-            continue  # refused above, with its reason
         if as_list(signals.get(family)):
             problems.append(
                 refusal(
                     (*base, "signals", family),
-                    f"the signal family {family!r}",
+                    _with_reason(f"the signal family {family!r}", BY_CONFIG_KEY[family]),
                     SIGNALS_SUPPORTED,
                 )
             )
@@ -419,10 +410,9 @@ def _leaf_problems(path: Path, node: object) -> list[Problem]:
     kind = node.get("type")
     kind = kind.strip().lower() if isinstance(kind, str) else kind
     problems = []
-    if kind == "decision":
-        problems.append(refusal((*path, "type"), GENERATIVE_REFUSALS["leaf"], LEAVES_SUPPORTED))
-    elif isinstance(kind, str) and kind not in SUPPORTED_LEAF_TYPES:
-        problems.append(refusal((*path, "type"), f"the rule leaf type {kind!r}", LEAVES_SUPPORTED))
+    if isinstance(kind, str) and kind not in SUPPORTED_LEAF_TYPES:
+        what = _with_reason(f"the rule leaf type {kind!r}", BY_NAME.get(kind))
+        problems.append(refusal((*path, "type"), what, LEAVES_SUPPORTED))
     for key in ("label", "on_error"):
         if node.get(key) is not None and kind != "classifier":
             problems.append(
@@ -433,6 +423,12 @@ def _leaf_problems(path: Path, node: object) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _with_reason(what: str, row: SignalFamily | None) -> str:
+    """A refused family's name in a refusal, with its row's reason where it has one."""
+    reason = row.refusal_reason if row is not None else None
+    return f"{what} ({reason})" if reason else what
 
 
 def _algorithm_problems(path: Path, algo: object) -> list[Problem]:

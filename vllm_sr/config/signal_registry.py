@@ -58,6 +58,22 @@ Evaluated = Literal["cpu_step", "loop", "deployment", "derived", "refused"]
 - ``refused``: upstream has it, vllm-sr does not evaluate it (``routing_support`` refuses a
   config that uses it, by name)."""
 
+UnsetDeployment = Literal["decision_model", "system_safety", "model_binding"]
+"""What an entry naming no ``deployment:`` asks, in a family whose entries may name one:
+
+- ``decision_model``: the decision model's deployment (``global.model_catalog.system.
+  decision_model``);
+- ``system_safety``: ``global.model_catalog.system.safety`` when set, else the decision
+  model's (safety rules: a head, else the built-in sets);
+- ``model_binding``: the declared deployment ``routing.model_bindings["classifier.NAME"]``
+  names, else the decision model's (classifiers: a head, else the built-in sets)."""
+
+GENERATIVE_MODEL_NEEDED = (
+    "needs a generative decision model (upstream asks global.model_catalog.system."
+    "decision_model questions and reads its answer); vllm-sr's workers are encoders "
+    "(embeddings and classification heads)"
+)
+
 
 @dataclass(frozen=True)
 class SignalFamily:
@@ -99,6 +115,14 @@ class SignalFamily:
     leaf_names_checked: bool = False
     """The config rules refuse a rule leaf naming no declared entry of the family (the others'
     leaf names are labels or ``RULE:LEVEL``, checked by their own rules or not at all)."""
+
+    unset_deployment: UnsetDeployment = "decision_model"
+    """Where ``takes_deployment``: what an entry naming no ``deployment:`` asks (a
+    ``cpu_step`` entry naming none asks nothing: :func:`entry_asks_deployment`)."""
+
+    refusal_reason: str | None = None
+    """A refused family: why, where it says more than "not supported" (the refusals of its
+    ``routing.signals`` list and of its rule leaves carry it)."""
 
     @property
     def supported(self) -> bool:
@@ -296,6 +320,7 @@ FAMILIES: tuple[SignalFamily, ...] = (
         "safety",
         "deployment",
         takes_deployment=True,
+        unset_deployment="system_safety",
         leaf_names_checked=True,
         leaf_names=lambda s: (e.name for e in s.safety),
     ),
@@ -308,6 +333,7 @@ FAMILIES: tuple[SignalFamily, ...] = (
         None,
         "deployment",
         takes_deployment=True,
+        unset_deployment="model_binding",
         leaf_names_checked=True,
         leaf_names=lambda s: (f"{c.name}:{label}" for c in s.classifiers for label in c.labels),
     ),
@@ -316,7 +342,15 @@ FAMILIES: tuple[SignalFamily, ...] = (
     SignalFamily("event", "events", EventSignal, "event", "event", "refused", eval_unmatched=False),
     # v0.4: a generative decision model's verdict (refused: docs/router.md; its entries are
     # not modelled, so no model)
-    SignalFamily("decision", "decision", None, "decision", "decision", "refused"),
+    SignalFamily(
+        "decision",
+        "decision",
+        None,
+        "decision",
+        "decision",
+        "refused",
+        refusal_reason=GENERATIVE_MODEL_NEEDED,
+    ),
     # v0.4: a response-stage check (refused); no rule leaf names it
     SignalFamily(
         "hallucination",

@@ -85,7 +85,10 @@ class DeploymentQuestions:
     @property
     def embeds(self) -> bool:
         """Whether a request's text is embedded here (else only the head is asked)."""
-        return bool(self.embeddings or self.referenced_domains or self.families is not None)
+        shared = any(ask.shares_query for ask in self.asks)
+        return bool(
+            self.embeddings or self.referenced_domains or self.families is not None or shared
+        )
 
     @property
     def cached(self) -> bool:

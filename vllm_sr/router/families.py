@@ -7,7 +7,10 @@ A ``cpu_step`` family's evaluator is the builder of its
 generation references from :data:`STEP_BUILDERS` and runs them, on the loop or in a signal
 process. A ``deployment`` family outside the built-in questions binds the builder of its
 per-deployment :class:`~vllm_sr.router.family_deployment.DeploymentAsk` in
-:data:`DEPLOYMENT_BUILDERS`; ``QuestionPlan`` asks every referenced one. The other families
+:data:`DEPLOYMENT_BUILDERS`; ``QuestionPlan`` asks every referenced one. A family a
+classification head can answer binds the builder of its part of the deployment's
+:class:`~vllm_sr.router.signals_heads.Heads` in :data:`HEAD_BUILDERS` (``head_rules``:
+which referenced rules go to which head). The other families
 name the evaluator that answers them: authz on the loop (``DeterministicSignals``), the
 built-in deployment families through the deployment's one routing bundle
 (``DeploymentQuestions``: embedding matching, the domain centroids, the embedded families, the
@@ -19,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_sr.config.signal_registry import FAMILIES, SignalFamily
-from vllm_sr.router import signals_classifiers
+from vllm_sr.router import head_rules, signals_classifiers
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.deterministic import (
     ContextFamily,
@@ -30,6 +33,7 @@ from vllm_sr.router.deterministic import (
 )
 from vllm_sr.router.family_deployment import DeploymentBuilder
 from vllm_sr.router.family_step import StepBuilder
+from vllm_sr.router.head_rules import HeadBuilder
 from vllm_sr.router.input_modality import InputModalityFamily
 from vllm_sr.router.language import LanguageFamily
 from vllm_sr.router.signals import KeywordFamily
@@ -59,6 +63,17 @@ DEPLOYMENT_BUILDERS: dict[str, DeploymentBuilder] = {
     "safety": build_builtin_safety,  # rules no head answers (the others: Heads)
 }
 
+# deployment families a classification head can answer: the builder of each one's part of
+# the heads (QuestionPlan merges the parts by deployment into one Heads per bundle).
+HEAD_BUILDERS: dict[str, HeadBuilder] = {
+    "domain": head_rules.domain,  # method: classifier
+    "fact_check": head_rules.fact_check,
+    "user_feedback": head_rules.user_feedback,
+    "jailbreak": head_rules.jailbreak,  # classifier/hybrid with a deployment
+    "pii": head_rules.pii,  # entries naming a deployment: its token classifier
+    "safety": head_rules.safety,
+}
+
 # The other evaluated families: what answers them (a class, or a function over results).
 ANSWERED_BY: dict[str, tuple[object, ...]] = {
     "authz": (DeterministicSignals,),
@@ -83,6 +98,7 @@ class Binding:
     step: StepBuilder | None
     deployment: DeploymentBuilder | None
     answered_by: tuple[object, ...]
+    heads: HeadBuilder | None = None
 
 
 def _bind() -> dict[str, Binding]:
@@ -94,6 +110,7 @@ def _bind() -> dict[str, Binding]:
                 STEP_BUILDERS.get(row.name),
                 DEPLOYMENT_BUILDERS.get(row.name),
                 ANSWERED_BY.get(row.name, ()),
+                HEAD_BUILDERS.get(row.name),
             )
     return out
 

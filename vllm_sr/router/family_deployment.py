@@ -28,6 +28,15 @@ class DeploymentAsk(Protocol):
     @property
     def family(self) -> str: ...
 
+    @property
+    def shares_query(self) -> bool:
+        """The ask reads the request text's embedding from the deployment's own ``query`` task
+        (``deployment_questions.TASK_QUERY``, whose first row is the request's sampled text)
+        rather than embedding it in a task of its own: the deployment then sends that task
+        (one row per chat however many families read it) and :meth:`results` finds its body
+        in the answers."""
+        ...
+
     def signal_keys(self) -> list[SignalKey]:
         """The results :meth:`results` gives (and that fail together when the deployment does)."""
         ...
@@ -39,8 +48,9 @@ class DeploymentAsk(Protocol):
     def results(
         self, answers: Mapping[str, object], view: RequestView
     ) -> dict[SignalKey, SignalResult]:
-        """The answers' bodies by task id -> results; raises ``ValueError`` when an answer is
-        missing or unreadable (the deployment's signals then fail as a bad answer)."""
+        """The answers' bodies by task id (the ask's own tasks', and the deployment's
+        ``query`` task's where it shares it) -> results; raises ``ValueError`` when an answer
+        is missing or unreadable (the deployment's signals then fail as a bad answer)."""
         ...
 
 

@@ -17,7 +17,11 @@ history (jailbreak ``include_history``). Everything else is computed here from t
   built-in examples of those categories, ``signals_builtin.MMLU_EXAMPLES``);
 - a deployment whose domains say ``method: classifier`` (by configuration: the router does
   not probe the artifact) gets no embedding task for them: its head's ``classify`` task (the
-  one jailbreak/pii/user_feedbacks/fact_check heads share) answers them (``signals_heads``);
+  one every family's head rules on that deployment share) answers them (``signals_heads``);
+  which rules each head answers is each family's ``HeadBuilder`` (``head_rules``, bound in
+  ``families.HEAD_BUILDERS``), and the asks of the families bound in
+  ``families.DEPLOYMENT_BUILDERS`` join the same bundle (the zero-shot ones read its ``query``
+  row);
 - on the decision deployment, the embedding-only families (complexity, reask, preference,
   jailbreak, kb, user_feedback, fact_check): ``signals_embedded``.
 
@@ -35,26 +39,22 @@ from typing import TYPE_CHECKING
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_signals import DomainSignal, EmbeddingSignal
 from vllm_sr.config.signal_registry import FAMILIES
-from vllm_sr.config.signal_safety import SafetySignal
 from vllm_sr.router import families as bound
+from vllm_sr.router import head_rules
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.message_text import QUESTION, message_text
 from vllm_sr.router.rules import SignalKey, leaves
 from vllm_sr.router.signals import KeywordMatcher, SignalResult, keyword_matcher
 from vllm_sr.router.signals_embedded import EmbeddedFamilies
-from vllm_sr.router.signals_heads import DOMAIN_THRESHOLD, Heads
+from vllm_sr.router.signals_heads import Heads
 from vllm_sr.router.signals_pii import PiiSignals
 from vllm_sr.router.signals_projections import projection_inputs
 
 if TYPE_CHECKING:
-    from vllm_sr.config.signal_embedded import JailbreakSignal, NamedSignal, PIISignal
     from vllm_sr.config.upstream_catalog import KnowledgeBase
     from vllm_sr.config.upstream_modules import Modules
     from vllm_sr.router.family_deployment import DeploymentAsk
-
-    # a head's rules: jailbreak, user_feedback, fact_check, pii
-    HeadRules = tuple[list[JailbreakSignal], list[NamedSignal], list[NamedSignal], list[PIISignal]]
 
 
 class QuestionPlan:
@@ -95,60 +95,28 @@ class QuestionPlan:
             if ("embedding", e.name) in self.referenced:
                 embeddings.setdefault(e.deployment or decision_deployment, []).append(e)
         domains: dict[str, list[DomainSignal]] = {}
-        headed_domains: dict[str, list[DomainSignal]] = {}  # method: classifier, by deployment
         for d in sigs.domains:
-            if d.method == "classifier" and d.deployment:
-                headed_domains.setdefault(d.deployment, []).append(d)
-            else:
+            if d.method != "classifier" or not d.deployment:  # (else its head's: head_rules)
                 domains.setdefault(d.deployment or decision_deployment, []).append(d)
         self.pii = PiiSignals(
             [p for p in sigs.pii if ("pii", p.name) in self.referenced and not p.deployment]
         )
         families = EmbeddedFamilies(sigs, self.referenced, kbs, modules)
-        heads: dict[str, HeadRules] = {}
-        for j in sigs.jailbreak:
-            asked = ("jailbreak", j.name) in self.referenced
-            if asked and j.deployment and j.method != "contrastive":
-                heads.setdefault(j.deployment, ([], [], [], []))[0].append(j)
-        for p in sigs.pii:
-            if ("pii", p.name) in self.referenced and p.deployment:
-                heads.setdefault(p.deployment, ([], [], [], []))[3].append(p)
-        for kind, rules in (
-            ("user_feedback", sigs.user_feedbacks),
-            ("fact_check", sigs.fact_check),
-        ):
-            # A family's rules compete for one label: all of them go where the family's
-            # first rule with a deployment says, when any of them is referenced.
-            dep = next((r.deployment for r in rules if r.deployment), None)
-            if dep and any((kind, r.name) in self.referenced for r in rules):
-                slots = heads.setdefault(dep, ([], [], [], []))
-                (slots[1] if kind == "user_feedback" else slots[2]).extend(rules)
-        safety: dict[str, tuple[list[SafetySignal], list[SafetySignal]]] = {}
-        for rule in sigs.safety:
-            if ("safety", rule.name) not in self.referenced:
-                continue  # (a rule or hazard with no head: families.DEPLOYMENT_BUILDERS)
-            if rule.head is not None:
-                safety.setdefault(rule.head, ([], []))[0].append(rule)
-            if rule.hazard_head is not None:
-                safety.setdefault(rule.hazard_head, ([], []))[1].append(rule)
-        for dep in safety:
-            heads.setdefault(dep, ([], [], [], []))
-        # upstream's modules.classifier.domain.threshold, for labels whose domain sets none
-        classifier = modules.classifier if modules is not None else None
-        domain_module = classifier.domain if classifier is not None else None
-        domain_threshold = domain_module.threshold if domain_module is not None else None
-        head_domains: dict[str, tuple[list[DomainSignal], frozenset[str]]] = {}
-        for dep, doms in headed_domains.items():
-            read = frozenset(d.name for d in doms if ("domain", d.name) in self.referenced)
-            if read:
-                head_domains[dep] = (doms, read)
-                heads.setdefault(dep, ([], [], [], []))
-        # bound deployment families (families.DEPLOYMENT_BUILDERS): their asks by deployment
+        # The referenced families' bound evaluators by deployment (families.BINDINGS, table
+        # order): their parts of each deployment's head, and their asks.
+        heads: dict[str, Heads] = {}
         asks: dict[str, list[DeploymentAsk]] = {}
         referenced_keys = frozenset(self.referenced)
-        for name, build in bound.DEPLOYMENT_BUILDERS.items():
-            if any(kind == name for kind, _ in referenced_keys):
-                for dep, ask in build(sigs, referenced_keys, decision_deployment).items():
+        referenced_kinds = {kind for kind, _ in referenced_keys}
+        for name, binding in bound.BINDINGS.items():
+            if name not in referenced_kinds:
+                continue
+            if binding.heads is not None:
+                for dep, part in binding.heads(sigs, referenced_keys, modules).items():
+                    heads[dep] = head_rules.merged(heads[dep], part) if dep in heads else part
+            ask_builder = binding.deployment
+            if ask_builder is not None:
+                for dep, ask in ask_builder(sigs, referenced_keys, decision_deployment).items():
                     asks.setdefault(dep, []).append(ask)
         self.deployments: dict[str, DeploymentQuestions] = {}
         deps = set(embeddings) | set(domains) | set(heads) | set(asks)
@@ -158,18 +126,7 @@ class QuestionPlan:
                 d.name for d in domains.get(dep, []) if ("domain", d.name) in self.referenced
             )
             fam = families if dep == decision_deployment and families.active else None
-            head = None
-            if dep in heads:
-                doms, read = head_domains.get(dep, ([], frozenset()))
-                head = Heads(
-                    *heads[dep],
-                    domains=doms,
-                    referenced_domains=read,
-                    domain_threshold=DOMAIN_THRESHOLD if domain_threshold is None
-                    else domain_threshold,
-                    safety=safety.get(dep, ([], []))[0],
-                    hazards=safety.get(dep, ([], []))[1],
-                )  # fmt: skip
+            head = heads.get(dep)
             if (
                 not embeddings.get(dep)
                 and not referenced

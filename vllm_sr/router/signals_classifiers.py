@@ -19,8 +19,9 @@ matched probability. Where the probabilities come from:
   label's probability is ``logistic((max cos(label) - max cos(safe) - MARGIN_CENTER) / 0.05)``,
   as jailbreak ``method: classifier`` without a head scores its risk, so a benign prompt
   matches no label. The example texts are embedded once per config generation (task
-  ``classifier:banks``, sent until an answer fills the cache), the request's sampled text per
-  request (``classifier:query``).
+  ``classifier:banks``, sent until an answer fills the cache); the request's sampled text is
+  the first row of the decision deployment's own ``query`` task, which every family there
+  reads (one row per chat: ``DeploymentAsk.shares_query``).
 
 :class:`LabelBanks` is that zero-shot scorer; the safety family's rules with no head use it
 too (vllm_sr/router/signals_safety_builtin.py)."""
@@ -35,6 +36,7 @@ from vllm_sr.config.signal_classifiers import LABEL_THRESHOLD, ClassifierSignal
 from vllm_sr.jsontypes import JsonObject, json_object
 from vllm_sr.router import bundle
 from vllm_sr.router import signals_builtin as builtin
+from vllm_sr.router.deployment_questions import TASK_QUERY
 from vllm_sr.router.family_deployment import DeploymentAsk
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
@@ -87,17 +89,18 @@ class LabelBanks:
 
 @dataclass
 class ZeroShot:
-    """A family's zero-shot questions on the decision deployment: the bundle tasks (named
-    ``<family>:query`` and ``<family>:banks``) and the probabilities they answer."""
+    """A family's zero-shot questions on the decision deployment: its banks' task (named
+    ``<family>:banks``, until an answer fills the cache) and the probabilities of the request
+    text, the first row of the deployment's ``query`` task (shared: the ask's
+    ``shares_query``)."""
 
     family: str
     banks: LabelBanks
 
     def tasks(self, view: RequestView) -> list[JsonObject]:
-        tasks = [bundle.embed_task(f"{self.family}:query", [view.sampled_text()])]
-        if not self.banks.cached:
-            tasks.append(bundle.embed_task(f"{self.family}:banks", self.banks.texts()))
-        return tasks
+        if self.banks.cached:
+            return []
+        return [bundle.embed_task(f"{self.family}:banks", self.banks.texts())]
 
     def probabilities(self, answers: Mapping[str, object]) -> dict[str, float]:
         """ValueError when the answers lack the query's (or, uncached, the banks') rows."""
@@ -106,12 +109,12 @@ class ZeroShot:
                 self.banks.take(bundle.embeddings(answers[f"{self.family}:banks"]))
             if not self.banks.cached:
                 raise ValueError("no example embeddings")
-            rows = bundle.embeddings(answers.get(f"{self.family}:query"))
+            rows = bundle.embeddings(answers.get(TASK_QUERY))
         except bundle.BundleAnswerError as exc:
             raise ValueError(str(exc)) from None
-        if rows.shape[0] != 1:
-            raise ValueError(f"{rows.shape[0]} query embeddings for 1 text")
-        return self.banks.probabilities(normalize_rows(rows)[0])
+        if rows.shape[0] < 1:
+            raise ValueError("no query embedding for the request's text")
+        return self.banks.probabilities(normalize_rows(rows[:1])[0])
 
 
 @dataclass
@@ -132,6 +135,10 @@ class ClassifierAsk:
     @property
     def family(self) -> str:
         return FAMILY
+
+    @property
+    def shares_query(self) -> bool:
+        return self.zero_shot is not None  # a head alone reads no embedding
 
     def signal_keys(self) -> list[SignalKey]:
         keys: list[SignalKey] = []

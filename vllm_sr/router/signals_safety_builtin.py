@@ -47,6 +47,10 @@ class BuiltinSafetyAsk:
     def family(self) -> str:
         return "safety"
 
+    @property
+    def shares_query(self) -> bool:
+        return True  # the request text's row of the deployment's query task
+
     def signal_keys(self) -> list[SignalKey]:
         return [("safety", r.name) for r in self.rules] + [hazard_key(r) for r in self.hazards]
 
