@@ -49,6 +49,8 @@ DEFAULT_REASK_THRESHOLD = 0.8
 DEFAULT_CONTRASTIVE_THRESHOLD = 0.10
 FEEDBACK_THRESHOLD = 0.7  # upstream modules.feedback_detector.threshold
 FACT_CHECK_THRESHOLD = 0.6  # upstream hallucination_mitigation.fact_check.threshold
+# A KB's label scores, matched labels, metric values and group scores, per chat.
+KBScores = tuple[dict[str, float], set[str], dict[str, float], dict[str, float]]
 
 Vectors = Callable[[str], FloatArray]  # a query text -> its normalised embedding
 
@@ -307,11 +309,10 @@ class EmbeddedFamilies:
         risk = max(logistic(m - DEFAULT_CONTRASTIVE_THRESHOLD) for m in margins)
         return SignalResult(risk >= j.threshold and risk > 0, risk, risk)
 
-    def _kb_scores(
-        self, name: str, query: FloatArray
-    ) -> tuple[dict[str, float], set[str], dict[str, float]]:
-        """A KB's label scores, matched labels and metric values (upstream's
-        ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score)."""
+    def _kb_scores(self, name: str, query: FloatArray) -> KBScores:
+        """A KB's label scores, matched labels, metric values (upstream's
+        ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score) and
+        group scores."""
         kb, labels = self.kbs[name]
         scores = {lb: self.banks.score(f"kb:{kb.name}:{lb}", query).score for lb in labels}
         thresholds = kb.label_thresholds or {}
@@ -326,7 +327,7 @@ class EmbeddedFamilies:
             if m.type == "group_margin":
                 pos, neg = m.positive_group or "", m.negative_group or ""
                 metrics[m.name] = groups.get(pos, 0.0) - groups.get(neg, 0.0)
-        return scores, matched, metrics
+        return scores, matched, metrics, groups
 
     @staticmethod
     def _group_scores(kb: KnowledgeBase, scores: dict[str, float]) -> dict[str, float]:
@@ -335,17 +336,15 @@ class EmbeddedFamilies:
             for g, members in (kb.groups or {}).items()
         }
 
-    def _kb(
-        self, rule: KBSignal, scored: tuple[dict[str, float], set[str], dict[str, float]] | None
-    ) -> SignalResult:
+    def _kb(self, rule: KBSignal, scored: KBScores | None) -> SignalResult:
         if scored is None:
             return SignalResult.miss()
-        scores, matched, _ = scored
+        scores, matched, _, groups = scored
         kb = self.kbs[rule.kb][0]
         if rule.target.kind == "label":
             pool, hits = scores, matched
         else:
-            pool = self._group_scores(kb, scores)
+            pool = groups
             hits = {g for g, m in (kb.groups or {}).items() if matched & set(m)}
         target = rule.target.value
         score = pool.get(target, 0.0)

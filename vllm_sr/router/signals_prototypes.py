@@ -92,7 +92,27 @@ class PrototypeBank:
         self.prototypes, self.texts = _medoids(self.texts, rows, self.options)
 
     def score(self, query: FloatArray) -> BankScore:
-        """The bank's score for one normalised query vector."""
+        """The bank's score for one normalised query vector. Routing scores a few dozen banks
+        per chat on the event loop, so the few cosines are ranked as Python floats (the same
+        float64 values and sums as :meth:`score_array`, without numpy's per-call overhead);
+        a mean over more than two (whose summation order is numpy's) or a NaN (whose place in
+        the order is numpy's) takes :meth:`score_array`."""
+        if self.prototypes.shape[0] == 0:
+            return EMPTY
+        sims: list[float] = (self.prototypes @ query).tolist()
+        n = len(sims)
+        top = min(self.options.top_m, n) if self.options.top_m > 0 else n
+        total = sum(sims)
+        if top > 2 or total != total:  # (a NaN cosine makes the sum NaN)
+            return self.score_array(query)
+        sims.sort(reverse=True)
+        best = sims[0]
+        support = best if top == 1 else (best + sims[1]) / 2.0
+        weight = self.options.best_weight
+        return BankScore(weight * best + (1.0 - weight) * support, best, support, n)
+
+    def score_array(self, query: FloatArray) -> BankScore:
+        """:meth:`score` in numpy, whatever ``top_m``."""
         if self.prototypes.shape[0] == 0:
             return EMPTY
         sims = numpy.sort(self.prototypes @ query)[::-1].astype(numpy.float64)
