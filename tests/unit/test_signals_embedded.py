@@ -26,7 +26,7 @@ from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import apply_composers
-from vllm_sr.router.signals_prototypes import PrototypeBank, PrototypeOptions
+from vllm_sr.router.signals_prototypes import PrototypeBank, PrototypeBanks, PrototypeOptions
 
 FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
 
@@ -110,6 +110,24 @@ def test_prototype_score_is_numpys_to_the_bit(top_m: int) -> None:
             numpy.array(astuple(got), float), numpy.array(astuple(want), float), equal_nan=True
         )
         assert got.count == want.count == bank.prototypes.shape[0]
+
+
+def test_every_banks_score_at_once_is_each_banks_own() -> None:
+    """PrototypeBanks.scores (a chat's families read it; banks of one shape in one batched
+    product) gives each bank exactly what its own score gives; a bank without examples is
+    EMPTY."""
+    rng = numpy.random.default_rng(7)
+    banks = PrototypeBanks()
+    sizes = [1, 2, 3, 3, 5, 8, 8, 8, 12, 20, 0]
+    for i, n in enumerate(sizes):
+        banks.add(f"b{i}", [f"t{i}-{j}" for j in range(n)], PrototypeOptions(top_m=1 + i % 3))
+    banks.take(rng.standard_normal((sum(sizes), 32)).astype(numpy.float32))
+    assert len(banks.stacks) < len(sizes)  # some banks share a product
+    for _ in range(50):
+        query = unit(*rng.standard_normal(32))
+        scored = banks.scores(query)
+        assert scored == {name: bank.score(query) for name, bank in banks.banks.items()}
+    assert scored[f"b{len(sizes) - 1}"].count == 0
 
 
 # -- complexity --------------------------------------------------------------------------------
