@@ -177,6 +177,7 @@ def router_process(
 ) -> None:
     from vllm_sr.config.routing import Routing
     from vllm_sr.config.routing_providers import Providers
+    from vllm_sr.frontend import heap
     from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.chat import build_chat_router
@@ -214,6 +215,7 @@ def router_process(
         )
         for router in [chat.router]:
             await router.warm()
+        heap.settle()  # as the frontend does once a generation is warm (ChatMount._warm_up)
         routes = chat.routes()
 
         async def handle(request: Request) -> Response | StreamResponse:

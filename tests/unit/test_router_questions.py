@@ -96,6 +96,19 @@ def test_only_referenced_signals_are_planned() -> None:
     assert side.label_key == () and side.texts == ["weather"]
 
 
+def test_a_deployments_families_are_worked_out_once_per_generation() -> None:
+    """kinds() (every chat's timings read it) is cached on the generation's questions: a new
+    generation (a new plan) has its own."""
+    primary = plan().deployments["primary"]
+    assert primary.kinds() == ["domain", "embedding"]
+    assert primary.kinds() is primary.kinds()
+    routing = json.loads(json.dumps(ROUTING))
+    routing["decisions"][0]["rules"]["conditions"] = [{"type": "embedding", "name": "billing"}]
+    reloaded = QuestionPlan(Routing.model_validate(routing), "primary").deployments["primary"]
+    assert reloaded.kinds() == ["embedding"]  # the domains are no longer referenced
+    assert primary.kinds() == ["domain", "embedding"]
+
+
 def test_keyword_only_routing_asks_no_deployment() -> None:
     routing = {
         "signals": {"keywords": [{"name": "code", "keywords": ["code"]}]},

@@ -7,6 +7,7 @@ way), so a text equal to an example is that example."""
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import apply_composers
-from vllm_sr.router.signals_prototypes import PrototypeBank, PrototypeOptions
+from vllm_sr.router.signals_prototypes import PrototypeBank, PrototypeBanks, PrototypeOptions
 
 FRAGMENTS = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
 
@@ -88,6 +89,45 @@ def test_prototype_bank_dedupes_clusters_and_blends_best_with_top_m() -> None:
     assert flat.texts == ["a", "a2", "b", "c"]  # deduplicated only
     capped = PrototypeBank(texts, rows, PrototypeOptions(max_prototypes=2))
     assert capped.texts == ["a", "b"]  # by cluster size, then mean cosine, then text
+
+
+@pytest.mark.parametrize("top_m", [1, 2, 3, 0])
+def test_prototype_score_is_numpys_to_the_bit(top_m: int) -> None:
+    """score ranks the cosines as Python floats (the loop's path): the same bits as the numpy
+    formula (score_array) for every top_m (0: the mean of all, numpy's summation), any bank
+    size, and a NaN query (numpy orders NaN first)."""
+    rng = numpy.random.default_rng(top_m)
+    for trial in range(300):
+        n = int(rng.integers(1, 12))
+        rows = rng.standard_normal((n, 24)).astype(numpy.float32)
+        options = PrototypeOptions(enabled=trial % 2 == 0, top_m=top_m)
+        bank = PrototypeBank([f"t{i}" for i in range(n)], rows, options)
+        query = unit(*rng.standard_normal(24))
+        if trial % 50 == 0:
+            query[int(rng.integers(24))] = numpy.nan
+        got, want = bank.score(query), bank.score_array(query)
+        assert numpy.array_equal(
+            numpy.array(astuple(got), float), numpy.array(astuple(want), float), equal_nan=True
+        )
+        assert got.count == want.count == bank.prototypes.shape[0]
+
+
+def test_every_banks_score_at_once_is_each_banks_own() -> None:
+    """PrototypeBanks.scores (a chat's families read it; banks of one shape in one batched
+    product) gives each bank exactly what its own score gives; a bank without examples is
+    EMPTY."""
+    rng = numpy.random.default_rng(7)
+    banks = PrototypeBanks()
+    sizes = [1, 2, 3, 3, 5, 8, 8, 8, 12, 20, 0]
+    for i, n in enumerate(sizes):
+        banks.add(f"b{i}", [f"t{i}-{j}" for j in range(n)], PrototypeOptions(top_m=1 + i % 3))
+    banks.take(rng.standard_normal((sum(sizes), 32)).astype(numpy.float32))
+    assert len(banks.stacks) < len(sizes)  # some banks share a product
+    for _ in range(50):
+        query = unit(*rng.standard_normal(32))
+        scored = banks.scores(query)
+        assert scored == {name: bank.score(query) for name, bank in banks.banks.items()}
+    assert scored[f"b{len(sizes) - 1}"].count == 0
 
 
 # -- complexity --------------------------------------------------------------------------------

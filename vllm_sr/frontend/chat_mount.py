@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_sr.errors import EngineMode, NotFound, Unavailable, VllmSrError
+from vllm_sr.frontend import heap
 from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import RouterPlan
@@ -272,10 +273,19 @@ class ChatMount:
 
     async def _warm_up(self, chat: ChatRouter) -> None:
         """Candidate and example embeddings for this generation, asked once (the first chat
-        asks for them itself when the decision deployment is not ready yet)."""
+        asks for them itself when the decision deployment is not ready yet); then the heap
+        is settled (vllm_sr/frontend/heap.py: one full collection now, none later over what
+        the generation holds)."""
         for router in chat.recipes.values():
             with contextlib.suppress(VllmSrError):
                 await router.warm()
+        settled = heap.settle()
+        log.info(
+            "router heap settled: %d objects frozen, %d collected, %.0f ms",
+            settled.frozen,
+            settled.collected,
+            settled.ms,
+        )
 
     async def close(self) -> None:
         if self._warm is not None:

@@ -65,6 +65,7 @@ class DeploymentQuestions:
     candidates: dict[str, FloatArray] | None = None
     centroids: FloatArray | None = None
     banks: dict[str, PrototypeBank] = field(default_factory=dict)  # per embedding signal
+    _kinds: list[str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for sig in self.embeddings:
@@ -103,8 +104,11 @@ class DeploymentQuestions:
         return out + [key for ask in self.asks for key in ask.signal_keys()]
 
     def kinds(self) -> list[str]:
-        """The signal families answered here (KB metric values are not a family)."""
-        return sorted({kind for kind, _ in self.signal_keys() if kind != "kb_metric"})
+        """The signal families answered here (KB metric values are not a family); fixed for
+        the generation, so worked out once (every chat's timings read it)."""
+        if self._kinds is None:
+            self._kinds = sorted({kind for kind, _ in self.signal_keys() if kind != "kb_metric"})
+        return self._kinds
 
     def query_texts(self, text: str, view: RequestView | None = None) -> list[str]:
         """What the request's ``query`` task embeds: its text first, then (deduplicated) the
@@ -174,22 +178,20 @@ class DeploymentQuestions:
                 f"deployment {self.deployment!r} returned {rows.shape[0]} query embeddings for "
                 f"{len(texts)} texts"
             )
-        query = rows[0]
+        normed = normalize_rows(rows)  # (row by row: the same as normalising each alone)
         if self.embeddings:
-            normed_query = normalize_rows(query)[0]
             for sig in self.embeddings:
                 bank = self.banks[sig.name]
-                out[("embedding", sig.name)] = embedding_score(sig, bank, normed_query)
+                out[("embedding", sig.name)] = embedding_score(sig, bank, normed[0])
         if self.referenced_domains and self.centroids is not None:
             names = [name for name, _ in self.label_key]
-            (row,) = classify.by_centroids(normalize_rows(query), self.centroids, names)
+            (row,) = classify.by_centroids(normed[:1], self.centroids, names)
             for name, res in domain_results(
                 self.domains, row["label"], row["probabilities"]
             ).items():
                 if name in self.referenced_domains:
                     out[("domain", name)] = res
         if self.families is not None and view is not None:
-            normed = normalize_rows(rows)
             by_text = {t: normed[i] for i, t in enumerate(texts)}
             out.update(self.families.results(view, by_text.__getitem__, texts[0]))
         return out

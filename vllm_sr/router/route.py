@@ -435,9 +435,16 @@ class Router:
         """One exchange per deployment, concurrently; their results go into ``run``. A
         deployment whose exchange failed leaves only its own signals unknown."""
         questions = list(plan.deployments.values())
-        answers = await asyncio.gather(
-            *(self._ask(q, view) for q in questions), return_exceptions=True
-        )
+        answers: list[tuple[dict[SignalKey, SignalResult], float, bytes] | BaseException]
+        if len(questions) == 1:  # one deployment (the usual case): no task to schedule
+            try:
+                answers = [await self._ask(questions[0], view)]
+            except Exception as exc:  # as gather's return_exceptions keeps it
+                answers = [exc]
+        else:
+            answers = await asyncio.gather(
+                *(self._ask(q, view) for q in questions), return_exceptions=True
+            )
         for q, answer in zip(questions, answers, strict=True):
             if isinstance(answer, BaseException):
                 if isinstance(answer, asyncio.CancelledError):

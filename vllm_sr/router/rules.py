@@ -262,6 +262,11 @@ def rank_all(
     applied: dict[str, str] = {}
     unresolved: list[str] = []
     for dec in decisions:
+        if on_unknown_of(dec.rules) is None:  # decision_value's own path, without its record
+            value = evaluate(dec.rules, results)
+            if value.matched:
+                matches.append(Match(dec, value.confidence))
+            continue
         dv = decision_value(dec.rules, results)
         if dv.applied is not None:
             applied[dec.name] = dv.applied

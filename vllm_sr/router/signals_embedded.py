@@ -31,6 +31,7 @@ from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey, decision_value, leaves
 from vllm_sr.router.signals import FloatArray, SignalResult
 from vllm_sr.router.signals_prototypes import (
+    BankScore,
     PrototypeBanks,
     PrototypeOptions,
     logistic,
@@ -49,6 +50,9 @@ DEFAULT_REASK_THRESHOLD = 0.8
 DEFAULT_CONTRASTIVE_THRESHOLD = 0.10
 FEEDBACK_THRESHOLD = 0.7  # upstream modules.feedback_detector.threshold
 FACT_CHECK_THRESHOLD = 0.6  # upstream hallucination_mitigation.fact_check.threshold
+# A KB's label scores, matched labels, metric values and group scores, per chat.
+KBScores = tuple[dict[str, float], set[str], dict[str, float], dict[str, float]]
+Scored = dict[str, BankScore]  # every bank's score for a chat's text (PrototypeBanks.scores)
 
 Vectors = Callable[[str], FloatArray]  # a query text -> its normalised embedding
 
@@ -209,13 +213,14 @@ class EmbeddedFamilies:
         if not text.strip():
             return out
         query = vec(text)
+        scored = self.banks.scores(query)  # every bank's score for the text, at once
         for c in self.complexity:
-            out.update(self._complexity(c, query))
+            out.update(self._complexity(c, scored))
         out.update(self._reasks(view, query, vec))
-        out.update(self._preferences(query))
+        out.update(self._preferences(scored))
         for j in self.jailbreak:
             out[("jailbreak", j.name)] = self._jailbreak(j, view, query, vec)
-        kb_scores = {name: self._kb_scores(name, query) for name in self.kbs}
+        kb_scores = {name: self._kb_scores(name, scored) for name in self.kbs}
         for rule in self.kb_rules:
             out[("kb", rule.name)] = self._kb(rule, kb_scores.get(rule.kb))
         for metric in self.kb_metrics:
@@ -223,14 +228,14 @@ class EmbeddedFamilies:
             value = kb_scores[kb_name][2].get(metric_name) if kb_name in kb_scores else None
             out[("kb_metric", metric)] = SignalResult(False, 0.0, value)
         if self.feedbacks:
-            out.update(self._feedback(view, query))
+            out.update(self._feedback(view, scored))
         if self.fact_checks:
-            out.update(self._fact_check(query))
+            out.update(self._fact_check(scored))
         return out
 
-    def _complexity(self, c: ComplexitySignal, query: FloatArray) -> dict[SignalKey, SignalResult]:
-        hard = self.banks.score(f"complexity:{c.name}:hard", query).score
-        easy = self.banks.score(f"complexity:{c.name}:easy", query).score
+    def _complexity(self, c: ComplexitySignal, scored: Scored) -> dict[SignalKey, SignalResult]:
+        hard = scored[f"complexity:{c.name}:hard"].score
+        easy = scored[f"complexity:{c.name}:easy"].score
         margin = hard - easy
         level = c.level(margin)
         return {
@@ -272,16 +277,16 @@ class EmbeddedFamilies:
                 out[("reask", r.name)] = SignalResult.miss()
         return out
 
-    def _preferences(self, query: FloatArray) -> dict[SignalKey, SignalResult]:
+    def _preferences(self, scored: Scored) -> dict[SignalKey, SignalResult]:
         if not self.preferences:
             return {}
-        scored = sorted(
-            ((self.banks.score(f"preference:{p.name}", query).score, p) for p in self.preferences),
+        ranked = sorted(
+            ((scored[f"preference:{p.name}"].score, p) for p in self.preferences),
             key=lambda sp: (-sp[0], sp[1].name),
         )
-        out = {("preference", p.name): SignalResult(False, 0.0, s) for s, p in scored}
-        best_score, best = scored[0]
-        runner_up = scored[1][0] if len(scored) > 1 else None
+        out = {("preference", p.name): SignalResult(False, 0.0, s) for s, p in ranked}
+        best_score, best = ranked[0]
+        runner_up = ranked[1][0] if len(ranked) > 1 else None
         leads = runner_up is None or best_score - runner_up >= self.preference_margin
         if (best.threshold <= 0 or best_score >= best.threshold) and leads:
             out[("preference", best.name)] = SignalResult(True, best_score, best_score)
@@ -307,13 +312,12 @@ class EmbeddedFamilies:
         risk = max(logistic(m - DEFAULT_CONTRASTIVE_THRESHOLD) for m in margins)
         return SignalResult(risk >= j.threshold and risk > 0, risk, risk)
 
-    def _kb_scores(
-        self, name: str, query: FloatArray
-    ) -> tuple[dict[str, float], set[str], dict[str, float]]:
-        """A KB's label scores, matched labels and metric values (upstream's
-        ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score)."""
+    def _kb_scores(self, name: str, scored: Scored) -> KBScores:
+        """A KB's label scores, matched labels, metric values (upstream's
+        ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score) and
+        group scores."""
         kb, labels = self.kbs[name]
-        scores = {lb: self.banks.score(f"kb:{kb.name}:{lb}", query).score for lb in labels}
+        scores = {lb: scored[f"kb:{kb.name}:{lb}"].score for lb in labels}
         thresholds = kb.label_thresholds or {}
         base = kb.threshold or 0.0
         matched = {lb for lb, s in scores.items() if s >= thresholds.get(lb, base)}
@@ -326,7 +330,7 @@ class EmbeddedFamilies:
             if m.type == "group_margin":
                 pos, neg = m.positive_group or "", m.negative_group or ""
                 metrics[m.name] = groups.get(pos, 0.0) - groups.get(neg, 0.0)
-        return scores, matched, metrics
+        return scores, matched, metrics, groups
 
     @staticmethod
     def _group_scores(kb: KnowledgeBase, scores: dict[str, float]) -> dict[str, float]:
@@ -335,17 +339,15 @@ class EmbeddedFamilies:
             for g, members in (kb.groups or {}).items()
         }
 
-    def _kb(
-        self, rule: KBSignal, scored: tuple[dict[str, float], set[str], dict[str, float]] | None
-    ) -> SignalResult:
+    def _kb(self, rule: KBSignal, scored: KBScores | None) -> SignalResult:
         if scored is None:
             return SignalResult.miss()
-        scores, matched, _ = scored
+        scores, matched, _, groups = scored
         kb = self.kbs[rule.kb][0]
         if rule.target.kind == "label":
             pool, hits = scores, matched
         else:
-            pool = self._group_scores(kb, scores)
+            pool = groups
             hits = {g for g, m in (kb.groups or {}).items() if matched & set(m)}
         target = rule.target.value
         score = pool.get(target, 0.0)
@@ -356,12 +358,10 @@ class EmbeddedFamilies:
             hit = target in hits
         return SignalResult(hit, max(0.0, min(1.0, score)), score)
 
-    def _feedback(self, view: RequestView, query: FloatArray) -> dict[SignalKey, SignalResult]:
+    def _feedback(self, view: RequestView, scored: Scored) -> dict[SignalKey, SignalResult]:
         label, p = builtin.FEEDBACK_SATISFIED, 1.0
         if view.has_assistant_reply:
-            label, p = softmax_best(
-                {lb: self.banks.score(f"feedback:{lb}", query).score for lb in builtin.FEEDBACK}
-            )
+            label, p = softmax_best({lb: scored[f"feedback:{lb}"].score for lb in builtin.FEEDBACK})
             if p < FEEDBACK_THRESHOLD:
                 label = builtin.FEEDBACK_SATISFIED
         return {
@@ -369,9 +369,9 @@ class EmbeddedFamilies:
             for f in self.feedbacks
         }
 
-    def _fact_check(self, query: FloatArray) -> dict[SignalKey, SignalResult]:
-        need = self.banks.score("fact_check:FACT_CHECK_NEEDED", query).score
-        not_need = self.banks.score("fact_check:NO_FACT_CHECK_NEEDED", query).score
+    def _fact_check(self, scored: Scored) -> dict[SignalKey, SignalResult]:
+        need = scored["fact_check:FACT_CHECK_NEEDED"].score
+        not_need = scored["fact_check:NO_FACT_CHECK_NEEDED"].score
         p = logistic(need - not_need)
         label = builtin.FACT_CHECK_NEEDED if p >= FACT_CHECK_THRESHOLD else None
         label = label or builtin.NO_FACT_CHECK_NEEDED

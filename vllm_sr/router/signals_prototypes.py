@@ -92,7 +92,30 @@ class PrototypeBank:
         self.prototypes, self.texts = _medoids(self.texts, rows, self.options)
 
     def score(self, query: FloatArray) -> BankScore:
-        """The bank's score for one normalised query vector."""
+        """The bank's score for one normalised query vector. Routing scores a few dozen banks
+        per chat on the event loop, so the few cosines are ranked as Python floats (the same
+        float64 values and sums as :meth:`score_array`, without numpy's per-call overhead);
+        a mean over more than two (whose summation order is numpy's) or a NaN (whose place in
+        the order is numpy's) takes :meth:`score_array`."""
+        if self.prototypes.shape[0] == 0:
+            return EMPTY
+        return self.rank((self.prototypes @ query).tolist(), query)
+
+    def rank(self, sims: list[float], query: FloatArray) -> BankScore:
+        """:meth:`score` from the prototypes' cosines to ``query`` (``prototypes @ query``)."""
+        n = len(sims)
+        top = min(self.options.top_m, n) if self.options.top_m > 0 else n
+        total = sum(sims)
+        if top > 2 or total != total:  # (a NaN cosine makes the sum NaN)
+            return self.score_array(query)
+        sims.sort(reverse=True)
+        best = sims[0]
+        support = best if top == 1 else (best + sims[1]) / 2.0
+        weight = self.options.best_weight
+        return BankScore(weight * best + (1.0 - weight) * support, best, support, n)
+
+    def score_array(self, query: FloatArray) -> BankScore:
+        """:meth:`score` in numpy, whatever ``top_m``."""
         if self.prototypes.shape[0] == 0:
             return EMPTY
         sims = numpy.sort(self.prototypes @ query)[::-1].astype(numpy.float64)
@@ -154,6 +177,8 @@ class PrototypeBanks:
     specs: dict[str, tuple[list[str], PrototypeOptions | None]] = field(default_factory=dict)
     banks: dict[str, PrototypeBank] = field(default_factory=dict)
     raw: dict[str, FloatArray] = field(default_factory=dict)
+    # The banks with prototypes, by prototype count: their names and stacked prototypes.
+    stacks: list[tuple[list[str], FloatArray]] = field(default_factory=list)
 
     def add(self, name: str, texts: Iterable[str], options: PrototypeOptions | None) -> None:
         self.specs[name] = ([t for t in texts if t], options)
@@ -168,9 +193,28 @@ class PrototypeBanks:
             start += len(texts)
             self.raw[name] = rows
             self.banks[name] = PrototypeBank(texts, rows, options)
+        by_count: dict[tuple[int, ...], list[str]] = {}
+        for name, bank in self.banks.items():
+            if bank.prototypes.shape[0]:
+                by_count.setdefault(bank.prototypes.shape, []).append(name)
+        self.stacks = [
+            (names, numpy.stack([self.banks[n].prototypes for n in names]))
+            for names in by_count.values()
+        ]
 
     def score(self, name: str, query: FloatArray) -> BankScore:
         return self.banks[name].score(query)
+
+    def scores(self, query: FloatArray) -> dict[str, BankScore]:
+        """Every bank's score for one query (what a chat's families read), each bank's as
+        :meth:`score` gives it: the banks of one shape go through one batched product, and
+        numpy's batched matmul runs each bank's own matrix-vector product (the same bits as
+        the bank alone), so a chat pays a few numpy calls instead of one per bank."""
+        out = dict.fromkeys(self.banks, EMPTY)
+        for names, stack in self.stacks:
+            for name, sims in zip(names, (stack @ query).tolist(), strict=True):
+                out[name] = self.banks[name].rank(sims, query)
+        return out
 
     def max_cos(self, name: str, query: FloatArray) -> float:
         rows = self.raw.get(name)
