@@ -306,6 +306,8 @@ class Tally:
     stripped: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # per recipe of a bundle (a probe's ``expected_recipe``): [probes, run, passed]
+    by_recipe: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
 
     @property
     def missed(self) -> int:
@@ -382,6 +384,8 @@ async def run_source(source: str, exchange: Exchange, verbose: bool) -> Tally:
     for dec, variant in variants:
         expected = dec["expected_decision"]
         recipe = dec.get("expected_recipe") or "default"
+        counts = tally.by_recipe[recipe]
+        counts[0] += 1
         loaded = chat.recipes.get(recipe)
         names = {d.name for d in loaded.routing.decisions} if loaded is not None else set()
         if expected not in names:
@@ -391,6 +395,7 @@ async def run_source(source: str, exchange: Exchange, verbose: bool) -> Tally:
         request = Request("POST", PREVIEW_PATH, "", {}, json.dumps(body).encode())
         answer = await handler(request)
         tally.run += 1
+        counts[1] += 1
         doc = json.loads(answer.body)
         vid = f"{dec['id']}/{variant.get('id')}"
         if answer.status != 200:
@@ -404,6 +409,7 @@ async def run_source(source: str, exchange: Exchange, verbose: bool) -> Tally:
             tally.misses[f"signal errors: {errors[:160]}"].ids.append(vid)
         elif got == expected:
             tally.passed += 1
+            counts[2] += 1
         else:
             key, won, unmatched = miss_key(doc, expected, got)
             miss = tally.misses[key]
@@ -434,6 +440,10 @@ def print_report(results: dict[str, Tally]) -> None:
     for name, t in results.items():
         skipped = sum(t.skipped.values())
         print(f"{name:<16} {t.probes:>6} {t.run:>5} {t.passed:>6} {t.missed:>6} {skipped:>7}")
+        if len(t.by_recipe) > 1:  # a bundle of recipes (v0.4's): a row for each
+            for recipe, (n, ran, ok) in sorted(t.by_recipe.items()):
+                label = f"  {recipe}"
+                print(f"{label:<16} {n:>6} {ran:>5} {ok:>6} {ran - ok:>6} {n - ran:>7}")
         total.probes += t.probes
         total.run += t.run
         total.passed += t.passed
