@@ -21,9 +21,9 @@ from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.routing_selection import (
     RUN_SELECTORS,
     LatencyAwareSettings,
-    MultiFactorSettings,
     parse_settings,
 )
+from vllm_sr.config.selection_multi_factor import MultiFactorSettings
 from vllm_sr.router.selection.decide import DecisionSelection
 from vllm_sr.router.selection.observations import (
     MAX_SAMPLES,

@@ -16,7 +16,8 @@ from vllm_sr.clock import FakeClock
 from vllm_sr.config.problems import format_path
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_rules import routing_local_problems
-from vllm_sr.config.routing_selection import MultiFactorSettings, parse_settings
+from vllm_sr.config.routing_selection import parse_settings
+from vllm_sr.config.selection_multi_factor import MultiFactorSettings
 from vllm_sr.router.selection.decide import DecisionSelection
 from vllm_sr.router.selection.observations import ModelObservations
 from vllm_sr.router.selection.selectors import NoCandidates, multi_factor

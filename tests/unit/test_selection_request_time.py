@@ -20,11 +20,10 @@ from vllm_sr.config.routing_rules import routing_local_problems, routing_problem
 from vllm_sr.config.routing_selection import (
     AutoMixSettings,
     HybridSettings,
-    PromptSettings,
     RouterDCSettings,
     parse_settings,
-    prompt_problems,
 )
+from vllm_sr.config.selection_prompt import PromptSettings, prompt_problems
 from vllm_sr.config.upstream_learning import AutoMix, Hybrid, ModelSelection
 from vllm_sr.config.upstream_learning import RouterDC as GlobalRouterDC
 from vllm_sr.router.selection import prompt

@@ -1,6 +1,7 @@
 """What Router mode's config modules share: the strict pydantic base, the raw-mapping helpers
-the rules use (they tolerate wrong types: the field validation reports those), and the one
-wording of a refusal.
+the rules use (they tolerate wrong types: the field validation reports those), the raw value
+tests (:func:`is_int`, :func:`is_number`), and the one wording of a value not accepted
+(:func:`not_accepted`) and of a refusal.
 
 A refusal is how vllm-sr says "upstream has this and it would change routing or the request,
 but vllm-sr does not act on it": a :class:`~vllm_sr.config.problems.Problem` at the field's
@@ -10,7 +11,8 @@ them all."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
@@ -68,10 +70,25 @@ def as_dict(value: object) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 
+def is_int(value: object) -> TypeGuard[int]:
+    """A JSON integer (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """A finite JSON number (a bool is not one)."""
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
 def problem(path: Path, message: str) -> Problem:
     from vllm_sr.config.problems import Problem
 
     return Problem(path, message)
+
+
+def not_accepted(path: Path, value: object, accepted: str) -> Problem:
+    """``VALUE is not accepted; accepted: ACCEPTED`` at ``path``."""
+    return problem(path, f"{value!r} is not accepted; accepted: {accepted}")
 
 
 def refusal(path: Path, what: str, supported: str) -> Problem:

@@ -16,10 +16,8 @@ from vllm_sr.config.routing_kbs import kb_problems
 from vllm_sr.config.routing_looper import unbound_refusals
 from vllm_sr.config.routing_plugins import shadow_model_problems
 from vllm_sr.config.routing_provider_rules import providers_problems
-from vllm_sr.config.routing_selection import (
-    prompt_problems,
-)
 from vllm_sr.config.routing_support import looper_endpoint_of, looper_problems, support_problems
+from vllm_sr.config.selection_prompt import prompt_problems
 from vllm_sr.config.signal_classifiers import (
     BINDING_PREFIX,
     bound_deployment,

@@ -31,12 +31,12 @@ from vllm_sr.config.routing_selection import (
     AutoMixSettings,
     HybridSettings,
     LatencyAwareSettings,
-    MultiFactorSettings,
-    PromptSettings,
     RouterDCSettings,
     SelectorSettings,
     parse_settings,
 )
+from vllm_sr.config.selection_multi_factor import MultiFactorSettings
+from vllm_sr.config.selection_prompt import PromptSettings
 from vllm_sr.errors import DeadlineExceeded
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.rules import ModelChoice, choose_model

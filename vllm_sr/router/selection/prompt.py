@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from vllm_sr.config.routing import ModelRef
-    from vllm_sr.config.routing_selection import PromptSettings
+    from vllm_sr.config.selection_prompt import PromptSettings
     from vllm_sr.router.backends import BackendSet
 
 MAX_COMPLETION_TOKENS = 512

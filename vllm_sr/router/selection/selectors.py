@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from vllm_sr.config.routing import ModelRef
-    from vllm_sr.config.routing_selection import LatencyAwareSettings, MultiFactorSettings
+    from vllm_sr.config.routing_selection import LatencyAwareSettings
+    from vllm_sr.config.selection_multi_factor import MultiFactorSettings
 
 
 class Facts(Protocol):
