@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_sr.config.routing_base import NOT_SUPPORTED
-from vllm_sr.config.routing_looper import looper_block_problems
-from vllm_sr.config.routing_looper_fanout import (
+from vllm_sr.config.looper_fanout_settings import (
     FusionSettings,
     RatingsSettings,
     RemomSettings,
     WorkflowsSettings,
 )
+from vllm_sr.config.routing_base import NOT_SUPPORTED
+from vllm_sr.config.routing_looper import looper_block_problems
 from vllm_sr.errors import DeadlineExceeded, Unavailable
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.looper.fanout import fan_out, last_user_text, round_timeout

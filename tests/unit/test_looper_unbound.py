@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
+from vllm_sr.config.looper_fanout_settings import FusionSettings, WorkflowsSettings
 from vllm_sr.config.routing import Routing
 from vllm_sr.config.routing_base import NOT_SUPPORTED
 from vllm_sr.config.routing_looper import least_workers, runs_unbound
-from vllm_sr.config.routing_looper_fanout import FusionSettings, WorkflowsSettings
 from vllm_sr.config.routing_providers import Providers
 from vllm_sr.config.schema import GlobalSection, semantic_problems
 from vllm_sr.router.looper.dispatch import LooperDecisions

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import Field
 
 from vllm_sr.config.problems import Problem
-from vllm_sr.config.routing_base import as_dict, problem
+from vllm_sr.config.routing_base import as_dict, not_accepted, problem
 from vllm_sr.jsontypes import JsonObject
 
 Path = tuple[str | int, ...]
@@ -50,7 +50,7 @@ def _one_of(path: Path, value: object, accepted: tuple[str, ...]) -> list[Proble
     omitted, as upstream trims it)."""
     if value is None or (isinstance(value, str) and value.strip() in ("", *accepted)):
         return []
-    return [problem(path, f"{value!r} is not accepted; accepted: {_quoted(accepted)}")]
+    return [not_accepted(path, value, _quoted(accepted))]
 
 
 def learning_problems(learning: object) -> list[Problem]:

@@ -16,7 +16,6 @@ self_verify, automix_entailment, the automix order and tool_call_args are refuse
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
@@ -27,6 +26,9 @@ from vllm_sr.config.routing_base import (
     Strict,
     as_dict,
     as_list,
+    is_int,
+    is_number,
+    not_accepted,
     problem,
     refusal,
 )
@@ -95,24 +97,16 @@ class ConfidenceSettings(Strict):
         return cls(**got)
 
 
-def _number(value: object) -> float | None:
-    """``value`` as a float when it is a JSON number (not a bool), else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 def _unit(base: Path, key: str, value: object) -> list[Problem]:
-    number = _number(value)
-    if number is not None and math.isfinite(number) and 0.0 <= number <= 1.0:
+    if is_number(value) and 0.0 <= value <= 1.0:
         return []
-    return [problem((*base, key), f"{value!r} is not accepted; accepted: a number within 0-1")]
+    return [not_accepted((*base, key), value, "a number within 0-1")]
 
 
 def _one_of(base: Path, key: str, value: object, accepted: tuple[str, ...]) -> list[Problem]:
     if value in ("", None, *accepted):
         return []
-    return [problem((*base, key), f"{value!r} is not accepted; accepted: {', '.join(accepted)}")]
+    return [not_accepted((*base, key), value, ", ".join(accepted))]
 
 
 def confidence_problems(base: Path, block: object) -> list[Problem]:
@@ -136,12 +130,8 @@ def confidence_problems(base: Path, block: object) -> list[Problem]:
         problems += _weights_problems((*base, "hybrid_weights"), method, got["hybrid_weights"])
     for key in ("verifier_timeout_seconds", "max_response_bytes"):
         value = got.get(key)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 0
-        ):
-            problems.append(
-                problem((*base, key), f"{value!r} is not accepted; accepted: a whole number >= 0")
-            )
+        if value is not None and not (is_int(value) and value >= 0):
+            problems.append(not_accepted((*base, key), value, "a whole number >= 0"))
     if method != "automix_entailment":
         for key in ("verifier_server_url", "verifier_timeout_seconds", "max_response_bytes"):
             if got.get(key) not in (None, "", 0):
@@ -177,12 +167,7 @@ def confidence_problems(base: Path, block: object) -> list[Problem]:
 
 def _weights_problems(base: Path, method: str, block: object) -> list[Problem]:
     if not isinstance(block, dict):
-        return [
-            problem(
-                base,
-                f"{block!r} is not accepted; accepted: a mapping of {', '.join(WEIGHT_FIELDS)}",
-            )
-        ]
+        return [not_accepted(base, block, f"a mapping of {', '.join(WEIGHT_FIELDS)}")]
     if method != "hybrid":
         return [
             problem(
@@ -221,7 +206,7 @@ def looper_block_problems(
     by name (a looper upstream would not run is served as static: only upstream's own checks
     apply)."""
     runs = bool(endpoint)
-    from vllm_sr.config import routing_looper_fanout as fanout
+    from vllm_sr.config import looper_fanout_checks as fanout
 
     if kind == "confidence":
         problems = confidence_problems(base, block)

@@ -480,7 +480,7 @@ def looper_problems(
     """Each looper decision's block checked as upstream checks it; where upstream would run
     the looper (a looper endpoint is configured and it has enough models) vllm-sr runs it
     itself (vllm_sr/router/looper) and refuses by name the options it does not run
-    (routing_looper, routing_looper_fanout)."""
+    (routing_looper, looper_fanout_checks)."""
     problems = []
     for i, dec in enumerate(as_list(as_dict(routing).get("decisions"))):
         kind = _algorithm_type(as_dict(dec))

@@ -18,13 +18,13 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing_looper import ConfidenceSettings, least_workers, runs_unbound
-from vllm_sr.config.routing_looper_fanout import (
+from vllm_sr.config.looper_fanout_settings import (
     FusionSettings,
     RatingsSettings,
     RemomSettings,
     WorkflowsSettings,
 )
+from vllm_sr.config.routing_looper import ConfidenceSettings, least_workers, runs_unbound
 from vllm_sr.config.routing_support import looper_endpoint_of, looper_would_run
 from vllm_sr.errors import Unavailable
 from vllm_sr.httpserver import Response

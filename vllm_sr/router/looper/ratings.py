@@ -15,7 +15,7 @@ from vllm_sr.router.looper.runner import Loop, looper
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from vllm_sr.config.routing_looper_fanout import RatingsSettings
+    from vllm_sr.config.looper_fanout_settings import RatingsSettings
     from vllm_sr.jsontypes import JsonObject
 
 

@@ -24,7 +24,7 @@ import math
 import random
 from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing_looper_fanout import REMOM_TEMPLATE_FIELD
+from vllm_sr.config.looper_fanout_checks import REMOM_TEMPLATE_FIELD
 from vllm_sr.errors import DeadlineExceeded, Unavailable, VllmSrError
 from vllm_sr.router.looper.fanout import (
     RoundSpec,
@@ -39,7 +39,7 @@ from vllm_sr.router.looper.runner import Loop, looper
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from vllm_sr.config.routing_looper_fanout import RemomSettings
+    from vllm_sr.config.looper_fanout_settings import RemomSettings
     from vllm_sr.jsontypes import JsonObject
 
 INTRO = (

@@ -45,7 +45,7 @@ from vllm_sr.router.looper.runner import Loop, looper
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from vllm_sr.config.routing_looper_fanout import WorkflowsSettings
+    from vllm_sr.config.looper_fanout_settings import WorkflowsSettings
     from vllm_sr.jsontypes import JsonObject
 
 STEP_PROMPT = "Work on the original user request and provide a concise, useful result."

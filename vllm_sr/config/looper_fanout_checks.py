@@ -1,6 +1,6 @@
-"""The fan-out loopers' settings (``ratings``, ``remom``, ``fusion``) and the checks of their
-blocks and of ``workflows``', as upstream makes them (``pkg/config``:
-``ValidateReMoMAlgorithmConfig`` and ``ValidateReMoMModelRefs``, ``ValidateFusionAlgorithmConfig``,
+"""The checks of the fan-out loopers' blocks (``ratings``, ``remom``, ``fusion``) and of
+``workflows``', as upstream makes them (``pkg/config``: ``ValidateReMoMAlgorithmConfig`` and
+``ValidateReMoMModelRefs``, ``ValidateFusionAlgorithmConfig``,
 ``ValidateWorkflowsAlgorithmConfig``; ratings' ``on_error``). Each error names the field, the
 value and what is accepted. Counts upstream reads as "unset" at 0 are accepted at 0 (its
 default then applies); a negative count is refused, as upstream refuses it.
@@ -8,16 +8,15 @@ default then applies); a negative count is refused, as upstream refuses it.
 What vllm-sr runs (vllm_sr/router/looper): ratings, remom, fusion and workflows with every
 field below, except fusion's ``grounding`` when enabled (upstream scores the panel with local
 hallucination and NLI encoders) and a remom ``synthesis_template`` with Go template actions,
-both refused by name where the looper would run."""
+both refused by name where the looper would run. The settings an accepted block gives the
+loopers: :mod:`vllm_sr.config.looper_fanout_settings`."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vllm_sr.config.routing_base import is_int, is_number, not_accepted, refusal
 from vllm_sr.config.routing_base import problem as _problem
-from vllm_sr.config.routing_base import refusal
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -92,27 +91,10 @@ WORKFLOWS_FIELDS = (
 ROLE_FIELDS = ("name", "models", "prompt", "access_list")
 FINAL_FIELDS = ("model", "prompt")
 PLANNER_FIELDS = ("model", "max_completion_tokens")
-DEFAULT_JUDGE_PROMPT_VERSION = "fusion-v1"
-
-
-# -- checks ----------------------------------------------------------------------------------
-
-
-def _bad(path: Path, value: object, accepted: str) -> Problem:
-    return _problem(path, f"{value!r} is not accepted; accepted: {accepted}")
 
 
 def _mapping(value: object) -> dict[str, object]:
     return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return ok and math.isfinite(float(value))  # type: ignore[arg-type]
 
 
 class _Checker:
@@ -122,7 +104,7 @@ class _Checker:
         self.base = base
         self.problems: list[Problem] = []
         if block is not None and not isinstance(block, dict):
-            self.problems.append(_bad(base, block, f"a mapping of {', '.join(fields)}"))
+            self.problems.append(not_accepted(base, block, f"a mapping of {', '.join(fields)}"))
         self.got = _mapping(block)
         for key in self.got:
             if key not in fields:
@@ -139,36 +121,36 @@ class _Checker:
         value = self.present(key)
         if value is None:
             return
-        if not _is_int(value) or (value != 0 and value < minimum):  # type: ignore[operator]
+        if not is_int(value) or (value != 0 and value < minimum):
             accepted = f"a whole number >= {minimum} (0 or absent: the default)"
             if minimum == 0:
                 accepted = "a whole number >= 0"
-            self.problems.append(_bad((*self.base, key), value, accepted))
+            self.problems.append(not_accepted((*self.base, key), value, accepted))
 
     def non_negative(self, key: str) -> None:
         value = self.present(key)
-        if value is not None and not (_is_number(value) and float(value) >= 0):  # type: ignore[arg-type]
-            self.problems.append(_bad((*self.base, key), value, "a number >= 0"))
+        if value is not None and not (is_number(value) and float(value) >= 0):
+            self.problems.append(not_accepted((*self.base, key), value, "a number >= 0"))
 
     def unit(self, key: str) -> None:
         value = self.present(key)
-        if value is not None and not (_is_number(value) and 0 <= float(value) <= 1):  # type: ignore[arg-type]
-            self.problems.append(_bad((*self.base, key), value, "a number within 0-1"))
+        if value is not None and not (is_number(value) and 0 <= float(value) <= 1):
+            self.problems.append(not_accepted((*self.base, key), value, "a number within 0-1"))
 
     def one_of(self, key: str, accepted: Sequence[str]) -> None:
         value = self.present(key)
         if value not in (None, "", *accepted):
-            self.problems.append(_bad((*self.base, key), value, ", ".join(accepted)))
+            self.problems.append(not_accepted((*self.base, key), value, ", ".join(accepted)))
 
     def flag(self, key: str) -> None:
         value = self.present(key)
         if value is not None and not isinstance(value, bool):
-            self.problems.append(_bad((*self.base, key), value, "true or false"))
+            self.problems.append(not_accepted((*self.base, key), value, "true or false"))
 
     def text(self, key: str) -> None:
         value = self.present(key)
         if value is not None and not isinstance(value, str):
-            self.problems.append(_bad((*self.base, key), value, "a string"))
+            self.problems.append(not_accepted((*self.base, key), value, "a string"))
 
     def names(self, key: str) -> list[str]:
         """A list of non-empty, distinct names."""
@@ -176,14 +158,16 @@ class _Checker:
         if value is None:
             return []
         if not isinstance(value, list):
-            self.problems.append(_bad((*self.base, key), value, "a list of model names"))
+            self.problems.append(not_accepted((*self.base, key), value, "a list of model names"))
             return []
         out: list[str] = []
         for i, name in enumerate(value):
             if not isinstance(name, str) or not name.strip():
-                self.problems.append(_bad((*self.base, key, i), name, "a non-empty model name"))
+                self.problems.append(
+                    not_accepted((*self.base, key, i), name, "a non-empty model name")
+                )
             elif name.strip() in out:
-                self.problems.append(_bad((*self.base, key, i), name, "each model once"))
+                self.problems.append(not_accepted((*self.base, key, i), name, "each model once"))
             else:
                 out.append(name.strip())
         return out
@@ -222,13 +206,15 @@ def remom_problems(
     schedule = check.present("breadth_schedule")
     if not isinstance(schedule, list) or not schedule:
         check.problems.append(
-            _bad((*base, "breadth_schedule"), schedule, "a non-empty list of whole numbers >= 1")
+            not_accepted(
+                (*base, "breadth_schedule"), schedule, "a non-empty list of whole numbers >= 1"
+            )
         )
     else:
         for i, breadth in enumerate(schedule):
-            if not _is_int(breadth) or breadth < 1:
+            if not is_int(breadth) or breadth < 1:
                 check.problems.append(
-                    _bad((*base, "breadth_schedule", i), breadth, "a whole number >= 1")
+                    not_accepted((*base, "breadth_schedule", i), breadth, "a whole number >= 1")
                 )
     check.one_of("model_distribution", DISTRIBUTIONS)
     check.non_negative("temperature")
@@ -238,21 +224,23 @@ def remom_problems(
         check.count(key)
     check.count("max_responses_per_round")
     tokens = check.present("max_completion_tokens")
-    if tokens is not None and not (_is_int(tokens) and tokens >= 1):  # type: ignore[operator]
-        check.problems.append(_bad((*base, "max_completion_tokens"), tokens, "a whole number >= 1"))
+    if tokens is not None and not (is_int(tokens) and tokens >= 1):
+        check.problems.append(
+            not_accepted((*base, "max_completion_tokens"), tokens, "a whole number >= 1")
+        )
     check.one_of("on_error", ON_ERROR)
     for key in ("include_reasoning", "include_intermediate_responses"):
         check.flag(key)
     for key in ("synthesis_template", "synthesis_model"):
         check.text(key)
-    if not _is_int(check.present("shuffle_seed") or 0):
+    if not is_int(check.present("shuffle_seed") or 0):
         check.problems.append(
-            _bad((*base, "shuffle_seed"), check.present("shuffle_seed"), "a whole number")
+            not_accepted((*base, "shuffle_seed"), check.present("shuffle_seed"), "a whole number")
         )
     synthesis = check.present("synthesis_model")
     if isinstance(synthesis, str) and synthesis.strip() and synthesis not in ref_models:
         check.problems.append(
-            _bad(
+            not_accepted(
                 (*base, "synthesis_model"),
                 synthesis,
                 "one of the decision's modelRefs: " + (", ".join(ref_models) or "(none)"),
@@ -282,7 +270,7 @@ def fusion_problems(base: Path, block: object, runs: bool) -> list[Problem]:
     overrides = check.present("analysis_overrides")
     if overrides is not None and not isinstance(overrides, list):
         check.problems.append(
-            _bad(
+            not_accepted(
                 (*base, "analysis_overrides"),
                 overrides,
                 "a list of {model, temperature, max_completion_tokens}",
@@ -293,9 +281,9 @@ def fusion_problems(base: Path, block: object, runs: bool) -> list[Problem]:
         sub = _Checker((*base, "analysis_overrides", i), item, OVERRIDE_FIELDS)
         name = sub.present("model")
         if not isinstance(name, str) or not name.strip():
-            sub.problems.append(_bad((*sub.base, "model"), name, "a non-empty model name"))
+            sub.problems.append(not_accepted((*sub.base, "model"), name, "a non-empty model name"))
         elif name.strip() in seen:
-            sub.problems.append(_bad((*sub.base, "model"), name, "each model once"))
+            sub.problems.append(not_accepted((*sub.base, "model"), name, "each model once"))
         else:
             seen.append(name.strip())
         sub.non_negative("temperature")
@@ -361,231 +349,32 @@ def _workflows_block(check: _Checker, ref_models: Sequence[str]) -> None:
     # mode dynamic without planner.model: the planner is the decision's first worker (upstream
     # v0.4's own bundle omits it; 3d48f8c9's Go validator required it)
     if mode == "dynamic" and roles:
-        check.problems.append(_bad((*base, "roles"), roles, "no roles with mode dynamic"))
+        check.problems.append(not_accepted((*base, "roles"), roles, "no roles with mode dynamic"))
     if mode == "static":
         if not isinstance(roles, list) or not roles:
             check.problems.append(
-                _bad((*base, "roles"), roles, "a non-empty list of roles with mode static")
+                not_accepted((*base, "roles"), roles, "a non-empty list of roles with mode static")
             )
         for i, role in enumerate(roles if isinstance(roles, list) else []):
             sub = _Checker((*base, "roles", i), role, ROLE_FIELDS)
             name = sub.present("name")
             if not isinstance(name, str) or not name.strip():
-                sub.problems.append(_bad((*sub.base, "name"), name, "a non-empty role name"))
+                sub.problems.append(
+                    not_accepted((*sub.base, "name"), name, "a non-empty role name")
+                )
             models = sub.names("models")
             if not models and not sub.problems:
-                sub.problems.append(_bad((*sub.base, "models"), None, "at least one model"))
+                sub.problems.append(not_accepted((*sub.base, "models"), None, "at least one model"))
             for j, model in enumerate(models):
                 if model not in ref_models:
                     sub.problems.append(
-                        _bad((*sub.base, "models", j), model, "one of the decision's modelRefs")
+                        not_accepted(
+                            (*sub.base, "models", j), model, "one of the decision's modelRefs"
+                        )
                     )
             check.problems += sub.problems
     final_model = final.got.get("model")
     if isinstance(final_model, str) and final_model.strip() and final_model not in ref_models:
         check.problems.append(
-            _bad((*base, "final", "model"), final_model, "one of the decision's modelRefs")
-        )
-
-
-# -- settings --------------------------------------------------------------------------------
-
-
-def _int(value: object, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _float(value: object) -> float | None:
-    return float(value) if _is_number(value) else None  # type: ignore[arg-type]
-
-
-def _str(value: object) -> str:
-    return value.strip() if isinstance(value, str) else ""
-
-
-@dataclass(frozen=True)
-class RatingsSettings:
-    max_concurrent: int = 0  # 0: every modelRef at once
-    on_error: str = "skip"
-
-    @classmethod
-    def from_block(cls, block: object) -> RatingsSettings:
-        got = _mapping(block)
-        return cls(_int(got.get("max_concurrent")), _str(got.get("on_error")) or "skip")
-
-
-@dataclass(frozen=True)
-class RemomSettings:
-    """Upstream's defaults when the block is absent: breadth [4], weighted, temperature 1.0,
-    seed 42, intermediate responses included; with a block, its unset fields are zero."""
-
-    breadth_schedule: tuple[int, ...] = (4,)
-    model_distribution: str = "weighted"
-    temperature: float = 1.0
-    include_reasoning: bool = False
-    compaction_strategy: str = "full"
-    compaction_tokens: int = 1000
-    synthesis_template: str = ""
-    synthesis_model: str = ""
-    max_concurrent: int = 0
-    max_completion_tokens: int | None = None
-    round_timeout_seconds: int = 0
-    min_successful_responses: int = 0
-    on_error: str = "skip"
-    shuffle_seed: int = 42
-    include_intermediate_responses: bool = True
-    max_responses_per_round: int = 0
-
-    @classmethod
-    def from_block(cls, block: object) -> RemomSettings:
-        if block is None:
-            return cls()
-        got = _mapping(block)
-        schedule = got.get("breadth_schedule")
-        tokens = got.get("max_completion_tokens")
-        return cls(
-            breadth_schedule=tuple(_int(b, 1) for b in schedule)
-            if isinstance(schedule, list)
-            else (4,),
-            model_distribution=_str(got.get("model_distribution")) or "weighted",
-            temperature=_float(got.get("temperature")) or 0.0,
-            include_reasoning=got.get("include_reasoning") is True,
-            compaction_strategy=_str(got.get("compaction_strategy")) or "full",
-            compaction_tokens=_int(got.get("compaction_tokens")),
-            synthesis_template=_str(got.get("synthesis_template")),
-            synthesis_model=_str(got.get("synthesis_model")),
-            max_concurrent=_int(got.get("max_concurrent")),
-            max_completion_tokens=tokens if _is_int(tokens) else None,  # type: ignore[arg-type]
-            round_timeout_seconds=_int(got.get("round_timeout_seconds")),
-            min_successful_responses=_int(got.get("min_successful_responses")),
-            on_error=_str(got.get("on_error")) or "skip",
-            shuffle_seed=_int(got.get("shuffle_seed")),
-            include_intermediate_responses=got.get("include_intermediate_responses") is True,
-            max_responses_per_round=_int(got.get("max_responses_per_round")),
-        )
-
-
-@dataclass(frozen=True)
-class FusionOverride:
-    temperature: float | None = None
-    max_completion_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class FusionSettings:
-    """The block as upstream merges it (``resolveFusionExecutionConfig``): ``analysis_models``
-    else the modelRefs; ``model`` (the judge) else the first analysis model; max_concurrent
-    and min_successful_responses 0 or above the panel size mean the whole panel."""
-
-    model: str = ""
-    analysis_models: tuple[str, ...] = ()
-    overrides: dict[str, FusionOverride] = field(default_factory=dict)
-    max_concurrent: int = 0
-    max_completion_tokens: int = 0
-    round_timeout_seconds: int = 0
-    min_successful_responses: int = 0
-    temperature: float | None = None
-    include_analysis: bool = True
-    include_intermediate_responses: bool = True
-    on_error: str = "skip"
-    analysis_template: str = ""
-    synthesis_template: str = ""
-    judge_prompt_version: str = DEFAULT_JUDGE_PROMPT_VERSION
-
-    @classmethod
-    def from_block(cls, block: object) -> FusionSettings:
-        got = _mapping(block)
-        models = got.get("analysis_models")
-        overrides = {}
-        items = got.get("analysis_overrides")
-        for item in items if isinstance(items, list) else []:
-            sub = _mapping(item)
-            overrides[_str(sub.get("model"))] = FusionOverride(
-                _float(sub.get("temperature")), _int(sub.get("max_completion_tokens"))
-            )
-        return cls(
-            model=_str(got.get("model")),
-            analysis_models=tuple(_str(m) for m in models) if isinstance(models, list) else (),
-            overrides=overrides,
-            max_concurrent=_int(got.get("max_concurrent")),
-            max_completion_tokens=_int(got.get("max_completion_tokens")),
-            round_timeout_seconds=_int(got.get("round_timeout_seconds")),
-            min_successful_responses=_int(got.get("min_successful_responses")),
-            temperature=_float(got.get("temperature")),
-            include_analysis=got.get("include_analysis") is not False,
-            include_intermediate_responses=got.get("include_intermediate_responses") is not False,
-            on_error=_str(got.get("on_error")) or "skip",
-            analysis_template=_str(got.get("analysis_template")),
-            synthesis_template=_str(got.get("synthesis_template")),
-            judge_prompt_version=_str(got.get("judge_prompt_version"))
-            or DEFAULT_JUDGE_PROMPT_VERSION,
-        )
-
-
-@dataclass(frozen=True)
-class WorkflowRole:
-    name: str
-    models: tuple[str, ...]
-    prompt: str = ""
-    access_list: tuple[str, ...] | None = None  # None: every earlier step's outputs
-
-
-@dataclass(frozen=True)
-class WorkflowsSettings:
-    """The block as upstream resolves it (``resolveWorkflowsExecutionConfig``): mode static,
-    template micro_agent, planner max_completion_tokens 2048, max_steps 3, max_parallel 2,
-    intermediate responses included, on_error **fail**, unless the block says otherwise."""
-
-    mode: str = "static"
-    template: str = "micro_agent"
-    planner_model: str = ""  # "" with mode dynamic: the first worker plans
-    planner_max_completion_tokens: int = 2048
-    roles: tuple[WorkflowRole, ...] = ()
-    final_model: str = ""
-    final_prompt: str = ""
-    max_steps: int = 3
-    max_parallel: int = 2
-    max_completion_tokens: int = 0
-    round_timeout_seconds: int = 0
-    min_successful_responses: int = 0
-    temperature: float | None = None
-    include_intermediate_responses: bool = True
-    on_error: str = "fail"
-
-    @classmethod
-    def from_block(cls, block: object) -> WorkflowsSettings:
-        got = _mapping(block)
-        planner, final = _mapping(got.get("planner")), _mapping(got.get("final"))
-        items = got.get("roles")
-        roles = []
-        for item in items if isinstance(items, list) else []:
-            role = _mapping(item)
-            models = role.get("models")
-            access = role.get("access_list")
-            roles.append(
-                WorkflowRole(
-                    _str(role.get("name")),
-                    tuple(_str(m) for m in models) if isinstance(models, list) else (),
-                    _str(role.get("prompt")),
-                    tuple(_str(a) for a in access) if isinstance(access, list) else None,
-                )
-            )
-        default = cls()
-        return cls(
-            mode=_str(got.get("mode")) or default.mode,
-            template=_str(got.get("template")) or default.template,
-            planner_model=_str(planner.get("model")),
-            planner_max_completion_tokens=_int(planner.get("max_completion_tokens"))
-            or default.planner_max_completion_tokens,
-            roles=tuple(roles),
-            final_model=_str(final.get("model")),
-            final_prompt=_str(final.get("prompt")),
-            max_steps=_int(got.get("max_steps")) or default.max_steps,
-            max_parallel=_int(got.get("max_parallel")) or default.max_parallel,
-            max_completion_tokens=_int(got.get("max_completion_tokens")),
-            round_timeout_seconds=_int(got.get("round_timeout_seconds")),
-            min_successful_responses=_int(got.get("min_successful_responses")),
-            temperature=_float(got.get("temperature")),
-            include_intermediate_responses=got.get("include_intermediate_responses") is not False,
-            on_error=_str(got.get("on_error")) or default.on_error,
+            not_accepted((*base, "final", "model"), final_model, "one of the decision's modelRefs")
         )
