@@ -360,7 +360,7 @@ def test_status_shows_the_signal_processes() -> None:
 def test_ctl_replay_reads_records_by_decision_and_follows(
     served: ThreadedControlServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vllm_sr.config.routing_plugins import RouterReplayPlugin
+    from vllm_sr.config.router_replay import RouterReplayPlugin
     from vllm_sr.router.plugins.replay import ReplayLog
 
     log = ReplayLog()

@@ -20,7 +20,7 @@ from tests.support.workers import short_socket_dir
 from vllm_sr.cli import main
 from vllm_sr.clock import FakeClock
 from vllm_sr.commands import ctl
-from vllm_sr.config.routing_plugins import RouterReplayPlugin
+from vllm_sr.config.router_replay import RouterReplayPlugin
 from vllm_sr.control.outcome_policy import OutcomePolicy
 from vllm_sr.router.learning import adaptation
 from vllm_sr.router.learning.runtime import RouterLearning

@@ -10,11 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_sr.config.routing_plugins import (
-    SUPPORTED_PLUGIN_TYPES,
-    canonical_type,
-    decision_plugins,
-)
+from vllm_sr.config.routing_plugins import SUPPORTED_PLUGIN_TYPES, canonical_type, decision_plugins
 from vllm_sr.config.schema import semantic_problems
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"

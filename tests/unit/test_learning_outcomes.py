@@ -13,7 +13,7 @@ import pytest
 
 from vllm_sr import wire
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing_plugins import RouterReplayPlugin
+from vllm_sr.config.router_replay import RouterReplayPlugin
 from vllm_sr.control.outcome_policy import (
     InvalidIdempotencyKey,
     MissingIdempotencyKey,

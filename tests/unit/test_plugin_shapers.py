@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_sr.config.routing_plugins import RequestParamsPlugin, SystemPromptPlugin
+from vllm_sr.config.plugin_request import RequestParamsPlugin, SystemPromptPlugin
 from vllm_sr.router.plugins import shapers
 
 
@@ -28,7 +28,7 @@ def test_shapers_follow_upstream() -> None:
 
 
 def test_tools_policy_follows_upstream() -> None:
-    from vllm_sr.config.routing_plugins import ToolsPlugin
+    from vllm_sr.config.plugin_request import ToolsPlugin
 
     def tool(name: str) -> dict[str, Any]:
         return {"type": "function", "function": {"name": name, "parameters": {}}}

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.router_replay import RouterReplay
-from vllm_sr.config.routing_plugins import RouterReplayPlugin
+from vllm_sr.config.router_replay import RouterReplay, RouterReplayPlugin
 from vllm_sr.router.plugins.replay import GLOBAL_DEFAULT, ReplayLog, effective, signals_by_family
 from vllm_sr.router.replay import build_store
 from vllm_sr.router.replay.envexpand import expand_env

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.backends import FakeWorkerExchange, answer_bundle
 from vllm_sr.clock import FakeClock
-from vllm_sr.config.routing_plugins import CacheRequestControls
+from vllm_sr.config.plugin_cache import CacheRequestControls
 from vllm_sr.router.cache import keys
 from vllm_sr.router.cache.answer import AnswerRecorder, assemble_sse, replay_sse
 from vllm_sr.router.cache.embedding import QueryEmbedding, query_vector
@@ -166,7 +166,7 @@ ANSWER = {"choices": [{"index": 0, "message": {"content": "a"}, "finish_reason":
 
 
 async def test_max_age_and_requested_ttl_bound_hits_on_the_clock() -> None:
-    from vllm_sr.config.routing_plugins import ResponseCachePlugin
+    from vllm_sr.config.plugin_cache import ResponseCachePlugin
     from vllm_sr.router.plugins.response_cache import ResponseCache
 
     clock = FakeClock()
@@ -193,7 +193,7 @@ async def test_max_age_and_requested_ttl_bound_hits_on_the_clock() -> None:
 
 
 async def test_semantic_tier_is_skipped_when_no_embedding_can_be_had() -> None:
-    from vllm_sr.config.routing_plugins import ResponseCachePlugin
+    from vllm_sr.config.plugin_cache import ResponseCachePlugin
     from vllm_sr.errors import Unavailable
     from vllm_sr.router.plugins.response_cache import ResponseCache
 
@@ -219,8 +219,8 @@ def _cache(clock: FakeClock) -> Any:
 
 
 async def test_retention_drop_skips_the_write_but_not_the_lookup() -> None:
+    from vllm_sr.config.plugin_cache import ResponseCachePlugin
     from vllm_sr.config.routing import Retention
-    from vllm_sr.config.routing_plugins import ResponseCachePlugin
 
     clock = FakeClock()
     cache = _cache(clock)
@@ -237,8 +237,8 @@ async def test_retention_drop_skips_the_write_but_not_the_lookup() -> None:
 
 
 async def test_retention_ttl_turns_sets_the_entry_lifetime_on_the_clock() -> None:
+    from vllm_sr.config.plugin_cache import ResponseCachePlugin
     from vllm_sr.config.routing import Retention
-    from vllm_sr.config.routing_plugins import ResponseCachePlugin
 
     clock = FakeClock()
     cache = _cache(clock)

@@ -16,9 +16,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from vllm_sr.config.plugin_request import RequestParamsPlugin
 from vllm_sr.config.problems import Problem
 from vllm_sr.config.routing import Decision
-from vllm_sr.config.routing_plugins import RequestParamsPlugin, decision_plugins, plugin_problems
+from vllm_sr.config.routing_plugins import decision_plugins, plugin_problems
 from vllm_sr.config.routing_rules import routing_local_problems
 from vllm_sr.config.upstream_refusals import global_refusals
 from vllm_sr.router.plugins.shapers import apply_request_params

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_sr.config.routing_plugins import (
-    MaskingPlugin,
-    ShadowDispatchPlugin,
-    decision_plugins,
-    plugin_problems,
-)
+from vllm_sr.config.plugin_request import MaskingPlugin
+from vllm_sr.config.plugin_shadow import ShadowDispatchPlugin
+from vllm_sr.config.routing_plugins import decision_plugins, plugin_problems
 from vllm_sr.config.schema import semantic_problems
 from vllm_sr.router.plugins.masking import Allocator, mask_body, mask_text, merge_spans
 from vllm_sr.router.signals_pii import Entity

@@ -1,5 +1,7 @@
 """``global.services.router_replay``: where the router_replay plugin's records are kept
-(upstream ``pkg/config/runtime_config.go`` ``RouterReplayConfig`` and its store blocks).
+(upstream ``pkg/config/runtime_config.go`` ``RouterReplayConfig`` and its store blocks), and
+the decision's ``router_replay`` plugin itself (:class:`RouterReplayPlugin`, upstream's
+``C/plugin_config.go``).
 
 ``enabled`` is every decision's default (a decision's ``router_replay`` plugin overrides it,
 as upstream's ``EffectiveRouterReplayConfig`` layers them). ``store_backend`` memory (the
@@ -180,3 +182,28 @@ class RouterReplay(Strict):
             ("qdrant", self.qdrant),
         )
         return next((name for name, block in written if block is not None), "memory")
+
+
+class RouterReplayPlugin(Strict):
+    enabled: bool | None = None
+    """Record this decision's chats (false: never); unset: ``global.services.router_replay.
+    enabled``, as upstream layers them."""
+
+    max_records: int = Field(default=10000, ge=1)
+    """Records kept for the decision by the memory store (oldest dropped first); the redis and
+    postgres stores are bounded by ``ttl_seconds`` alone, as upstream's are."""
+
+    capture_request_body: bool = True
+    """Keep the request body (its first max_body_bytes)."""
+
+    capture_response_body: bool = True
+    """Keep the answer body, or a stream's bytes (its first max_body_bytes)."""
+
+    max_body_bytes: int = Field(default=4096, ge=0)
+    """Bodies are cut to this many bytes (``*_truncated`` says so)."""
+
+    max_tool_trace_bytes: int = Field(default=0, ge=0)
+    """Upstream: tool traces; vllm-sr records none (metadata)."""
+
+    max_tool_trace_steps: int = Field(default=100, ge=0)
+    """Upstream: tool trace steps (metadata)."""

@@ -161,10 +161,10 @@ class ModelRef(Strict):
 class Algorithm(Strict):
     """How a decision picks among its modelRefs. vllm-sr runs ``static`` and the selectors
     latency_aware, multi_factor, router_dc, automix, hybrid, prompt (vllm_sr/router/selection;
-    their blocks are checked by vllm_sr/config/routing_selection.py), and the looper types as
-    upstream runs them: as loopers with a looper endpoint (vllm_sr/router/looper; their blocks
-    checked by vllm_sr/config/routing_looper*.py), else as static, see
-    ``effective_algorithm``."""
+    their blocks are checked by vllm_sr/config/routing_selection.py and selection_*.py), and the
+    looper types as upstream runs them: as loopers with a looper endpoint (vllm_sr/router/looper;
+    their blocks checked by vllm_sr/config/routing_looper.py and looper_fanout_checks.py), else
+    as static, see ``effective_algorithm``."""
 
     type: str = Field(max_length=64)
     """The algorithm (lowercase): static, latency_aware, multi_factor, router_dc, automix,
@@ -206,10 +206,10 @@ class Algorithm(Strict):
     """The latency_aware selector's settings (routing_selection.LatencyAwareSettings)."""
 
     multi_factor: JsonObject | None = None
-    """The multi_factor selector's settings (routing_selection.MultiFactorSettings)."""
+    """The multi_factor selector's settings (selection_multi_factor.MultiFactorSettings)."""
 
     prompt: JsonObject | None = None
-    """The prompt selector's settings (routing_selection.PromptSettings)."""
+    """The prompt selector's settings (selection_prompt.PromptSettings)."""
 
     decision: dict[str, object] | None = None
     """Upstream v0.4's decision selector ({instructions, candidates, timeout_ms}; refused: it
@@ -319,7 +319,7 @@ class Decision(Strict):
     """How to pick among modelRefs (omitted: static)."""
 
     plugins: list[Plugin] = Field(default_factory=list, max_length=64)
-    """Request/response plugins (vllm_sr/config/routing_plugins.py types them)."""
+    """Request/response plugins (vllm_sr/config/routing_plugins.py and plugin_*.py type them)."""
 
     adaptations: Adaptations | None = None
     """Upstream's Router Learning controls for this decision."""

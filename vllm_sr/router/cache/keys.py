@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vllm_sr.config.routing_plugins import CacheRequestControls, ResponseCachePlugin
+from vllm_sr.config.plugin_cache import CacheRequestControls, ResponseCachePlugin
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Decision

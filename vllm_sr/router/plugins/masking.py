@@ -23,7 +23,7 @@ import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from vllm_sr.config.routing_plugins import MASK_INDEX, MaskingPlugin
+from vllm_sr.config.plugin_request import MASK_INDEX, MaskingPlugin
 from vllm_sr.errors import Unavailable
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.signals_pii import Entity, detector

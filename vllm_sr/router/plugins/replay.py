@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.config.routing_plugins import RouterReplayPlugin
+from vllm_sr.config.router_replay import RouterReplayPlugin
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router.replay import build_writer
 from vllm_sr.router.replay.store import MemoryReplayStore, Record, ReplayQuery, iso

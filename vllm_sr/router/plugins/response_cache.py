@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
-from vllm_sr.config.routing_plugins import ResponseCachePlugin
+from vllm_sr.config.plugin_cache import ResponseCachePlugin
 from vllm_sr.errors import VllmSrError
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import retention as retention_rules

@@ -30,7 +30,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from vllm_sr.config.routing_plugins import DecisionPlugins, ShadowDispatchPlugin
+from vllm_sr.config.plugin_shadow import ShadowDispatchPlugin
+from vllm_sr.config.routing_plugins import DecisionPlugins
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.pool.client import Broken
 from vllm_sr.router.backend import Backend

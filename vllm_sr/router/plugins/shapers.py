@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 
-from vllm_sr.config.routing_plugins import (
+from vllm_sr.config.plugin_request import (
     HeaderMutationPlugin,
     RequestParamsPlugin,
     SystemPromptPlugin,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy
 from numpy.typing import NDArray
 
-from vllm_sr.config.routing_plugins import ToolSelectionPlugin
+from vllm_sr.config.plugin_request import ToolSelectionPlugin
 from vllm_sr.errors import VllmSrError
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import bundle
