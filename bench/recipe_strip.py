@@ -4,10 +4,8 @@ removed: the probe bench's loader (bench/router_probes.py).
 The recipe is validated as ``vllm-sr config validate`` does (``collect_problems``: field errors
 and rule errors, each at its YAML path). Each problem removes the least that clears it:
 
-- an unknown key: that key;
-- a looper refused because the file names a looper endpoint: the endpoint is cleared
-  (``global.integrations.looper.endpoint: ""``; vllm-sr then runs the looper decision as
-  static, as upstream does without an endpoint; the eval's decision is the same either way);
+- an unknown key: that key (every looper type runs now, so nothing clears the looper
+  endpoint any more);
 - a refused plugin or emit of a decision (``plugins[i]``, ``emits[i]``): that entry;
 - any other problem inside a signal (``routing.signals.<family>[i]``): that signal;
 - inside a decision's rule tree: the condition it is in (a leaf, or the node holding it),
@@ -35,7 +33,6 @@ from vllm_sr.config.schema import RootConfig
 
 Path = tuple[str | int, ...]
 MAX_ROUNDS = 40
-LOOPER_ENDPOINT: Path = ("global", "integrations", "looper", "endpoint")
 
 
 @dataclass(frozen=True)
@@ -105,33 +102,30 @@ def _exists(doc: Any, path: Path) -> bool:
     return True
 
 
-def target(doc: Any, path: Path, problem: Problem) -> tuple[Path, str]:
-    """What to remove for one problem -> (path, kind): kind ``clear`` sets it to ""."""
-    message = problem.message
-    if "looper" in message and "global.integrations.looper.endpoint" in message:
-        return LOOPER_ENDPOINT, "clear"
-    unknown = message.startswith(("unknown key", "Extra inputs are not permitted"))
+def target(doc: Any, path: Path, problem: Problem) -> Path:
+    """What to remove for one problem."""
+    unknown = problem.message.startswith(("unknown key", "Extra inputs are not permitted"))
     if unknown and _exists(doc, path):
-        return path, "remove"
+        return path
     parts = list(path)
     for i, part in enumerate(parts):  # a decision's plugin or emit: that entry
         if part in ("plugins", "emits") and i + 1 < len(parts) and isinstance(parts[i + 1], int):
-            return tuple(parts[: i + 2]), "remove"
+            return tuple(parts[: i + 2])
     for i, part in enumerate(parts):  # inside a signal: the signal
         if part == "signals" and i + 2 < len(parts) and isinstance(parts[i + 2], int):
-            return tuple(parts[: i + 3]), "remove"
+            return tuple(parts[: i + 3])
     if "rules" in parts:
         root = parts.index("rules")
         conds = [i for i, part in enumerate(parts) if part == "conditions" and i > root]
         conds = [i for i in conds if i + 1 < len(parts) and isinstance(parts[i + 1], int)]
         if conds:
-            return tuple(parts[: conds[-1] + 2]), "remove"
-        return tuple(parts[: root + 1]), "remove"
+            return tuple(parts[: conds[-1] + 2])
+        return tuple(parts[: root + 1])
     while parts and not _exists(doc, tuple(parts)):
         parts.pop()  # a missing key: remove what holds it
     if not parts:
         raise NotLoadable([problem])
-    return tuple(parts), "remove"
+    return tuple(parts)
 
 
 def _remove(doc: Any, path: Path) -> None:
@@ -152,17 +146,9 @@ def strip_refused(raw: dict[str, Any]) -> tuple[RootConfig, list[Stripped]]:
         config, problems = collect_problems(doc)
         if config is not None:
             return config, stripped
-        actions: dict[Path, tuple[str, str]] = {}
-        loopers: list[str] = []
+        actions: dict[Path, str] = {}
         for path, problem in _meant(problems, doc):
-            where, kind = target(doc, path, problem)
-            actions.setdefault(where, (kind, problem.message))
-            if kind == "clear":
-                loopers += re.findall(r"the (\w+) looper", problem.message)
-        if LOOPER_ENDPOINT in actions:
-            names = ", ".join(dict.fromkeys(loopers))
-            why = f"refused for the {names} looper(s): they run as static (same eval decision)"
-            actions[LOOPER_ENDPOINT] = ("clear", why)
+            actions.setdefault(target(doc, path, problem), problem.message)
         if not actions:
             raise NotLoadable(problems)
         paths = set(actions)
@@ -170,15 +156,9 @@ def strip_refused(raw: dict[str, Any]) -> tuple[RootConfig, list[Stripped]]:
         for where in sorted(paths, key=_sort_key, reverse=True):
             if _under(where, paths) or not _exists(doc, where):
                 continue
-            kind, why = actions[where]
-            if kind == "clear":
-                if _get(doc, where) == "":
-                    continue
-                _get(doc, where[:-1])[where[-1]] = ""
-            else:
-                _remove(doc, where)
+            _remove(doc, where)
             removed_any = True
-            stripped.append(Stripped(where, _short(why)))
+            stripped.append(Stripped(where, _short(actions[where])))
         if not removed_any:
             raise NotLoadable(problems)
     raise NotLoadable(collect_problems(doc)[1])

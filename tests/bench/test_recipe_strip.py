@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from bench.recipe_strip import NotLoadable, strip_refused, summary
-from vllm_sr.config.files import collect_problems
 
 BASE = """\
 version: v0.3
@@ -80,20 +79,6 @@ def test_a_refused_signal_goes_and_so_do_the_conditions_that_name_it() -> None:
     rules = config.routing.decisions[0].rules  # type: ignore[union-attr]
     kept = [getattr(c, "name", None) or c.operator for c in rules.conditions]  # type: ignore[union-attr]
     assert kept == ["code", "NOT"]
-
-
-def test_a_refused_looper_clears_the_looper_endpoint_and_keeps_the_decision() -> None:
-    raw = base()
-    raw["global"]["integrations"] = {"looper": {"endpoint": "http://envoy:8899/v1/chat"}}
-    raw["routing"]["decisions"][0]["algorithm"] = {"type": "fusion", "fusion": {}}
-    raw["routing"]["decisions"][0]["modelRefs"].append({"model": "general"})
-    if collect_problems(raw)[0] is not None:
-        pytest.skip("vllm-sr runs the fusion looper now: nothing of this recipe is refused")
-    config, stripped = strip_refused(raw)
-    assert [s.pattern() for s in stripped] == ["global.integrations.looper.endpoint"]
-    assert "fusion looper" in stripped[0].why
-    assert config.global_.integrations.looper.endpoint == ""
-    assert config.routing.decisions[0].algorithm.type == "fusion"  # type: ignore[union-attr]
 
 
 def test_what_no_removal_clears_is_raised() -> None:
