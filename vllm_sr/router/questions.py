@@ -81,7 +81,9 @@ class QuestionPlan:
         sigs = routing.signals
         # upstream's embedding_config (scoring, soft matching, top_k: embedding_matching)
         self.embedding = embedding if embedding is not None else EmbeddingMatching()
-        if any(kind == "embedding" for kind, _ in self.referenced):
+        # soft matching and top_k have nothing to do on a plan with no embedding signal
+        self.uses_embeddings = any(kind == "embedding" for kind, _ in self.referenced)
+        if self.uses_embeddings:
             # Upstream evaluates the family's every rule once one is used: soft matching and
             # top_k compare them all.
             self.referenced |= {("embedding", e.name) for e in sigs.embeddings}

@@ -311,10 +311,12 @@ class Router:
         if plan.deployments and view.text.strip():
             await self._ask_all(plan, view, run)
         started = time.perf_counter()
-        plan.embedding.soft_match(run.results)
+        if plan.uses_embeddings:
+            plan.embedding.soft_match(run.results)
         apply_partitions(self.routing, run.results)
         apply_composers(self.routing.signals, run.results)
-        plan.embedding.keep_top_k(run.results)
+        if plan.uses_embeddings:
+            plan.embedding.keep_top_k(run.results)
         apply_hazards(self.routing.signals.safety, run.results)
         if apply_projections(self.routing, run.results):
             run.timings_ms["projection"] = (time.perf_counter() - started) * 1000.0
