@@ -320,13 +320,30 @@ async def test_router_mode_shows_backends_and_decision_rates(
         await _started(pilot)
         panel = app.query_one(RouterPanel)
         assert panel.display
-        clock.advance(2.0)
-        await app.poll_once()
-        console = Console(width=150, record=True)
-        console.print(panel.shown)
-        text = console.export_text()
+
+        def shown() -> str:
+            console = Console(width=150, record=True)
+            console.print(panel.shown)
+            return console.export_text()
+
+        # Two successive polls a fake second apart see 5 more decisions. A background poll
+        # that asked before an advance and got its answer after it reads as no decisions:
+        # poll again, on a deadline.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while "coding->coder 5.0" not in shown():
+            assert loop.time() < deadline, f"no 5.0/s decision rate shown: {shown()}"
+            clock.advance(1.0)
+            await app.poll_once()
+        # A render between polls (the 1 s tick) keeps the last rates: unchanged counters
+        # are not "no decisions".
+        polls = app.polls
+        clock.advance(1.0)
+        await app._render_all()
+        if app.polls == polls:  # no poll slipped in between
+            assert "coding->coder 5.0" in shown()
+        text = shown()
         assert "coder" in text and "http://127.0.0.1:8001/v1" in text
-        assert "coding->coder 5.0" in text  # (14 - 4) decisions over 2 s
         assert "http_503 2" in text  # the model's fallbacks in the backends table
         assert "cache (memory): 3 entries, 2.0 KiB; hits exact 7; misses 4" in text
         assert (

@@ -197,7 +197,7 @@ class VllmSrTop(Polling, Selection, App[None]):
         now = self.clock.time()
         router = self.inventory.get("router")
         procs = self.inventory.get("signal_processes")
-        self.router_panel.show(router, self.decisions.update(router, now), procs)
+        self.router_panel.show(router, self.decisions.rates, procs)
         for dep in deps:
             name = str(dep.get("name"))
             panels[name].show(dep, self.history.samples(name), self.sort, now)

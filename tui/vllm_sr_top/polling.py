@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_sr.backoff import Backoff
 from vllm_sr.clock import Clock
-from vllm_sr_top.model import ThroughputHistory
+from vllm_sr_top.model import DecisionRates, ThroughputHistory
 from vllm_sr_top.source import ControlApi, Disconnected, permission_from_health
 from vllm_sr_top.widgets import EventsPane
 
@@ -35,6 +35,7 @@ class Polling(_AppBase):
     attempts: int
     inventory: dict[str, Any] | None
     history: ThroughputHistory
+    decisions: DecisionRates
     paused: bool
     connected: bool
     read_only: str | None
@@ -87,6 +88,7 @@ class Polling(_AppBase):
                 health = await self.api.health()
                 if "caller" in health:  # else what a 403 taught us stands
                     self.read_only = permission_from_health(health)
+            asked_at = self.clock.time()  # the counters are at least this recent
             inventory = await self.api.inventory()
         except Disconnected as exc:
             return self._went_away(str(exc))
@@ -103,6 +105,9 @@ class Polling(_AppBase):
         self.retry_at = None
         self.inventory = inventory
         self.history.record(inventory)
+        # Rates move with each new inventory only: a render between polls (the 1 s tick, a
+        # key) shows the last rates instead of reading unchanged counters as no decisions.
+        self.decisions.update(inventory.get("router"), asked_at)
         await self._render_all()
         self.polls += 1
         return None
