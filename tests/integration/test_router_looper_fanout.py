@@ -15,9 +15,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 from tests.support.backends import StandInBackend
-from tests.support.router_app import AUTO, Served, serve_routes, start_router
+from tests.support.router_app import AUTO, Served, routed_stand_ins
 from vllm_sr.config.routing import Routing
-from vllm_sr.config.routing_providers import Providers
 from vllm_sr.router.chat import ChatRouter
 from vllm_sr.wire import DEADLINE_HEADER
 
@@ -113,24 +112,8 @@ class Stack:
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    backends = {n: await StandInBackend(n).start() for n in NAMES}
-    providers = Providers.model_validate(
-        {
-            "defaults": {"default_model": "judge"},
-            "models": [
-                {"name": n, "backend_refs": [{"endpoint": b.endpoint}]} for n, b in backends.items()
-            ],
-        }
-    )
-    chat = await start_router(providers, Routing.model_validate(ROUTING))
-    served = await serve_routes(chat.routes())
-    try:
-        yield Stack(backends, chat, served, served.client())
-    finally:
-        await served.close()
-        await chat.backends.close()
-        for b in backends.values():
-            await b.stop()
+    async with routed_stand_ins(NAMES, Routing.model_validate(ROUTING), default="judge") as r:
+        yield Stack(r.backends, r.chat, r.served, r.served.client())
 
 
 async def ask(

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.support.backends import StandInBackend
-from tests.support.router_app import AUTO, Served, serve_routes, start_router
+from tests.support.router_app import AUTO, Served, routed_stand_ins
 from vllm_sr.config.routing import Routing
-from vllm_sr.config.routing_providers import Providers
 from vllm_sr.router.chat import ChatRouter
 
 ORDER = ("tiny", "b", "a")  # the providers' order; a is the default model
@@ -69,24 +68,8 @@ class Stack:
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    backends = {n: await StandInBackend(n).start() for n in ORDER}
-    providers = Providers.model_validate(
-        {
-            "defaults": {"model": "a"},
-            "models": [
-                {"name": n, "backend_refs": [{"endpoint": b.endpoint}]} for n, b in backends.items()
-            ],
-        }
-    )
-    chat = await start_router(providers, Routing.model_validate(ROUTING))
-    served = await serve_routes(chat.routes())
-    try:
-        yield Stack(backends, chat, served)
-    finally:
-        await served.close()
-        await chat.backends.close()
-        for b in backends.values():
-            await b.stop()
+    async with routed_stand_ins(ORDER, Routing.model_validate(ROUTING), default="a") as r:
+        yield Stack(r.backends, r.chat, r.served)
 
 
 async def ask(stack: Stack, text: str) -> tuple[str, Mapping[str, str]]:

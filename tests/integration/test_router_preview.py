@@ -17,7 +17,10 @@ import pytest
 import yaml
 
 from tests.support.backends import StandInBackend
-from tests.support.router_app import Served, providers_on, serve_routes, start_router
+from tests.support.router_app import (
+    Served,
+    routed_stand_ins,
+)
 from tests.unit.test_routing_preview import UPSTREAM
 from vllm_sr.config.routing import Routing
 from vllm_sr.router.chat import ChatRouter
@@ -90,16 +93,9 @@ class Stack:
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    backends = [await StandInBackend(n).start() for n in ("fast", "tool-caller", "reasoner")]
-    chat = await start_router(providers_on(*backends), Routing.model_validate(ROUTING))
-    served = await serve_routes(chat.routes())
-    try:
-        yield Stack(served, chat, backends)
-    finally:
-        await served.close()
-        await chat.backends.close()
-        for b in backends:
-            await b.stop()
+    names = ("fast", "tool-caller", "reasoner")
+    async with routed_stand_ins(names, Routing.model_validate(ROUTING)) as r:
+        yield Stack(r.served, r.chat, list(r.backends.values()))
 
 
 ROUTED = [

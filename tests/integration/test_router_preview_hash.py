@@ -17,7 +17,11 @@ import pytest
 
 from tests.integration.test_router_preview import ROUTING
 from tests.support.backends import StandInBackend
-from tests.support.router_app import Served, providers_on, serve_routes, start_router
+from tests.support.router_app import (
+    Served,
+    providers_on,
+    routed_stand_ins,
+)
 from vllm_sr.config.routing import Routing
 from vllm_sr.router.chat import ChatRouter
 
@@ -41,17 +45,10 @@ class Stack:
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    backends = [await StandInBackend(n).start() for n in ("fast", "tool-caller", "reasoner")]
-    chat = await start_router(providers_on(*backends), Routing.model_validate(ROUTING))
-    chat.config_hash = SERVED
-    served = await serve_routes(chat.routes())
-    try:
-        yield Stack(served, chat, backends)
-    finally:
-        await served.close()
-        await chat.backends.close()
-        for b in backends:
-            await b.stop()
+    names = ("fast", "tool-caller", "reasoner")
+    async with routed_stand_ins(names, Routing.model_validate(ROUTING)) as r:
+        r.chat.config_hash = SERVED  # read per request
+        yield Stack(r.served, r.chat, list(r.backends.values()))
 
 
 PATHS = ["/api/v1/routing/preview", "/api/v1/eval"]

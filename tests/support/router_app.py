@@ -6,7 +6,8 @@ method is the JSON 404 / 405), and the official openai SDK's clients for it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +25,12 @@ from vllm_sr.router.chat import ChatRouter, build_chat_router
 AUTO = "vllm-sr/auto"
 
 
-def providers_on(*backends: StandInBackend) -> Providers:
-    """Each stand-in the one backend of the model of its name; the first is the default."""
+def providers_on(*backends: StandInBackend, default: str | None = None) -> Providers:
+    """Each stand-in the one backend of the model of its name; ``default`` (else the first) is
+    the default model."""
     return Providers.model_validate(
         {
-            "defaults": {"default_model": backends[0].name},
+            "defaults": {"default_model": default or backends[0].name},
             "models": [
                 {"name": b.name, "backend_refs": [{"endpoint": b.endpoint}]} for b in backends
             ],
@@ -106,3 +108,31 @@ async def serve_routes(
     )
     _, bound = await server.listen_tcp("127.0.0.1", port)
     return Served(server, f"http://127.0.0.1:{bound}")
+
+
+@dataclass
+class RoutedStandIns:
+    """A router on stand-in backends, served: see :func:`routed_stand_ins`."""
+
+    backends: dict[str, StandInBackend]  # by model name, in the providers' order
+    chat: ChatRouter
+    served: Served
+
+
+@contextlib.asynccontextmanager
+async def routed_stand_ins(
+    names: tuple[str, ...], routing: Routing, *, default: str | None = None
+) -> AsyncIterator[RoutedStandIns]:
+    """One stand-in backend per name (:func:`providers_on`: the model of that name; ``default``,
+    else the first, the default model), the router on them and its routes served; all of it
+    stopped afterwards."""
+    backends = [await StandInBackend(n).start() for n in names]
+    chat = await start_router(providers_on(*backends, default=default), routing)
+    served = await serve_routes(chat.routes())
+    try:
+        yield RoutedStandIns({b.name: b for b in backends}, chat, served)
+    finally:
+        await served.close()
+        await chat.backends.close()
+        for b in backends:
+            await b.stop()
