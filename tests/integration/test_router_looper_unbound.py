@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 
 import pytest
 
 from tests.support.backends import StandInBackend
-from tests.support.router_app import AUTO, Served, routed_stand_ins
+from tests.support.router_app import AUTO, RoutedStandIns, routed_stand_ins
 from vllm_sr.config.routing import Routing
-from vllm_sr.router.chat import ChatRouter
 
 ORDER = ("tiny", "b", "a")  # the providers' order; a is the default model
 
@@ -59,17 +57,13 @@ PLAN = {
 }
 
 
-@dataclass
-class Stack:
-    backends: dict[str, StandInBackend]
-    chat: ChatRouter
-    served: Served
+Stack = RoutedStandIns
 
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
     async with routed_stand_ins(ORDER, Routing.model_validate(ROUTING), default="a") as r:
-        yield Stack(r.backends, r.chat, r.served)
+        yield r
 
 
 async def ask(stack: Stack, text: str) -> tuple[str, Mapping[str, str]]:
