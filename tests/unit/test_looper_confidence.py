@@ -227,3 +227,9 @@ def test_final_sse_streams_the_final_answer_with_summed_usage() -> None:
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == "from b"
     assert chunks[-1]["usage"]["total_tokens"] == 26
+
+
+def test_an_integer_past_a_floats_range_is_a_problem_not_a_crash() -> None:
+    """YAML reads a 400-digit literal as an int; float() of it raises OverflowError."""
+    problems = confidence_problems(("a",), {"threshold": 10**400})
+    assert [p.path for p in problems] == [("a", "threshold")]

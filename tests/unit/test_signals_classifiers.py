@@ -378,3 +378,33 @@ async def test_eval_reports_label_values_and_name_label_matches() -> None:
     assert "content-risk:weapons" in matched["classifier"] and matched["safety"] == ["unsafe"]
     assert "content-risk:hate" in result["unmatched_signals"]["classifier"]
     assert doc["signal_errors"] == {}
+
+
+async def test_eval_matches_a_whole_classifier_leaf_as_routing_does() -> None:
+    """``{type: classifier, name}`` (no label) matches when any label does: eval and the
+    preview read it too (its plan asks for every leaf a decision names)."""
+    from vllm_sr.clock import FakeClock
+    from vllm_sr.httpserver import Request
+    from vllm_sr.router import eval as eval_doc
+    from vllm_sr.router import pipeline
+    from vllm_sr.router.chat import build_chat_router
+    from vllm_sr.router.pipeline import ChatRun
+
+    doc = vault_routing().model_dump(by_alias=True, exclude_none=True)
+    doc["decisions"][0]["rules"] = {"type": "classifier", "name": "content-risk"}
+    chat = build_chat_router(
+        PROVIDERS,
+        Routing.model_validate(doc),
+        exchange=FakeWorkerExchange({"primary"}),
+        decision_deployment="primary",
+        auto_model_names=["auto"],
+        entrypoints={},
+        backends=BackendSet(PROVIDERS, FakeClock()),
+        cache=False,
+    )
+    run = ChatRun(Request("POST", "/api/v1/eval", "", {}, b""), 0.0)
+    await pipeline.run_eval(chat, run, {"text": builtin.HAZARDS["weapons"][0]}, "default")
+    answer = eval_doc.document(run, model="auto", want_trace=False)
+    result = answer["decision_result"]
+    assert isinstance(result, dict) and result["decision_name"] == "sensitive"
+    assert "content-risk" in result["matched_signals"]["classifier"]

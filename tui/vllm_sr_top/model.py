@@ -328,7 +328,8 @@ class DecisionRates:
         self._last: tuple[float, dict[tuple[str, str], int]] | None = None
         self.rates: dict[tuple[str, str], float] = {}
 
-    def update(self, router: dict[str, Any] | None, now: float) -> dict[tuple[str, str], float]:
+    def update(self, router: dict[str, Any] | None, now: float) -> None:
+        """A new inventory's counters, asked for at ``now``: the rates since the last one."""
         stats = (router or {}).get("stats") or {}
         counts = {
             (str(d.get("decision")), str(d.get("model"))): int(d.get("count") or 0)
@@ -338,7 +339,6 @@ class DecisionRates:
             then, before = self._last
             self.rates = {k: max(0, n - before.get(k, 0)) / (now - then) for k, n in counts.items()}
         self._last = (now, counts)
-        return self.rates
 
 
 def decisions_text(router: dict[str, Any], rates: dict[tuple[str, str], float]) -> Text:

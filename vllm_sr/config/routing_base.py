@@ -12,6 +12,7 @@ them all."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo
@@ -76,8 +77,11 @@ def is_int(value: object) -> TypeGuard[int]:
 
 
 def is_number(value: object) -> TypeGuard[int | float]:
-    """A finite JSON number (a bool is not one)."""
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    """A finite JSON number (a bool is not one; nor an integer past a float's range, which
+    no setting can mean and ``float()`` cannot take)."""
+    if is_int(value):
+        return abs(value) <= sys.float_info.max
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def problem(path: Path, message: str) -> Problem:

@@ -175,12 +175,15 @@ def with_dependencies(routing: Routing, keys: set[SignalKey]) -> set[SignalKey]:
 
 def declared_keys(routing: Routing) -> set[SignalKey]:
     """Every declared signal of the families we evaluate, as rule leaves name them (for
-    /api/v1/eval, which runs them all): the registry's leaf names, and projection outputs."""
+    /api/v1/eval, which runs them all): the registry's leaf names, projection outputs, and
+    every leaf a decision names (a whole classifier, ``{type: classifier, name}``, is no
+    declared label but matches when any of its labels does)."""
     keys: set[SignalKey] = set()
     for row in FAMILIES:
         if row.supported and row.leaf_names is not None:
             keys |= {(row.name, name) for name in row.leaf_names(routing.signals)}
     keys |= {("projection", o.name) for m in routing.projections.mappings for o in m.outputs}
+    keys |= {key for dec in routing.decisions for key in leaves(dec.rules)}
     return keys
 
 

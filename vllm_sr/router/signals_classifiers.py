@@ -184,7 +184,8 @@ class ClassifierAsk:
             why = Unknown(
                 FAILED, f"classifier_invalid_score: the head gives no score for {missing[0]!r}"
             )
-            return {key: SignalResult.unknown_because(why) for key in (*keys, whole)}
+            asked = (*keys, *((whole,) if whole in self.wanted else ()))
+            return {key: SignalResult.unknown_because(why) for key in asked}
         out: dict[SignalKey, SignalResult] = {}
         best: float | None = None
         for key, label in zip(keys, rule.labels, strict=True):

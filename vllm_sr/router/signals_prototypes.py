@@ -202,9 +202,6 @@ class PrototypeBanks:
             for names in by_count.values()
         ]
 
-    def score(self, name: str, query: FloatArray) -> BankScore:
-        return self.banks[name].score(query)
-
     def scores(self, query: FloatArray) -> dict[str, BankScore]:
         """Every bank's score for one query (what a chat's families read), each bank's as
         :meth:`score` gives it: the banks of one shape go through one batched product, and
