@@ -26,6 +26,7 @@ from vllm_sr.config.routing_tree import RuleLeaf
 from vllm_sr.config.schema import RootConfig
 from vllm_sr.config.signal_classifiers import BUILTIN_LABELS
 from vllm_sr.errors import Overloaded
+from vllm_sr.jsontypes import JsonObject
 from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.backends import BackendSet
 from vllm_sr.router.questions import QuestionPlan
@@ -347,7 +348,8 @@ def test_the_built_in_sets_flag_clear_prompts_and_leave_benign_ones_with_the_rea
         assert max(probs.values()) < 0.5, (text, probs)
 
 
-async def test_eval_reports_label_values_and_name_label_matches() -> None:
+async def eval_weapons_text(routing: Routing) -> JsonObject:
+    """/api/v1/eval's document for a built-in weapons example under ``routing``."""
     from vllm_sr.clock import FakeClock
     from vllm_sr.httpserver import Request
     from vllm_sr.router import eval as eval_doc
@@ -357,7 +359,7 @@ async def test_eval_reports_label_values_and_name_label_matches() -> None:
 
     chat = build_chat_router(
         PROVIDERS,
-        vault_routing(),
+        routing,
         exchange=FakeWorkerExchange({"primary"}),
         decision_deployment="primary",
         auto_model_names=["auto"],
@@ -367,7 +369,11 @@ async def test_eval_reports_label_values_and_name_label_matches() -> None:
     )
     run = ChatRun(Request("POST", "/api/v1/eval", "", {}, b""), 0.0)
     await pipeline.run_eval(chat, run, {"text": builtin.HAZARDS["weapons"][0]}, "default")
-    doc = eval_doc.document(run, model="auto", want_trace=False)
+    return eval_doc.document(run, model="auto", want_trace=False)
+
+
+async def test_eval_reports_label_values_and_name_label_matches() -> None:
+    doc = await eval_weapons_text(vault_routing())
     values = doc["signal_values"]
     assert isinstance(values, dict)
     assert {f"classifier:content-risk:{label}" for label in BUILTIN_LABELS} <= set(values)
@@ -383,28 +389,9 @@ async def test_eval_reports_label_values_and_name_label_matches() -> None:
 async def test_eval_matches_a_whole_classifier_leaf_as_routing_does() -> None:
     """``{type: classifier, name}`` (no label) matches when any label does: eval and the
     preview read it too (its plan asks for every leaf a decision names)."""
-    from vllm_sr.clock import FakeClock
-    from vllm_sr.httpserver import Request
-    from vllm_sr.router import eval as eval_doc
-    from vllm_sr.router import pipeline
-    from vllm_sr.router.chat import build_chat_router
-    from vllm_sr.router.pipeline import ChatRun
-
     doc = vault_routing().model_dump(by_alias=True, exclude_none=True)
     doc["decisions"][0]["rules"] = {"type": "classifier", "name": "content-risk"}
-    chat = build_chat_router(
-        PROVIDERS,
-        Routing.model_validate(doc),
-        exchange=FakeWorkerExchange({"primary"}),
-        decision_deployment="primary",
-        auto_model_names=["auto"],
-        entrypoints={},
-        backends=BackendSet(PROVIDERS, FakeClock()),
-        cache=False,
-    )
-    run = ChatRun(Request("POST", "/api/v1/eval", "", {}, b""), 0.0)
-    await pipeline.run_eval(chat, run, {"text": builtin.HAZARDS["weapons"][0]}, "default")
-    answer = eval_doc.document(run, model="auto", want_trace=False)
+    answer = await eval_weapons_text(Routing.model_validate(doc))
     result = answer["decision_result"]
     assert isinstance(result, dict) and result["decision_name"] == "sensitive"
     assert "content-risk" in result["matched_signals"]["classifier"]
