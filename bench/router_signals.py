@@ -321,7 +321,7 @@ async def handoff(chats: int, leave_out: frozenset[str]) -> None:
     from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
     from vllm_sr.router.questions import declared_keys
     from vllm_sr.router.request_view import RequestView
-    from vllm_sr.router.signal_dispatch import SignalDispatch
+    from vllm_sr.router.signal_dispatch import SignalDispatch, SignalJob, Spec
     from vllm_sr.supervisor.signal_procs import SignalProcesses
 
     dispatch = SignalDispatch()
@@ -340,22 +340,22 @@ async def handoff(chats: int, leave_out: frozenset[str]) -> None:
             referenced = frozenset(declared_keys(routing))  # every one: all are used
             spec = CpuSignalSpec(routing.signals, referenced)
             local = CpuSignals.from_spec(spec)
-            spec_bytes = pickle.dumps(spec)
+            specs = (Spec("config", spec_id, pickle.dumps(spec)),)
             for size in (16, 64, 256, 1024, 4096, 16384):
                 text = (sentence * (size // len(sentence) + 1))[:size]
                 msg = {"messages": [{"role": "user", "content": text}]}
                 view = RequestView.from_chat(msg, {})
-                fields = ViewFields.of(view)
+                job = SignalJob(spec_id, ViewFields.of(view), specs=specs)
                 for _ in range(3):
                     cpu_report(local, view)
-                    await dispatch.run(spec_id, spec_bytes, fields)
+                    await dispatch.run(job)
                 t0 = time.process_time()
                 for _ in range(chats):
                     cpu_report(local, view)
                 here = (time.process_time() - t0) * 1e6 / chats
                 t0, w0 = time.process_time(), time.perf_counter()
                 for _ in range(chats):
-                    await dispatch.run(spec_id, spec_bytes, fields)
+                    await dispatch.run(job)
                 there = (time.process_time() - t0) * 1e6 / chats
                 wall = (time.perf_counter() - w0) * 1e6 / chats
                 print(f"    {label:<13} {size:6d}   {here:11.0f}   {there:10.0f}   ({wall:.0f})")

@@ -7,11 +7,14 @@ import pytest
 
 from vllm_sr.config.service import ServiceSettings
 from vllm_sr.errors import ConfigError
+from vllm_sr.router.cpu_signals import ViewFields
+from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.route import SignalRun, signals_lost
 from vllm_sr.router.signal_dispatch import (
     ALONE_MIN_CHARS,
     DEFAULT_MIN_CHARS,
     SignalDispatch,
+    SignalJob,
     SignalProcessFailed,
 )
 from vllm_sr.router.signal_proc_wire import FrameError, FrameReader, encode
@@ -57,7 +60,7 @@ def test_no_live_process_keeps_everything_on_the_loop() -> None:
 async def test_running_with_no_process_fails_typed_and_counted() -> None:
     dispatch = SignalDispatch()
     with pytest.raises(SignalProcessFailed) as caught:
-        await dispatch.run(1, b"", None)  # type: ignore[arg-type]
+        await dispatch.run(SignalJob(1, ViewFields.of(RequestView(text="hi"))))
     assert caught.value.reason == "died"
     assert dispatch.failures == {"died": 1}
 

@@ -1,10 +1,14 @@
 """The CPU-bound signals of one request, as one step: the signal registry's ``cpu_step``
 families (keywords, the deterministic families but authz: context, structure, conversation,
-language, metadata; and PII), each evaluated by the evaluator ``families`` binds to it. The
-same function (:func:`cpu_report`) runs on the frontend's event loop or in a signal process
+language, metadata; and PII), each evaluated by the evaluator ``families`` binds to it, and
+the reading of the deployments' routing bundle answers (decoding the embeddings, scoring the
+prototype banks, domains and heads: ``deployment_questions.read_answer``). The same function
+(:func:`cpu_report`) runs on the frontend's event loop or in a signal process
 (``signal_proc_main``), so the two give identical results by construction; the signal
-process receives a :class:`CpuSignalSpec` (a generation's signals, pickled once) and the
-request's :class:`ViewFields` (what these families read of the view, no headers or body).
+process receives a :class:`CpuSignalSpec` (a generation's signals, pickled once), each
+deployment's :class:`~vllm_sr.router.deployment_questions.DeploymentQuestions` once its
+cached embeddings are in (pickled once), and per request its :class:`ViewFields` (what these
+families read of the view, no headers or body) and the answers' bytes as they came.
 
 Authz stays on the loop: it reads the identity headers and may refuse the chat (403), and it
 costs a dict lookup. The model-backed families go to the workers as before.
@@ -12,11 +16,12 @@ costs a dict lookup. The model-backed families go to the workers as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
+from vllm_sr.router.deployment_questions import AnswerRead, DeploymentQuestions, read_answer
 from vllm_sr.router.deterministic import wanted_names
 from vllm_sr.router.families import STEP_BUILDERS, STEP_FAMILIES
 from vllm_sr.router.family_step import Names, SignalKey, StepFamily, run_steps
@@ -36,6 +41,7 @@ class CpuReport:
     timings_ms: dict[str, float] = field(default_factory=dict)
     family_confidence: dict[str, float] = field(default_factory=dict)
     context_tokens: int | None = None
+    reads: tuple[AnswerRead, ...] = ()  # the deployments' answers read, in the order given
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class ViewFields:
     context_floor: int
     facts: ConversationFacts
     metadata: tuple[tuple[str, str], ...]
+    has_assistant_reply: bool = False  # (the reask and feedback families read it)
 
     @staticmethod
     def of(view: RequestView) -> ViewFields:
@@ -71,6 +78,7 @@ class ViewFields:
             view.context_floor,
             view.facts,
             tuple(view.metadata.items()),
+            view.has_assistant_reply,
         )
 
     def view(self) -> RequestView:
@@ -81,6 +89,7 @@ class ViewFields:
             non_user_texts=self.non_user_texts,
             context_text=self.context_text,
             context_floor=self.context_floor,
+            has_assistant_reply=self.has_assistant_reply,
             facts=self.facts,
             metadata=dict(self.metadata),
         )
@@ -140,12 +149,19 @@ class CpuSignals:
         return keys
 
 
-def cpu_report(signals: CpuSignals, view: RequestView) -> CpuReport:
-    """The step itself, the same on the loop and in a signal process."""
+def cpu_report(
+    signals: CpuSignals,
+    view: RequestView,
+    answers: Sequence[tuple[DeploymentQuestions, bytes]] = (),
+) -> CpuReport:
+    """The step itself, the same on the loop and in a signal process: the families, then
+    each deployment's ``answers`` read (a read that fails leaves its signals unknown)."""
     report = run_steps(signals.steps, view, signals.clock)
+    reads = tuple(read_answer(q, body, view) for q, body in answers)
     return CpuReport(
         results=report.results,
         timings_ms=report.timings_ms,
         family_confidence={kind: m.confidence for kind, m in report.metrics.items()},
         context_tokens=report.context_tokens,
+        reads=reads,
     )

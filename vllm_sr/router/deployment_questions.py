@@ -8,6 +8,7 @@ the bundle has this shape.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
 from vllm_sr.router.signals_prototypes import PrototypeBank
+from vllm_sr.router.unknown import Unknown, unknown_of_error
 from vllm_sr.worker import classify
 from vllm_sr.worker.classify import LabelKey
 
@@ -94,6 +96,15 @@ class DeploymentQuestions:
     @property
     def cached(self) -> bool:
         return self.candidates is not None
+
+    @property
+    def heavy(self) -> bool:
+        """Whether reading an answer costs the loop more than handing it to a signal process
+        (measured with bench/router_signals.py: the embedding-only families score a few dozen
+        prototype banks, 0.25-0.35 ms a chat; a few embedding signals or domains read in tens
+        of microseconds, less than a hand-off). Such an answer still goes along when the
+        chat's CPU-bound step is handed off anyway."""
+        return self.families is not None
 
     def signal_keys(self) -> list[SignalKey]:
         """The signals this deployment answers (for per-signal errors when it fails)."""
@@ -231,6 +242,29 @@ class DeploymentQuestions:
         self.banks = {
             sig.name: self.matching.bank(sig, self.candidates[sig.name]) for sig in self.embeddings
         }
+
+
+@dataclass(frozen=True)
+class AnswerRead:
+    """One deployment's routing bundle answer read into its signal results, or why it could
+    not be (its signals are then all unknown), and the milliseconds reading took."""
+
+    results: dict[SignalKey, SignalResult]
+    unknown: Unknown | None
+    read_ms: float
+
+
+def read_answer(q: DeploymentQuestions, body: bytes, view: RequestView) -> AnswerRead:
+    """:meth:`DeploymentQuestions.read` of a 200 answer, its failure kept as the signals'
+    unknown state (on the loop and in a signal process alike: the same results)."""
+    started = time.perf_counter()
+    try:
+        results = q.read(body, view=view)
+        why = None
+    except Exception as exc:  # a malformed answer, or a bug: this deployment's signals only
+        why = unknown_of_error(q.deployment, exc)
+        results = {key: SignalResult.unknown_because(why) for key in q.signal_keys()}
+    return AnswerRead(results, why, (time.perf_counter() - started) * 1000.0)
 
 
 def domain_examples(dom: DomainSignal) -> list[str]:

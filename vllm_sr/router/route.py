@@ -40,8 +40,14 @@ from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
 from vllm_sr.pool.exchange import RoutingExchange
 from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
-from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
+from vllm_sr.router.cpu_signals import (
+    CpuReport,
+    CpuSignals,
+    CpuSignalSpec,
+    ViewFields,
+    cpu_report,
+)
+from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions, read_answer
 from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.learning.settings import LearningSettings
@@ -50,7 +56,7 @@ from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, Ranking, SignalKey, rank, rank_all, static_order
 from vllm_sr.router.selection.candidates import CandidateFilter
 from vllm_sr.router.selection.decide import SelectionRequest, for_router
-from vllm_sr.router.signal_dispatch import SignalDispatch, SignalProcessFailed
+from vllm_sr.router.signal_dispatch import SignalDispatch, SignalJob, SignalProcessFailed, Spec
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.signals_embedded import apply_composers
 from vllm_sr.router.signals_projections import apply_partitions, apply_projections
@@ -61,7 +67,7 @@ from vllm_sr.router.unknown import (
     UNAVAILABLE,
     DecisionUnresolved,
     Unknown,
-    unknown_of,
+    unknown_of_error,
 )
 
 if TYPE_CHECKING:
@@ -250,6 +256,8 @@ class Router:
         # supervisor owns them); per plan: its evaluators, and its spec's id and pickle.
         self.signal_dispatch = signal_dispatch
         self._cpu: dict[int, tuple[CpuSignals, int, bytes | None]] = {}
+        # per deployment's questions (by id): what a signal process holds of them
+        self._questions: dict[int, Spec | None] = {}
 
     @property
     def default_model(self) -> str:
@@ -295,8 +303,9 @@ class Router:
     async def signals(
         self, view: RequestView, plan: QuestionPlan, *, authz: bool = True
     ) -> SignalRun:
-        """The plan's signals on the request: deterministic ones here or in a signal process,
-        model-backed ones as one exchange per deployment. Authz refusals (403) raise."""
+        """The plan's signals on the request: one exchange per deployment for the model-backed
+        ones, then the CPU-bound step (the deterministic families and reading those answers)
+        here or in a signal process. Authz refusals (403) raise."""
         run = SignalRun()
         authz_keys = {k for k in plan.referenced if k[0] == "authz"}
         if authz and authz_keys:  # first: it may refuse the chat (403), and it is a lookup
@@ -306,10 +315,11 @@ class Router:
                 run.family_confidence[kind] = metric.confidence
             run.results.update(report.results)
         cpu = self.cpu_signals(plan)
-        if cpu.any:
-            await self._cpu_step(plan, cpu, view, run)
+        answers: list[Answer] = []
         if plan.deployments and view.text.strip():
-            await self._ask_all(plan, view, run)
+            answers = await self._ask_all(plan, view, run)
+        if cpu.any or answers:
+            await self._step(plan, cpu, view, answers, run)
         started = time.perf_counter()
         if plan.uses_embeddings:
             plan.embedding.soft_match(run.results)
@@ -330,36 +340,107 @@ class Router:
             got = self._cpu[id(plan)] = (cpu, next(_SPEC_IDS), None)
         return got[0]
 
-    def _spec(self, plan: QuestionPlan) -> tuple[int, bytes]:
+    def _spec(self, plan: QuestionPlan) -> Spec:
         cpu, spec_id, spec_bytes = self._cpu[id(plan)]
         if spec_bytes is None:
             spec = CpuSignalSpec(self.routing.signals, frozenset(plan.referenced))
             spec_bytes = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
             self._cpu[id(plan)] = (cpu, spec_id, spec_bytes)
-        return spec_id, spec_bytes
+        return Spec("config", spec_id, spec_bytes)
 
-    async def _cpu_step(
-        self, plan: QuestionPlan, cpu: CpuSignals, view: RequestView, run: SignalRun
+    def _questions_spec(self, q: DeploymentQuestions) -> Spec | None:
+        """A deployment's questions as a signal process holds them, once its embeddings are
+        cached (pickled once; None before, or if they cannot be: read here then)."""
+        if not q.cached:
+            return None
+        if id(q) in self._questions:
+            return self._questions[id(q)]
+        got: Spec | None = None
+        try:
+            body = pickle.dumps(q, protocol=pickle.HIGHEST_PROTOCOL)
+            got = Spec("questions", next(_SPEC_IDS), body)
+        except Exception as exc:  # a config object that does not pickle: read on the loop
+            log.warning("deployment %s: answers read on the loop (%s)", q.deployment, exc)
+        self._questions[id(q)] = got
+        return got
+
+    async def _step(
+        self,
+        plan: QuestionPlan,
+        cpu: CpuSignals,
+        view: RequestView,
+        answers: list[Answer],
+        run: SignalRun,
     ) -> None:
-        """The CPU-bound signals: in a signal process when one is ready and the chat's text
-        is past the dispatch's threshold, else here on the loop."""
-        dispatch = self.signal_dispatch
-        size = len(view.text) + len(view.context_text)
-        if dispatch is not None and dispatch.takes(size, cpu.heavy):
-            spec_id, spec_bytes = self._spec(plan)
+        """The CPU-bound signals and the reading of the deployments' answers: in a signal
+        process when one is ready and the dispatch takes the chat (its text's size, whether
+        its step is heavy), else here on the loop. A process that fails leaves the CPU-bound
+        signals unknown; the answers it was given are read here instead."""
+        taken = self._handed_off(cpu, view, answers)
+        handed = taken or []
+        report: CpuReport | None = None
+        if taken is not None:
             try:
-                report = await dispatch.run(spec_id, spec_bytes, ViewFields.of(view))
+                report = await self._in_process(plan, cpu, view, handed)
             except SignalProcessFailed as exc:
-                signals_lost(run, cpu.keys(), exc)
-                return
-        else:
+                if cpu.any:
+                    signals_lost(run, cpu.keys(), exc)
+                report = CpuReport()
+                handed = []
+        if report is None:
             for step in cpu.unloaded():  # seconds (presidio): not on the loop
                 await asyncio.to_thread(step.load)
             report = cpu_report(cpu, view)
+            handed = []
         run.results.update(report.results)
         run.timings_ms.update(report.timings_ms)
         run.family_confidence.update(report.family_confidence)
         run.context_tokens = report.context_tokens
+        reads = list(zip((a for a, _ in handed), report.reads, strict=True))
+        reads += [
+            (a, read_answer(a.q, a.body, view))
+            for a in answers
+            if all(a is not h for h, _ in handed)
+        ]
+        for a, read in reads:
+            run.results.update(read.results)
+            if read.unknown is None:
+                run.answers[a.q.deployment] = a.body
+            for kind in a.q.kinds():
+                run.timings_ms[kind] = a.exchange_ms + read.read_ms
+
+    def _handed_off(
+        self, cpu: CpuSignals, view: RequestView, answers: list[Answer]
+    ) -> list[tuple[Answer, Spec]] | None:
+        """Whether the step goes to a signal process (None: it stays here), with the answers
+        a process can read (those whose deployment's embeddings are cached)."""
+        dispatch = self.signal_dispatch
+        if dispatch is None:
+            return None
+        handed = [(a, spec) for a in answers if (spec := self._questions_spec(a.q)) is not None]
+        if not (cpu.any or handed):
+            return None
+        heavy = cpu.heavy or any(a.q.heavy for a, _ in handed)
+        return handed if dispatch.takes(len(view.text) + len(view.context_text), heavy) else None
+
+    async def _in_process(
+        self,
+        plan: QuestionPlan,
+        cpu: CpuSignals,
+        view: RequestView,
+        handed: list[tuple[Answer, Spec]],
+    ) -> CpuReport:
+        assert self.signal_dispatch is not None
+        specs = [spec for _, spec in handed]
+        spec_id = 0
+        if cpu.any:
+            cpu_spec = self._spec(plan)
+            spec_id = cpu_spec.id
+            specs.append(cpu_spec)
+        answers = tuple((spec.id, a.body) for a, spec in handed)
+        return await self.signal_dispatch.run(
+            SignalJob(spec_id, ViewFields.of(view), answers, tuple(specs))
+        )
 
     def winner(self, run: SignalRun) -> list[Match]:
         """The matching decisions, best first; raises DecisionUnresolved when a decision's
@@ -433,11 +514,11 @@ class Router:
         ref: ModelRef | None = refs[0] if refs else None
         return ref
 
-    async def _ask_all(self, plan: QuestionPlan, view: RequestView, run: SignalRun) -> None:
-        """One exchange per deployment, concurrently; their results go into ``run``. A
-        deployment whose exchange failed leaves only its own signals unknown."""
+    async def _ask_all(self, plan: QuestionPlan, view: RequestView, run: SignalRun) -> list[Answer]:
+        """One exchange per deployment, concurrently: the answers to read. A deployment whose
+        exchange failed leaves only its own signals unknown (in ``run``)."""
         questions = list(plan.deployments.values())
-        answers: list[tuple[dict[SignalKey, SignalResult], float, bytes] | BaseException]
+        answers: list[Answer | BaseException]
         if len(questions) == 1:  # one deployment (the usual case): no task to schedule
             try:
                 answers = [await self._ask(questions[0], view)]
@@ -447,34 +528,38 @@ class Router:
             answers = await asyncio.gather(
                 *(self._ask(q, view) for q in questions), return_exceptions=True
             )
+        out: list[Answer] = []
         for q, answer in zip(questions, answers, strict=True):
             if isinstance(answer, BaseException):
                 if isinstance(answer, asyncio.CancelledError):
                     raise answer
-                why = _unknown_of_error(q.deployment, answer)
+                why = unknown_of_error(q.deployment, answer)
                 run.results.update(
                     (key, SignalResult.unknown_because(why)) for key in q.signal_keys()
                 )
                 continue
-            results, elapsed_ms, raw = answer
-            run.answers[q.deployment] = raw
-            for kind in q.kinds():
-                run.timings_ms[kind] = elapsed_ms
-            run.results.update(results)
+            out.append(answer)
+        return out
 
-    async def _ask(
-        self, q: DeploymentQuestions, view: RequestView
-    ) -> tuple[dict[SignalKey, SignalResult], float, bytes]:
-        """The deployment's signal results, the milliseconds its exchange took and its answer;
-        raises
-        when it failed (a non-200 answer: :class:`SignalAnswerStatus`)."""
+    async def _ask(self, q: DeploymentQuestions, view: RequestView) -> Answer:
+        """The deployment's answer to its bundle; raises when the exchange failed (a non-200
+        answer: :class:`SignalAnswerStatus`)."""
         started = time.perf_counter()
         status, body = await self.exchange(
             q.deployment, BUNDLE_PATH, q.bundle(view.text, view), self.signal_timeout_ms
         )
         if status != 200:
             raise SignalAnswerStatus(status, q.deployment)
-        return q.read(body, view=view), (time.perf_counter() - started) * 1000.0, body
+        return Answer(q, body, (time.perf_counter() - started) * 1000.0)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A deployment's 200 answer to its routing bundle, not read yet."""
+
+    q: DeploymentQuestions
+    body: bytes
+    exchange_ms: float
 
 
 class SignalAnswerStatus(VllmSrError):
@@ -485,15 +570,6 @@ class SignalAnswerStatus(VllmSrError):
     def __init__(self, status: int, deployment: str) -> None:
         super().__init__(f"deployment {deployment!r} answered the routing bundle with {status}")
         self.code = f"http_{status}"
-
-
-def _unknown_of_error(deployment: str, exc: BaseException) -> Unknown:
-    """The unknown state of a deployment's signals after its exchange raised ``exc``."""
-    if isinstance(exc, VllmSrError):
-        log.info("routing on %s failed: %s", deployment, exc.message)
-        return unknown_of(exc.code, exc.message)
-    log.error("routing on %s failed", deployment, exc_info=exc)
-    return Unknown(FAILED, f"internal_error: {type(exc).__name__}: {exc}")
 
 
 # A signal process's failure (SignalProcessFailed.reason) -> the unknown reason of its signals.

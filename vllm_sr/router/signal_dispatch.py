@@ -18,6 +18,7 @@ import logging
 import socket
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from vllm_sr.errors import VllmSrError
@@ -54,6 +55,30 @@ class SignalProcessFailed(VllmSrError):
         super().__init__(message, reason=reason, process=process)
         self.reason = reason
         self.process = process
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a process must hold before a job names it, pickled once by the router and sent
+    once per process: a generation's CPU-bound signals (``kind`` ``config``, a
+    ``CpuSignalSpec``) or one deployment's questions with their cached embeddings
+    (``questions``, a ``DeploymentQuestions``). Ids are unique across both kinds."""
+
+    kind: str
+    id: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class SignalJob:
+    """One chat's off-loop step: its CPU-bound signals (``spec_id``; 0: none) on its
+    ``fields``, and its deployments' answers to read (``answers``: the questions' spec id and
+    the answer's bytes as they came). ``specs``: every spec it names."""
+
+    spec_id: int
+    fields: ViewFields
+    answers: tuple[tuple[int, bytes], ...] = ()
+    specs: tuple[Spec, ...] = ()
 
 
 class SignalProcConnection(asyncio.Protocol):
@@ -145,20 +170,19 @@ class SignalProcConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def run(
-        self, spec_id: int, spec_bytes: bytes, fields: ViewFields, timeout_s: float
-    ) -> CpuReport:
+    async def run(self, job: SignalJob, timeout_s: float) -> CpuReport:
         if not self.alive or self.transport is None:
             raise SignalProcessFailed(
                 f"signal process {self.name} is gone", reason="died", process=self.name
             )
-        if spec_id not in self.specs_sent:
-            self.specs_sent.add(spec_id)
-            self.transport.write(encode(("config", spec_id, spec_bytes)))
+        for spec in job.specs:
+            if spec.id not in self.specs_sent:
+                self.specs_sent.add(spec.id)
+                self.transport.write(encode((spec.kind, spec.id, spec.body)))
         job_id = next(self._ids)
         fut: asyncio.Future[CpuReport] = asyncio.get_running_loop().create_future()
         self.pending[job_id] = fut
-        self.transport.write(encode_raw(_job_body(job_id, spec_id, fields)))
+        self.transport.write(encode_raw(_job_body(job_id, job)))
         try:
             return await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
@@ -177,10 +201,11 @@ class SignalProcConnection(asyncio.Protocol):
             ) from None
 
 
-def _job_body(job_id: int, spec_id: int, fields: ViewFields) -> bytes:
+def _job_body(job_id: int, job: SignalJob) -> bytes:
     import pickle
 
-    return pickle.dumps(("job", job_id, spec_id, fields), protocol=pickle.HIGHEST_PROTOCOL)
+    message = ("job", job_id, job.spec_id, job.fields, job.answers)
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 async def connect(sock: socket.socket, name: str) -> SignalProcConnection:
@@ -238,7 +263,7 @@ class SignalDispatch:
         self.on_loop += 1
         return False
 
-    async def run(self, spec_id: int, spec_bytes: bytes, fields: ViewFields) -> CpuReport:
+    async def run(self, job: SignalJob) -> CpuReport:
         """One job on the least busy live process. Raises SignalProcessFailed."""
         live = [c for c in self.connections if c.alive]
         if not live:
@@ -246,7 +271,7 @@ class SignalDispatch:
             raise SignalProcessFailed("no signal process is running", reason="died")
         conn = min(live, key=lambda c: c.inflight)
         try:
-            return await conn.run(spec_id, spec_bytes, fields, self.timeout_s)
+            return await conn.run(job, self.timeout_s)
         except SignalProcessFailed as exc:
             self.failures[exc.reason] += 1
             raise

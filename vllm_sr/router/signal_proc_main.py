@@ -6,8 +6,9 @@ It loads presidio's recognizers and lingua's detector (every language's models w
 ``--preload-language``, which serve passes when the plan has a language rule; else they load
 per script on first use, in this process, off the frontend's loop), says ``ready``, then
 answers jobs one at a time with :func:`vllm_sr.router.cpu_signals.cpu_report`, the function the
-loop runs itself, so results are identical. It exits when its socket closes (the service is
-gone) or on SIGTERM.
+loop runs itself, so results are identical: a job's CPU-bound families, and the reading of the
+deployment answers it carries with the deployments' questions it was sent before. It exits
+when its socket closes (the service is gone) or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import sys
 from collections import OrderedDict
 
 from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
+from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.signal_proc_wire import HEADER, MAX_FRAME_BYTES, encode
 
 log = logging.getLogger("vllm_sr.signals")
 KEEP_SPECS = 8  # generations kept (a reload's chats in flight still name the old one)
+KEEP_QUESTIONS = 32  # deployments' questions kept (a generation's, its eval plan's, the old)
+NO_SIGNALS = CpuSignals([])  # a job with answers to read and no CPU-bound family (spec 0)
 
 
 def read_exact(sock: socket.socket, size: int) -> bytes | None:
@@ -68,6 +72,7 @@ def serve(sock: socket.socket) -> None:
     import pickle
 
     specs: OrderedDict[int, CpuSignals] = OrderedDict()
+    questions: OrderedDict[int, DeploymentQuestions] = OrderedDict()
     while True:
         message = read_message(sock)
         if message is None:
@@ -80,13 +85,25 @@ def serve(sock: socket.socket) -> None:
             while len(specs) > KEEP_SPECS:
                 specs.popitem(last=False)
             continue
-        _, job_id, spec_id, fields = message
-        signals = specs.get(spec_id)  # type: ignore[call-overload]
+        if kind == "questions":
+            held = pickle.loads(message[2])  # type: ignore[arg-type]
+            assert isinstance(held, DeploymentQuestions)
+            questions[int(message[1])] = held  # type: ignore[call-overload]
+            while len(questions) > KEEP_QUESTIONS:
+                questions.popitem(last=False)
+            continue
+        _, job_id, spec_id, fields, answers = message
+        signals = NO_SIGNALS if spec_id == 0 else specs.get(spec_id)  # type: ignore[call-overload]
+        wanted = [(questions.get(q_id), body) for q_id, body in answers]  # type: ignore[attr-defined]
         if signals is None or not isinstance(fields, ViewFields):
             sock.sendall(encode(("error", job_id, f"unknown generation {spec_id}")))
             continue
+        held_all = [(q, body) for q, body in wanted if q is not None]
+        if len(held_all) != len(wanted):
+            sock.sendall(encode(("error", job_id, "unknown deployment questions")))
+            continue
         try:
-            report = cpu_report(signals, fields.view())
+            report = cpu_report(signals, fields.view(), held_all)
         except Exception as exc:  # a bug in a family: that job fails, the process lives
             log.exception("signal job failed")
             sock.sendall(encode(("error", job_id, f"{type(exc).__name__}: {exc}")))

@@ -4,9 +4,12 @@ descriptor, so no socket file exists and no other process can connect; pickle is
 because both ends are this service's own processes).
 
 Messages, parent -> child: ``("config", spec_id, spec_bytes)`` (a generation's
-``CpuSignalSpec``, pickled once by the router, sent once per connection before its first job)
-and ``("job", job_id, spec_id, ViewFields)``. Child -> parent: ``("ready", pid)`` once it has
-loaded presidio and lingua, then per job ``("ok", job_id, CpuReport)`` or
+``CpuSignalSpec``) and ``("questions", spec_id, spec_bytes)`` (one deployment's
+``DeploymentQuestions`` with its cached embeddings), each pickled once by the router and sent
+once per connection before the first job that names it; and
+``("job", job_id, spec_id, ViewFields, answers)`` (``spec_id`` 0: no CPU-bound family;
+``answers``: ``(questions spec_id, answer bytes)`` pairs). Child -> parent: ``("ready", pid)``
+once it has loaded presidio and lingua, then per job ``("ok", job_id, CpuReport)`` or
 ``("error", job_id, message)``.
 """
 

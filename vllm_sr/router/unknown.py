@@ -26,9 +26,12 @@ an error or a malformed answer). ``detail`` says what happened, for people.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from vllm_sr.errors import VllmSrError
+
+log = logging.getLogger("vllm_sr.router")
 
 OVERLOADED = "overloaded"
 UNAVAILABLE = "unavailable"
@@ -76,6 +79,16 @@ def unknown_of(code: str, message: str = "") -> Unknown:
     reason = reason_of(code)
     named = "" if code == reason else code
     return Unknown(reason, ": ".join(p for p in (named, message) if p))
+
+
+def unknown_of_error(deployment: str, exc: BaseException) -> Unknown:
+    """The unknown state of a deployment's signals after its question raised ``exc`` (its
+    exchange, or reading its answer); logged, a bug with its traceback."""
+    if isinstance(exc, VllmSrError):
+        log.info("routing on %s failed: %s", deployment, exc.message)
+        return unknown_of(exc.code, exc.message)
+    log.error("routing on %s failed", deployment, exc_info=exc)
+    return Unknown(FAILED, f"internal_error: {type(exc).__name__}: {exc}")
 
 
 class DecisionUnresolved(VllmSrError):
