@@ -141,10 +141,13 @@ KEYWORDS_ONLY: dict[str, Any] = {
 
 
 class InstantExchange:
-    """A deployment that answers a bundle at once: fixed unit vectors per text."""
+    """A deployment that answers a bundle at once: fixed unit vectors per text. It stands for
+    a worker in another process, so what it spends is not the router's: its answer to a bundle
+    it has seen is kept (the router still builds every bundle and reads every answer)."""
 
     def __init__(self) -> None:
         self.cache: dict[str, str] = {}
+        self.answers: dict[bytes, bytes] = {}
 
     def vector(self, text: str) -> str:
         got = self.cache.get(text)
@@ -157,6 +160,9 @@ class InstantExchange:
     async def __call__(
         self, deployment: str, path: str, body: bytes, timeout_ms: float | None
     ) -> tuple[int, bytes]:
+        got = self.answers.get(body)
+        if got is not None:
+            return 200, got
         results = []
         for task in json.loads(body)["tasks"]:
             data = [
@@ -164,7 +170,8 @@ class InstantExchange:
                 for i, t in enumerate(task["embeddings"]["input"])
             ]
             results.append({"id": task["id"], "status": 200, "body": {"data": data}})
-        return 200, json.dumps({"results": results}).encode()
+        answer = self.answers[body] = json.dumps({"results": results}).encode()
+        return 200, answer
 
 
 def router_process(

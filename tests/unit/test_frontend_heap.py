@@ -19,8 +19,10 @@ class Node:
 
 @pytest.fixture(autouse=True)
 def thawed() -> Iterator[None]:
+    threshold = gc.get_threshold()
     yield
     gc.unfreeze()  # the rest of the test session collects as usual
+    gc.set_threshold(*threshold)
 
 
 def test_settle_collects_garbage_then_freezes_what_survives() -> None:
@@ -33,6 +35,7 @@ def test_settle_collects_garbage_then_freezes_what_survives() -> None:
     assert settled.frozen == gc.get_freeze_count() > 0
     assert not any(o is kept for o in gc.get_objects())  # frozen: no generation holds it
     assert settled.ms >= 0.0
+    assert gc.get_threshold()[0] == heap.YOUNG_THRESHOLD  # young collections are rarer
 
 
 def test_a_frozen_cycle_is_freed_by_the_next_settle() -> None:

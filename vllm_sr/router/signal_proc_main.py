@@ -21,6 +21,7 @@ import socket
 import sys
 from collections import OrderedDict
 
+from vllm_sr.frontend import heap
 from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.signal_proc_wire import HEADER, MAX_FRAME_BYTES, encode
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     # The service gone (its end closed) while loading or serving: nothing to answer, exit 0.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         load(args.preload_language)
+        heap.settle()  # the models loaded: frozen, and young collections rarer (as a frontend)
         sock.sendall(encode(("ready", os.getpid())))
         serve(sock)
     return 0
