@@ -50,7 +50,7 @@ from vllm_sr.router.family_step import (
 from vllm_sr.router.input_modality import InputModalityFamily
 from vllm_sr.router.language import LanguageFamily
 from vllm_sr.router.request_view import ConversationFacts, RequestView
-from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals import MISS, SignalResult
 from vllm_sr.router.structure import StructureRule, text_units
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 DEFAULT_USER_ID_HEADER = "x-authz-user-id"
 DEFAULT_USER_GROUPS_HEADER = "x-authz-user-groups"
 HIT = SignalResult(True, 1.0)
-MISS = SignalResult(False, 0.0)
 
 
 class AuthzRequired(VllmSrError):

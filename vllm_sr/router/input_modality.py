@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vllm_sr.router.family_step import Names, SignalKey, StepReport
-from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals import MISS, SignalResult
 
 if TYPE_CHECKING:
     from vllm_sr.config.routing_signals import Signals
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from vllm_sr.router.request_view import RequestView
 
 HIT = SignalResult(True, 1.0)
-MISS = SignalResult(False, 0.0)
 
 
 class InputModalityFamily:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from vllm_sr.router.family_step import Names, SignalKey, StepReport
-from vllm_sr.router.signals import SignalResult
+from vllm_sr.router.signals import MISS, SignalResult
 
 if TYPE_CHECKING:
     from lingua import LanguageDetector
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 DEFAULT_LANGUAGE_THRESHOLD = 0.3
 FALLBACK_LANGUAGE = ("en", 0.5)
 HIT = SignalResult(True, 1.0)
-MISS = SignalResult(False, 0.0)
 
 # -- language detection ---------------------------------------------------------------------
 

@@ -57,10 +57,11 @@ ALWAYS = RuleValue(True, 0.0)
 
 
 def leaf_key(node: RuleLeaf) -> SignalKey:
-    """A leaf's signal key; a classifier leaf with a ``label`` reads ``NAME:LABEL``."""
+    """A leaf's signal key; a classifier leaf with a ``label`` reads ``NAME:LABEL``. (The
+    leaf's type is stored lowercase.)"""
     if node.label is not None:
-        return (str(node.type).lower(), f"{node.name}:{node.label}")
-    return (str(node.type).lower(), node.name)
+        return (node.type, f"{node.name}:{node.label}")
+    return (node.type, node.name)
 
 
 def predicate_holds(value: float, predicate: Predicate) -> bool:

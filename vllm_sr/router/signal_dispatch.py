@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import pickle
 import socket
 from collections import Counter
 from collections.abc import Iterator
@@ -180,30 +181,39 @@ class SignalProcConnection(asyncio.Protocol):
                 self.specs_sent.add(spec.id)
                 self.transport.write(encode((spec.kind, spec.id, spec.body)))
         job_id = next(self._ids)
-        fut: asyncio.Future[CpuReport] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[CpuReport] = loop.create_future()
         self.pending[job_id] = fut
         self.transport.write(encode_raw(_job_body(job_id, job)))
+        # one timer per job (cheaper on the loop than wait_for's extra future and callbacks)
+        timer = loop.call_later(timeout_s, self._expire, job_id, timeout_s)
         try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            self.pending.pop(job_id, None)
-            self.failed_jobs += 1
-            # A process that misses a deadline is taken for hung: its connection is cut (its
-            # other jobs fail at once instead of each waiting out its own deadline), and the
-            # supervisor, seeing the connection closed, stops it and starts another.
-            if self.transport is not None:
-                self.cut = True
-                self.transport.abort()
-            raise SignalProcessFailed(
+            return await fut
+        finally:
+            timer.cancel()
+            self.pending.pop(job_id, None)  # (a caller cancelled: its answer is dropped)
+
+    def _expire(self, job_id: int, timeout_s: float) -> None:
+        """A job past its deadline. The process is taken for hung: its connection is cut (its
+        other jobs fail at once instead of each waiting out its own deadline), and the
+        supervisor, seeing the connection closed, stops it and starts another."""
+        fut = self.pending.pop(job_id, None)
+        if fut is None or fut.done():
+            return
+        self.failed_jobs += 1
+        fut.set_exception(
+            SignalProcessFailed(
                 f"signal process {self.name} did not answer within {timeout_s:g} s",
                 reason="timeout",
                 process=self.name,
-            ) from None
+            )
+        )
+        if self.transport is not None:
+            self.cut = True
+            self.transport.abort()
 
 
 def _job_body(job_id: int, job: SignalJob) -> bytes:
-    import pickle
-
     message = ("job", job_id, job.spec_id, job.fields, job.answers)
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 

@@ -70,7 +70,9 @@ class SignalResult:
 
     @staticmethod
     def miss() -> SignalResult:
-        return SignalResult(False, 0.0)
+        """Not matched (one shared value: results are immutable, and a signal process's
+        report then pickles it once)."""
+        return MISS
 
     @staticmethod
     def unknown_because(why: Unknown) -> SignalResult:
@@ -79,6 +81,7 @@ class SignalResult:
 
 
 HIT = SignalResult(True, 1.0)
+MISS = SignalResult(False, 0.0)
 
 
 def combine(operator: str, present: list[bool]) -> SignalResult:
