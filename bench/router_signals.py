@@ -182,9 +182,9 @@ def router_process(
     signal_procs: int = 0,
     min_chars: int | None = None,
 ) -> None:
+    from vllm_sr import heap
     from vllm_sr.config.routing import Routing
     from vllm_sr.config.routing_providers import Providers
-    from vllm_sr.frontend import heap
     from vllm_sr.httpserver import HttpServer, Request, Response, StreamResponse, resolve
     from vllm_sr.router.backends import BackendSet
     from vllm_sr.router.chat import build_chat_router

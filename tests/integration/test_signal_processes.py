@@ -334,8 +334,8 @@ MODEL_CHATS: list[dict[str, Any]] = [
 
 
 def model_routing() -> Routing:
-    """MODEL_FRAGMENTS' signals, one decision per signal; the embedding decisions go to
-    ``coder``, the others to ``general``."""
+    """MODEL_FRAGMENTS' signals and a projection over two of them, one decision per signal;
+    the embedding decisions go to ``coder``, the others to ``general``."""
     signals: dict[str, list[Any]] = {}
     for rel in MODEL_FRAGMENTS:
         doc = yaml.safe_load((FRAGMENTS / f"{rel}.yaml").read_text())
@@ -347,6 +347,25 @@ def model_routing() -> Routing:
             leaves += [("complexity", f"{c['name']}:hard") for c in items]
         else:
             leaves += [(MODEL_KIND[family], s["name"]) for s in items]
+    leaves.append(("projection", "risky"))
+    inputs = [("keyword", "sensitive_data_keywords"), ("embedding", "account_management")]
+    projections = {
+        "scores": [
+            {
+                "name": "risk",
+                "method": "weighted_sum",
+                "inputs": [{"type": t, "name": n, "weight": 1.0} for t, n in inputs],
+            }
+        ],
+        "mappings": [
+            {
+                "name": "risk_band",
+                "source": "risk",
+                "method": "threshold_bands",
+                "outputs": [{"name": "risky", "gte": 1.5}, {"name": "calm", "lt": 1.5}],
+            }
+        ],
+    }
     decisions = [
         {
             "name": f"d{i}",
@@ -356,7 +375,8 @@ def model_routing() -> Routing:
         }
         for i, (kind, name) in enumerate(leaves)
     ]
-    return Routing.model_validate({"signals": signals, "decisions": decisions})
+    doc = {"signals": signals, "projections": projections, "decisions": decisions}
+    return Routing.model_validate(doc)
 
 
 def bag_of_words(text: str) -> str:
@@ -403,9 +423,10 @@ async def test_deployment_answers_are_read_in_the_process_with_identical_results
     routed = [await on_loop.route(RequestView.from_chat(c, {})) for c in MODEL_CHATS]
 
     def not_here(*_: object) -> None:
-        raise AssertionError("an answer was read on the loop")
+        raise AssertionError("an answer was read (or a derived step run) on the loop")
 
     monkeypatch.setattr("vllm_sr.router.route.read_answer", not_here)
+    monkeypatch.setattr("vllm_sr.router.derived_signals.DerivedSignals.apply", not_here)
     jobs = sp.inventory()[0]["jobs"]
     for chat, expected, route in zip(MODEL_CHATS, here, routed, strict=True):
         view = RequestView.from_chat(chat, {})
@@ -421,6 +442,7 @@ async def test_deployment_answers_are_read_in_the_process_with_identical_results
         ("embedding", "account_management"),
         ("keyword", "sensitive_data_keywords"),
         ("reask", "likely_dissatisfied"),
+        ("projection", "risky"),  # derived from the two above, in the process
     } <= matched
 
 
@@ -442,8 +464,9 @@ async def test_a_dead_process_leaves_its_cpu_signals_unknown_and_its_answers_rea
     await until(lambda: proc.conn is not None and proc.conn.inflight == 1)
     os.kill(pid, signal.SIGKILL)
     result = await pending
-    # the embedding decision still routes (its answer was read here); keywords are unknown
+    # the embedding decision still routes (its answer was read here); keywords are unknown,
+    # and so is the projection that reads one of them
     assert result.model == "coder" and result.decision is not None
     assert "embedding:account_management" in result.matched_signals
-    assert result.unknown_signals and all(s.startswith("keyword:") for s in result.unknown_signals)
+    assert {s.partition(":")[0] for s in result.unknown_signals} == {"keyword", "projection"}
     assert sp.dispatch.failures == {"died": 1}

@@ -43,6 +43,7 @@ LEAVES: dict[str, set[str]] = {
     "jsontypes": set(),
     "errors": set(),
     "clock": set(),
+    "heap": set(),
 }
 
 

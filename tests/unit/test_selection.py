@@ -343,6 +343,24 @@ def test_a_whole_answer_gives_ttft_and_tpot_from_its_usage() -> None:
     assert obs.ttft("bad", 50) is None
 
 
+def test_a_whole_answers_tokens_are_usages_not_a_quote_in_its_content() -> None:
+    clock = FakeClock()
+    obs = ModelObservations(clock)
+    tap = obs.timing("m", clock.monotonic(), None)
+    clock.advance(1.0)
+    content = 'write "completion_tokens": 1 in the file'
+    answer = {
+        "choices": [{"message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 20, "completion_tokens_details": {}},
+    }
+    tap.whole(200, json.dumps(answer).encode())
+    assert obs.tpot("m", 50) == pytest.approx(0.05)
+    bare = obs.timing("n", clock.monotonic(), None)
+    clock.advance(1.0)
+    bare.whole(200, json.dumps({"choices": []}).encode())  # no usage: TTFT only
+    assert obs.ttft("n", 50) == pytest.approx(1.0) and obs.tpot("n", 50) is None
+
+
 def test_a_stream_gives_ttft_at_its_first_chunk_and_tpot_at_its_end() -> None:
     clock = FakeClock()
     obs = ModelObservations(clock)

@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vllm_sr import heap
 from vllm_sr.errors import EngineMode, NotFound, Unavailable, VllmSrError
-from vllm_sr.frontend import heap
 from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
 from vllm_sr.jsontypes import JsonObject
 from vllm_sr.plan import RouterPlan
@@ -274,7 +274,7 @@ class ChatMount:
     async def _warm_up(self, chat: ChatRouter) -> None:
         """Candidate and example embeddings for this generation, asked once (the first chat
         asks for them itself when the decision deployment is not ready yet); then the heap
-        is settled (vllm_sr/frontend/heap.py: one full collection now, none later over what
+        is settled (vllm_sr/vllm_sr/heap.py: one full collection now, none later over what
         the generation holds)."""
         for router in chat.recipes.values():
             with contextlib.suppress(VllmSrError):

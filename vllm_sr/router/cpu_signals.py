@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from vllm_sr.clock import SYSTEM_CLOCK, Clock
 from vllm_sr.router.deployment_questions import AnswerRead, DeploymentQuestions, read_answer
+from vllm_sr.router.derived_signals import DerivedSignals
 from vllm_sr.router.deterministic import wanted_names
 from vllm_sr.router.families import STEP_BUILDERS, STEP_FAMILIES
 from vllm_sr.router.family_step import Names, SignalKey, StepFamily, run_steps
@@ -42,6 +43,9 @@ class CpuReport:
     family_confidence: dict[str, float] = field(default_factory=dict)
     context_tokens: int | None = None
     reads: tuple[AnswerRead, ...] = ()  # the deployments' answers read, in the order given
+    # ``results`` is every result of the chat (the ``known`` ones given, the families', the
+    # answers'; each read's own ``results`` then empty) with the derived steps applied
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class CpuSignalSpec:
 
     signals: Signals
     referenced: frozenset[SignalKey]
+    derived: DerivedSignals | None = None  # the plan's steps once every result is in
 
 
 @dataclass(frozen=True)
@@ -153,15 +158,30 @@ def cpu_report(
     signals: CpuSignals,
     view: RequestView,
     answers: Sequence[tuple[DeploymentQuestions, bytes]] = (),
+    finish: tuple[dict[SignalKey, SignalResult], DerivedSignals] | None = None,
 ) -> CpuReport:
     """The step itself, the same on the loop and in a signal process: the families, then
-    each deployment's ``answers`` read (a read that fails leaves its signals unknown)."""
+    each deployment's ``answers`` read (a read that fails leaves its signals unknown). With
+    ``finish`` (the chat's results known before the step, and its plan's derived steps) the
+    report is the chat's whole results, derived steps applied."""
     report = run_steps(signals.steps, view, signals.clock)
     reads = tuple(read_answer(q, body, view) for q, body in answers)
+    results = report.results
+    timings = report.timings_ms
+    if finish is not None:
+        known, derived = finish
+        results = {**known, **results}
+        for read in reads:
+            results.update(read.results)
+        reads = tuple(AnswerRead({}, read.unknown, read.read_ms) for read in reads)
+        ms = derived.apply(results)
+        if ms is not None:
+            timings["projection"] = ms
     return CpuReport(
-        results=report.results,
-        timings_ms=report.timings_ms,
+        results=results,
+        timings_ms=timings,
         family_confidence={kind: m.confidence for kind, m in report.metrics.items()},
         context_tokens=report.context_tokens,
         reads=reads,
+        finished=finish is not None,
     )

@@ -48,6 +48,7 @@ from vllm_sr.router.cpu_signals import (
     cpu_report,
 )
 from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions, read_answer
+from vllm_sr.router.derived_signals import DerivedSignals
 from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.learning.settings import LearningSettings
@@ -58,9 +59,6 @@ from vllm_sr.router.selection.candidates import CandidateFilter
 from vllm_sr.router.selection.decide import SelectionRequest, for_router
 from vllm_sr.router.signal_dispatch import SignalDispatch, SignalJob, SignalProcessFailed, Spec
 from vllm_sr.router.signals import SignalResult
-from vllm_sr.router.signals_embedded import apply_composers
-from vllm_sr.router.signals_projections import apply_partitions, apply_projections
-from vllm_sr.router.signals_safety import apply_hazards
 from vllm_sr.router.unknown import (
     FAILED,
     TIMEOUT,
@@ -258,6 +256,7 @@ class Router:
         self._cpu: dict[int, tuple[CpuSignals, int, bytes | None]] = {}
         # per deployment's questions (by id): what a signal process holds of them
         self._questions: dict[int, Spec | None] = {}
+        self._derived: dict[int, DerivedSignals] = {}
 
     @property
     def default_model(self) -> str:
@@ -305,7 +304,8 @@ class Router:
     ) -> SignalRun:
         """The plan's signals on the request: one exchange per deployment for the model-backed
         ones, then the CPU-bound step (the deterministic families and reading those answers)
-        here or in a signal process. Authz refusals (403) raise."""
+        here or in a signal process, then the derived steps (``derived_signals``; in the
+        process too when it had every answer). Authz refusals (403) raise."""
         run = SignalRun()
         authz_keys = {k for k in plan.referenced if k[0] == "authz"}
         if authz and authz_keys:  # first: it may refuse the chat (403), and it is a lookup
@@ -318,19 +318,23 @@ class Router:
         answers: list[Answer] = []
         if plan.deployments and view.text.strip():
             answers = await self._ask_all(plan, view, run)
+        finished = False
         if cpu.any or answers:
-            await self._step(plan, cpu, view, answers, run)
-        started = time.perf_counter()
-        if plan.uses_embeddings:
-            plan.embedding.soft_match(run.results)
-        apply_partitions(self.routing, run.results)
-        apply_composers(self.routing.signals, run.results)
-        if plan.uses_embeddings:
-            plan.embedding.keep_top_k(run.results)
-        apply_hazards(self.routing.signals.safety, run.results)
-        if apply_projections(self.routing, run.results):
-            run.timings_ms["projection"] = (time.perf_counter() - started) * 1000.0
+            finished = await self._step(plan, cpu, view, answers, run)
+        if not finished:
+            ms = self.derived(plan).apply(run.results)
+            if ms is not None:
+                run.timings_ms["projection"] = ms
         return run
+
+    def derived(self, plan: QuestionPlan) -> DerivedSignals:
+        """The plan's steps once every result is in (one per plan)."""
+        got = self._derived.get(id(plan))
+        if got is None:
+            got = self._derived[id(plan)] = DerivedSignals(
+                self.routing, plan.embedding, plan.uses_embeddings
+            )
+        return got
 
     def cpu_signals(self, plan: QuestionPlan) -> CpuSignals:
         """The plan's CPU-bound signals (keywords, the deterministic families but authz, pii)."""
@@ -343,7 +347,9 @@ class Router:
     def _spec(self, plan: QuestionPlan) -> Spec:
         cpu, spec_id, spec_bytes = self._cpu[id(plan)]
         if spec_bytes is None:
-            spec = CpuSignalSpec(self.routing.signals, frozenset(plan.referenced))
+            spec = CpuSignalSpec(
+                self.routing.signals, frozenset(plan.referenced), self.derived(plan)
+            )
             spec_bytes = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
             self._cpu[id(plan)] = (cpu, spec_id, spec_bytes)
         return Spec("config", spec_id, spec_bytes)
@@ -371,17 +377,18 @@ class Router:
         view: RequestView,
         answers: list[Answer],
         run: SignalRun,
-    ) -> None:
+    ) -> bool:
         """The CPU-bound signals and the reading of the deployments' answers: in a signal
         process when one is ready and the dispatch takes the chat (its text's size, whether
         its step is heavy), else here on the loop. A process that fails leaves the CPU-bound
-        signals unknown; the answers it was given are read here instead."""
+        signals unknown; the answers it was given are read here instead. -> whether the
+        process also ran the derived steps (it had every answer: ``run.results`` is whole)."""
         taken = self._handed_off(cpu, view, answers)
         handed = taken or []
         report: CpuReport | None = None
         if taken is not None:
             try:
-                report = await self._in_process(plan, cpu, view, handed)
+                report = await self._in_process(plan, cpu, view, answers, handed, run)
             except SignalProcessFailed as exc:
                 if cpu.any:
                     signals_lost(run, cpu.keys(), exc)
@@ -392,7 +399,10 @@ class Router:
                 await asyncio.to_thread(step.load)
             report = cpu_report(cpu, view)
             handed = []
-        run.results.update(report.results)
+        if report.finished:
+            run.results = report.results
+        else:
+            run.results.update(report.results)
         run.timings_ms.update(report.timings_ms)
         run.family_confidence.update(report.family_confidence)
         run.context_tokens = report.context_tokens
@@ -408,6 +418,7 @@ class Router:
                 run.answers[a.q.deployment] = a.body
             for kind in a.q.kinds():
                 run.timings_ms[kind] = a.exchange_ms + read.read_ms
+        return report.finished
 
     def _handed_off(
         self, cpu: CpuSignals, view: RequestView, answers: list[Answer]
@@ -428,19 +439,22 @@ class Router:
         plan: QuestionPlan,
         cpu: CpuSignals,
         view: RequestView,
+        answers: list[Answer],
         handed: list[tuple[Answer, Spec]],
+        run: SignalRun,
     ) -> CpuReport:
+        """The job to a process; with every answer in it, the process finishes the chat's
+        results (it is given those known so far)."""
         assert self.signal_dispatch is not None
-        specs = [spec for _, spec in handed]
-        spec_id = 0
-        if cpu.any:
-            cpu_spec = self._spec(plan)
-            spec_id = cpu_spec.id
-            specs.append(cpu_spec)
-        answers = tuple((spec.id, a.body) for a, spec in handed)
-        return await self.signal_dispatch.run(
-            SignalJob(spec_id, ViewFields.of(view), answers, tuple(specs))
+        spec = self._spec(plan)
+        job = SignalJob(
+            spec.id,
+            ViewFields.of(view),
+            tuple((q_spec.id, a.body) for a, q_spec in handed),
+            (*(q_spec for _, q_spec in handed), spec),
+            run.results if len(handed) == len(answers) else None,
         )
+        return await self.signal_dispatch.run(job)
 
     def winner(self, run: SignalRun) -> list[Match]:
         """The matching decisions, best first; raises DecisionUnresolved when a decision's

@@ -27,6 +27,8 @@ from vllm_sr.router.signal_proc_wire import FrameError, FrameReader, encode, enc
 
 if TYPE_CHECKING:
     from vllm_sr.router.cpu_signals import CpuReport, ViewFields
+    from vllm_sr.router.rules import SignalKey
+    from vllm_sr.router.signals import SignalResult
 
 log = logging.getLogger("vllm_sr.router")
 
@@ -72,14 +74,17 @@ class Spec:
 
 @dataclass(frozen=True)
 class SignalJob:
-    """One chat's off-loop step: its CPU-bound signals (``spec_id``; 0: none) on its
-    ``fields``, and its deployments' answers to read (``answers``: the questions' spec id and
-    the answer's bytes as they came). ``specs``: every spec it names."""
+    """One chat's off-loop step: its CPU-bound signals (``spec_id``: the generation's
+    ``CpuSignalSpec``) on its ``fields``, and its deployments' answers to read (``answers``:
+    the questions' spec id and the answer's bytes as they came). With ``known`` (the results
+    the chat had before the step) the process also runs the derived steps and answers with
+    the chat's whole results (``CpuReport.finished``). ``specs``: every spec it names."""
 
     spec_id: int
     fields: ViewFields
     answers: tuple[tuple[int, bytes], ...] = ()
     specs: tuple[Spec, ...] = ()
+    known: dict[SignalKey, SignalResult] | None = None
 
 
 class SignalProcConnection(asyncio.Protocol):
@@ -214,7 +219,7 @@ class SignalProcConnection(asyncio.Protocol):
 
 
 def _job_body(job_id: int, job: SignalJob) -> bytes:
-    message = ("job", job_id, job.spec_id, job.fields, job.answers)
+    message = ("job", job_id, job.spec_id, job.fields, job.answers, job.known)
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 

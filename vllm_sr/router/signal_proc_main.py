@@ -21,15 +21,15 @@ import socket
 import sys
 from collections import OrderedDict
 
-from vllm_sr.frontend import heap
+from vllm_sr import heap
 from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
 from vllm_sr.router.deployment_questions import DeploymentQuestions
+from vllm_sr.router.derived_signals import DerivedSignals
 from vllm_sr.router.signal_proc_wire import HEADER, MAX_FRAME_BYTES, encode
 
 log = logging.getLogger("vllm_sr.signals")
 KEEP_SPECS = 8  # generations kept (a reload's chats in flight still name the old one)
 KEEP_QUESTIONS = 32  # deployments' questions kept (a generation's, its eval plan's, the old)
-NO_SIGNALS = CpuSignals([])  # a job with answers to read and no CPU-bound family (spec 0)
 
 
 def read_exact(sock: socket.socket, size: int) -> bytes | None:
@@ -72,7 +72,7 @@ def load(preload_language: bool) -> None:
 def serve(sock: socket.socket) -> None:
     import pickle
 
-    specs: OrderedDict[int, CpuSignals] = OrderedDict()
+    specs: OrderedDict[int, tuple[CpuSignals, DerivedSignals | None]] = OrderedDict()
     questions: OrderedDict[int, DeploymentQuestions] = OrderedDict()
     while True:
         message = read_message(sock)
@@ -82,7 +82,8 @@ def serve(sock: socket.socket) -> None:
         if kind == "config":
             spec = pickle.loads(message[2])  # type: ignore[arg-type]
             assert isinstance(spec, CpuSignalSpec)
-            specs[int(message[1])] = CpuSignals.from_spec(spec)  # type: ignore[call-overload]
+            built = (CpuSignals.from_spec(spec), spec.derived)
+            specs[int(message[1])] = built  # type: ignore[call-overload]
             while len(specs) > KEEP_SPECS:
                 specs.popitem(last=False)
             continue
@@ -93,18 +94,20 @@ def serve(sock: socket.socket) -> None:
             while len(questions) > KEEP_QUESTIONS:
                 questions.popitem(last=False)
             continue
-        _, job_id, spec_id, fields, answers = message
-        signals = NO_SIGNALS if spec_id == 0 else specs.get(spec_id)  # type: ignore[call-overload]
+        _, job_id, spec_id, fields, answers, known = message
+        got = specs.get(spec_id)  # type: ignore[call-overload]
         wanted = [(questions.get(q_id), body) for q_id, body in answers]  # type: ignore[attr-defined]
-        if signals is None or not isinstance(fields, ViewFields):
+        if got is None or not isinstance(fields, ViewFields):
             sock.sendall(encode(("error", job_id, f"unknown generation {spec_id}")))
             continue
         held_all = [(q, body) for q, body in wanted if q is not None]
         if len(held_all) != len(wanted):
             sock.sendall(encode(("error", job_id, "unknown deployment questions")))
             continue
+        signals, derived = got
+        finish = (known, derived) if isinstance(known, dict) and derived is not None else None
         try:
-            report = cpu_report(signals, fields.view(), held_all)
+            report = cpu_report(signals, fields.view(), held_all, finish)
         except Exception as exc:  # a bug in a family: that job fails, the process lives
             log.exception("signal job failed")
             sock.sendall(encode(("error", job_id, f"{type(exc).__name__}: {exc}")))

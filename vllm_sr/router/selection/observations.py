@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -185,7 +186,7 @@ class AnswerTiming:
         if status >= 400:
             return
         elapsed = self._elapsed()
-        tokens = _completion_tokens(_json(body))
+        tokens = _whole_tokens(body)
         self.observations.record(
             self.model, ttft_s=elapsed, tpot_s=elapsed / tokens if tokens else None
         )
@@ -234,6 +235,17 @@ def _json(raw: bytes) -> JsonObject | None:
         return json_object(json.loads(raw))
     except ValueError:
         return None
+
+
+# A whole answer's ``usage.completion_tokens``, found without parsing the answer (its only
+# unescaped ``"completion_tokens"`` key in a chat completion is usage's; a quote inside a JSON
+# string is escaped).
+_COMPLETION_TOKENS = re.compile(rb'(?<!\\)"completion_tokens"\s*:\s*([0-9]{1,9})\b')
+
+
+def _whole_tokens(body: bytes) -> int:
+    found = _COMPLETION_TOKENS.search(body)
+    return int(found.group(1)) if found is not None else 0
 
 
 def _completion_tokens(doc: JsonObject | None) -> int:

@@ -1,4 +1,4 @@
-"""vllm_sr/frontend/heap.py: a generation's heap, collected once and frozen; the next settle
+"""vllm_sr/heap.py: a process's heap, collected once and frozen; the next settle
 frees what an earlier one froze and has since become garbage."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from vllm_sr.frontend import heap
+from vllm_sr import heap
 
 
 class Node:

@@ -1,4 +1,6 @@
-"""The frontend process's heap once a generation's router is warm: collected once, then frozen.
+"""A Router-mode process's heap once its long-lived objects are in: collected once, then
+frozen (the frontend once a generation's router is warm; a signal process once its models are
+loaded).
 
 A Router-mode frontend holds hundreds of thousands of long-lived objects (the config models,
 presidio's and lingua's models, the signals' banks) and allocates a few hundred short-lived
