@@ -274,6 +274,13 @@ def rank_all(
             unresolved.append(dec.name)
         if dv.value.matched:
             matches.append(Match(dec, dv.value.confidence))
+    if len(matches) > 1:  # the usual chat has one match or none: nothing to order
+        _order(matches, strategy)
+    return Ranking(matches, applied, tuple(unresolved))
+
+
+def _order(matches: list[Match], strategy: str) -> None:
+    """``matches`` best first: by tier when some has one, else by ``strategy``."""
     if any(_tier(m.decision) > 0 for m in matches):
         matches.sort(
             key=lambda m: (
@@ -287,7 +294,6 @@ def rank_all(
         matches.sort(key=lambda m: (-m.confidence, -m.decision.priority, m.decision.name))
     else:
         matches.sort(key=lambda m: (-m.decision.priority, -m.confidence, m.decision.name))
-    return Ranking(matches, applied, tuple(unresolved))
 
 
 @dataclass(frozen=True)
