@@ -74,7 +74,7 @@ class StreamRewrite(Protocol):
     def finish(self) -> bytes: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per attempt: not frozen (a frozen __init__ sets each field by a call)
 class Exchange:
     """One chat to send to a backend and answer to the caller (one attempt of it).
 

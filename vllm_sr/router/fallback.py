@@ -73,7 +73,7 @@ def failure_header(failed: list[tuple[str, str]]) -> str:
     return ",".join(f"{model}:{reason}" for model, reason in failed)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per attempt: not frozen (a frozen __init__ sets each field by a call)
 class Attempt:
     """One backend a chat was sent to: the model, the backend's id, and ``answered`` or the
     reason it failed before its first byte."""

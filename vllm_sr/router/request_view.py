@@ -54,7 +54,9 @@ EVAL_MODALITY_PARTS = {
 }
 
 
-@dataclass(frozen=True)
+# Built per chat, read-only by convention: slots (a misspelt attribute raises) but not frozen,
+# whose __init__ sets each field through object.__setattr__ (a microsecond or two per chat).
+@dataclass(slots=True)
 class ConversationFacts:
     """The request's shape, as upstream's conversation signal counts it."""
 
@@ -84,7 +86,7 @@ class ConversationFacts:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # read-only by convention, not frozen (see ConversationFacts)
 class RequestView:
     text: str
     current_user_text: str = ""

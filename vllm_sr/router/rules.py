@@ -229,7 +229,7 @@ def _tier(dec: Decision) -> int:
     return dec.tier
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class Ranking:
     """The matching decisions, best first; the on_unknown policies applied, by decision name;
     the decisions whose ``fail_request`` applied (the request fails when any did)."""
