@@ -75,5 +75,7 @@ def shape(
         out = shapers.apply_request_params(out, plugins.request_params)
         done.append("request_params")
     if effects is not None:
-        effects.extend(d for d in done if d not in effects)
+        for effect in done:
+            if effect not in effects:
+                effects.append(effect)
     return out

@@ -219,7 +219,7 @@ def leaves(node: RuleNode | RuleLeaf | None) -> list[SignalKey]:
     return [key for child in node.conditions for key in leaves(child)]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class Match:
     decision: Decision
     confidence: float
@@ -296,7 +296,7 @@ def _order(matches: list[Match], strategy: str) -> None:
         matches.sort(key=lambda m: (-m.decision.priority, -m.confidence, m.decision.name))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class ModelChoice:
     model: str
     fallback: str | None  # why the default model was used instead of the decision's, if so

@@ -70,7 +70,8 @@ class SignalResult:
 
     @staticmethod
     def miss() -> SignalResult:
-        return SignalResult(False, 0.0)
+        """Not matched (one shared result: a frozen one is never changed)."""
+        return NO_MATCH
 
     @staticmethod
     def unknown_because(why: Unknown) -> SignalResult:
@@ -79,6 +80,7 @@ class SignalResult:
 
 
 HIT = SignalResult(True, 1.0)
+NO_MATCH = SignalResult(False, 0.0)
 
 
 def combine(operator: str, present: list[bool]) -> SignalResult:
