@@ -102,19 +102,21 @@ def evaluate(
         return ALWAYS
     if isinstance(node, RuleLeaf):
         return _leaf(node, results)
-    values = [evaluate(child, results) for child in node.conditions]
-    if node.operator == "NOT":
-        if len(values) != 1:
-            return MISS
-        return MISS if values[0].matched else RuleValue(True, 1.0)
-    if node.operator == "AND":
+    operator = node.operator
+    if operator == "NOT" or operator == "AND":
+        values = [evaluate(child, results) for child in node.conditions]
+        if operator == "NOT":
+            if len(values) != 1:
+                return MISS
+            return MISS if values[0].matched else RuleValue(True, 1.0)
         if not values:
             return ALWAYS
         if all(v.matched for v in values):
             return RuleValue(True, sum(v.confidence for v in values) / len(values))
         return MISS
     best: RuleValue | None = None
-    for v in values:
+    for child in node.conditions:  # OR (and any other operator): the best, the first on ties
+        v = evaluate(child, results)
         if v.matched and (best is None or v.confidence > best.confidence):
             best = v
     return best if best is not None else MISS
