@@ -74,7 +74,7 @@ class StreamRewrite(Protocol):
     def finish(self) -> bytes: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per attempt: not frozen (a frozen __init__ sets each field by a call)
 class Exchange:
     """One chat to send to a backend and answer to the caller (one attempt of it).
 
@@ -128,10 +128,14 @@ class BackendProxy:
         self.clients = clients
         self.mark_failed = mark_failed
 
-    async def proxy(self, backend: Backend, ex: Exchange) -> tuple[Response | StreamResponse, bool]:
+    async def proxy(
+        self, backend: Backend, ex: Exchange, tap: AnswerTap | None
+    ) -> tuple[Response | StreamResponse, bool]:
         """Send ``ex`` to ``backend`` and answer its request with what comes back, streamed
         through when it is SSE -> (the answer, whether the backend answered well: below 400
-        and, for a stream, to its end). Raises :class:`AttemptFailed` (with
+        and, for a stream, to its end). ``tap`` sees the answer instead of ``ex.tap`` (the
+        backend set's timing tap, which passes everything on to ``ex.tap``: given apart, so a
+        chat does not copy its exchange). Raises :class:`AttemptFailed` (with
         ``ex.early_failure``), :class:`BackendUnavailable` or ``DeadlineExceeded``."""
         payload = json.dumps(
             {**ex.body, "model": ex.upstream_model or backend.model_id}, ensure_ascii=False
@@ -156,10 +160,10 @@ class BackendProxy:
                         self.mark_failed(backend, f"chat answered {status}")
                     raise AttemptFailed(f"http_{status}", answer)
                 if status < 400 and upstream.media_type == "text/event-stream":
-                    return await self._stream(backend, upstream, ex, left())
+                    return await self._stream(backend, upstream, ex, tap, left())
                 answer = await _whole(backend, upstream, ex.headers)
-                if ex.tap is not None:
-                    ex.tap.whole(status, answer.body)
+                if tap is not None:
+                    tap.whole(status, answer.body)
                 return answer, status < 400
             finally:
                 await upstream.aclose()
@@ -181,6 +185,7 @@ class BackendProxy:
         backend: Backend,
         upstream: StreamedAnswer,
         ex: Exchange,
+        tap: AnswerTap | None,
         first_chunk_s: float | None,
     ) -> tuple[StreamResponse, bool]:
         """Chunks go out as they arrive; the caller's answer begins only once the backend's
@@ -207,7 +212,7 @@ class BackendProxy:
             if ex.early_failure:
                 raise AttemptFailed("stream_first_chunk", error=error)
             raise error
-        tap, rewrite = ex.tap, ex.rewrite
+        rewrite = ex.rewrite
         content_type = rewrite.content_type if rewrite is not None else "text/event-stream"
         out = StreamResponse(upstream.status, content_type, {"Cache-Control": "no-cache"})
         out.headers.update(ex.headers)

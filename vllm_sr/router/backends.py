@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -212,7 +211,7 @@ class BackendSet:
         cancelled = False
         failed_5xx: bool | None = None  # None: says nothing of the backend (caller's deadline)
         try:
-            answer, ok = await proxy.proxy(backend, dataclasses.replace(ex, tap=tap))
+            answer, ok = await proxy.proxy(backend, ex, tap)
             failed_5xx = answer.status >= 500
             return answer
         except AttemptFailed as exc:

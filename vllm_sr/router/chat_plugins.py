@@ -89,10 +89,11 @@ async def on_request(chat: ChatRouter, run: ChatRun) -> Response | JsonObject:
         run.path, run.answered_by = "looper", model
         run.effects.append("looper")
         return final
-    cached = await cache_lookup(chat, run)
-    if cached is not None:
-        run.path, run.answered_by = "cache", result.model
-        return cached
+    if run.plugins.response_cache is not None:  # (none: no coroutine to run)
+        cached = await cache_lookup(chat, run)
+        if cached is not None:
+            run.path, run.answered_by = "cache", result.model
+            return cached
     return await backend_body(chat, run)
 
 
@@ -105,7 +106,7 @@ async def on_answer(
     assert result is not None
     if run.path == "upstream" and run.recorder is not None and run.answered_by == result.model:
         await cache_write(chat, run, run.recorder)
-    if run.replay is None:
+    if run.replay is None or run.replay.conf is None:  # nothing to record: no coroutine
         return answer
     return await run.replay.done(answer, run)
 
@@ -212,7 +213,7 @@ async def backend_body(chat: ChatRouter, run: ChatRun) -> JsonObject:
     """The body the backend (or a looper's calls) gets: :func:`select_tools`, then
     ``masking``'s placeholders for the detected PII (the run's own body stays as the caller
     wrote it: the cache key and the replay record read it)."""
-    body = await select_tools(chat, run)
+    body = await select_tools(chat, run) if run.plugins.tool_selection is not None else run.body
     masking = run.plugins.masking
     if masking is None or not masking.enabled:
         return body

@@ -26,6 +26,8 @@ TOOL_CALL_FRAMING = 8
 TOOL_DEFINITION_FRAMING = 8
 IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+# a message's fields counted as text (a non-string one as structured JSON)
+MESSAGE_TEXT_FIELDS = ("role", "name", "tool_call_id", "refusal", "reasoning_content")
 
 
 def ceil_div(value: int, divisor: int) -> int:
@@ -69,19 +71,22 @@ class _Estimate:
         if not isinstance(msg, Mapping):
             self.structured(msg)
             return
+        for key in MESSAGE_TEXT_FIELDS:
+            value = msg.get(key)
+            if value is not None:  # most are absent: no call for them
+                self.text(value)
         role = msg.get("role")
-        self.text(role)
-        self.text(msg.get("name"))
-        self.text(msg.get("tool_call_id"))
         role_name = role.strip().lower() if isinstance(role, str) else ""
         if role_name in ("tool", "function"):
             self.tool_result(msg.get("content"))
         else:
             self.content(msg.get("content"))
-        self.text(msg.get("refusal"))
-        self.text(msg.get("reasoning_content"))
-        self.tool_calls(msg.get("tool_calls"))
-        self.function_call(msg.get("function_call"))
+        calls = msg.get("tool_calls")
+        if calls is not None:
+            self.tool_calls(calls)
+        function = msg.get("function_call")
+        if function is not None:
+            self.function_call(function)
 
     def tool_result(self, content: object) -> None:
         self.framing += TOOL_CALL_FRAMING
@@ -191,11 +196,14 @@ def request_token_floor(body: Mapping[str, object]) -> int:
             est.message(msg)
     else:
         est.structured(messages)
-    est.definitions(body.get("tools"))
-    est.definitions(body.get("functions"))
-    est.structured(body.get("tool_choice"))
-    est.structured(body.get("function_call"))
-    est.structured(body.get("response_format"))
+    for key in ("tools", "functions"):
+        defs = body.get(key)
+        if defs is not None:  # usually absent: no call for them
+            est.definitions(defs)
+    for key in ("tool_choice", "function_call", "response_format"):
+        value = body.get(key)
+        if value is not None:
+            est.structured(value)
     est.output(body.get("max_completion_tokens"), body.get("max_tokens"))
     return est.floor()
 

@@ -26,11 +26,12 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
 from vllm_sr.config.routing import ModelRef
 from vllm_sr.config.routing_plugins import DecisionPlugins
-from vllm_sr.config.routing_providers import Providers
+from vllm_sr.config.routing_providers import ProviderModel, Providers
 from vllm_sr.errors import Unavailable
 from vllm_sr.httpserver import Request, Response, StreamResponse, error_response
 from vllm_sr.jsontypes import JsonObject
@@ -72,7 +73,7 @@ def failure_header(failed: list[tuple[str, str]]) -> str:
     return ",".join(f"{model}:{reason}" for model, reason in failed)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per attempt: not frozen (a frozen __init__ sets each field by a call)
 class Attempt:
     """One backend a chat was sent to: the model, the backend's id, and ``answered`` or the
     reason it failed before its first byte."""
@@ -183,6 +184,11 @@ class Upstream:
     providers: Providers
     stats: RouterStats
 
+    @cached_property
+    def models(self) -> dict[str, ProviderModel]:
+        """The providers' models by name (built once, on the first chat)."""
+        return {m.name: m for m in self.providers.models}
+
 
 @dataclass
 class Forwarded:
@@ -228,7 +234,6 @@ async def forward(
     changes = outgoing.header_changes(plugins)
     if how.effects is not None and (changes.set or changes.drop):
         how.effects.append("header_mutation")
-    models = {m.name: m for m in up.providers.models}
     while (step := attempts.next()) is not None:
         i, model, ref, backend = step
         attempt = result if i == 0 else dataclasses.replace(result, model=model, model_ref=ref)
@@ -237,7 +242,7 @@ async def forward(
             attempt,
             backend,
             plugins,
-            models[model],
+            up.models[model],
             up.providers.defaults,
             how.effects if not attempts.tried else None,
         )

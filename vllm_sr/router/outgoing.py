@@ -10,7 +10,7 @@ it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vllm_sr.config.routing_plugins import DecisionPlugins
@@ -28,13 +28,16 @@ NO_PLUGINS = DecisionPlugins()
 class HeaderChanges:
     """``header_mutation`` on the request to the backend: headers set, headers removed."""
 
-    set: dict[str, str] = field(default_factory=dict)
+    set: Mapping[str, str] = field(default_factory=dict)
     drop: Sequence[str] = ()
+
+
+NO_HEADER_CHANGES = HeaderChanges()  # the usual decision's (one for every chat)
 
 
 def header_changes(plugins: DecisionPlugins) -> HeaderChanges:
     if plugins.header_mutation is None:
-        return HeaderChanges()
+        return NO_HEADER_CHANGES
     setting, dropping = shapers.header_changes(plugins.header_mutation)
     return HeaderChanges(setting, tuple(dropping))
 
@@ -72,5 +75,7 @@ def shape(
         out = shapers.apply_request_params(out, plugins.request_params)
         done.append("request_params")
     if effects is not None:
-        effects.extend(d for d in done if d not in effects)
+        for effect in done:
+            if effect not in effects:
+                effects.append(effect)
     return out

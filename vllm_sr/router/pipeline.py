@@ -189,6 +189,8 @@ def query_stage(chat: ChatRouter, run: ChatRun) -> None:
 async def learning_stage(chat: ChatRouter, run: ChatRun) -> None:
     """Router Learning may move a routed chat to another model before the plugins run."""
     result = run.routed()
+    if not chat.learning.enabled:  # the usual config: no coroutine to run
+        return
     turn = await chat.learning.apply(
         run.router or chat.router, result, run.body, run.request.headers
     )
@@ -231,8 +233,9 @@ async def backend_stage(
     run.path = "upstream"
     latency = chat.backends.clock.monotonic() - sent
     chat.shadow.submit(result.recipe, result.decision, run.plugins, body)
-    status = done.answer.status
-    await chat.learning.observe(run.learning, done.answered_by, status, done.failed, latency)
+    if run.learning is not None:  # (no turn: nothing to observe, no coroutine to run)
+        status = done.answer.status
+        await chat.learning.observe(run.learning, done.answered_by, status, done.failed, latency)
     return done.answer
 
 

@@ -22,6 +22,7 @@ for chats; ``services/intent_request_messages.go`` for eval).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from vllm_sr.errors import InvalidRequest
@@ -53,7 +54,9 @@ EVAL_MODALITY_PARTS = {
 }
 
 
-@dataclass(frozen=True)
+# Built per chat, read-only by convention: slots (a misspelt attribute raises) but not frozen,
+# whose __init__ sets each field through object.__setattr__ (a microsecond or two per chat).
+@dataclass(slots=True)
 class ConversationFacts:
     """The request's shape, as upstream's conversation signal counts it."""
 
@@ -83,7 +86,7 @@ class ConversationFacts:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # read-only by convention, not frozen (see ConversationFacts)
 class RequestView:
     text: str
     current_user_text: str = ""
@@ -214,12 +217,16 @@ def check_metadata(raw: Mapping[object, object]) -> dict[str, str]:
     return values
 
 
-def input_modalities(content: object, parts: Mapping[str, str]) -> set[str]:
+TEXT_ONLY = frozenset({"text"})
+NO_MODALITY: frozenset[str] = frozenset()
+
+
+def input_modalities(content: object, parts: Mapping[str, str]) -> AbstractSet[str]:
     """The modalities one user message's content carries (``parts``: part type -> modality)."""
-    if isinstance(content, str):
-        return {"text"} if content else set()
+    if isinstance(content, str):  # the usual chat: shared constants, nothing built
+        return TEXT_ONLY if content else NO_MODALITY
     if not isinstance(content, list):
-        return set()
+        return NO_MODALITY
     found = set()
     for part in content:
         kind = part.get("type") if isinstance(part, Mapping) else None
@@ -233,6 +240,8 @@ def input_modalities(content: object, parts: Mapping[str, str]) -> set[str]:
 def tool_choice_flags(tool_choice: object) -> tuple[bool, bool]:
     """(required, none) of a request's ``tool_choice``: "required" or a named tool object
     requires a tool call; "none" forbids one."""
+    if tool_choice is None:  # the usual chat (and a cheap answer: no Mapping check)
+        return False, False
     required = tool_choice == "required" or (
         isinstance(tool_choice, Mapping) and tool_choice.get("type") in ("function", "tool")
     )
@@ -301,6 +310,7 @@ class ChatWalk:
             self.last_tool_result = True
 
     def facts(self, tool_definitions: int) -> ConversationFacts:
+        required, none = tool_choice_flags(self.tool_choice)
         return ConversationFacts(
             user_messages=self.counts["user"],
             assistant_messages=self.counts["assistant"],
@@ -314,7 +324,7 @@ class ChatWalk:
             last_role=self.last_role,
             last_message_tool_result=self.last_tool_result,
             last_user_after_tool_result=self.last_user_after_tool,
-            tool_choice_required=tool_choice_flags(self.tool_choice)[0],
-            tool_choice_none=tool_choice_flags(self.tool_choice)[1],
+            tool_choice_required=required,
+            tool_choice_none=none,
             input_modalities=frozenset(self.modalities),
         )

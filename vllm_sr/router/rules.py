@@ -103,19 +103,21 @@ def evaluate(
         return ALWAYS
     if isinstance(node, RuleLeaf):
         return _leaf(node, results)
-    values = [evaluate(child, results) for child in node.conditions]
-    if node.operator == "NOT":
-        if len(values) != 1:
-            return MISS
-        return MISS if values[0].matched else RuleValue(True, 1.0)
-    if node.operator == "AND":
+    operator = node.operator
+    if operator == "NOT" or operator == "AND":
+        values = [evaluate(child, results) for child in node.conditions]
+        if operator == "NOT":
+            if len(values) != 1:
+                return MISS
+            return MISS if values[0].matched else RuleValue(True, 1.0)
         if not values:
             return ALWAYS
         if all(v.matched for v in values):
             return RuleValue(True, sum(v.confidence for v in values) / len(values))
         return MISS
     best: RuleValue | None = None
-    for v in values:
+    for child in node.conditions:  # OR (and any other operator): the best, the first on ties
+        v = evaluate(child, results)
         if v.matched and (best is None or v.confidence > best.confidence):
             best = v
     return best if best is not None else MISS
@@ -220,7 +222,7 @@ def leaves(node: RuleNode | RuleLeaf | None) -> list[SignalKey]:
     return [key for child in node.conditions for key in leaves(child)]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class Match:
     decision: Decision
     confidence: float
@@ -230,7 +232,7 @@ def _tier(dec: Decision) -> int:
     return dec.tier
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class Ranking:
     """The matching decisions, best first; the on_unknown policies applied, by decision name;
     the decisions whose ``fail_request`` applied (the request fails when any did)."""
@@ -275,6 +277,13 @@ def rank_all(
             unresolved.append(dec.name)
         if dv.value.matched:
             matches.append(Match(dec, dv.value.confidence))
+    if len(matches) > 1:  # the usual chat has one match or none: nothing to order
+        _order(matches, strategy)
+    return Ranking(matches, applied, tuple(unresolved))
+
+
+def _order(matches: list[Match], strategy: str) -> None:
+    """``matches`` best first: by tier when some has one, else by ``strategy``."""
     if any(_tier(m.decision) > 0 for m in matches):
         matches.sort(
             key=lambda m: (
@@ -288,10 +297,9 @@ def rank_all(
         matches.sort(key=lambda m: (-m.confidence, -m.decision.priority, m.decision.name))
     else:
         matches.sort(key=lambda m: (-m.decision.priority, -m.confidence, m.decision.name))
-    return Ranking(matches, applied, tuple(unresolved))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class ModelChoice:
     model: str
     fallback: str | None  # why the default model was used instead of the decision's, if so

@@ -129,7 +129,7 @@ class Preview:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class SelectionRequest:
     """What a selector may read of the chat: its text, the caller's headers (credential,
     deadline) and when the chat started (a clock time)."""
