@@ -13,6 +13,7 @@ from vllm_sr.router.route import SignalRun, signals_lost
 from vllm_sr.router.signal_dispatch import (
     ALONE_MIN_CHARS,
     DEFAULT_MIN_CHARS,
+    ROOM_JOBS,
     SignalDispatch,
     SignalJob,
     SignalProcessFailed,
@@ -24,8 +25,9 @@ from vllm_sr.supervisor.signal_procs import auto_count
 
 
 class LiveConnection:
-    alive = True
-    inflight = 0
+    def __init__(self) -> None:
+        self.alive = True
+        self.inflight = 0
 
 
 def dispatch_with(live: bool, busy: int) -> SignalDispatch:
@@ -49,6 +51,19 @@ def test_with_other_chats_heavy_or_long_steps_go_to_a_process() -> None:
     assert dispatch.takes(16, heavy=True)  # language or pii
     assert not dispatch.takes(DEFAULT_MIN_CHARS - 1, heavy=False)  # keywords on a short text
     assert dispatch.takes(DEFAULT_MIN_CHARS, heavy=False)
+
+
+def test_answers_go_along_only_while_a_process_has_room() -> None:
+    dispatch = dispatch_with(live=True, busy=10)
+    conn = dispatch.connections[0]
+    assert dispatch.has_room()  # nothing in flight
+    conn.inflight = ROOM_JOBS + 1  # type: ignore[misc]  # backlogged: read on the loop
+    assert not dispatch.has_room()
+    spare = LiveConnection()
+    dispatch.add(spare)  # type: ignore[arg-type]
+    assert dispatch.has_room()  # another process is free
+    spare.alive = False  # type: ignore[misc]
+    assert not dispatch.has_room()  # a dead one has no room
 
 
 def test_no_live_process_keeps_everything_on_the_loop() -> None:

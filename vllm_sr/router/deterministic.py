@@ -312,7 +312,11 @@ class DeterministicSignals:
         return self.report(view, wanted, authz=authz).results
 
     def report(
-        self, view: RequestView, wanted: set[SignalKey] | None = None, *, authz: bool = True
+        self,
+        view: RequestView,
+        wanted: set[SignalKey] | frozenset[SignalKey] | None = None,
+        *,
+        authz: bool = True,
     ) -> StepReport:
         """The results with upstream's per-family metrics (for eval)."""
         by_family = wanted_names(wanted)

@@ -87,6 +87,8 @@ class QuestionPlan:
             # Upstream evaluates the family's every rule once one is used: soft matching and
             # top_k compare them all.
             self.referenced |= {("embedding", e.name) for e in sigs.embeddings}
+        # the authz rules a chat checks first, on the loop (they may refuse it)
+        self.authz_keys = frozenset(k for k in self.referenced if k[0] == "authz")
         self.keywords: dict[str, KeywordMatcher] = {
             s.name: keyword_matcher(s)
             for s in sigs.keywords

@@ -79,7 +79,7 @@ NO_DECISION = "(default)"  # the decision label of a request no decision matched
 _SPEC_IDS = itertools.count(1)  # a plan's CPU signals, as signal processes know them
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
 class RouteResult:
     model: str
     decision: str | None = None
@@ -307,7 +307,7 @@ class Router:
         here or in a signal process, then the derived steps (``derived_signals``; in the
         process too when it had every answer). Authz refusals (403) raise."""
         run = SignalRun()
-        authz_keys = {k for k in plan.referenced if k[0] == "authz"}
+        authz_keys = plan.authz_keys
         if authz and authz_keys:  # first: it may refuse the chat (403), and it is a lookup
             report = self.deterministic.report(view, authz_keys, authz=True)
             for kind, metric in report.metrics.items():
@@ -424,11 +424,14 @@ class Router:
         self, cpu: CpuSignals, view: RequestView, answers: list[Answer]
     ) -> list[tuple[Answer, Spec]] | None:
         """Whether the step goes to a signal process (None: it stays here), with the answers
-        a process can read (those whose deployment's embeddings are cached)."""
+        a process reads: those whose deployment's embeddings are cached, while a process has
+        room (``SignalDispatch.has_room``; else they are read here)."""
         dispatch = self.signal_dispatch
         if dispatch is None:
             return None
-        handed = [(a, spec) for a in answers if (spec := self._questions_spec(a.q)) is not None]
+        handed = []
+        if answers and dispatch.has_room():
+            handed = [(a, s) for a in answers if (s := self._questions_spec(a.q)) is not None]
         if not (cpu.any or handed):
             return None
         heavy = cpu.heavy or any(a.q.heavy for a, _ in handed)
