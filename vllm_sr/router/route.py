@@ -76,7 +76,8 @@ log = logging.getLogger("vllm_sr.router")
 
 Exchange = RoutingExchange  # (deployment, path, body, timeout_ms) -> (status, body)
 NO_DECISION = "(default)"  # the decision label of a request no decision matched
-_SPEC_IDS = itertools.count(1)  # a plan's CPU signals, as signal processes know them
+_SPEC_IDS = itertools.count(1)  # a plan's CPU signals and its deployments' questions, as
+# signal processes know them (one counter: the ids of both kinds never meet)
 
 
 @dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
@@ -297,6 +298,11 @@ class Router:
                 out[dep] = None
             except VllmSrError as exc:
                 out[dep] = exc.code
+        if self.signal_dispatch is not None:  # pickled now, at publish, not on a chat
+            self.cpu_signals(self.plan)
+            self._spec(self.plan)
+            for q in self.plan.deployments.values():
+                self._questions_spec(q)
         return out
 
     async def signals(
@@ -388,7 +394,7 @@ class Router:
         report: CpuReport | None = None
         if taken is not None:
             try:
-                report = await self._in_process(plan, cpu, view, answers, handed, run)
+                report = await self._in_process(plan, view, answers, handed, run)
             except SignalProcessFailed as exc:
                 if cpu.any:
                     signals_lost(run, cpu.keys(), exc)
@@ -440,7 +446,6 @@ class Router:
     async def _in_process(
         self,
         plan: QuestionPlan,
-        cpu: CpuSignals,
         view: RequestView,
         answers: list[Answer],
         handed: list[tuple[Answer, Spec]],

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 from collections import OrderedDict
+from typing import TypeVar
 
 from vllm_sr import heap
 from vllm_sr.router.cpu_signals import CpuSignals, CpuSignalSpec, ViewFields, cpu_report
@@ -29,6 +30,7 @@ from vllm_sr.router.signal_proc_wire import HEADER, MAX_FRAME_BYTES, encode
 
 log = logging.getLogger("vllm_sr.signals")
 KEEP_SPECS = 8  # generations kept (a reload's chats in flight still name the old one)
+T = TypeVar("T")
 KEEP_QUESTIONS = 32  # deployments' questions kept (a generation's, its eval plan's, the old)
 
 
@@ -69,6 +71,13 @@ def load(preload_language: bool) -> None:
         detect_language("warm up the language detector", 0.0)
 
 
+def keep(store: OrderedDict[int, T], key: int, value: T, most: int) -> None:
+    """``value`` under ``key``, the oldest entries dropped past ``most``."""
+    store[key] = value
+    while len(store) > most:
+        store.popitem(last=False)
+
+
 def serve(sock: socket.socket) -> None:
     import pickle
 
@@ -83,25 +92,21 @@ def serve(sock: socket.socket) -> None:
             spec = pickle.loads(message[2])  # type: ignore[arg-type]
             assert isinstance(spec, CpuSignalSpec)
             built = (CpuSignals.from_spec(spec), spec.derived)
-            specs[int(message[1])] = built  # type: ignore[call-overload]
-            while len(specs) > KEEP_SPECS:
-                specs.popitem(last=False)
+            keep(specs, int(message[1]), built, KEEP_SPECS)  # type: ignore[call-overload]
             continue
         if kind == "questions":
             held = pickle.loads(message[2])  # type: ignore[arg-type]
             assert isinstance(held, DeploymentQuestions)
-            questions[int(message[1])] = held  # type: ignore[call-overload]
-            while len(questions) > KEEP_QUESTIONS:
-                questions.popitem(last=False)
+            keep(questions, int(message[1]), held, KEEP_QUESTIONS)  # type: ignore[call-overload]
             continue
         _, job_id, spec_id, fields, answers, known = message
         got = specs.get(spec_id)  # type: ignore[call-overload]
-        wanted = [(questions.get(q_id), body) for q_id, body in answers]  # type: ignore[attr-defined]
         if got is None or not isinstance(fields, ViewFields):
             sock.sendall(encode(("error", job_id, f"unknown generation {spec_id}")))
             continue
-        held_all = [(q, body) for q, body in wanted if q is not None]
-        if len(held_all) != len(wanted):
+        try:
+            held_all = [(questions[q_id], body) for q_id, body in answers]  # type: ignore[attr-defined]
+        except KeyError:
             sock.sendall(encode(("error", job_id, "unknown deployment questions")))
             continue
         signals, derived = got
