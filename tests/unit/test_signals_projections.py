@@ -13,7 +13,11 @@ from vllm_sr.config.routing import Routing
 from vllm_sr.router.questions import QuestionPlan
 from vllm_sr.router.rules import SignalKey
 from vllm_sr.router.signals import SignalResult
-from vllm_sr.router.signals_projections import apply_partitions, apply_projections
+from vllm_sr.router.signals_projections import (
+    ProjectionPlan,
+    apply_partitions,
+    apply_projections,
+)
 
 Results = dict[SignalKey, SignalResult]
 
@@ -111,6 +115,31 @@ def test_scores_and_bands() -> None:
         1.0 / (1.0 + math.exp(-4 * 0.2))
     )
     assert not results[("projection", "low")].matched
+
+
+def test_a_plan_orders_scores_by_dependency_once_and_serves_every_chat() -> None:
+    """The scores listed after those reading them still go first (the plan's order is worked
+    out once, from the config), and one plan gives each chat its own values."""
+    chained = {
+        "scores": [
+            {"name": "top", "method": "weighted_sum", "inputs": [
+                {"type": "projection", "name": "middle", "weight": 10.0}]},
+            {"name": "middle", "method": "weighted_sum", "inputs": [
+                {"type": "projection", "name": "base", "weight": 2.0}]},
+            {"name": "base", "method": "weighted_sum", "inputs": [
+                {"type": "keyword", "name": "k", "weight": 1.0}]},
+        ],
+        "mappings": [{"name": "m", "source": "top", "method": "multi_emit",
+                      "outputs": [{"name": "big", "gte": 15.0}]}],
+    }  # fmt: skip
+    plan = ProjectionPlan(routing(chained))
+    assert [score.name for score, _, _ in plan.steps] == ["base", "middle", "top"]
+    hit: Results = {("keyword", "k"): SignalResult(True, 1.0)}
+    assert plan.apply(hit) == {"base": 1.0, "middle": 2.0, "top": 20.0}
+    assert hit[("projection", "big")].matched
+    miss: Results = {("keyword", "k"): SignalResult(False, 0.0)}
+    assert plan.apply(miss) == {"base": 0.0, "middle": 0.0, "top": 0.0}
+    assert not miss[("projection", "big")].matched
 
 
 def test_threshold_bands_emit_only_the_first_band() -> None:

@@ -8,12 +8,12 @@ answer: ``cpu_signals``)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.signals_embedded import apply_composers
-from vllm_sr.router.signals_projections import apply_partitions, apply_projections
+from vllm_sr.router.signals_projections import ProjectionPlan, apply_partitions
 from vllm_sr.router.signals_safety import apply_hazards
 
 if TYPE_CHECKING:
@@ -30,6 +30,10 @@ class DerivedSignals:
     routing: Routing
     embedding: EmbeddingMatching
     uses_embeddings: bool
+    projections: ProjectionPlan = field(init=False)  # worked out once, from ``routing``
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "projections", ProjectionPlan(self.routing))
 
     def apply(self, results: dict[SignalKey, SignalResult]) -> float | None:
         """Every step on ``results`` -> the milliseconds they took when projections ran
@@ -42,6 +46,6 @@ class DerivedSignals:
         if self.uses_embeddings:
             self.embedding.keep_top_k(results)
         apply_hazards(self.routing.signals.safety, results)
-        if apply_projections(self.routing, results):
+        if self.projections.apply(results):
             return (time.perf_counter() - started) * 1000.0
         return None

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         ProjectionMapping,
         ProjectionOutput,
         Projections,
+        ProjectionScore,
         ProjectionScoreInput,
     )
 
@@ -103,29 +104,51 @@ def apply_partitions(routing: Routing, results: Results) -> None:
 
 
 def apply_projections(routing: Routing, results: Results) -> dict[str, float]:
-    """Scores and their bands into ``results`` as ``projection`` signals. -> the scores."""
-    proj = routing.projections
-    if not proj.scores or not proj.mappings:
-        return {}
-    scores: dict[str, float] = {}
-    pending = list(proj.scores)
-    while pending:
-        ready = [s for s in pending if all(_ready(i, scores, proj) for i in s.inputs)]
-        if not ready:  # a cycle (config rules refuse it): score what is left as is
-            ready = pending[:1]
-        for score in ready:
-            scores[score.name] = sum(i.weight * _input(i, results, scores) for i in score.inputs)
-            pending.remove(score)
-            why = _first_unknown(results, [k for i in score.inputs for k in _keys_read(i, proj)])
-            for mapping in proj.mappings:
-                if mapping.source != score.name:
-                    continue
+    """Scores and their bands into ``results`` as ``projection`` signals. -> the scores.
+    (A router applies its generation's :class:`ProjectionPlan`, built once.)"""
+    return ProjectionPlan(routing).apply(results)
+
+
+class ProjectionPlan:
+    """One generation's projections, worked out once: the scores in dependency order, each
+    with the keys it reads and the mappings it feeds. The order only depends on the config
+    (which scores are done, not their values): the scores ready in a pass, in config order,
+    then the next pass's; a cycle (config rules refuse it) scores the first one left as is."""
+
+    def __init__(self, routing: Routing) -> None:
+        proj = routing.projections
+        self.steps: list[tuple[ProjectionScore, list[SignalKey], list[ProjectionMapping]]] = []
+        if not proj.scores or not proj.mappings:
+            return
+        done: set[str] = set()
+        pending = list(proj.scores)
+        while pending:
+            ready = [s for s in pending if all(_ready(i, done, proj) for i in s.inputs)]
+            if not ready:
+                ready = pending[:1]
+            for score in ready:
+                pending.remove(score)
+                done.add(score.name)
+                keys = [k for i in score.inputs for k in _keys_read(i, proj)]
+                feeds = [m for m in proj.mappings if m.source == score.name]
+                self.steps.append((score, keys, feeds))
+
+    def apply(self, results: Results) -> dict[str, float]:
+        """Scores and their bands into ``results`` as ``projection`` signals. -> the scores
+        (empty when the generation has no scores or no mappings)."""
+        scores: dict[str, float] = {}
+        for score, keys, feeds in self.steps:
+            value = scores[score.name] = sum(
+                i.weight * _input(i, results, scores) for i in score.inputs
+            )
+            why = _first_unknown(results, keys)
+            for mapping in feeds:
                 if why is None:
-                    _emit(mapping, scores[score.name], results)
+                    _emit(mapping, value, results)
                     continue
                 for out in mapping.outputs:
                     results[("projection", out.name)] = SignalResult.unknown_because(why)
-    return scores
+        return scores
 
 
 def _keys_read(inp: ProjectionScoreInput, proj: Projections) -> list[SignalKey]:
@@ -149,14 +172,15 @@ def _first_unknown(results: Results, keys: list[SignalKey]) -> Unknown | None:
     return None
 
 
-def _ready(inp: ProjectionScoreInput, scores: dict[str, float], proj: Projections) -> bool:
+def _ready(inp: ProjectionScoreInput, done: set[str], proj: Projections) -> bool:
+    """Whether an input can be read once the scores in ``done`` are."""
     if inp.type.strip().lower() != "projection":
         return True
     names = {s.name for s in proj.scores}
     if inp.name in names:
-        return inp.name in scores
+        return inp.name in done
     sources = [m.source for m in proj.mappings if any(o.name == inp.name for o in m.outputs)]
-    return all(src in scores for src in sources)
+    return all(src in done for src in sources)
 
 
 def _matched(results: Results, key: SignalKey) -> bool:
