@@ -47,6 +47,7 @@ from vllm_sr.router.cpu_signals import (
     ViewFields,
     cpu_report,
 )
+from vllm_sr.router.decision_index import index_of
 from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions, read_answer
 from vllm_sr.router.derived_signals import DerivedSignals
 from vllm_sr.router.deterministic import DeterministicSignals
@@ -468,7 +469,8 @@ class Router:
         """The matching decisions, best first; raises DecisionUnresolved when a decision's
         ``on_unknown: fail_request`` applied (the chat's unknown signals are still counted)."""
         try:
-            return rank(self.routing.decisions, run.results, self.routing.strategy)
+            decisions = self.routing.decisions
+            return rank(decisions, run.results, self.routing.strategy, index_of(decisions))
         except DecisionUnresolved:
             for (kind, _), why in run.unknown().items():
                 self.stats.unknown[(kind, why.reason)] += 1
@@ -476,7 +478,8 @@ class Router:
 
     def ranking(self, run: SignalRun) -> Ranking:
         """:meth:`winner` with the on_unknown policies applied, without raising (eval)."""
-        return rank_all(self.routing.decisions, run.results, self.routing.strategy)
+        decisions = self.routing.decisions
+        return rank_all(decisions, run.results, self.routing.strategy, index_of(decisions))
 
     async def route(self, view: RequestView) -> RouteResult:
         """Signals on the request, the decision, its model (the chat's stages,

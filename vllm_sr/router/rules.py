@@ -41,6 +41,7 @@ from vllm_sr.router.unknown import DecisionUnresolved
 if TYPE_CHECKING:
     from vllm_sr.config.routing import Decision, ModelRef
     from vllm_sr.config.routing_tree import Predicate, RuleNode
+    from vllm_sr.router.decision_index import DecisionIndex
 
 
 SignalKey = tuple[str, str]  # (type, name), e.g. ("keyword", "code")
@@ -246,10 +247,11 @@ def rank(
     decisions: Sequence[Decision],
     results: Mapping[SignalKey, SignalResult],
     strategy: str,
+    index: DecisionIndex | None = None,
 ) -> list[Match]:
     """The matching decisions, best first. Raises DecisionUnresolved when some decision's
     ``on_unknown: fail_request`` applied."""
-    ranking = rank_all(decisions, results, strategy)
+    ranking = rank_all(decisions, results, strategy, index)
     if ranking.unresolved:
         raise DecisionUnresolved(ranking.unresolved[0], ranking.applied)
     return ranking.matches
@@ -259,12 +261,15 @@ def rank_all(
     decisions: Sequence[Decision],
     results: Mapping[SignalKey, SignalResult],
     strategy: str,
+    index: DecisionIndex | None = None,
 ) -> Ranking:
-    """Every decision evaluated (with its on_unknown policy), the matching ones ranked."""
+    """Every decision evaluated (with its on_unknown policy), the matching ones ranked.
+    ``index``: ``decisions``' :class:`~vllm_sr.router.decision_index.DecisionIndex`, to
+    evaluate only those the results may make match (the same ranking, for less)."""
     matches = []
     applied: dict[str, str] = {}
     unresolved: list[str] = []
-    for dec in decisions:
+    for dec in decisions if index is None else index.candidates(results):
         if on_unknown_of(dec.rules) is None:  # decision_value's own path, without its record
             value = evaluate(dec.rules, results)
             if value.matched:
