@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 SignalKey = tuple[str, str]  # (type, name), e.g. ("keyword", "code")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # several per chat: not frozen (a frozen __init__ sets each field by a call)
 class RuleValue:
     matched: bool
     confidence: float
