@@ -114,20 +114,29 @@ def test_prototype_score_is_numpys_to_the_bit(top_m: int) -> None:
 
 def test_every_banks_score_at_once_is_each_banks_own() -> None:
     """PrototypeBanks.scores (a chat's families read it; banks of one shape in one batched
-    product) gives each bank exactly what its own score gives; a bank without examples is
-    EMPTY."""
+    product, ranked together in numpy where the two best cosines suffice) gives each bank
+    exactly what its own score gives, whatever its top_m and best_weight; a bank without
+    examples scores 0.0."""
     rng = numpy.random.default_rng(7)
     banks = PrototypeBanks()
-    sizes = [1, 2, 3, 3, 5, 8, 8, 8, 12, 20, 0]
+    sizes = [1, 2, 3, 3, 5, 8, 8, 8, 12, 20, 1, 2, 0]
     for i, n in enumerate(sizes):
-        banks.add(f"b{i}", [f"t{i}-{j}" for j in range(n)], PrototypeOptions(top_m=1 + i % 3))
+        options = PrototypeOptions(top_m=1 + i % 3, best_weight=(0.75, 0.5, 0.9, 1.0)[i % 4])
+        banks.add(f"b{i}", [f"t{i}-{j}" for j in range(n)], options)
     banks.take(rng.standard_normal((sum(sizes), 32)).astype(numpy.float32))
-    assert len(banks.stacks) < len(sizes)  # some banks share a product
-    for _ in range(50):
+    assert banks.stacked is not None and banks.singles  # top_m 3 of 3+ prototypes: alone
+    assert len(banks.stacked.stacks) < len(banks.stacked.names)  # some share a product
+    for trial in range(200):
         query = unit(*rng.standard_normal(32))
+        if trial % 40 == 0:
+            query[int(rng.integers(32))] = numpy.nan
         scored = banks.scores(query)
-        assert scored == {name: bank.score(query) for name, bank in banks.banks.items()}
-    assert scored[f"b{len(sizes) - 1}"].count == 0
+        want = {name: bank.score(query).score for name, bank in banks.banks.items()}
+        assert list(scored) == list(want)
+        assert numpy.array_equal(
+            numpy.array(list(scored.values())), numpy.array(list(want.values())), equal_nan=True
+        )
+    assert scored[f"b{len(sizes) - 1}"] == 0.0
 
 
 # -- complexity --------------------------------------------------------------------------------

@@ -87,6 +87,9 @@ def embeddings(body: object) -> FloatArray:
         rows = [_embedding_of(item) for item in items]
         if not rows:
             return numpy.zeros((0,), dtype=numpy.float32)
+        texts = [r for r in rows if type(r) is str]
+        if len(texts) == len(rows):
+            return _base64_rows(texts)
         return numpy.stack(
             [
                 numpy.frombuffer(base64.b64decode(r), dtype=numpy.float32)
@@ -97,6 +100,19 @@ def embeddings(body: object) -> FloatArray:
         )
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise BundleAnswerError(f"bad embeddings ({exc})") from None
+
+
+def _base64_rows(rows: list[str]) -> FloatArray:
+    """Base64 rows (what the router asks for) into one writable float32 matrix: each row
+    decoded as :func:`base64.b64decode` decodes it (the same bytes, the same errors), the
+    bytes joined and read once, instead of an array per row and a stack (a chat reads a few
+    of these per answer on the event loop)."""
+    raw = [binascii.a2b_base64(r) for r in rows]
+    size = len(raw[0])
+    if size % 4 or any(len(b) != size for b in raw):
+        raise ValueError("embedding rows of differing or partial float32 lengths")
+    out: FloatArray = numpy.frombuffer(bytearray().join(raw), dtype=numpy.float32)
+    return out.reshape(len(raw), size // 4)
 
 
 def _embedding_of(item: object) -> object:

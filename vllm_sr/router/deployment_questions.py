@@ -22,7 +22,7 @@ from vllm_sr.router.bundle import BUNDLE_PATH as BUNDLE_PATH  # route.py reads i
 from vllm_sr.router.embedding_matching import EmbeddingMatching, embedding_score
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
-from vllm_sr.router.signals import FloatArray, SignalResult, domain_results, normalize_rows
+from vllm_sr.router.signals import FloatArray, SignalResult, normalize_rows
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
@@ -74,6 +74,8 @@ class DeploymentQuestions:
             self.slices[sig.name] = slice(len(self.texts), len(self.texts) + len(sig.candidates))
             self.texts.extend(sig.candidates)
         self.label_key = tuple((d.name, tuple(domain_examples(d))) for d in self.domains)
+        self._domain_names = [name for name, _ in self.label_key]
+        self._referenced = [d for d in self.domains if d.name in self.referenced_domains]
         self._examples = slice(
             len(self.texts), len(self.texts) + sum(len(e) for _, e in self.label_key)
         )
@@ -195,17 +197,26 @@ class DeploymentQuestions:
                 bank = self.banks[sig.name]
                 out[("embedding", sig.name)] = embedding_score(sig, bank, normed[0])
         if self.referenced_domains and self.centroids is not None:
-            names = [name for name, _ in self.label_key]
-            (row,) = classify.by_centroids(normed[:1], self.centroids, names)
-            for name, res in domain_results(
-                self.domains, row["label"], row["probabilities"]
-            ).items():
-                if name in self.referenced_domains:
-                    out[("domain", name)] = res
+            self._domain_results(normed[:1], out)
         if self.families is not None and view is not None:
             by_text = {t: normed[i] for i, t in enumerate(texts)}
             out.update(self.families.results(view, by_text.__getitem__, texts[0]))
         return out
+
+    def _domain_results(self, normed: FloatArray, out: dict[SignalKey, SignalResult]) -> None:
+        """The referenced domains' results for the (normalised) text: as
+        :func:`~vllm_sr.router.signals.domain_results` gives them, for the referenced domains
+        alone (the others' would be dropped). A probability in (0, 1] is its own confidence
+        (the clamp, taken only outside it, maps -0.0 to 0.0)."""
+        assert self.centroids is not None
+        (row,) = classify.by_centroids(normed, self.centroids, self._domain_names)
+        label, probabilities = row["label"], row["probabilities"]
+        for dom in self._referenced:
+            p = float(probabilities.get(dom.name, 0.0))
+            confidence = p if 0.0 < p <= 1.0 else min(1.0, max(0.0, p))
+            out[("domain", dom.name)] = SignalResult(
+                label == dom.name and p >= dom.threshold, confidence
+            )
 
     def _head_results(
         self, results: dict[str, object], view: RequestView | None

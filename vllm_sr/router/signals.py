@@ -351,16 +351,15 @@ FloatArray = npt.NDArray[numpy.float32]
 
 
 def normalize_rows(matrix: FloatArray) -> FloatArray:
+    """Each row over its L2 norm (at least 1e-12). The norm is ``numpy.linalg.norm``'s own
+    computation for a real matrix along one axis (the square root of the summed squares:
+    the same bits), without its argument handling (a chat's read normalises a few rows)."""
     m = numpy.asarray(matrix, dtype=numpy.float32)
     if m.ndim == 1:
         m = m[None, :]
-    norms = numpy.linalg.norm(m, axis=1, keepdims=True)
+    norms = numpy.sqrt(numpy.add.reduce(m * m, axis=1, keepdims=True))
     result: FloatArray = (m / numpy.maximum(norms, 1e-12)).astype(numpy.float32, copy=False)
     return result
-
-
-def _clamp(x: float) -> float:
-    return min(1.0, max(0.0, x))
 
 
 # -- domains --------------------------------------------------------------------------------
@@ -374,5 +373,7 @@ def domain_results(
     out = {}
     for dom in domains:
         p = float(probabilities.get(dom.name, 0.0))
-        out[dom.name] = SignalResult(label == dom.name and p >= dom.threshold, _clamp(p))
+        out[dom.name] = SignalResult(
+            label == dom.name and p >= dom.threshold, min(1.0, max(0.0, p))
+        )
     return out

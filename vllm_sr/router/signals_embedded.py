@@ -22,6 +22,7 @@ route upstream's probes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm_sr.config.routing_kbs import manifest_labels
@@ -31,7 +32,6 @@ from vllm_sr.router import signals_builtin as builtin
 from vllm_sr.router.rules import SignalKey, decision_value, leaves
 from vllm_sr.router.signals import FloatArray, SignalResult
 from vllm_sr.router.signals_prototypes import (
-    BankScore,
     PrototypeBanks,
     PrototypeOptions,
     logistic,
@@ -52,7 +52,7 @@ FEEDBACK_THRESHOLD = 0.7  # upstream modules.feedback_detector.threshold
 FACT_CHECK_THRESHOLD = 0.6  # upstream hallucination_mitigation.fact_check.threshold
 # A KB's label scores, matched labels, metric values and group scores, per chat.
 KBScores = tuple[dict[str, float], set[str], dict[str, float], dict[str, float]]
-Scored = dict[str, BankScore]  # every bank's score for a chat's text (PrototypeBanks.scores)
+Scored = dict[str, float]  # every bank's score for a chat's text (PrototypeBanks.scores)
 
 Vectors = Callable[[str], FloatArray]  # a query text -> its normalised embedding
 
@@ -144,9 +144,9 @@ class EmbeddedFamilies:
 
     def _knowledge_bases(
         self, kbs: list[KnowledgeBase], default_opts: PrototypeOptions
-    ) -> dict[str, tuple[KnowledgeBase, list[str]]]:
+    ) -> dict[str, KBIndex]:
         """The referenced knowledge bases' label banks (their manifests read now; the config
-        rules checked they read)."""
+        rules checked they read) and their scoring structure."""
         wanted = {r.kb for r in self.kb_rules} | {m.split(":", 1)[0] for m in self.kb_metrics}
         out = {}
         for kb in kbs:
@@ -156,7 +156,7 @@ class EmbeddedFamilies:
             opts = PrototypeOptions.of(kb.prototype_scoring) if kb.prototype_scoring else None
             for label, texts in labels.items():
                 self.banks.add(f"kb:{kb.name}:{label}", texts, opts or default_opts)
-            out[kb.name] = (kb, sorted(labels))
+            out[kb.name] = KBIndex.of(kb, sorted(labels))
         return out
 
     # -- what is embedded ----------------------------------------------------------------
@@ -220,9 +220,12 @@ class EmbeddedFamilies:
         out.update(self._preferences(scored))
         for j in self.jailbreak:
             out[("jailbreak", j.name)] = self._jailbreak(j, view, query, vec)
-        kb_scores = {name: self._kb_scores(name, scored) for name in self.kbs}
+        kb_scores = {name: index.scores(scored) for name, index in self.kbs.items()}
         for rule in self.kb_rules:
-            out[("kb", rule.name)] = self._kb(rule, kb_scores.get(rule.kb))
+            got = kb_scores.get(rule.kb)
+            out[("kb", rule.name)] = (
+                self.kbs[rule.kb].result(rule, got) if got is not None else SignalResult.miss()
+            )
         for metric in self.kb_metrics:
             kb_name, _, metric_name = metric.partition(":")
             value = kb_scores[kb_name][2].get(metric_name) if kb_name in kb_scores else None
@@ -234,8 +237,8 @@ class EmbeddedFamilies:
         return out
 
     def _complexity(self, c: ComplexitySignal, scored: Scored) -> dict[SignalKey, SignalResult]:
-        hard = scored[f"complexity:{c.name}:hard"].score
-        easy = scored[f"complexity:{c.name}:easy"].score
+        hard = scored[f"complexity:{c.name}:hard"]
+        easy = scored[f"complexity:{c.name}:easy"]
         margin = hard - easy
         level = c.level(margin)
         return {
@@ -281,7 +284,7 @@ class EmbeddedFamilies:
         if not self.preferences:
             return {}
         ranked = sorted(
-            ((scored[f"preference:{p.name}"].score, p) for p in self.preferences),
+            ((scored[f"preference:{p.name}"], p) for p in self.preferences),
             key=lambda sp: (-sp[0], sp[1].name),
         )
         out = {("preference", p.name): SignalResult(False, 0.0, s) for s, p in ranked}
@@ -312,56 +315,10 @@ class EmbeddedFamilies:
         risk = max(logistic(m - DEFAULT_CONTRASTIVE_THRESHOLD) for m in margins)
         return SignalResult(risk >= j.threshold and risk > 0, risk, risk)
 
-    def _kb_scores(self, name: str, scored: Scored) -> KBScores:
-        """A KB's label scores, matched labels, metric values (upstream's
-        ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score) and
-        group scores."""
-        kb, labels = self.kbs[name]
-        scores = {lb: scored[f"kb:{kb.name}:{lb}"].score for lb in labels}
-        thresholds = kb.label_thresholds or {}
-        base = kb.threshold or 0.0
-        matched = {lb for lb, s in scores.items() if s >= thresholds.get(lb, base)}
-        groups = self._group_scores(kb, scores)
-        metrics = {
-            "best_score": max(scores.values(), default=0.0),
-            "best_matched_score": max((scores[lb] for lb in matched), default=0.0),
-        }
-        for m in kb.metrics or []:
-            if m.type == "group_margin":
-                pos, neg = m.positive_group or "", m.negative_group or ""
-                metrics[m.name] = groups.get(pos, 0.0) - groups.get(neg, 0.0)
-        return scores, matched, metrics, groups
-
-    @staticmethod
-    def _group_scores(kb: KnowledgeBase, scores: dict[str, float]) -> dict[str, float]:
-        return {
-            g: max((scores.get(lb, 0.0) for lb in members), default=0.0)
-            for g, members in (kb.groups or {}).items()
-        }
-
-    def _kb(self, rule: KBSignal, scored: KBScores | None) -> SignalResult:
-        if scored is None:
-            return SignalResult.miss()
-        scores, matched, _, groups = scored
-        kb = self.kbs[rule.kb][0]
-        if rule.target.kind == "label":
-            pool, hits = scores, matched
-        else:
-            pool = groups
-            hits = {g for g, m in (kb.groups or {}).items() if matched & set(m)}
-        target = rule.target.value
-        score = pool.get(target, 0.0)
-        if rule.match == "best":
-            best = min(pool, key=lambda n: (-pool[n], n)) if pool else None
-            hit = best == target
-        else:
-            hit = target in hits
-        return SignalResult(hit, max(0.0, min(1.0, score)), score)
-
     def _feedback(self, view: RequestView, scored: Scored) -> dict[SignalKey, SignalResult]:
         label, p = builtin.FEEDBACK_SATISFIED, 1.0
         if view.has_assistant_reply:
-            label, p = softmax_best({lb: scored[f"feedback:{lb}"].score for lb in builtin.FEEDBACK})
+            label, p = softmax_best({lb: scored[f"feedback:{lb}"] for lb in builtin.FEEDBACK})
             if p < FEEDBACK_THRESHOLD:
                 label = builtin.FEEDBACK_SATISFIED
         return {
@@ -370,8 +327,8 @@ class EmbeddedFamilies:
         }
 
     def _fact_check(self, scored: Scored) -> dict[SignalKey, SignalResult]:
-        need = scored["fact_check:FACT_CHECK_NEEDED"].score
-        not_need = scored["fact_check:NO_FACT_CHECK_NEEDED"].score
+        need = scored["fact_check:FACT_CHECK_NEEDED"]
+        not_need = scored["fact_check:NO_FACT_CHECK_NEEDED"]
         p = logistic(need - not_need)
         label = builtin.FACT_CHECK_NEEDED if p >= FACT_CHECK_THRESHOLD else None
         label = label or builtin.NO_FACT_CHECK_NEEDED
@@ -380,6 +337,75 @@ class EmbeddedFamilies:
             ("fact_check", f.name): SignalResult(f.name == label, conf if f.name == label else 0)
             for f in self.fact_checks
         }
+
+
+@dataclass(frozen=True)
+class KBIndex:
+    """One referenced knowledge base's scoring structure, read from its config once per
+    generation (each chat then only looks its label banks' scores up): its labels (sorted)
+    with their banks and thresholds, its groups with their members, and its group_margin
+    metrics."""
+
+    kb: KnowledgeBase
+    labels: tuple[tuple[str, str, float], ...]  # (label, bank name, threshold)
+    groups: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...]  # (group, members, set)
+    margins: tuple[tuple[str, str, str], ...]  # (metric, positive group, negative group)
+
+    @staticmethod
+    def of(kb: KnowledgeBase, labels: list[str]) -> KBIndex:
+        thresholds = kb.label_thresholds or {}
+        base = kb.threshold or 0.0
+        return KBIndex(
+            kb,
+            tuple((lb, f"kb:{kb.name}:{lb}", thresholds.get(lb, base)) for lb in labels),
+            tuple((g, tuple(m), frozenset(m)) for g, m in (kb.groups or {}).items()),
+            tuple(
+                (m.name, m.positive_group or "", m.negative_group or "")
+                for m in kb.metrics or []
+                if m.type == "group_margin"
+            ),
+        )
+
+    def scores(self, scored: Scored) -> KBScores:
+        """The KB's label scores, matched labels, metric values (upstream's
+        ``kb_metric:<kb>:<metric>``: group_margin metrics, best_score, best_matched_score)
+        and group scores."""
+        scores: dict[str, float] = {}
+        matched: set[str] = set()
+        matched_scores: list[float] = []
+        for lb, bank, threshold in self.labels:
+            s = scores[lb] = scored[bank]
+            if s >= threshold:
+                matched.add(lb)
+                matched_scores.append(s)
+        get = scores.get
+        groups = {
+            g: max([get(lb, 0.0) for lb in members], default=0.0) for g, members, _ in self.groups
+        }
+        metrics = {
+            "best_score": max(scores.values(), default=0.0),
+            "best_matched_score": max(matched_scores, default=0.0),
+        }
+        for name, pos, neg in self.margins:
+            metrics[name] = groups.get(pos, 0.0) - groups.get(neg, 0.0)
+        return scores, matched, metrics, groups
+
+    def result(self, rule: KBSignal, scored: KBScores) -> SignalResult:
+        """A kb rule's result from the KB's :meth:`scores`."""
+        scores, matched, _, groups = scored
+        if rule.target.kind == "label":
+            pool, hits = scores, matched
+        else:
+            pool = groups
+            hits = {g for g, _, members in self.groups if not members.isdisjoint(matched)}
+        target = rule.target.value
+        score = pool.get(target, 0.0)
+        if rule.match == "best":
+            best = min(pool, key=lambda n: (-pool[n], n)) if pool else None
+            hit = best == target
+        else:
+            hit = target in hits
+        return SignalResult(hit, max(0.0, min(1.0, score)), score)
 
 
 def apply_composers(signals: Signals, results: dict[SignalKey, SignalResult]) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy
+import numpy.typing as npt
 
 from vllm_sr.router.signals import FloatArray, normalize_rows
 
@@ -169,6 +170,60 @@ def softmax_best(scores: dict[str, float]) -> tuple[str, float]:
     return best, weights[best] / total
 
 
+@dataclass(frozen=True)
+class BankStacks:
+    """The banks whose score needs at most their two best cosines (``top_m`` 1 or 2, or a
+    bank of one or two prototypes), ranked together: the banks of one prototype count are
+    stacked for one batched product (numpy's batched matmul runs each bank's own
+    matrix-vector product: the same cosines as the bank alone); every bank's cosines then
+    fill a row of one matrix (padded with -inf), sorted at once, and the two best of each
+    row are blended in float64 with :meth:`PrototypeBank.rank`'s operations."""
+
+    names: list[str]  # the banks, row by row
+    stacks: list[tuple[FloatArray, int, int, int]]  # (prototypes, first row, rows, count)
+    width: int  # the most prototypes of a bank
+    weight: npt.NDArray[numpy.float64]  # each row's best_weight
+    rest: npt.NDArray[numpy.float64]  # 1.0 - best_weight
+    pairs: npt.NDArray[numpy.bool_]  # whether the support is the mean of the best two
+
+    @staticmethod
+    def of(banks: dict[str, PrototypeBank]) -> BankStacks:
+        by_count: dict[int, list[str]] = {}
+        for name, bank in banks.items():
+            by_count.setdefault(bank.prototypes.shape[0], []).append(name)
+        names: list[str] = []
+        stacks = []
+        for count, members in by_count.items():
+            stack = numpy.stack([banks[n].prototypes for n in members])
+            stacks.append((stack, len(names), len(members), count))
+            names += members
+        opts = [banks[n].options for n in names]
+        counts = [banks[n].prototypes.shape[0] for n in names]
+        return BankStacks(
+            names,
+            stacks,
+            max(counts, default=1),
+            numpy.array([o.best_weight for o in opts], dtype=numpy.float64),
+            numpy.array([1.0 - o.best_weight for o in opts], dtype=numpy.float64),
+            numpy.array([_top(o, n) == 2 for o, n in zip(opts, counts, strict=True)], bool),
+        )
+
+    def scores(self, query: FloatArray) -> tuple[list[float], list[int]]:
+        """Every row's score, and the rows whose best cosine is NaN (numpy and Python order
+        it differently) or zero (whose sign, among tied zeros, is the Python sort's): those
+        the caller ranks through the bank's own :meth:`PrototypeBank.score`."""
+        sims = numpy.full((len(self.names), self.width), -numpy.inf, dtype=numpy.float32)
+        for stack, first, rows, count in self.stacks:
+            sims[first : first + rows, :count] = stack @ query
+        sims.sort(axis=1)  # (float32 cosines order as their float64 values do)
+        top = sims[:, -2:].astype(numpy.float64) if self.width > 1 else sims.astype(numpy.float64)
+        best = top[:, -1]
+        support = numpy.where(self.pairs, (best + top[:, 0]) / 2.0, best)
+        score = self.weight * best + self.rest * support
+        odd = numpy.abs(best) > 0.0
+        return score.tolist(), [] if odd.all() else numpy.flatnonzero(~odd).tolist()
+
+
 @dataclass
 class PrototypeBanks:
     """Named example sets (one bank per rule or label); their vectors arrive once
@@ -177,8 +232,10 @@ class PrototypeBanks:
     specs: dict[str, tuple[list[str], PrototypeOptions | None]] = field(default_factory=dict)
     banks: dict[str, PrototypeBank] = field(default_factory=dict)
     raw: dict[str, FloatArray] = field(default_factory=dict)
-    # The banks with prototypes, by prototype count: their names and stacked prototypes.
-    stacks: list[tuple[list[str], FloatArray]] = field(default_factory=list)
+    # The banks :meth:`scores` ranks together, and the others (a mean over more than two
+    # cosines) through their own :meth:`PrototypeBank.score`.
+    stacked: BankStacks | None = None
+    singles: list[str] = field(default_factory=list)
 
     def add(self, name: str, texts: Iterable[str], options: PrototypeOptions | None) -> None:
         self.specs[name] = ([t for t in texts if t], options)
@@ -193,24 +250,24 @@ class PrototypeBanks:
             start += len(texts)
             self.raw[name] = rows
             self.banks[name] = PrototypeBank(texts, rows, options)
-        by_count: dict[tuple[int, ...], list[str]] = {}
-        for name, bank in self.banks.items():
-            if bank.prototypes.shape[0]:
-                by_count.setdefault(bank.prototypes.shape, []).append(name)
-        self.stacks = [
-            (names, numpy.stack([self.banks[n].prototypes for n in names]))
-            for names in by_count.values()
-        ]
+        ranked = {n: b for n, b in self.banks.items() if b.prototypes.shape[0]}
+        self.singles = [n for n, b in ranked.items() if _top(b.options, b.prototypes.shape[0]) > 2]
+        self.stacked = BankStacks.of({n: ranked[n] for n in ranked if n not in self.singles})
 
-    def scores(self, query: FloatArray) -> dict[str, BankScore]:
-        """Every bank's score for one query (what a chat's families read), each bank's as
-        :meth:`score` gives it: the banks of one shape go through one batched product, and
-        numpy's batched matmul runs each bank's own matrix-vector product (the same bits as
-        the bank alone), so a chat pays a few numpy calls instead of one per bank."""
-        out = dict.fromkeys(self.banks, EMPTY)
-        for names, stack in self.stacks:
-            for name, sims in zip(names, (stack @ query).tolist(), strict=True):
-                out[name] = self.banks[name].rank(sims, query)
+    def scores(self, query: FloatArray) -> dict[str, float]:
+        """Every bank's score for one query (what a chat's families read; 0.0 for a bank
+        without examples), each bank's :meth:`PrototypeBank.score` to the bit, the banks
+        ranked together (:class:`BankStacks`): a chat pays a few numpy calls instead of a few
+        dozen Python rankings and BankScores."""
+        out = dict.fromkeys(self.banks, 0.0)
+        if self.stacked is not None and self.stacked.names:
+            names = self.stacked.names
+            scores, odd = self.stacked.scores(query)
+            out.update(zip(names, scores, strict=True))
+            for i in odd:
+                out[names[i]] = self.banks[names[i]].score(query).score
+        for name in self.singles:
+            out[name] = self.banks[name].score(query).score
         return out
 
     def max_cos(self, name: str, query: FloatArray) -> float:
@@ -218,3 +275,8 @@ class PrototypeBanks:
         if rows is None or rows.shape[0] == 0:
             return 0.0
         return float((rows @ query).max())
+
+
+def _top(options: PrototypeOptions, count: int) -> int:
+    """How many of a bank's best cosines its support averages."""
+    return min(options.top_m, count) if options.top_m > 0 else count

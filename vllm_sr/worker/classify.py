@@ -100,6 +100,9 @@ def by_token_maxima(maxima: numpy.ndarray, names: list[str]) -> list[dict[str, A
 
 
 def _results(probs: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
+    """Each row's best label and per-label probabilities (a row's ``tolist``: the same
+    Python floats as ``float`` of each element, in one call; the router reads one per
+    chat)."""
     out = []
     for i, row in enumerate(probs):
         best = int(row.argmax())
@@ -107,7 +110,7 @@ def _results(probs: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
             {
                 "index": i,
                 "label": names[best],
-                "probabilities": {n: float(p) for n, p in zip(names, row, strict=True)},
+                "probabilities": dict(zip(names, row.tolist(), strict=True)),
             }
         )
     return out
