@@ -22,7 +22,7 @@ from vllm_sr.router.bundle import BUNDLE_PATH as BUNDLE_PATH  # route.py reads i
 from vllm_sr.router.embedding_matching import EmbeddingMatching, embedding_score
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
-from vllm_sr.router.signals import FloatArray, SignalResult, normalize_rows
+from vllm_sr.router.signals import FloatArray, SignalResult, domain_results, normalize_rows
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
@@ -204,19 +204,14 @@ class DeploymentQuestions:
         return out
 
     def _domain_results(self, normed: FloatArray, out: dict[SignalKey, SignalResult]) -> None:
-        """The referenced domains' results for the (normalised) text: as
-        :func:`~vllm_sr.router.signals.domain_results` gives them, for the referenced domains
-        alone (the others' would be dropped). A probability in (0, 1] is its own confidence
-        (the clamp, taken only outside it, maps -0.0 to 0.0)."""
+        """The referenced domains' results for the (normalised) text (the others' are not
+        worked out: they would be dropped)."""
         assert self.centroids is not None
         (row,) = classify.by_centroids(normed, self.centroids, self._domain_names)
-        label, probabilities = row["label"], row["probabilities"]
-        for dom in self._referenced:
-            p = float(probabilities.get(dom.name, 0.0))
-            confidence = p if 0.0 < p <= 1.0 else min(1.0, max(0.0, p))
-            out[("domain", dom.name)] = SignalResult(
-                label == dom.name and p >= dom.threshold, confidence
-            )
+        for name, res in domain_results(
+            self._referenced, row["label"], row["probabilities"]
+        ).items():
+            out[("domain", name)] = res
 
     def _head_results(
         self, results: dict[str, object], view: RequestView | None
