@@ -22,7 +22,7 @@ from vllm_sr.router.bundle import BUNDLE_PATH as BUNDLE_PATH  # route.py reads i
 from vllm_sr.router.embedding_matching import EmbeddingMatching, embedding_score
 from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import SignalKey
-from vllm_sr.router.signals import FloatArray, SignalResult, domain_results, normalize_rows
+from vllm_sr.router.signals import FloatArray, SignalResult, domain_result, normalize_rows
 from vllm_sr.router.signals_builtin import MMLU_EXAMPLES
 from vllm_sr.router.signals_embedded import EmbeddedFamilies
 from vllm_sr.router.signals_heads import TASK_CLASSIFY, Heads
@@ -76,6 +76,10 @@ class DeploymentQuestions:
         self.label_key = tuple((d.name, tuple(domain_examples(d))) for d in self.domains)
         self._domain_names = [name for name, _ in self.label_key]
         self._referenced = [d for d in self.domains if d.name in self.referenced_domains]
+        # Each referenced domain's column in the classification (the last of a repeated
+        # name, as a dict of the label probabilities keeps it).
+        column = {name: i for i, name in enumerate(self._domain_names)}
+        self._referenced_at = [(d, column[d.name]) for d in self._referenced]
         self._examples = slice(
             len(self.texts), len(self.texts) + sum(len(e) for _, e in self.label_key)
         )
@@ -204,14 +208,16 @@ class DeploymentQuestions:
         return out
 
     def _domain_results(self, normed: FloatArray, out: dict[SignalKey, SignalResult]) -> None:
-        """The referenced domains' results for the (normalised) text (the others' are not
-        worked out: they would be dropped)."""
+        """The referenced domains' results for the (normalised) text: the classification's
+        top label and each referenced domain's probability (:func:`classify.by_centroids`'s
+        row and :func:`signals.domain_results` over it, read by column: the others' are not
+        worked out, they would be dropped)."""
         assert self.centroids is not None
-        (row,) = classify.by_centroids(normed, self.centroids, self._domain_names)
-        for name, res in domain_results(
-            self._referenced, row["label"], row["probabilities"]
-        ).items():
-            out[("domain", name)] = res
+        probs = classify.softmax((normed[:1] @ self.centroids.T) / classify.TEMPERATURE)[0]
+        label = self._domain_names[int(probs.argmax())]
+        row = probs.tolist()
+        for dom, at in self._referenced_at:
+            out[("domain", dom.name)] = domain_result(dom, label, row[at])
 
     def _head_results(
         self, results: dict[str, object], view: RequestView | None

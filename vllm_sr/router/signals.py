@@ -54,10 +54,15 @@ _ASCII_WORD = "[0-9A-Za-z_]"
 ASCII_BOUNDARY = rf"(?:(?<={_ASCII_WORD})(?!{_ASCII_WORD})|(?<!{_ASCII_WORD})(?={_ASCII_WORD}))"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SignalResult:
-    """One signal's outcome. ``confidence`` is what a plain rule leaf takes when the signal
-    matched (upstream's ``SignalConfidences`` entry, 1.0 where the family records none).
+    """One signal's outcome, never changed once made (:data:`MISS` and :data:`HIT` are
+    shared). Not a frozen dataclass: a frozen ``__init__`` sets each field through
+    ``object.__setattr__`` (0.7 µs against 0.2 µs per result, and a routed chat makes about a
+    hundred); ``unsafe_hash`` keeps it hashable by value, as it was.
+
+    ``confidence`` is what a plain rule leaf takes when the signal matched (upstream's
+    ``SignalConfidences`` entry, 1.0 where the family records none).
     ``value`` is upstream's ``SignalValues`` entry, None where the family records none: the
     raw number a leaf with a ``predicate`` compares (upstream reads the confidence instead
     when there is no value). ``unknown`` is set when the signal could not be evaluated on
@@ -369,11 +374,14 @@ def domain_results(
     domains: list[DomainSignal], label: str, probabilities: dict[str, float]
 ) -> dict[str, SignalResult]:
     """One classification answer (top ``label`` and per-label ``probabilities``) -> each
-    domain's result: matched when it is the top label with at least its threshold."""
-    out = {}
-    for dom in domains:
-        p = float(probabilities.get(dom.name, 0.0))
-        out[dom.name] = SignalResult(
-            label == dom.name and p >= dom.threshold, min(1.0, max(0.0, p))
-        )
-    return out
+    domain's result (:func:`domain_result`)."""
+    return {
+        dom.name: domain_result(dom, label, float(probabilities.get(dom.name, 0.0)))
+        for dom in domains
+    }
+
+
+def domain_result(dom: DomainSignal, label: str, p: float) -> SignalResult:
+    """A domain's result from the classification's top ``label`` and the domain's
+    probability ``p``: matched when it is the top label with at least its threshold."""
+    return SignalResult(label == dom.name and p >= dom.threshold, min(1.0, max(0.0, p)))
