@@ -234,3 +234,26 @@ def test_domain_matches_the_top_label_with_its_threshold() -> None:
     out = domain_results([math, law], "law", {"math": 0.2, "law": 0.8})
     assert not out["law"].matched  # top label, but under its threshold 0.9
     assert not out["math"].matched
+
+
+def test_signal_result_pickles_to_an_equal_result_and_hashes_by_value() -> None:
+    import pickle
+
+    from vllm_sr.router.signals import MISS, SignalResult
+    from vllm_sr.router.unknown import Unknown
+
+    results = [
+        SignalResult(True, 0.75, 1.5),
+        SignalResult(False, 0.0),
+        SignalResult.unknown_because(Unknown("timeout", "http_504: slow")),
+        MISS,
+    ]
+    back = pickle.loads(pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == results
+    assert [type(r) for r in back] == [SignalResult] * 4
+    assert back[2].unknown == Unknown("timeout", "http_504: slow")
+    # a report's shared MISS is pickled once and comes back as one object
+    twice = pickle.loads(pickle.dumps([MISS, MISS], protocol=pickle.HIGHEST_PROTOCOL))
+    assert twice[0] is twice[1]
+    assert hash(SignalResult(True, 0.75, 1.5)) == hash(back[0])
+    assert len({SignalResult(False, 0.0), MISS}) == 1
