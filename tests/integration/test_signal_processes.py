@@ -258,8 +258,8 @@ async def test_a_job_that_raises_in_the_process_fails_alone(
     assert sp.dispatch is not None
     routing = routing_of(("conversation/agentic-shape",))
     spread = router(routing, sp.dispatch)
-    assert spread.cpu_signals(spread.plan).any
-    spec = spread._spec(spread.plan)
+    assert spread.signal_step.cpu_signals(spread.plan).any
+    spec = spread.signal_step.spec(spread.plan)
     fields = ViewFields.of(RequestView.from_chat(CHATS[3], {}))
     broken = dataclasses.replace(fields, facts=None)  # the conversation family reads it
     with pytest.raises(SignalProcessFailed) as caught:
@@ -425,7 +425,7 @@ async def test_deployment_answers_are_read_in_the_process_with_identical_results
     def not_here(*_: object) -> None:
         raise AssertionError("an answer was read (or a derived step run) on the loop")
 
-    monkeypatch.setattr("vllm_sr.router.route.read_answer", not_here)
+    monkeypatch.setattr("vllm_sr.router.signal_step.read_answer", not_here)
     monkeypatch.setattr("vllm_sr.router.derived_signals.DerivedSignals.apply", not_here)
     jobs = sp.inventory()[0]["jobs"]
     for chat, expected, route in zip(MODEL_CHATS, here, routed, strict=True):

@@ -9,7 +9,7 @@ from vllm_sr.config.service import ServiceSettings
 from vllm_sr.errors import ConfigError
 from vllm_sr.router.cpu_signals import ViewFields
 from vllm_sr.router.request_view import RequestView
-from vllm_sr.router.route import SignalRun, signals_lost
+from vllm_sr.router.route import SignalRun
 from vllm_sr.router.signal_dispatch import (
     ALONE_MIN_CHARS,
     DEFAULT_MIN_CHARS,
@@ -19,6 +19,7 @@ from vllm_sr.router.signal_dispatch import (
     SignalProcessFailed,
 )
 from vllm_sr.router.signal_proc_wire import FrameError, FrameReader, encode
+from vllm_sr.router.signal_step import signals_lost
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.supervisor.service import signal_process_count
 from vllm_sr.supervisor.signal_procs import auto_count

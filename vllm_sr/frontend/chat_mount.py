@@ -130,7 +130,7 @@ class ChatMount:
         self.signal_dispatch = dispatch
         if self.chat is not None:
             for router in self.chat.recipes.values():
-                router.signal_dispatch = dispatch
+                router.signal_step.dispatch = dispatch
 
     async def update(self, plan: RouterPlan | None) -> None:
         """Take a generation's router settings: build, swap, retire (the supervisor does the

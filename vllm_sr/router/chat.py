@@ -192,7 +192,7 @@ class ChatRouter:
         flight for the signal processes' dispatch (a hand-off pays only when other chats are
         in the router: ``SignalDispatch.takes``)."""
         run = ChatRun(request, self.backends.clock.monotonic(), rewrite)
-        dispatch = self.router.signal_dispatch
+        dispatch = self.router.signal_step.dispatch
         if dispatch is None:
             return await pipeline.run_chat(self, run)
         with dispatch.in_flight():

@@ -12,7 +12,7 @@ unknown does the chat go to ``default_model`` saying why (``RouteResult.fallback
 
 Signals run in two kinds: the deterministic ones (keywords, context, structure, conversation,
 language, metadata, authz, pii) with no exchange (authz on the loop; the others as one
-CPU-bound step, ``cpu_signals``, on the loop or in a signal process: ``signal_dispatch``,
+CPU-bound step, on the loop or in a signal process: vllm_sr/router/signal_step.py,
 docs/router.md "Signal processes"), and the model-backed ones
 (embeddings, domains, complexity, reask, preference, jailbreak, kb, user_feedback,
 fact_check) as one bundle per deployment. Then, as upstream orders them: embedding soft
@@ -24,9 +24,7 @@ every declared one (:meth:`Router.evaluate`).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import pickle
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,16 +38,8 @@ from vllm_sr.errors import VllmSrError
 from vllm_sr.plan import AuthzOptions  # a plan record (config -> router); named here too
 from vllm_sr.pool.exchange import RoutingExchange
 from vllm_sr.router.backends import BackendSet
-from vllm_sr.router.cpu_signals import (
-    CpuReport,
-    CpuSignals,
-    CpuSignalSpec,
-    ViewFields,
-    cpu_report,
-)
 from vllm_sr.router.decision_index import index_of
-from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions, read_answer
-from vllm_sr.router.derived_signals import DerivedSignals
+from vllm_sr.router.deployment_questions import BUNDLE_PATH, DeploymentQuestions
 from vllm_sr.router.deterministic import DeterministicSignals
 from vllm_sr.router.embedding_matching import EmbeddingMatching
 from vllm_sr.router.learning.settings import LearningSettings
@@ -58,12 +48,10 @@ from vllm_sr.router.request_view import RequestView
 from vllm_sr.router.rules import Match, Ranking, SignalKey, rank, rank_all, static_order
 from vllm_sr.router.selection.candidates import CandidateFilter
 from vllm_sr.router.selection.decide import SelectionRequest, for_router
-from vllm_sr.router.signal_dispatch import SignalDispatch, SignalJob, SignalProcessFailed, Spec
+from vllm_sr.router.signal_dispatch import SignalDispatch
+from vllm_sr.router.signal_step import Answer, SignalStep
 from vllm_sr.router.signals import SignalResult
 from vllm_sr.router.unknown import (
-    FAILED,
-    TIMEOUT,
-    UNAVAILABLE,
     DecisionUnresolved,
     Unknown,
     unknown_of_error,
@@ -77,8 +65,6 @@ log = logging.getLogger("vllm_sr.router")
 
 Exchange = RoutingExchange  # (deployment, path, body, timeout_ms) -> (status, body)
 NO_DECISION = "(default)"  # the decision label of a request no decision matched
-_SPEC_IDS = itertools.count(1)  # a plan's CPU signals and its deployments' questions, as
-# signal processes know them (one counter: the ids of both kinds never meet)
 
 
 @dataclass(slots=True)  # one per chat: not frozen (a frozen __init__ sets each field by a call)
@@ -252,13 +238,9 @@ class Router:
             global_.router.learning if global_ is not None else None
         )
         self._eval_plan: QuestionPlan | None = None
-        # The CPU-bound signals go to the signal processes when there are some (serve's
-        # supervisor owns them); per plan: its evaluators, and its spec's id and pickle.
-        self.signal_dispatch = signal_dispatch
-        self._cpu: dict[int, tuple[CpuSignals, int, bytes | None]] = {}
-        # per deployment's questions (by id): what a signal process holds of them
-        self._questions: dict[int, Spec | None] = {}
-        self._derived: dict[int, DerivedSignals] = {}
+        # The CPU-bound step, on the loop or in the signal processes when there are some
+        # (serve's supervisor owns them: ``signal_step.dispatch``).
+        self.signal_step = SignalStep(routing, signal_dispatch)
 
     @property
     def default_model(self) -> str:
@@ -299,11 +281,7 @@ class Router:
                 out[dep] = None
             except VllmSrError as exc:
                 out[dep] = exc.code
-        if self.signal_dispatch is not None:  # pickled now, at publish, not on a chat
-            self.cpu_signals(self.plan)
-            self._spec(self.plan)
-            for q in self.plan.deployments.values():
-                self._questions_spec(q)
+        self.signal_step.publish(self.plan)
         return out
 
     async def signals(
@@ -321,149 +299,19 @@ class Router:
                 run.timings_ms[kind] = metric.execution_time_ms
                 run.family_confidence[kind] = metric.confidence
             run.results.update(report.results)
-        cpu = self.cpu_signals(plan)
+        step = self.signal_step
+        cpu = step.cpu_signals(plan)
         answers: list[Answer] = []
         if plan.deployments and view.text.strip():
             answers = await self._ask_all(plan, view, run)
         finished = False
         if cpu.any or answers:
-            finished = await self._step(plan, cpu, view, answers, run)
+            finished = await step.run(plan, cpu, view, answers, run)
         if not finished:
-            ms = self.derived(plan).apply(run.results)
+            ms = step.derived(plan).apply(run.results)
             if ms is not None:
                 run.timings_ms["projection"] = ms
         return run
-
-    def derived(self, plan: QuestionPlan) -> DerivedSignals:
-        """The plan's steps once every result is in (one per plan)."""
-        got = self._derived.get(id(plan))
-        if got is None:
-            got = self._derived[id(plan)] = DerivedSignals(
-                self.routing, plan.embedding, plan.uses_embeddings
-            )
-        return got
-
-    def cpu_signals(self, plan: QuestionPlan) -> CpuSignals:
-        """The plan's CPU-bound signals (keywords, the deterministic families but authz, pii)."""
-        got = self._cpu.get(id(plan))
-        if got is None:
-            cpu = CpuSignals.build(self.routing.signals, plan.referenced)
-            got = self._cpu[id(plan)] = (cpu, next(_SPEC_IDS), None)
-        return got[0]
-
-    def _spec(self, plan: QuestionPlan) -> Spec:
-        cpu, spec_id, spec_bytes = self._cpu[id(plan)]
-        if spec_bytes is None:
-            spec = CpuSignalSpec(
-                self.routing.signals, frozenset(plan.referenced), self.derived(plan)
-            )
-            spec_bytes = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
-            self._cpu[id(plan)] = (cpu, spec_id, spec_bytes)
-        return Spec("config", spec_id, spec_bytes)
-
-    def _questions_spec(self, q: DeploymentQuestions) -> Spec | None:
-        """A deployment's questions as a signal process holds them, once its embeddings are
-        cached (pickled once; None before, or if they cannot be: read here then)."""
-        if not q.cached:
-            return None
-        if id(q) in self._questions:
-            return self._questions[id(q)]
-        got: Spec | None = None
-        try:
-            body = pickle.dumps(q, protocol=pickle.HIGHEST_PROTOCOL)
-            got = Spec("questions", next(_SPEC_IDS), body)
-        except Exception as exc:  # a config object that does not pickle: read on the loop
-            log.warning("deployment %s: answers read on the loop (%s)", q.deployment, exc)
-        self._questions[id(q)] = got
-        return got
-
-    async def _step(
-        self,
-        plan: QuestionPlan,
-        cpu: CpuSignals,
-        view: RequestView,
-        answers: list[Answer],
-        run: SignalRun,
-    ) -> bool:
-        """The CPU-bound signals and the reading of the deployments' answers: in a signal
-        process when one is ready and the dispatch takes the chat (its text's size, whether
-        its step is heavy), else here on the loop. A process that fails leaves the CPU-bound
-        signals unknown; the answers it was given are read here instead. -> whether the
-        process also ran the derived steps (it had every answer: ``run.results`` is whole)."""
-        taken = self._handed_off(cpu, view, answers)
-        handed = taken or []
-        report: CpuReport | None = None
-        if taken is not None:
-            try:
-                report = await self._in_process(plan, view, answers, handed, run)
-            except SignalProcessFailed as exc:
-                if cpu.any:
-                    signals_lost(run, cpu.keys(), exc)
-                report = CpuReport()
-                handed = []
-        if report is None:
-            for step in cpu.unloaded():  # seconds (presidio): not on the loop
-                await asyncio.to_thread(step.load)
-            report = cpu_report(cpu, view)
-            handed = []
-        if report.finished:
-            run.results = report.results
-        else:
-            run.results.update(report.results)
-        run.timings_ms.update(report.timings_ms)
-        run.family_confidence.update(report.family_confidence)
-        run.context_tokens = report.context_tokens
-        reads = list(zip((a for a, _ in handed), report.reads, strict=True))
-        reads += [
-            (a, read_answer(a.q, a.body, view))
-            for a in answers
-            if all(a is not h for h, _ in handed)
-        ]
-        for a, read in reads:
-            run.results.update(read.results)
-            if read.unknown is None:
-                run.answers[a.q.deployment] = a.body
-            for kind in a.q.kinds():
-                run.timings_ms[kind] = a.exchange_ms + read.read_ms
-        return report.finished
-
-    def _handed_off(
-        self, cpu: CpuSignals, view: RequestView, answers: list[Answer]
-    ) -> list[tuple[Answer, Spec]] | None:
-        """Whether the step goes to a signal process (None: it stays here), with the answers
-        a process reads: those whose deployment's embeddings are cached, while a process has
-        room (``SignalDispatch.has_room``; else they are read here)."""
-        dispatch = self.signal_dispatch
-        if dispatch is None:
-            return None
-        handed = []
-        if answers and dispatch.has_room():
-            handed = [(a, s) for a in answers if (s := self._questions_spec(a.q)) is not None]
-        if not (cpu.any or handed):
-            return None
-        heavy = cpu.heavy or any(a.q.heavy for a, _ in handed)
-        return handed if dispatch.takes(len(view.text) + len(view.context_text), heavy) else None
-
-    async def _in_process(
-        self,
-        plan: QuestionPlan,
-        view: RequestView,
-        answers: list[Answer],
-        handed: list[tuple[Answer, Spec]],
-        run: SignalRun,
-    ) -> CpuReport:
-        """The job to a process; with every answer in it, the process finishes the chat's
-        results (it is given those known so far)."""
-        assert self.signal_dispatch is not None
-        spec = self._spec(plan)
-        job = SignalJob(
-            spec.id,
-            ViewFields.of(view),
-            tuple((q_spec.id, a.body) for a, q_spec in handed),
-            (*(q_spec for _, q_spec in handed), spec),
-            run.results if len(handed) == len(answers) else None,
-        )
-        return await self.signal_dispatch.run(job)
 
     def winner(self, run: SignalRun) -> list[Match]:
         """The matching decisions, best first; raises DecisionUnresolved when a decision's
@@ -578,15 +426,6 @@ class Router:
         return Answer(q, body, (time.perf_counter() - started) * 1000.0)
 
 
-@dataclass(frozen=True)
-class Answer:
-    """A deployment's 200 answer to its routing bundle, not read yet."""
-
-    q: DeploymentQuestions
-    body: bytes
-    exchange_ms: float
-
-
 class SignalAnswerStatus(VllmSrError):
     """A deployment answered the routing bundle with a status other than 200."""
 
@@ -595,23 +434,6 @@ class SignalAnswerStatus(VllmSrError):
     def __init__(self, status: int, deployment: str) -> None:
         super().__init__(f"deployment {deployment!r} answered the routing bundle with {status}")
         self.code = f"http_{status}"
-
-
-# A signal process's failure (SignalProcessFailed.reason) -> the unknown reason of its signals.
-_UNKNOWN_OF_PROCESS = {"died": UNAVAILABLE, "timeout": TIMEOUT, "error": FAILED}
-
-
-def signals_lost(run: SignalRun, keys: set[SignalKey], exc: SignalProcessFailed) -> None:
-    """A signal process could not answer: its signals are unknown on this chat, as a failed
-    worker question leaves its own (vllm_sr/router/unknown.py): they do not match, eval lists
-    them, the chat's ``x-vsr-unknown-signals`` names them and
-    ``vllm_sr_router_unknown_signals_total`` counts them by family and reason."""
-    log.warning("signals %s not evaluated: %s", sorted({k for k, _ in keys}), exc.message)
-    why = Unknown(
-        _UNKNOWN_OF_PROCESS.get(exc.reason, FAILED), f"signal_process_{exc.reason}: {exc.message}"
-    )
-    for key in keys:
-        run.results[key] = SignalResult.unknown_because(why)
 
 
 def _kbs_of(global_: GlobalSection | None) -> list[KnowledgeBase]:
