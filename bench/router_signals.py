@@ -24,7 +24,8 @@ dispatch's threshold should be). The last line:
     router-scale: loop_cpu_ms=X ratio=R spread_chats_s=N1 loop_chats_s=N2 cpus=C
 
 X: the spread router's CPU per every-family chat at c=64; R: every-family chats/s at c=64
-spread / on the loop.
+spread / on the loop. The line before it gives R and X for each round alone: on a shared VM
+they move by a fifth or more between rounds, which is the noise on X and R.
 
     python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000] [--leave-out F,..]
         [--signal-procs N] [--min-chars N] [--handoff] [--rounds 3]
@@ -252,13 +253,19 @@ def sender(session: aiohttp.ClientSession, url: str, model: str) -> Any:
     return send
 
 
+Rows = dict[tuple[int, str], dict[str, float]]  # (concurrency, path) -> figures
+PerRound = dict[tuple[int, str], list[tuple[float, float]]]  # -> each round's (chats/s, CPU ms)
+
+
 async def measure(
     urls: dict[str, str], counts: dict[int, int], pids: dict[str, int], rounds: int
-) -> dict[tuple[int, str], dict[str, float]]:
+) -> tuple[Rows, PerRound]:
     """Each path at each concurrency, in ``rounds`` alternating rounds (so a machine's drift
     reaches every path alike): chats/s, p50/p95/p99 over all rounds, the p50 added over the
-    concrete-model path, and the router process's CPU per chat."""
-    out: dict[tuple[int, str], dict[str, float]] = {}
+    concrete-model path, and the router process's CPU per chat; and each round's chats/s and
+    CPU per chat (how far the machine moved during the run)."""
+    out: Rows = {}
+    per_round: PerRound = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         kw = urls["keywords"]
         paths = {
@@ -270,7 +277,7 @@ async def measure(
         for _, send in paths.values():
             await run_load(send, 4, 40)  # warm every path
         for conc, total in counts.items():
-            per_round = max(1, total // rounds)
+            chats = max(1, total // rounds)
             lats: dict[str, list[float]] = {name: [] for name in paths}
             secs = dict.fromkeys(paths, 0.0)
             cpu = dict.fromkeys(paths, 0.0)
@@ -278,10 +285,15 @@ async def measure(
                 for name, (variant, send) in paths.items():
                     cpu0 = proc_cpu(pids[variant])
                     t0 = time.perf_counter()
-                    lats[name] += await run_load(send, conc, per_round)
-                    secs[name] += time.perf_counter() - t0
+                    lats[name] += await run_load(send, conc, chats)
+                    took = time.perf_counter() - t0
                     cpu1 = proc_cpu(pids[variant])
-                    cpu[name] += (cpu1 - cpu0) if cpu0 is not None and cpu1 else 0.0
+                    used = (cpu1 - cpu0) if cpu0 is not None and cpu1 else 0.0
+                    secs[name] += took
+                    cpu[name] += used
+                    per_round.setdefault((conc, name), []).append(
+                        (chats / took, used * 1000.0 / chats)
+                    )
             base = 0.0
             for name, lat in lats.items():
                 rate = len(lat) / secs[name]
@@ -296,10 +308,10 @@ async def measure(
                     f"router CPU {cpu_ms:5.2f} ms/chat",
                     flush=True,
                 )
-    return out
+    return out, per_round
 
 
-def summary(rows: dict[tuple[int, str], dict[str, float]]) -> None:
+def summary(rows: Rows, per_round: PerRound) -> None:
     loop, spread = "every family, on the loop", "every family, spread"
     for name in (loop, spread):
         row = rows[(64, name)]
@@ -311,6 +323,13 @@ def summary(rows: dict[tuple[int, str], dict[str, float]]) -> None:
     print(
         f"  c=1 added p50: {a:.2f} ms on the loop, {b:.2f} ms spread "
         f"({(b - a) / a * 100.0 if a > 0 else 0.0:+.0f}%; the goal: at most +10%)"
+    )
+    pairs = zip(per_round[(64, spread)], per_round[(64, loop)], strict=True)
+    print(
+        "  c=64 by round (the paths alternate): ratio "
+        + " ".join(f"{s[0] / n[0]:.2f}" for s, n in pairs)
+        + ", spread router CPU ms/chat "
+        + " ".join(f"{c:.2f}" for _, c in per_round[(64, spread)])
     )
     x = rows[(64, spread)]["cpu_ms"]
     n1, n2 = rows[(64, spread)]["rate"], rows[(64, loop)]["rate"]
@@ -490,9 +509,9 @@ def main() -> None:
                 + (f"; left out: {', '.join(sorted(leave_out))})" if leave_out else ")")
             )
             counts = {1: args.requests_c1, 64: args.requests_c64}
-            rows = asyncio.run(measure(urls, counts, pids, args.rounds))
+            rows, per_round = asyncio.run(measure(urls, counts, pids, args.rounds))
             asyncio.run(per_family(args.requests_c1, leave_out))
-            summary(rows)
+            summary(rows, per_round)
         finally:
             procs.stop_all()
 

@@ -149,6 +149,13 @@ def test_router_signals_bench_without_the_slow_loading_families() -> None:
     lines_like(out, rf"c=64 +every family, spread +{NUMBER} chats/s \| p50 +{NUMBER} ms")
     lines_like(out, rf"signals per chat, in process: {NUMBER} ms")
     lines_like(out, rf"c=64 every family, spread: p95 {NUMBER} ms, p99 {NUMBER} ms \(upstream")
+    # one ratio and one CPU figure per round (three by default)
+    (by_round,) = lines_like(
+        out,
+        r"^  c=64 by round \(the paths alternate\): ratio ([\d. ]+), spread router CPU "
+        r"ms/chat ([\d. ]+)$",
+    )
+    assert len(by_round[1].split()) == len(by_round[2].split()) == 3
     (scale,) = lines_like(
         out,
         rf"^router-scale: loop_cpu_ms=({NUMBER}) ratio=({NUMBER}) spread_chats_s=(\d+) "
