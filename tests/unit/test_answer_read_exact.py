@@ -31,7 +31,7 @@ from vllm_sr.router import bundle, deployment_questions
 from vllm_sr.router.deployment_questions import DeploymentQuestions
 from vllm_sr.router.questions import QuestionPlan, declared_keys
 from vllm_sr.router.request_view import RequestView
-from vllm_sr.router.signals import SignalResult, domain_results, normalize_rows
+from vllm_sr.router.signals import SignalResult, domain_result, normalize_rows
 from vllm_sr.router.signals_embedded import KBIndex, KBScores
 from vllm_sr.router.signals_prototypes import PrototypeBanks
 from vllm_sr.worker import classify
@@ -278,9 +278,9 @@ def test_domain_results_as_before() -> None:
         ("law", {"math": -0.0, "law": 1.0, "x": 0.0}),
         ("x", {"x": 1.5, "math": -0.2, "law": float("nan")}),
     ]:
-        assert same(
-            domain_results(domains, label, probs), ref_domain_results(domains, label, probs)
-        )
+        # as DeploymentQuestions reads it: each domain's probability (0.0 when absent)
+        got = {d.name: domain_result(d, label, float(probs.get(d.name, 0.0))) for d in domains}
+        assert same(got, ref_domain_results(domains, label, probs))
 
 
 def kb_of(**fields: Any) -> KnowledgeBase:

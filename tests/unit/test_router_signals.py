@@ -11,7 +11,7 @@ import yaml
 from vllm_sr.config.routing_signals import DomainSignal, KeywordSignal, Signals
 from vllm_sr.router.signals import (
     SignalResult,
-    domain_results,
+    domain_result,
     keyword_matcher,
     levenshtein,
     lower_words,
@@ -227,13 +227,12 @@ def test_ngram_threshold_one_means_exact() -> None:
 def test_domain_matches_the_top_label_with_its_threshold() -> None:
     math = DomainSignal(name="math", description="Mathematics")
     law = DomainSignal(name="law", description="Law", threshold=0.9)
-    probs = {"math": 0.7, "law": 0.3}
-    out = domain_results([math, law], "math", probs)
-    assert out["math"] == SignalResult(True, 0.7)  # upstream records no domain value
-    assert not out["law"].matched
-    out = domain_results([math, law], "law", {"math": 0.2, "law": 0.8})
-    assert not out["law"].matched  # top label, but under its threshold 0.9
-    assert not out["math"].matched
+    assert domain_result(math, "math", 0.7) == SignalResult(True, 0.7)  # no domain value
+    assert not domain_result(law, "math", 0.3).matched
+    assert not domain_result(law, "law", 0.8).matched  # top label, but under its threshold 0.9
+    assert domain_result(law, "law", 0.9).matched
+    assert not domain_result(math, "law", 0.2).matched
+    assert domain_result(math, "math", 1.5).confidence == 1.0  # clamped to [0, 1]
 
 
 def test_signal_result_pickles_to_an_equal_result_and_hashes_by_value() -> None:

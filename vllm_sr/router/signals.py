@@ -377,17 +377,6 @@ def normalize_rows(matrix: FloatArray) -> FloatArray:
 # -- domains --------------------------------------------------------------------------------
 
 
-def domain_results(
-    domains: list[DomainSignal], label: str, probabilities: dict[str, float]
-) -> dict[str, SignalResult]:
-    """One classification answer (top ``label`` and per-label ``probabilities``) -> each
-    domain's result (:func:`domain_result`)."""
-    return {
-        dom.name: domain_result(dom, label, float(probabilities.get(dom.name, 0.0)))
-        for dom in domains
-    }
-
-
 def domain_result(dom: DomainSignal, label: str, p: float) -> SignalResult:
     """A domain's result from the classification's top ``label`` and the domain's
     probability ``p``: matched when it is the top label with at least its threshold."""
