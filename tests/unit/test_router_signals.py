@@ -4,12 +4,14 @@ test_embedding_matching)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import yaml
 
 from vllm_sr.config.routing_signals import DomainSignal, KeywordSignal, Signals
 from vllm_sr.router.signals import (
+    MISS,
     SignalResult,
     domain_result,
     keyword_matcher,
@@ -18,6 +20,7 @@ from vllm_sr.router.signals import (
     ngram_similarity,
     ngrams,
 )
+from vllm_sr.router.unknown import Unknown
 
 FRAGMENTS = Path(__file__).parents[1] / "fixtures" / "upstream" / "fragments" / "signal"
 
@@ -236,11 +239,6 @@ def test_domain_matches_the_top_label_with_its_threshold() -> None:
 
 
 def test_signal_result_pickles_to_an_equal_result_and_hashes_by_value() -> None:
-    import pickle
-
-    from vllm_sr.router.signals import MISS, SignalResult
-    from vllm_sr.router.unknown import Unknown
-
     results = [
         SignalResult(True, 0.75, 1.5),
         SignalResult(False, 0.0),

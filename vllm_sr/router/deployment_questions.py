@@ -75,11 +75,12 @@ class DeploymentQuestions:
             self.texts.extend(sig.candidates)
         self.label_key = tuple((d.name, tuple(domain_examples(d))) for d in self.domains)
         self._domain_names = [name for name, _ in self.label_key]
-        self._referenced = [d for d in self.domains if d.name in self.referenced_domains]
         # Each referenced domain's column in the classification (the last of a repeated
         # name, as a dict of the label probabilities keeps it).
         column = {name: i for i, name in enumerate(self._domain_names)}
-        self._referenced_at = [(d, column[d.name]) for d in self._referenced]
+        self._referenced_at = [
+            (d, column[d.name]) for d in self.domains if d.name in self.referenced_domains
+        ]
         self._examples = slice(
             len(self.texts), len(self.texts) + sum(len(e) for _, e in self.label_key)
         )
@@ -213,7 +214,7 @@ class DeploymentQuestions:
         probability, read by column, to :func:`signals.domain_result` (the others' are not
         worked out: they would be dropped)."""
         assert self.centroids is not None
-        probs = classify.softmax((normed[:1] @ self.centroids.T) / classify.TEMPERATURE)[0]
+        probs = classify.softmax((normed @ self.centroids.T) / classify.TEMPERATURE)[0]
         label = self._domain_names[int(probs.argmax())]
         row = probs.tolist()
         for dom, at in self._referenced_at:
