@@ -165,6 +165,19 @@ def proc_cpu(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_switches(pid: int | None) -> tuple[int, int] | None:
+    """A process's main thread's context switches so far: (voluntary, involuntary) -- it waited
+    for I/O, it was preempted (Linux /proc)."""
+    if pid is None:
+        return None
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    counts = dict(line.split(":\t") for line in status.splitlines() if "ctxt_switches" in line)
+    return int(counts["voluntary_ctxt_switches"]), int(counts["nonvoluntary_ctxt_switches"])
+
+
 def chat_sender(session: aiohttp.ClientSession, url: str, chats: list[Chat]) -> Any:
     async def send(i: int) -> None:
         body, headers = chats[i % len(chats)]

@@ -24,14 +24,21 @@ dispatch's threshold should be). The last line:
     router-scale: loop_cpu_ms=X ratio=R spread_chats_s=N1 loop_chats_s=N2 cpus=C
 
 X: the spread router's CPU per every-family chat at c=64; R: every-family chats/s at c=64
-spread / on the loop. The line before it gives R and X for each round alone: on a shared VM
-they move by a fifth or more between rounds, which is the noise on X and R.
+spread / on the loop. The lines before it give R and X for each round alone (on a shared VM
+they move by a fifth or more between rounds, which is the noise on X and R), and the router's
+main thread's context switches per chat at c=64: waits (it slept for I/O, and woke again) and
+preemptions (another process took its core, and its caches). On a host whose few cores the
+loop shares with the signal processes, the backend and the load generator, X moves with these
+as much as with the loop's own code.
 
     python bench/router_signals.py [--requests-c1 300] [--requests-c64 3000] [--leave-out F,..]
         [--signal-procs N] [--min-chars N] [--handoff] [--rounds 3]
 
 ``--leave-out language`` drops a family's fragment (the language detector's models take half a
-minute to load in each process: the smoke test in tests/bench leaves it out).
+minute to load in each process: the smoke test in tests/bench leaves it out). Leaving out the
+model-backed families (embedding, domain, complexity, reask, preference, jailbreak, kb,
+user-feedback, fact-check) leaves the spread loop no deployment answer to read: what is left is
+HTTP, the hand-off, the decision and the proxy.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from bench.common import free_port  # noqa: E402
-from bench.router_load import pct, proc_cpu, run_load  # noqa: E402
+from bench.router_load import pct, proc_cpu, proc_switches, run_load  # noqa: E402
 from bench.router_procs import Procs, wait_http  # noqa: E402
 
 FRAGMENTS = REPO / "tests" / "fixtures" / "upstream" / "fragments" / "signal"
@@ -255,17 +262,20 @@ def sender(session: aiohttp.ClientSession, url: str, model: str) -> Any:
 
 Rows = dict[tuple[int, str], dict[str, float]]  # (concurrency, path) -> figures
 PerRound = dict[tuple[int, str], list[tuple[float, float]]]  # -> each round's (chats/s, CPU ms)
+Switches = dict[tuple[int, str], tuple[float, float]]  # -> the loop's (waits, preemptions)/chat
 
 
 async def measure(
     urls: dict[str, str], counts: dict[int, int], pids: dict[str, int], rounds: int
-) -> tuple[Rows, PerRound]:
+) -> tuple[Rows, PerRound, Switches]:
     """Each path at each concurrency, in ``rounds`` alternating rounds (so a machine's drift
     reaches every path alike): chats/s, p50/p95/p99 over all rounds, the p50 added over the
     concrete-model path, and the router process's CPU per chat; and each round's chats/s and
-    CPU per chat (how far the machine moved during the run)."""
+    CPU per chat (how far the machine moved during the run); and the router's main thread's
+    context switches per chat (it waited; it was preempted)."""
     out: Rows = {}
     per_round: PerRound = {}
+    switches: Switches = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         kw = urls["keywords"]
         paths = {
@@ -281,16 +291,20 @@ async def measure(
             lats: dict[str, list[float]] = {name: [] for name in paths}
             secs = dict.fromkeys(paths, 0.0)
             cpu = dict.fromkeys(paths, 0.0)
+            switched = {name: [0, 0] for name in paths}
             for _ in range(rounds):
                 for name, (variant, send) in paths.items():
-                    cpu0 = proc_cpu(pids[variant])
+                    cpu0, sw0 = proc_cpu(pids[variant]), proc_switches(pids[variant])
                     t0 = time.perf_counter()
                     lats[name] += await run_load(send, conc, chats)
                     took = time.perf_counter() - t0
-                    cpu1 = proc_cpu(pids[variant])
+                    cpu1, sw1 = proc_cpu(pids[variant]), proc_switches(pids[variant])
                     used = (cpu1 - cpu0) if cpu0 is not None and cpu1 else 0.0
                     secs[name] += took
                     cpu[name] += used
+                    if sw0 is not None and sw1 is not None:
+                        switched[name][0] += sw1[0] - sw0[0]
+                        switched[name][1] += sw1[1] - sw0[1]
                     per_round.setdefault((conc, name), []).append(
                         (chats / took, used * 1000.0 / chats)
                     )
@@ -302,16 +316,20 @@ async def measure(
                 base = p50 if name.startswith("concrete") else base
                 out[(conc, name)] = {"rate": rate, "p50": p50, "p95": p95, "p99": p99,
                                      "added": p50 - base, "cpu_ms": cpu_ms}  # fmt: skip
+                switches[(conc, name)] = (
+                    switched[name][0] / len(lat),
+                    switched[name][1] / len(lat),
+                )
                 print(
                     f"  c={conc:<3} {name:<28} {rate:8.0f} chats/s | p50 {p50:7.2f} ms "
                     f"p95 {p95:7.2f} ms p99 {p99:7.2f} ms | added p50 {p50 - base:+6.2f} ms | "
                     f"router CPU {cpu_ms:5.2f} ms/chat",
                     flush=True,
                 )
-    return out, per_round
+    return out, per_round, switches
 
 
-def summary(rows: Rows, per_round: PerRound) -> None:
+def summary(rows: Rows, per_round: PerRound, switches: Switches) -> None:
     loop, spread = "every family, on the loop", "every family, spread"
     for name in (loop, spread):
         row = rows[(64, name)]
@@ -331,6 +349,11 @@ def summary(rows: Rows, per_round: PerRound) -> None:
         + ", spread router CPU ms/chat "
         + " ".join(f"{c:.2f}" for _, c in per_round[(64, spread)])
     )
+    print(
+        "  c=64 router loop context switches per chat (waits / preemptions): "
+        + ", ".join(f"{name} {switches[(64, name)][0]:.2f} / {switches[(64, name)][1]:.2f}"
+                    for name in (loop, spread))
+    )  # fmt: skip
     x = rows[(64, spread)]["cpu_ms"]
     n1, n2 = rows[(64, spread)]["rate"], rows[(64, loop)]["rate"]
     print(
@@ -509,9 +532,9 @@ def main() -> None:
                 + (f"; left out: {', '.join(sorted(leave_out))})" if leave_out else ")")
             )
             counts = {1: args.requests_c1, 64: args.requests_c64}
-            rows, per_round = asyncio.run(measure(urls, counts, pids, args.rounds))
+            rows, per_round, switches = asyncio.run(measure(urls, counts, pids, args.rounds))
             asyncio.run(per_family(args.requests_c1, leave_out))
-            summary(rows, per_round)
+            summary(rows, per_round, switches)
         finally:
             procs.stop_all()
 

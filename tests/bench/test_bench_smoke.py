@@ -156,6 +156,13 @@ def test_router_signals_bench_without_the_slow_loading_families() -> None:
         r"ms/chat ([\d. ]+)$",
     )
     assert len(by_round[1].split()) == len(by_round[2].split()) == 3
+    (switches,) = lines_like(
+        out,
+        rf"^  c=64 router loop context switches per chat \(waits / preemptions\): every family, "
+        rf"on the loop ({NUMBER}) / ({NUMBER}), every family, spread ({NUMBER}) / ({NUMBER})$",
+    )
+    # the spread loop waits on its signal process: it sleeps at least once per few chats
+    assert float(switches[3]) > 0
     (scale,) = lines_like(
         out,
         rf"^router-scale: loop_cpu_ms=({NUMBER}) ratio=({NUMBER}) spread_chats_s=(\d+) "
