@@ -210,11 +210,11 @@ class DeploymentQuestions:
 
     def _domain_results(self, normed: FloatArray, out: dict[SignalKey, SignalResult]) -> None:
         """The referenced domains' results for the (normalised) text: the classification's
-        top label (:func:`classify.by_centroids`'s row) and each referenced domain's
-        probability, read by column, to :func:`signals.domain_result` (the others' are not
-        worked out: they would be dropped)."""
+        top label and each referenced domain's probability
+        (:func:`classify.centroid_probabilities`), read by column, to
+        :func:`signals.domain_result` (the others' are not worked out: they would be dropped)."""
         assert self.centroids is not None
-        probs = classify.softmax((normed @ self.centroids.T) / classify.TEMPERATURE)[0]
+        probs = classify.centroid_probabilities(normed, self.centroids)[0]
         label = self._domain_names[int(probs.argmax())]
         row = probs.tolist()
         for dom, at in self._referenced_at:

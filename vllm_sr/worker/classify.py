@@ -76,11 +76,16 @@ def softmax(x: numpy.ndarray) -> numpy.ndarray:
     return result
 
 
+def centroid_probabilities(embeddings: numpy.ndarray, centroids: numpy.ndarray) -> numpy.ndarray:
+    """Each (normalised) embedding's label probabilities: a softmax of its cosines to the
+    labels' centroids at :data:`TEMPERATURE`, a row per embedding."""
+    return softmax((embeddings @ centroids.T) / TEMPERATURE)
+
+
 def by_centroids(
     embeddings: numpy.ndarray, centroids: numpy.ndarray, names: list[str]
 ) -> list[dict[str, Any]]:
-    probs = softmax((embeddings @ centroids.T) / TEMPERATURE)
-    return _results(probs, names)
+    return _results(centroid_probabilities(embeddings, centroids), names)
 
 
 def by_logits(logits: numpy.ndarray, names: list[str]) -> list[dict[str, Any]]:
